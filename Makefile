@@ -1,0 +1,34 @@
+# The README's commands. `make run` starts everything on the embedded default
+# (bundled Redis server + SQLite); `make test` runs the whole suite.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PORT   ?= 8000
+
+.PHONY: install run test lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $@
+
+install: $(BIN)/.installed
+
+run: install
+	$(BIN)/skilljobs up --port $(PORT)
+
+test: install
+	$(BIN)/pytest -q -ra $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff format --check jobs chains delivery dashboard tests bench
+	$(BIN)/ruff check jobs chains delivery dashboard tests bench
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf $(VENV) .skilljobs .pytest_cache

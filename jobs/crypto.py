@@ -1,0 +1,106 @@
+"""Secrets at rest: Fernet encryption of secret-named values, key management, redaction."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from cryptography.fernet import Fernet, InvalidToken
+
+SECRET_MARKERS = ("key", "token", "secret", "password", "credential", "auth")
+REDACTED = "••••••"
+ENC_TAG = "$enc"
+
+_norm_re = re.compile(r"[^a-z0-9]+")
+
+
+def normalize_key(key: str) -> str:
+    """``--api-token`` / ``Api-Token`` → ``api_token``."""
+    return _norm_re.sub("_", key.strip().lower()).strip("_")
+
+
+def is_secret_key(key: str) -> bool:
+    """SPEC §2: any key containing a secret marker (substring match) is a secret."""
+    k = key.lower()
+    return any(m in k for m in SECRET_MARKERS)
+
+
+def load_or_create_key(data_dir: Path, configured: str | None) -> bytes:
+    """The configured Fernet key, or one generated once into ``<data_dir>/secret.key``."""
+    if configured:
+        key = configured.encode()
+        Fernet(key)  # raises ValueError with a clear message on a malformed key
+        return key
+    path = data_dir / "secret.key"
+    if path.exists():
+        return path.read_bytes().strip()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    key = Fernet.generate_key()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(key)
+    return key
+
+
+class SecretBox:
+    """Encrypts the values of secret-named keys anywhere in a JSON-like structure."""
+
+    def __init__(self, key: bytes) -> None:
+        self._fernet = Fernet(key)
+
+    def encrypt(self, value: Any) -> dict[str, str]:
+        import json
+
+        return {ENC_TAG: self._fernet.encrypt(json.dumps(value).encode()).decode()}
+
+    def decrypt(self, sealed: dict[str, str]) -> Any:
+        import json
+
+        try:
+            return json.loads(self._fernet.decrypt(sealed[ENC_TAG].encode()))
+        except InvalidToken as exc:
+            raise ValueError(
+                "cannot decrypt a stored secret: SKILLJOBS_SECRET_KEY differs from the key "
+                "it was written with"
+            ) from exc
+
+    def seal(self, obj: Any) -> Any:
+        """Copy of ``obj`` with every secret-named key's value encrypted."""
+        if isinstance(obj, dict):
+            out = {}
+            for k, v in obj.items():
+                if isinstance(k, str) and is_secret_key(k) and v not in (None, "") and not _is_sealed(v):
+                    out[k] = self.encrypt(v)
+                else:
+                    out[k] = self.seal(v)
+            return out
+        if isinstance(obj, list):
+            return [self.seal(v) for v in obj]
+        return obj
+
+    def unseal(self, obj: Any) -> Any:
+        if isinstance(obj, dict):
+            if _is_sealed(obj):
+                return self.decrypt(obj)
+            return {k: self.unseal(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self.unseal(v) for v in obj]
+        return obj
+
+
+def _is_sealed(v: Any) -> bool:
+    return isinstance(v, dict) and len(v) == 1 and ENC_TAG in v
+
+
+def redact(obj: Any) -> Any:
+    """Copy of ``obj`` fit for logs and the dashboard: secret-named values masked."""
+    if isinstance(obj, dict):
+        return {
+            k: (REDACTED if isinstance(k, str) and is_secret_key(k) and v not in (None, "") else redact(v))
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj

@@ -1,0 +1,71 @@
+"""Database engine and sessions: SQLAlchemy 2 async on PostgreSQL (asyncpg) or SQLite (aiosqlite)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+
+def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
+    """An async engine with the settings each backend needs for concurrent workers."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url, echo=echo, connect_args={"timeout": 30})
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+            cur = dbapi_conn.cursor()
+            # WAL lets the web app read while a worker writes; busy_timeout turns
+            # writer contention into waiting instead of "database is locked".
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    return create_async_engine(
+        url, echo=echo, pool_size=10, max_overflow=20, pool_pre_ping=True, pool_recycle=1800
+    )
+
+
+def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def is_sqlite(engine: AsyncEngine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+class LazySession:
+    """An ``AsyncSession`` look-alike that opens a real session only when first used.
+
+    Skills get it as ``ctx["db"]``; most never touch the database, so opening a
+    connection for each run would be waste.
+    """
+
+    def __init__(self, factory: async_sessionmaker[AsyncSession]) -> None:
+        self._factory = factory
+        self._session: AsyncSession | None = None
+
+    @property
+    def opened(self) -> bool:
+        return self._session is not None
+
+    def _get(self) -> AsyncSession:
+        if self._session is None:
+            self._session = self._factory()
+        return self._session
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._get(), name)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

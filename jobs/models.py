@@ -1,0 +1,306 @@
+"""The record: every table of skilljobs. Times are UTC epoch seconds (float) on both backends.
+
+The schema is created only by alembic migrations (``skilljobs db upgrade``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def now() -> float:
+    return time.time()
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSONType, list[Any]: JSONType}
+
+
+# Job statuses (SPEC §10).
+QUEUED, RUNNING, SUCCEEDED, FAILED, TIMED_OUT, CANCELLED = (
+    "queued",
+    "running",
+    "succeeded",
+    "failed",
+    "timed_out",
+    "cancelled",
+)
+FINAL_STATUSES = frozenset({SUCCEEDED, FAILED, TIMED_OUT, CANCELLED})
+JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, TIMED_OUT, CANCELLED)
+
+
+class SkillConfig(Base):
+    """Per-role skill configuration; secret-named values are stored Fernet-encrypted."""
+
+    __tablename__ = "skill_configs"
+    __table_args__ = (UniqueConstraint("role_id", "skill", "key", name="uq_skill_config"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    role_id: Mapped[str] = mapped_column(String(128), index=True)
+    skill: Mapped[str] = mapped_column(String(128))
+    key: Mapped[str] = mapped_column(String(128))
+    value: Mapped[Any] = mapped_column(JSONType, nullable=True)  # non-secrets only
+    value_enc: Mapped[str | None] = mapped_column(Text, nullable=True)  # secrets only
+    is_secret: Mapped[bool] = mapped_column(Boolean, default=False)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class ChatSession(Base):
+    """A chat session a job came from (recorded at dispatch); web delivery targets these."""
+
+    __tablename__ = "chat_sessions"
+
+    session_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    role_id: Mapped[str] = mapped_column(String(128), default="")
+    org_id: Mapped[str] = mapped_column(String(128), default="")
+    channel: Mapped[str] = mapped_column(String(64), default="")
+    external_id: Mapped[str] = mapped_column(String(255), default="")
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class SessionMessage(Base):
+    """A message stored on a chat session (web delivery)."""
+
+    __tablename__ = "session_messages"
+    __table_args__ = (Index("ix_session_messages_session", "session_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(String(255))
+    text: Mapped[str] = mapped_column(Text, default="")
+    attachments: Mapped[list[Any]] = mapped_column(JSONType, default=list)
+    job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class Job(Base):
+    """One background (or recorded synchronous) skill run and everything that happened to it."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_status_created", "status", "created_at"),
+        Index("ix_jobs_skill_created", "skill", "created_at"),
+        Index("ix_jobs_created", "created_at"),
+        Index("ix_jobs_channel_created", "channel", "created_at"),
+        Index("ix_jobs_role_created", "role_id", "created_at"),
+        Index("ix_jobs_finished", "finished_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=new_id)
+    skill: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), default=QUEUED)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Input and background context, secret-named values sealed (jobs.crypto).
+    input: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    context: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    fetches: Mapped[list[Any]] = mapped_column(JSONType, default=list)
+    wall_sec: Mapped[float] = mapped_column(Float, default=600.0)
+
+    # Origin (SPEC §10 job.origin).
+    channel: Mapped[str] = mapped_column(String(64), default="")
+    session_id: Mapped[str] = mapped_column(String(255), default="")
+    external_id: Mapped[str] = mapped_column(String(255), default="")
+    actor_key: Mapped[str] = mapped_column(String(255), default="")
+    role_id: Mapped[str] = mapped_column(String(128), default="")
+    org_id: Mapped[str] = mapped_column(String(128), default="")
+    chain_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+    # Execution bookkeeping: the current lease. ``lease_token`` is the fencing token;
+    # every write of an attempt's outcome checks it, so a dead attempt that wakes up
+    # can never record a result or start a delivery.
+    arq_job_id: Mapped[str | None] = mapped_column(String(96), nullable=True)
+    lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_token: Mapped[int] = mapped_column(Integer, default=0)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    queued_at: Mapped[float] = mapped_column(Float, default=now)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    duration_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class JobAttempt(Base):
+    """One run of a job's skill (transient re-runs and manual retries each add one)."""
+
+    __tablename__ = "job_attempts"
+    __table_args__ = (UniqueConstraint("job_id", "number", name="uq_job_attempt"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    worker_id: Mapped[str] = mapped_column(String(128), default="")
+    lease_token: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[float] = mapped_column(Float, default=now)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    outcome: Mapped[str] = mapped_column(String(16), default=RUNNING)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    duration_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Artifact(Base):
+    """A file a job produced or downloaded."""
+
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    filename: Mapped[str] = mapped_column(String(512))
+    local_path: Mapped[str] = mapped_column(Text)
+    media: Mapped[str] = mapped_column(String(16), default="file")  # image video audio file
+    mime: Mapped[str] = mapped_column(String(128), default="application/octet-stream")
+    size: Mapped[int] = mapped_column(Integer, default=0)
+    sha256: Mapped[str] = mapped_column(String(64), default="")
+    source_url: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+# Delivery statuses (SPEC §10).
+PENDING, SENT = "pending", "sent"
+
+
+class Delivery(Base):
+    """The delivery ledger: one row per (job, recipient, item). ``ledger_key`` is unique, so
+    a re-run job or a retried delivery can never send the same item twice."""
+
+    __tablename__ = "deliveries"
+    __table_args__ = (Index("ix_deliveries_status_created", "status", "created_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ledger_key: Mapped[str] = mapped_column(String(255), unique=True)
+    job_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    chain_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    recipient: Mapped[str] = mapped_column(String(512))  # "<channel>:<contact>"
+    channel: Mapped[str] = mapped_column(String(64), default="")
+    kind: Mapped[str] = mapped_column(String(16), default="text")  # text image video audio file
+    item: Mapped[str] = mapped_column(Text, default="")  # artifact path / text digest
+    status: Mapped[str] = mapped_column(String(16), default=PENDING)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    tries: Mapped[int] = mapped_column(Integer, default=0)
+    claimed_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+    sent_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Schedule(Base):
+    """A cron-defined chain of skill steps (SPEC §8, schedule file shape in §10)."""
+
+    __tablename__ = "schedules"
+    __table_args__ = (Index("ix_schedules_due", "enabled", "next_fire_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    cron: Mapped[str] = mapped_column(String(128))
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC")
+    identity: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    steps: Mapped[list[Any]] = mapped_column(JSONType, default=list)
+    policy: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    deliver: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    next_fire_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_fire_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class ChainRun(Base):
+    """One run of a schedule. ``fire_key`` is unique: ``cron:<epoch>`` for a cron fire time
+    (so each fire time runs exactly once) or ``manual:<id>`` for an on-demand run."""
+
+    __tablename__ = "chain_runs"
+    __table_args__ = (
+        Index("ix_chain_runs_schedule", "schedule_id", "created_at"),
+        Index("ix_chain_runs_status", "status", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=new_id)
+    schedule_id: Mapped[str] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"))
+    fire_key: Mapped[str] = mapped_column(String(128), unique=True)
+    trigger: Mapped[str] = mapped_column(String(16), default="cron")  # cron | manual
+    fire_at: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    arq_job_id: Mapped[str | None] = mapped_column(String(96), nullable=True)
+    lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_token: Mapped[int] = mapped_column(Integer, default=0)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=now)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ChainStep(Base):
+    """One step of a chain run: resolved input (secrets redacted), output summary, status."""
+
+    __tablename__ = "chain_steps"
+    __table_args__ = (UniqueConstraint("run_id", "idx", name="uq_chain_step"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("chain_runs.id", ondelete="CASCADE"))
+    idx: Mapped[int] = mapped_column(Integer)
+    step_id: Mapped[str] = mapped_column(String(128))
+    skill: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    input: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    output: Mapped[Any] = mapped_column(JSONType, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    duration_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Worker(Base):
+    """A worker process and its heartbeat."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255), default="")
+    pid: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[float] = mapped_column(Float, default=now)
+    last_heartbeat: Mapped[float] = mapped_column(Float, default=now, index=True)
+    running: Mapped[list[Any]] = mapped_column(JSONType, default=list)
+    stopped_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class OpsAction(Base):
+    """An operator action (retry, cancel, requeue, schedule toggles) — the audit trail."""
+
+    __tablename__ = "ops_actions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(255))
+    actor: Mapped[str] = mapped_column(String(128), default="")
+    details: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    created_at: Mapped[float] = mapped_column(Float, default=now, index=True)

@@ -1,0 +1,70 @@
+"""The process's connections, built once at the edge (CLI command, app lifespan, worker
+startup) and passed down as plain typed objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from jobs.crypto import SecretBox, load_or_create_key
+from jobs.db import create_engine, create_sessionmaker
+from jobs.settings import Settings
+from jobs.skill import SkillRegistry
+
+if TYPE_CHECKING:
+    from arq.connections import ArqRedis
+
+
+@dataclass
+class Services:
+    settings: Settings
+    engine: AsyncEngine
+    sessionmaker: async_sessionmaker[AsyncSession]
+    box: SecretBox
+    registry: SkillRegistry
+    redis: ArqRedis | None = None
+    http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=30.0))
+
+    @classmethod
+    async def open(
+        cls, settings: Settings, *, redis: bool = True, registry: SkillRegistry | None = None
+    ) -> Services:
+        """Connect to the database (and Redis unless ``redis=False``) and load the skills."""
+        from jobs.loader import load_registry
+
+        engine = create_engine(settings.resolved_database_url)
+        key = load_or_create_key(
+            settings.data_dir,
+            settings.secret_key.get_secret_value() if settings.secret_key else None,
+        )
+        svc = cls(
+            settings=settings,
+            engine=engine,
+            sessionmaker=create_sessionmaker(engine),
+            box=SecretBox(key),
+            registry=registry if registry is not None else load_registry(settings.skill_dirs),
+        )
+        if redis:
+            svc.redis = await connect_redis(settings)
+        return svc
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        if self.redis is not None:
+            await self.redis.aclose()
+        await self.engine.dispose()
+
+
+async def connect_redis(settings: Settings) -> ArqRedis:
+    from arq.connections import RedisSettings, create_pool
+
+    if not settings.redis_url:
+        raise RuntimeError(
+            "SKILLJOBS_REDIS_URL is not set (only `skilljobs up` starts the embedded Redis)"
+        )
+    rs = RedisSettings.from_dsn(settings.redis_url)
+    rs.conn_retries = 5
+    return await create_pool(rs, default_queue_name=settings.queue_name)

@@ -1,0 +1,125 @@
+"""Settings: one pydantic-settings class, built at the edge (CLI, app lifespan, worker startup)."""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+BUNDLED_SKILLS = Path(__file__).resolve().parent.parent / "skills"
+
+
+class Settings(BaseSettings):
+    """Everything configurable, read from ``SKILLJOBS_*`` variables or ``.env``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SKILLJOBS_", env_file=".env", extra="ignore", populate_by_name=True
+    )
+
+    redis_url: str | None = None
+    database_url: str | None = None
+    data_dir: Path = Path("./.skilljobs")
+    skills_path: str | None = None
+    workspace_root: Path | None = None
+    secret_key: SecretStr | None = None
+    api_token: SecretStr | None = None
+    notify_targets: str | None = None
+    fetch_allow_hosts: str = ""
+
+    # Namespacing of our own Redis keys and the arq queue (lets several deployments, or
+    # several test runs, share one Redis server).
+    redis_prefix: str = "skilljobs"
+    queue_name: str = "skilljobs:queue"
+
+    telegram_bot_token: SecretStr | None = None
+    telegram_api_base: str = "https://api.telegram.org"
+    feishu_app_id: str | None = None
+    feishu_app_secret: SecretStr | None = None
+    feishu_api_base: str = "https://open.feishu.cn"
+    wecom_corp_id: str | None = None
+    wecom_corp_secret: SecretStr | None = None
+    wecom_agent_id: str | None = None
+    wecom_api_base: str = "https://qyapi.weixin.qq.com"
+    dingtalk_app_key: str | None = None
+    dingtalk_app_secret: SecretStr | None = None
+    dingtalk_robot_code: str | None = None
+    dingtalk_api_base: str = "https://api.dingtalk.com"
+    dingtalk_oapi_base: str = "https://oapi.dingtalk.com"
+
+    llm_provider: str | None = None
+    llm_base: str | None = None
+    llm_key: SecretStr | None = None
+    llm_model: str | None = None
+
+    # Worker tuning.
+    worker_max_jobs: int = 100
+    worker_lease_sec: float = 30.0
+    worker_heartbeat_sec: float = 5.0
+    worker_grace_sec: float = 30.0
+    reconcile_interval_sec: float = 10.0
+    scheduler_interval_sec: float = 1.0
+
+    log_format: str = Field(default="text", description="text or json")
+    log_level: str = "INFO"
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _expand(cls, v: Any) -> Any:
+        return Path(os.path.expanduser(str(v))) if v is not None else v
+
+    # Derived values -------------------------------------------------------------------
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{(self.data_dir / 'skilljobs.db').resolve()}"
+
+    @property
+    def resolved_workspace_root(self) -> Path:
+        return (self.workspace_root or self.data_dir / "workspaces").resolve()
+
+    @property
+    def skill_dirs(self) -> list[Path]:
+        if not self.skills_path:
+            return [BUNDLED_SKILLS]
+        return [Path(p).expanduser() for p in self.skills_path.split(os.pathsep) if p]
+
+    @property
+    def allow_hosts(self) -> list[str]:
+        return [h.strip().lower() for h in self.fetch_allow_hosts.split(",") if h.strip()]
+
+    @cached_property
+    def notify_target_map(self) -> dict[str, list[str]]:
+        """Alias → Apprise URLs from a JSON object or a JSON/YAML file path."""
+        raw = (self.notify_targets or "").strip()
+        if not raw:
+            return {}
+        if not raw.startswith("{"):
+            path = Path(raw).expanduser()
+            if not path.is_file():
+                raise ValueError(f"SKILLJOBS_NOTIFY_TARGETS: file {raw!r} does not exist")
+            text = path.read_text(encoding="utf-8")
+            if path.suffix.lower() in {".yml", ".yaml"}:
+                import yaml
+
+                data = yaml.safe_load(text)
+            else:
+                data = json.loads(text)
+        else:
+            data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("SKILLJOBS_NOTIFY_TARGETS must be an object: alias -> URL(s)")
+        out: dict[str, list[str]] = {}
+        for alias, urls in data.items():
+            out[str(alias)] = [urls] if isinstance(urls, str) else [str(u) for u in urls]
+        return out
+
+    def key(self, *parts: str) -> str:
+        """A Redis key under this deployment's prefix."""
+        return ":".join((self.redis_prefix, *parts))

