@@ -87,6 +87,7 @@ def _register_groups() -> None:
         ("jobs.cli_config", "register"),
         ("jobs.cli_jobs", "register"),
         ("jobs.cli_run", "register"),
+        ("jobs.cli_doctor", "register"),
         ("chains.cli", "register"),
     ):
         try:

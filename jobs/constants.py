@@ -1,0 +1,15 @@
+"""Wire contracts: arq function names and Redis key names. Renaming Python functions must
+never strand queued work, so these strings are fixed here and nowhere else."""
+
+from __future__ import annotations
+
+# arq job functions.
+FN_RUN_JOB = "skilljobs.run"  # args: (job_id: str, lease_token: int)
+FN_RUN_CHAIN = "skilljobs.chain"  # args: (run_id: str,)
+
+# Our own Redis keys, under Settings.redis_prefix (see Settings.key()).
+WAKE_CHANNEL = "wake"  # pub/sub: a job was enqueued — idle workers poll now
+SESSION_EVENTS = "session"  # pub/sub: session:<session_id> — live web messages
+JOB_EVENTS = "events:jobs"  # pub/sub: job status changes for the dashboard
+WORKER_HEARTBEAT = "worker"  # worker:<id> → heartbeat JSON with TTL
+CANCEL_CHANNEL = "cancel"  # pub/sub: job ids to cancel on whichever worker runs them
