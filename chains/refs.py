@@ -1,0 +1,248 @@
+"""Step input resolution for chains (pure: no I/O).
+
+A step's input is built, lowest precedence first, from:
+
+* ``passthrough: true`` — the previous step's output (a dict) as the input;
+* ``template`` — ``{"field": "text {name}"}``, placeholders filled from the previous
+  step's output (falling back to the step's own explicit input);
+* ``input`` — explicit values, which may hold references:
+  ``$steps.<id|index>.<path>`` (any earlier step) and ``$prev.<path>`` (the previous one).
+
+A string that is exactly one reference keeps the JSON type of what it points at; a
+reference inside a longer string is interpolated. Paths walk dict keys and list indexes
+(``data.rows.0.name`` or ``data.rows[0].name``). Anything that does not resolve —
+including a ``{name}`` or ``$steps.`` left in the literal text — raises
+:class:`UnresolvedReference` naming it, before the step runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "StepRefs",
+    "UnresolvedReference",
+    "find_references",
+    "resolve_input",
+    "static_errors",
+]
+
+_SEG = r"(?:\.[A-Za-z0-9_\-]+|\[\d+\])"
+REF_RE = re.compile(rf"\$(?:steps\.(?P<step>[A-Za-z0-9_\-]+)|(?P<prev>prev)\b)(?P<path>{_SEG}*)")
+PLACEHOLDER_RE = re.compile(rf"\{{(?P<name>[A-Za-z_][A-Za-z0-9_\-]*{_SEG}*)\}}")
+_TOKEN_RE = re.compile(f"{REF_RE.pattern}|{PLACEHOLDER_RE.pattern}")
+_LEFTOVER_STEPS = "$steps."
+
+
+class UnresolvedReference(ValueError):
+    """A reference or placeholder that does not resolve; ``reference`` names it."""
+
+    def __init__(self, reference: str, reason: str) -> None:
+        super().__init__(f"unresolved reference {reference}: {reason}")
+        self.reference = reference
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class StepRefs:
+    """What resolution needs to know about a step definition."""
+
+    id: str
+    input: Mapping[str, Any]
+    template: Mapping[str, Any]
+    passthrough: bool = False
+
+
+def _segments(path: str) -> list[str]:
+    return [s for s in re.split(r"[.\[\]]+", path) if s]
+
+
+def _walk(value: Any, segments: Sequence[str], ref: str) -> Any:
+    here = value
+    for i, seg in enumerate(segments):
+        where = ".".join(segments[:i]) or "the output"
+        if isinstance(here, Mapping):
+            if seg not in here:
+                raise UnresolvedReference(ref, f"no key {seg!r} in {where}")
+            here = here[seg]
+        elif isinstance(here, list):
+            try:
+                here = here[int(seg)]
+            except (ValueError, IndexError):
+                raise UnresolvedReference(
+                    ref, f"no item {seg!r} in {where} (a list of {len(here)})"
+                ) from None
+        else:
+            raise UnresolvedReference(ref, f"{where} is {type(here).__name__}, not an object")
+    return here
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+class _Resolver:
+    def __init__(self, index: int, ids: Sequence[str], outputs: Sequence[Any]) -> None:
+        self.index = index
+        self.ids = list(ids)
+        self.outputs = outputs
+
+    def target(self, m: re.Match[str]) -> int:
+        ref = m.group(0)
+        if m.group("prev"):
+            if self.index == 0:
+                raise UnresolvedReference(ref, "the first step has no previous step")
+            return self.index - 1
+        name = m.group("step")
+        if name in self.ids[: self.index]:
+            return self.ids.index(name)
+        if name.isdigit() and int(name) < self.index:
+            return int(name)
+        raise UnresolvedReference(ref, f"no earlier step {name!r}")
+
+    def lookup(self, m: re.Match[str]) -> Any:
+        pos = self.target(m)
+        if pos >= len(self.outputs):
+            raise UnresolvedReference(m.group(0), f"step {self.ids[pos]!r} has no output")
+        return _walk(self.outputs[pos], _segments(m.group("path")), m.group(0))
+
+    def placeholder(self, m: re.Match[str], sources: Sequence[Any]) -> Any:
+        segs = _segments(m.group("name"))
+        for src in sources:
+            try:
+                return _walk(src, segs, m.group(0))
+            except UnresolvedReference:
+                continue
+        raise UnresolvedReference(m.group(0), "no such field in the previous step's output")
+
+    def string(self, s: str, sources: Sequence[Any] | None) -> Any:
+        """Resolve references in ``s``; in template mode (``sources`` given) also fill
+        ``{field}`` placeholders from ``sources``."""
+        pattern = REF_RE if sources is None else _TOKEN_RE
+        whole = pattern.fullmatch(s)
+        if whole:
+            return self.token(whole, sources)
+        parts: list[str] = []
+        last = 0
+        for m in pattern.finditer(s):
+            parts.append(_check_literal(s[last : m.start()]))
+            parts.append(_text(self.token(m, sources)))
+            last = m.end()
+        parts.append(_check_literal(s[last:]))
+        return "".join(parts)
+
+    def token(self, m: re.Match[str], sources: Sequence[Any] | None) -> Any:
+        if sources is not None and m.re is _TOKEN_RE and m.group("name"):
+            return self.placeholder(m, sources)
+        return self.lookup(m)
+
+    def value(self, v: Any, sources: Sequence[Any] | None = None) -> Any:
+        if isinstance(v, str):
+            return self.string(v, sources)
+        if isinstance(v, Mapping):
+            return {k: self.value(x, sources) for k, x in v.items()}
+        if isinstance(v, list):
+            return [self.value(x, sources) for x in v]
+        return v
+
+
+def _check_literal(text: str) -> str:
+    """Literal text of a value must not hold a reference left unresolved."""
+    if _LEFTOVER_STEPS in text:
+        bad = text[text.index(_LEFTOVER_STEPS) :].split()[0]
+        raise UnresolvedReference(bad, "malformed step reference")
+    m = PLACEHOLDER_RE.search(text)
+    if m:
+        raise UnresolvedReference(m.group(0), "placeholder left unfilled")
+    return text
+
+
+def resolve_input(index: int, steps: Sequence[StepRefs], outputs: Sequence[Any]) -> dict[str, Any]:
+    """The input for ``steps[index]`` given the outputs of the steps before it.
+
+    Precedence: explicit ``input`` > ``template`` > ``passthrough``.
+    Raises :class:`UnresolvedReference` when anything does not resolve.
+    """
+    step = steps[index]
+    resolver = _Resolver(index, [s.id for s in steps], outputs)
+    prev = outputs[index - 1] if index > 0 and len(outputs) >= index else None
+    explicit = resolver.value(dict(step.input))
+    data: dict[str, Any] = {}
+    if step.passthrough:
+        if index == 0:
+            raise UnresolvedReference("passthrough", "the first step has no previous step")
+        if isinstance(prev, Mapping):
+            data.update(prev)
+        elif prev is not None:
+            data["result"] = prev
+    if step.template:
+        sources = [s for s in (prev, explicit) if s is not None]
+        for key, value in step.template.items():
+            data[key] = resolver.value(value, sources)
+    data.update(explicit)
+    return data
+
+
+def find_references(value: Any) -> Iterator[re.Match[str]]:
+    """Every ``$steps``/``$prev`` reference in a (nested) value."""
+    if isinstance(value, str):
+        yield from REF_RE.finditer(value)
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from find_references(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from find_references(v)
+
+
+def static_errors(steps: Sequence[StepRefs]) -> list[str]:
+    """Creation-time checks: references to unknown or later steps, ``$prev`` or
+    ``passthrough`` on the first step. Each message names the step and the reference."""
+    errors: list[str] = []
+    ids = [s.id for s in steps]
+    for i, step in enumerate(steps):
+        label = f"step {i} ({step.id})"
+        if step.passthrough and i == 0:
+            errors.append(f"{label}: passthrough needs a previous step")
+        for m in find_references([dict(step.input), dict(step.template)]):
+            ref = m.group(0)
+            if m.group("prev"):
+                if i == 0:
+                    errors.append(f"{label}: {ref} refers to a previous step; there is none")
+                continue
+            name = m.group("step")
+            if name in ids:
+                pos = ids.index(name)
+            elif name.isdigit():
+                pos = int(name)
+                if pos >= len(steps):
+                    errors.append(f"{label}: {ref} refers to unknown step {name!r}")
+                    continue
+            else:
+                errors.append(f"{label}: {ref} refers to unknown step {name!r}")
+                continue
+            if pos >= i:
+                which = "itself" if pos == i else f"later step {ids[pos]!r}"
+                errors.append(f"{label}: {ref} refers to {which}; only earlier steps can be used")
+        for text in _strings([dict(step.input), dict(step.template)]):
+            stripped = REF_RE.sub("", text)
+            if _LEFTOVER_STEPS in stripped:
+                errors.append(f"{label}: malformed reference in {text!r}")
+    return errors
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
