@@ -56,6 +56,7 @@ class Skill:
     requires_bins: list[str] = field(default_factory=list)
     exec_mode: str = ""  # "shell"/"runtime" skip the requires.bins check
     cli_commands: list[str] = field(default_factory=list)
+    cli_command_schemas: dict[str, Any] = field(default_factory=dict)  # sub-command → schema
     input_schema: dict[str, Any] | None = None  # schema.json wins over in-code schema
     force_raw_prompt: bool = False
     frontmatter: dict[str, Any] = field(default_factory=dict)
@@ -86,6 +87,7 @@ class SkillRegistry:
 
     def __init__(self, skills: dict[str, Skill] | None = None) -> None:
         self._skills: dict[str, Skill] = dict(skills or {})
+        self.problems: list[str] = []  # folder-level problems (e.g. a missing skills folder)
 
     def add(self, skill: Skill) -> None:
         self._skills[skill.name] = skill

@@ -1,0 +1,315 @@
+"""The result envelope: what every skill run turns into, whichever line ran it.
+
+``normalize`` makes any return value a JSON-safe dict and flips "fake successes"
+(``ok``/``success`` explicitly ``False``) into failures with a meaningful reason;
+``failure`` builds a failure envelope; ``offload`` swaps a large successful result for a
+small receipt and writes the full result into the workspace.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+import enum
+import json
+import logging
+import math
+import re
+import secrets
+import uuid
+from collections.abc import Mapping
+from decimal import Decimal
+from pathlib import PurePath
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+OFFLOAD_THRESHOLD = 12_000
+DISPLAY_MD_MAX = 15_000
+PASS_STR_MAX = 500
+PASS_DICT_MAX = 1_000
+SAMPLE_ITEMS = 3
+SAMPLE_ITEM_MAX = 300
+SCHEMA_KEYS_MAX = 20
+MEDIA_LIST_KEYS = ("images", "videos", "files", "audios")
+MEDIA_SCALAR_KEYS = ("filename", "local_path", "download_url", "abs_url", "media")
+MEDIA_LIST_MAX = 12_000
+MEDIA_OTHER_MAX = 2_000
+BYTES_INLINE_MAX = 1_000_000  # larger binary payloads must be written to the workspace
+
+RECOVERABLE_TYPES = frozenset({"recoverable", "retryable", "need_input", "need_param"})
+RECEIPT_KEYS = ("ok", "offloaded", "skill", "path", "chars", "schema_keys", "_hint")
+
+
+class NotSerializable(ValueError):
+    """A skill returned a value that has no JSON form."""
+
+
+# --------------------------------------------------------------------------- serialization
+
+
+def to_jsonable(value: Any) -> Any:
+    """A JSON-safe copy of ``value`` (raises ``NotSerializable`` naming the bad spot)."""
+    try:
+        # Fast path: plain JSON data only needs a canonical copy (C encoder/decoder).
+        return json.loads(json.dumps(value, ensure_ascii=False, allow_nan=False))
+    except (TypeError, ValueError, RecursionError):
+        pass
+    try:
+        return _convert(value, "result", set())
+    except RecursionError:
+        raise NotSerializable("result is nested too deeply to serialize") from None
+
+
+def _convert(value: Any, where: str, seen: set[int]) -> Any:
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, enum.Enum):
+        return _convert(value.value, where, seen)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            return str(value)
+        if value == value.to_integral_value():
+            return int(value)
+        as_float = float(value)
+        # Keep the exact digits when a float would lose them (money, high precision).
+        return as_float if Decimal(repr(as_float)) == value else str(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, uuid.UUID | PurePath):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        if len(raw) > BYTES_INLINE_MAX:
+            raise NotSerializable(
+                f"{where} is {len(raw):,} bytes of binary data; write it to a file in the "
+                "workspace and return its filename instead"
+            )
+        return {
+            "encoding": "base64",
+            "data": base64.b64encode(raw).decode("ascii"),
+            "bytes": len(raw),
+            "note": "binary data returned by the skill, encoded as base64",
+        }
+    if isinstance(value, Mapping | list | tuple | set | frozenset):
+        if id(value) in seen:
+            raise NotSerializable(f"{where} refers back to itself (circular reference)")
+        seen.add(id(value))
+        try:
+            if isinstance(value, Mapping):
+                return {_key(k, where): _convert(v, f"{where}.{k}", seen) for k, v in value.items()}
+            items = value
+            if isinstance(value, set | frozenset):
+                items = sorted(value, key=repr)
+            return [_convert(v, f"{where}[{i}]", seen) for i, v in enumerate(items)]
+        finally:
+            seen.discard(id(value))
+    raise NotSerializable(
+        f"{where} is a {type(value).__module__}.{type(value).__qualname__} object, which has "
+        "no JSON form; return plain data (dict, list, str, number, bool, None)"
+    )
+
+
+def _key(key: Any, where: str) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if key is None:
+        return "null"
+    if isinstance(key, int | float | Decimal | uuid.UUID | enum.Enum):
+        return str(key.value if isinstance(key, enum.Enum) else key)
+    if isinstance(key, dt.date | dt.datetime):
+        return key.isoformat()
+    raise NotSerializable(f"{where} has a key of type {type(key).__qualname__}; keys must be text")
+
+
+# --------------------------------------------------------------------------- the envelope
+
+
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip()) or value in ([], {})
+
+
+def _reason(value: Any) -> str:
+    return value.strip() if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def normalize(raw: Any, skill: str) -> dict[str, Any]:
+    """Any return value → a JSON-safe envelope dict with ``ok`` set consistently.
+
+    Non-dict → ``{"result": value}``. ``ok is False`` or ``success is False`` is a
+    failure (missing/None is not); the reason is taken from ``error``/``msg`` (ok=False)
+    or ``stderr``/``error``/``msg``/``user_message`` (success=False). A non-zero ``code``
+    alone does not make a failure.
+    """
+    if dataclasses.is_dataclass(raw) and not isinstance(raw, type):
+        raw = dataclasses.asdict(raw)
+    try:
+        data = to_jsonable(raw)
+    except NotSerializable as exc:
+        return failure(
+            f"skill {skill!r} returned a result that cannot be stored: {exc}",
+            error_type="config",
+            non_retriable=True,
+            skill=skill,
+        )
+    env: dict[str, Any] = data if isinstance(data, dict) else {"result": data}
+
+    if env.get("ok") is False:
+        sources: tuple[str, ...] = ("error", "msg")
+        flag = "ok: false"
+    elif env.get("success") is False:
+        sources = ("stderr", "error", "msg", "user_message")
+        flag = "success: false"
+    else:
+        env["ok"] = True
+        return env
+
+    reason = next((_reason(env[k]) for k in sources if not _blank(env.get(k))), "")
+    if not reason:
+        reason = f"skill {skill!r} reported a failure ({flag}) without saying why"
+    env["error"] = reason
+    env["ok"] = False
+    if env.get("success") is True:
+        env["success"] = False
+    return env
+
+
+def failure(error: str, *, error_type: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A failure envelope: ``{"ok": False, "error": ..., "error_type"?: ..., **extra}``."""
+    env: dict[str, Any] = {"ok": False, "error": error.strip() or "the skill run failed"}
+    if error_type:
+        env["error_type"] = error_type
+    env.update(extra)
+    return env
+
+
+def is_failure(env: Any) -> bool:
+    """``ok`` or ``success`` explicitly ``False`` (missing or ``None`` is not failure)."""
+    return isinstance(env, dict) and (env.get("ok") is False or env.get("success") is False)
+
+
+def is_recoverable(env: Any) -> bool:
+    """A failure the caller can fix by changing the input (fed back, not budgeted)."""
+    if not is_failure(env):
+        return False
+    if str(env.get("error_type") or "").lower() in RECOVERABLE_TYPES:
+        return True
+    if env.get("need_param") not in (None, "", False):
+        return True
+    return any(env.get(flag) is True for flag in ("recoverable", "retryable", "need_input"))
+
+
+def is_non_retriable(env: Any) -> bool:
+    """``non_retriable`` only counts on failures that are not recoverable."""
+    return is_failure(env) and not is_recoverable(env) and env.get("non_retriable") is True
+
+
+def is_partial(env: Any) -> bool:
+    """Success with ``completed: False`` or a ``warning``."""
+    if not isinstance(env, dict) or is_failure(env):
+        return False
+    if env.get("success") is not True and env.get("ok") is not True:
+        return False
+    return env.get("completed") is False or not _blank(env.get("warning"))
+
+
+# --------------------------------------------------------------------------- offload
+
+_unsafe_name = re.compile(r"[^A-Za-z0-9_\-]+")
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def offload(env: dict[str, Any], workspace: Any, skill: str) -> dict[str, Any]:
+    """A successful result over 12,000 JSON chars → file in ``<workspace>/.toolout/`` +
+    receipt. Failures, small results and calls without a workspace are returned as is."""
+    if not isinstance(env, dict) or is_failure(env) or env.get("offloaded") is True:
+        return env
+    if workspace is None or str(workspace) == "":
+        return env
+    # Encode each top-level value once: the sizes drive the receipt and the parts are
+    # joined into the file text, so a large result is serialized exactly one time.
+    parts = {k: _dumps(v) for k, v in env.items()}
+    body = ", ".join(f"{_dumps(str(k))}: {v}" for k, v in parts.items())
+    text = "{" + body + "}"
+    if len(text) <= OFFLOAD_THRESHOLD:
+        return env
+
+    from pathlib import Path
+
+    folder = Path(workspace) / ".toolout"
+    safe = _unsafe_name.sub("_", skill).strip("_") or "skill"
+    path = folder / f"toolout_{safe}_{secrets.token_hex(4)}.json"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        log.warning("could not offload the result of %s to %s: %s", skill, folder, exc)
+        return env
+
+    receipt: dict[str, Any] = {
+        "ok": True,
+        "offloaded": True,
+        "skill": skill,
+        "path": str(path),
+        "chars": len(text),
+        "schema_keys": [str(k) for k in list(env)[:SCHEMA_KEYS_MAX]],
+        "_hint": (
+            f"The full result ({len(text):,} chars) was saved to {path}; read that file "
+            "for the complete data. Lists are summarized here as <key>_count and "
+            "<key>_sample (first items)."
+        ),
+    }
+    for key, value in env.items():
+        if key in RECEIPT_KEYS:
+            continue
+        size = len(parts[key])
+        if key == "display_md" and isinstance(value, str):
+            receipt[key] = _cut_md(value)
+        elif key in MEDIA_LIST_KEYS and size < MEDIA_LIST_MAX:
+            receipt[key] = value
+        elif key in MEDIA_SCALAR_KEYS and size < MEDIA_OTHER_MAX:
+            receipt[key] = value
+        elif isinstance(value, list):
+            if value:
+                receipt[f"{key}_count"] = len(value)
+                receipt[f"{key}_sample"] = [_sample(v) for v in value[:SAMPLE_ITEMS]]
+            else:
+                receipt[key] = []
+        elif isinstance(value, str):
+            if len(value) <= PASS_STR_MAX:
+                receipt[key] = value
+        elif isinstance(value, dict):
+            if size <= PASS_DICT_MAX:
+                receipt[key] = value
+        elif value is None or isinstance(value, bool | int | float):
+            receipt[key] = value
+    return receipt
+
+
+def _cut_md(text: str) -> str:
+    if len(text) <= DISPLAY_MD_MAX:
+        return text
+    marker = "\n\n…(truncated; the full text is in the offloaded file)"
+    return text[: DISPLAY_MD_MAX - len(marker)] + marker
+
+
+def _sample(item: Any) -> Any:
+    if isinstance(item, str):
+        return item if len(item) <= SAMPLE_ITEM_MAX else item[:SAMPLE_ITEM_MAX] + "…"
+    encoded = _dumps(item)
+    if len(encoded) <= SAMPLE_ITEM_MAX:
+        return item
+    return encoded[:SAMPLE_ITEM_MAX] + "…"
