@@ -23,6 +23,8 @@ from decimal import Decimal
 from pathlib import PurePath
 from typing import Any
 
+import pydantic_core
+
 log = logging.getLogger(__name__)
 
 OFFLOAD_THRESHOLD = 12_000
@@ -227,8 +229,18 @@ def is_partial(env: Any) -> bool:
 _unsafe_name = re.compile(r"[^A-Za-z0-9_\-]+")
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
+def _encode(value: Any) -> bytes:
+    """Compact UTF-8 JSON (Rust encoder: offloading a multi-MB result stays in budget)."""
+    return pydantic_core.to_json(value, fallback=str)
+
+
+def _chars(data: bytes, limit: int | None = None) -> int:
+    """Characters in UTF-8 ``data``; with ``limit``, exact only up to the limit."""
+    if data.isascii():
+        return len(data)
+    if limit is not None and len(data) > 4 * limit:
+        return len(data)  # > limit whatever the characters are
+    return len(data.decode("utf-8"))
 
 
 def offload(env: dict[str, Any], workspace: Any, skill: str) -> dict[str, Any]:
@@ -238,12 +250,11 @@ def offload(env: dict[str, Any], workspace: Any, skill: str) -> dict[str, Any]:
         return env
     if workspace is None or str(workspace) == "":
         return env
-    # Encode each top-level value once: the sizes drive the receipt and the parts are
-    # joined into the file text, so a large result is serialized exactly one time.
-    parts = {k: _dumps(v) for k, v in env.items()}
-    body = ", ".join(f"{_dumps(str(k))}: {v}" for k, v in parts.items())
-    text = "{" + body + "}"
-    if len(text) <= OFFLOAD_THRESHOLD:
+    # Encode each top-level value once: the sizes drive the receipt and the same bytes are
+    # written to the file, so a large result is serialized exactly one time.
+    parts = [(k, _encode(str(k)), _encode(v)) for k, v in env.items()]
+    total = 1 + sum(_chars(kb) + 1 + _chars(vb) + 1 for _, kb, vb in parts)
+    if total <= OFFLOAD_THRESHOLD:
         return env
 
     from pathlib import Path
@@ -253,8 +264,13 @@ def offload(env: dict[str, Any], workspace: Any, skill: str) -> dict[str, Any]:
     path = folder / f"toolout_{safe}_{secrets.token_hex(4)}.json"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with open(path, "wb") as fh:
+            fh.write(b"{")
+            for i, (_, kb, vb) in enumerate(parts):
+                fh.write(b"," + kb if i else kb)
+                fh.write(b":")
+                fh.write(vb)
+            fh.write(b"}")
     except OSError as exc:
         log.warning("could not offload the result of %s to %s: %s", skill, folder, exc)
         return env
@@ -264,23 +280,23 @@ def offload(env: dict[str, Any], workspace: Any, skill: str) -> dict[str, Any]:
         "offloaded": True,
         "skill": skill,
         "path": str(path),
-        "chars": len(text),
+        "chars": total,
         "schema_keys": [str(k) for k in list(env)[:SCHEMA_KEYS_MAX]],
         "_hint": (
-            f"The full result ({len(text):,} chars) was saved to {path}; read that file "
+            f"The full result ({total:,} chars) was saved to {path}; read that file "
             "for the complete data. Lists are summarized here as <key>_count and "
             "<key>_sample (first items)."
         ),
     }
-    for key, value in env.items():
+    for key, _, encoded in parts:
         if key in RECEIPT_KEYS:
             continue
-        size = len(parts[key])
+        value = env[key]
         if key == "display_md" and isinstance(value, str):
             receipt[key] = _cut_md(value)
-        elif key in MEDIA_LIST_KEYS and size < MEDIA_LIST_MAX:
+        elif key in MEDIA_LIST_KEYS and _chars(encoded, MEDIA_LIST_MAX) < MEDIA_LIST_MAX:
             receipt[key] = value
-        elif key in MEDIA_SCALAR_KEYS and size < MEDIA_OTHER_MAX:
+        elif key in MEDIA_SCALAR_KEYS and _chars(encoded, MEDIA_OTHER_MAX) < MEDIA_OTHER_MAX:
             receipt[key] = value
         elif isinstance(value, list):
             if value:
@@ -292,7 +308,7 @@ def offload(env: dict[str, Any], workspace: Any, skill: str) -> dict[str, Any]:
             if len(value) <= PASS_STR_MAX:
                 receipt[key] = value
         elif isinstance(value, dict):
-            if size <= PASS_DICT_MAX:
+            if _chars(encoded, PASS_DICT_MAX) <= PASS_DICT_MAX:
                 receipt[key] = value
         elif value is None or isinstance(value, bool | int | float):
             receipt[key] = value
@@ -309,7 +325,7 @@ def _cut_md(text: str) -> str:
 def _sample(item: Any) -> Any:
     if isinstance(item, str):
         return item if len(item) <= SAMPLE_ITEM_MAX else item[:SAMPLE_ITEM_MAX] + "…"
-    encoded = _dumps(item)
+    encoded = _encode(item).decode("utf-8")
     if len(encoded) <= SAMPLE_ITEM_MAX:
         return item
     return encoded[:SAMPLE_ITEM_MAX] + "…"
