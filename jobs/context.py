@@ -1,0 +1,259 @@
+"""The runtime context skills receive: fixed segment, config layers, background context.
+
+Skills read a plain dict (they expect one); this module owns its vocabulary so that the
+chat line, the workers and the chains all build it the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+# SPEC §3 / skill spec §4.2: always present, typed empty value when unknown.
+FIXED_SEGMENT: dict[str, Any] = {
+    "raw_input": "",
+    "attachments": [],
+    "actor_name": "",
+    "actor_emp_no": "",
+    "actor_department": "",
+    "actor_department_path": "",
+    "actor_position": "",
+    "actor_title": "",
+    "actor_phone": "",
+    "actor_email": "",
+    "actor_tags": [],
+    "actor_key": "",
+    "channel": "",
+    "triggered_at": 0.0,
+    "triggered_at_str": "",
+    "actor_id": "",
+    "actor_is_admin": False,
+}
+
+# The ten actor_* vocabulary keys (call_skill passes exactly these through, plus EXTRA_KEYS).
+ACTOR_KEYS: tuple[str, ...] = (
+    "actor_name",
+    "actor_emp_no",
+    "actor_department",
+    "actor_department_path",
+    "actor_position",
+    "actor_title",
+    "actor_phone",
+    "actor_email",
+    "actor_tags",
+    "actor_key",
+)
+EXTRA_KEYS: tuple[str, ...] = ("actor_id", "actor_is_admin")
+
+# Admin proxy fill (§4.4): identity keys cleared when an admin fills in for someone.
+ADMIN_CLEARED: tuple[str, ...] = (
+    "actor_title",
+    "actor_department",
+    "actor_department_path",
+    "actor_position",
+    "actor_tags",
+    "actor_key",
+    "actor_id",
+    "actor_emp_no",
+)
+
+# Context handed to a callee by call_skill (§9.1 `_CALL_PASS_BASE`).
+CALL_PASS_BASE: tuple[str, ...] = (
+    "role_id",
+    "session_id",
+    "user_id",
+    "team_id",
+    "org_id",
+    "team_role",
+    "is_admin",
+    "channel",
+    "chat_mode",
+    "workspace_dir",
+    "channel_registry",
+    "db_factory",
+    "abort_signal",
+    "allow_sql",
+)
+CALL_PASS_KEYS: tuple[str, ...] = CALL_PASS_BASE + ACTOR_KEYS + EXTRA_KEYS
+
+# Platform keys: never taken from configs, never treated as secrets by name.
+PLATFORM_KEYS: frozenset[str] = frozenset(
+    {*CALL_PASS_BASE, "skill_configs", "skill_args", "db", "provider", "call_skill", "request"}
+)
+VOCABULARY: frozenset[str] = frozenset(FIXED_SEGMENT) | PLATFORM_KEYS
+
+# Objects that only live inside this process (never serialized into SKILL_CONTEXT or a job).
+LIVE_KEYS: frozenset[str] = frozenset(
+    {"db", "db_factory", "call_skill", "provider", "abort_signal", "request", "channel_registry"}
+)
+
+_ATTACHMENT_KEYS = ("type", "att_type", "filename", "local_path", "url")
+_LIST_KEYS = frozenset(k for k, v in FIXED_SEGMENT.items() if isinstance(v, list))
+_STR_KEYS = frozenset(k for k, v in FIXED_SEGMENT.items() if isinstance(v, str))
+
+
+def _str(v: Any) -> str:
+    return "" if v is None else v if isinstance(v, str) else str(v)
+
+
+def _truthy(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() in {"1", "true", "yes", "on"}
+    return bool(v)
+
+
+def _float(v: Any) -> float:
+    try:
+        return float(v) if v not in (None, "") else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def normalize_attachment(item: Any) -> dict[str, str]:
+    """One attachment → ``{type, att_type, filename, local_path, url}`` (§4.7)."""
+    if isinstance(item, str):
+        item = {"url": item} if "://" in item else {"local_path": item}
+    if not isinstance(item, Mapping):
+        item = {}
+    kind = _str(item.get("type") or item.get("att_type") or item.get("media") or "")
+    local = _str(item.get("local_path") or item.get("path") or "")
+    url = _str(item.get("url") or "")
+    name = _str(item.get("filename") or item.get("name") or "")
+    if not name and (local or url):
+        name = os.path.basename((local or url).split("?", 1)[0].rstrip("/"))
+    kind = kind or "file"
+    return {"type": kind, "att_type": kind, "filename": name, "local_path": local, "url": url}
+
+
+def _tags(v: Any) -> list[str]:
+    if v in (None, ""):
+        return []
+    if isinstance(v, str):
+        return [t.strip() for t in v.split(",") if t.strip()]
+    if isinstance(v, (list, tuple, set)):
+        return [_str(t) for t in v if t not in (None, "")]
+    return [_str(v)]
+
+
+def fixed_segment(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The fixed segment from any mapping: vocabulary keys only, typed empties, triggered_at
+    as float seconds + ``YYYY-MM-DD HH:MM`` UTC, admin proxy fill, normalized attachments."""
+    out: dict[str, Any] = {}
+    for key in FIXED_SEGMENT:
+        v = raw.get(key)
+        if key in _STR_KEYS:
+            out[key] = _str(v)
+        elif key == "actor_tags":
+            out[key] = _tags(v)
+        elif key in _LIST_KEYS:
+            out[key] = [normalize_attachment(a) for a in v] if isinstance(v, (list, tuple)) else []
+        elif key == "actor_is_admin":
+            out[key] = _truthy(v)
+        else:
+            out[key] = _float(v)
+    if out["triggered_at"] and not out["triggered_at_str"]:
+        out["triggered_at_str"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime(out["triggered_at"]))
+    elif out["triggered_at_str"] and not out["triggered_at"]:
+        try:
+            import calendar
+
+            out["triggered_at"] = float(
+                calendar.timegm(time.strptime(out["triggered_at_str"][:16], "%Y-%m-%d %H:%M"))
+            )
+        except ValueError:
+            pass
+    if out["actor_is_admin"]:
+        for key in ADMIN_CLEARED:
+            out[key] = [] if key in _LIST_KEYS else ""
+    return out
+
+
+def config_key(key: str) -> str:
+    """Stored/looked-up form of a config key: ``--api-token`` → ``api_token`` (case kept)."""
+    return key.strip().lstrip("-").replace("-", "_")
+
+
+def flatten_configs(skill: str, configs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The four injection layers (§5.1): ``skill_configs[<skill>]``, flattened
+    ``skill_configs``, ``skill_args`` and top-level copies (platform keys never shadowed)."""
+    values = {config_key(str(k)): v for k, v in (configs or {}).items()}
+    out: dict[str, Any] = {k: v for k, v in values.items() if k not in VOCABULARY}
+    out["skill_configs"] = {**values, skill: dict(values)}
+    out["skill_args"] = dict(values)
+    return out
+
+
+def _present(v: Any) -> bool:
+    return v is not None and str(v).strip() != ""
+
+
+def lookup_config(ctx: Mapping[str, Any], skill: str, key: str, default: Any = None) -> Any:
+    """A config value by the §5.1 order, then ``os.environ``; ``default`` when missing."""
+    names = [config_key(key)]
+    lower = names[0].lower()
+    if lower != names[0]:
+        names.append(lower)
+    sc = ctx.get("skill_configs") or {}
+    own = sc.get(skill) if isinstance(sc, Mapping) else None
+    layers = (
+        own if isinstance(own, Mapping) else {},
+        sc if isinstance(sc, Mapping) else {},
+        ctx.get("skill_args") or {},
+        ctx,
+    )
+    for name in names:
+        for layer in layers:
+            v = layer.get(name) if isinstance(layer, Mapping) else None
+            if _present(v) and not (layer is ctx and name in VOCABULARY):
+                return v
+    for name in names:
+        v = os.environ.get(name)
+        if _present(v):
+            return v
+    return default
+
+
+def background_context(
+    origin: Mapping[str, Any], *, skill: str, configs: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """What a queued job runs with (SPEC §3 + §11). JSON-serializable: the job row stores it.
+
+    ``db``/``db_factory``/``workspace_dir``/``provider``/``call_skill`` are added by the
+    executor at run time; ``team_role``/``request``/``channel_registry`` are absent on purpose.
+    """
+    ctx: dict[str, Any] = flatten_configs(skill, configs)
+    ctx.update(fixed_segment(origin))
+    ctx.update(
+        role_id=_str(origin.get("role_id")),
+        org_id=_str(origin.get("org_id")),
+        session_id=_str(origin.get("session_id")),
+        is_admin=_truthy(origin.get("is_admin")),
+        chat_mode=True,
+        user_id="",
+        team_id="",
+        abort_signal=None,
+    )
+    if "allow_sql" in origin and origin["allow_sql"] is not None:
+        ctx["allow_sql"] = _truthy(origin["allow_sql"])
+    return ctx
+
+
+def workspace_dir(
+    root: str | os.PathLike[str], role_id: str | None, session_id: str | None
+) -> Path | None:
+    """``<root>/<role_id>/<session_id or "shared">``; None when ``role_id`` is empty.
+
+    Ids are used as single path segments: separators and ``..`` cannot escape the root.
+    """
+    role = _segment(role_id)
+    if not role:
+        return None
+    return Path(root) / role / (_segment(session_id) or "shared")
+
+
+def _segment(value: str | None) -> str:
+    s = _str(value).strip().replace("/", "_").replace("\\", "_").replace("\x00", "")
+    return "" if s in {"", ".", ".."} else s

@@ -1,0 +1,478 @@
+"""Subprocess skills (Python CLI, shell, inline shell, Node, Ruby, Go): argv, environment,
+process-group lifetime and stdout parsing (SPEC §2, §11; skill spec subprocess chapter).
+
+Every skill process gets its own session (process group). Whatever happens — normal exit,
+timeout, output flood, cancellation — the whole group is killed before we return, so a
+skill that leaves ``sleep 300 &`` behind leaves no orphan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jobs.context import FIXED_SEGMENT, LIVE_KEYS, PLATFORM_KEYS
+from jobs.crypto import is_secret_key
+from jobs.skill import ExecType, Skill
+
+OUTPUT_CAP = 16 * 1024 * 1024  # bytes read from stdout and from stderr, each
+LOG_CAP = 64 * 1024  # stderr tail kept as the run's log
+ERROR_TAIL = 2000  # stderr tail quoted in an exit-code error
+KILL_GRACE_SEC = 2.0  # SIGTERM → SIGKILL
+
+IMAGE_EXT = frozenset(".png .jpg .jpeg .gif .webp .bmp .svg .heic .tif .tiff".split())
+VIDEO_EXT = frozenset(".mp4 .mov .webm .mkv .avi .m4v .flv".split())
+AUDIO_EXT = frozenset(".mp3 .wav .ogg .m4a .flac .opus .aac .amr".split())
+
+_SAFE_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VOCAB = frozenset(FIXED_SEGMENT) | PLATFORM_KEYS
+
+
+class SetupError(Exception):
+    """The skill cannot be started (missing runtime, bad subcommand); message is user-facing."""
+
+
+@dataclass
+class ProcessResult:
+    returncode: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
+    overflow: str | None = None  # "stdout" / "stderr" when a stream exceeded the cap
+
+
+def media_kind(name: str) -> str:
+    ext = os.path.splitext(name.split("?", 1)[0])[1].lower()
+    if ext in IMAGE_EXT:
+        return "image"
+    if ext in VIDEO_EXT:
+        return "video"
+    if ext in AUDIO_EXT:
+        return "audio"
+    return "file"
+
+
+# --- command line -----------------------------------------------------------------------
+
+
+def _runtime(*names: str) -> str:
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise SetupError(
+        f"the {names[0]!r} runtime is not installed on this host (needed to run this skill)"
+    )
+
+
+def _placeholders(text: str, *, workspace: str, skill_dir: str) -> str:
+    return text.replace("{baseDir}", skill_dir).replace("{workspace}", workspace)
+
+
+def interpreter(skill: Skill) -> list[str]:
+    """The program prefix for the skill's exec type (raises SetupError if unavailable)."""
+    et = skill.exec_type
+    if et is ExecType.INLINE_SHELL:
+        if not skill.command:
+            raise SetupError("inline_shell skill declares no exec.primary.command")
+        return [_runtime("bash", "sh"), "-c"]
+    entry = skill.entry
+    if entry is None or not Path(entry).is_file():
+        raise SetupError(f"the skill's script {str(entry or '(none)')!r} does not exist")
+    e = str(entry)
+    if et is ExecType.PYTHON_CLI or (et is ExecType.PYTHON):
+        return [sys.executable, e]
+    if et is ExecType.SHELL:
+        return [_runtime("bash", "sh"), e]
+    if et is ExecType.NODE:
+        return [_runtime("node", "nodejs"), e]
+    if et is ExecType.RUBY:
+        return [_runtime("ruby"), e]
+    if et is ExecType.GO:
+        if e.endswith(".go"):
+            return [_runtime("go"), "run", e]
+        if os.access(e, os.X_OK):
+            return [e]
+        raise SetupError(f"go skill entry {e!r} is neither a .go file nor an executable")
+    raise SetupError(f"exec type {et!s} is not run as a subprocess")
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def build_args(
+    skill: Skill, input_data: Mapping[str, Any], *, workspace: str = "", skill_dir: str = ""
+) -> list[str]:
+    """Input → argv: ``_subcommand`` first (cli_commands), ``x-cli-positional`` properties
+    next, then ``True → --flag``, False/None omitted, lists expanded, dicts as JSON,
+    ``key_name → --key-name``; ``{baseDir}`` / ``{workspace}`` placeholders filled."""
+    args: list[str] = []
+    data = dict(input_data)
+    sub = data.pop("_subcommand", None)
+    if skill.cli_commands:
+        if sub in (None, ""):
+            raise SetupError(
+                f"this skill needs a subcommand: input._subcommand must be one of {skill.cli_commands}"
+            )
+        if str(sub) not in skill.cli_commands:
+            raise SetupError(f"unknown subcommand {sub!r}; expected one of {skill.cli_commands}")
+        args.append(str(sub))
+    props = ((skill.input_schema or {}).get("properties") or {}) if skill.input_schema else {}
+    positional = [k for k, p in props.items() if isinstance(p, dict) and p.get("x-cli-positional")]
+    for key in positional:
+        v = data.pop(key, None)
+        if v is None:
+            continue
+        args.extend(_scalar(x) for x in v) if isinstance(v, list) else args.append(_scalar(v))
+    for key, v in data.items():
+        if key.startswith("_") or v is None or v is False:
+            continue
+        if v is True:
+            args.append(_flag(key))
+        elif isinstance(v, list):
+            if v:
+                args.append(_flag(key))
+                args.extend(_scalar(x) for x in v)
+        else:
+            args.extend((_flag(key), _scalar(v)))
+    if workspace or skill_dir:
+        args = [_placeholders(a, workspace=workspace, skill_dir=skill_dir) for a in args]
+    return args
+
+
+def build_command(
+    skill: Skill, input_data: Mapping[str, Any], *, workspace: str, skill_dir: str
+) -> list[str]:
+    prefix = interpreter(skill)
+    args = build_args(skill, input_data, workspace=workspace, skill_dir=skill_dir)
+    if skill.exec_type is ExecType.INLINE_SHELL:
+        command = _placeholders(skill.command or "", workspace=workspace, skill_dir=skill_dir)
+        return [*prefix, command, skill.name, *args]
+    return [*prefix, *args]
+
+
+# --- environment ------------------------------------------------------------------------
+
+
+def _json_ok(v: Any) -> bool:
+    try:
+        json.dumps(v, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def subprocess_context(ctx: Mapping[str, Any], skill_name: str) -> dict[str, Any]:
+    """SKILL_CONTEXT: the runtime context minus live objects, ``_``-prefixed and
+    non-serializable keys, and secret-named values that are not the skill's own configs."""
+    sc = ctx.get("skill_configs")
+    own_cfg = sc.get(skill_name) if isinstance(sc, Mapping) else None
+    own = set(own_cfg or {}) | set(ctx.get("skill_args") or {})
+    out: dict[str, Any] = {}
+    for key, v in ctx.items():
+        if not isinstance(key, str) or key.startswith("_") or key in LIVE_KEYS:
+            continue
+        if key not in _VOCAB and is_secret_key(key) and key not in own:
+            continue
+        if key == "skill_configs" and isinstance(v, Mapping):
+            v = {k: x for k, x in v.items() if k == skill_name or k in own}
+        if _json_ok(v):
+            out[key] = v
+    return out
+
+
+def base_environ() -> dict[str, str]:
+    """The host environment minus this service's own settings (keys, tokens, URLs)."""
+    return {k: v for k, v in os.environ.items() if not k.upper().startswith("SKILLJOBS_")}
+
+
+def config_env(skill: Skill, ctx: Mapping[str, Any]) -> dict[str, str]:
+    """Credentials for subprocess skills travel as environment variables: the skill's
+    ``requires.env`` names and its own env-var-shaped config keys."""
+    from jobs.context import lookup_config
+
+    out: dict[str, str] = {}
+    sc = ctx.get("skill_configs")
+    own = sc.get(skill.name) if isinstance(sc, Mapping) else None
+    for key, v in (own or ctx.get("skill_args") or {}).items():
+        if _SAFE_ENV_KEY.match(key) and key.upper() == key and v is not None:
+            out[key] = v if isinstance(v, str) else _scalar(v)
+    for name in skill.requires_env:
+        if _SAFE_ENV_KEY.match(name) and name not in out:
+            v = lookup_config(ctx, skill.name, name)
+            if v is not None:
+                out[name] = v if isinstance(v, str) else _scalar(v)
+    return out
+
+
+def build_env(
+    skill: Skill,
+    ctx: Mapping[str, Any],
+    input_data: Mapping[str, Any],
+    *,
+    workspace: str,
+    llm_env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    env = base_environ()
+    env.update(llm_env or {})
+    env.update(config_env(skill, ctx))
+    env["SKILL_INPUT"] = json.dumps(input_data, ensure_ascii=False, default=str)
+    env["SKILL_CONTEXT"] = json.dumps(subprocess_context(ctx, skill.name), ensure_ascii=False)
+    env["SKILL_WORKSPACE"] = workspace
+    env["SKILL_DIR"] = str(skill.path)
+    env.setdefault("PYTHONIOENCODING", "utf-8")
+    return env
+
+
+# --- running ----------------------------------------------------------------------------
+
+
+def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def _read(stream: asyncio.StreamReader, cap: int, name: str) -> bytes:
+    buf = bytearray()
+    while True:
+        chunk = await stream.read(1 << 16)
+        if not chunk:
+            return bytes(buf)
+        buf += chunk
+        if len(buf) > cap:
+            raise _Overflow(name, bytes(buf[:cap]))
+
+
+class _Overflow(Exception):
+    def __init__(self, stream: str, data: bytes) -> None:
+        super().__init__(stream)
+        self.stream = stream
+        self.data = data
+
+
+class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """Stream protocol that also reports when the leader exits (``Process.wait()`` only
+    returns once every pipe is closed, which a left-behind child can delay forever)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=1 << 16, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+async def _terminate(proc: asyncio.subprocess.Process, exited: asyncio.Future[None]) -> None:
+    """SIGTERM the group, SIGKILL it after a grace period, wait for the leader to be reaped."""
+    kill_group(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(asyncio.shield(exited), KILL_GRACE_SEC)
+    except TimeoutError:
+        pass
+    kill_group(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    await asyncio.shield(exited)
+
+
+async def run_process(
+    argv: list[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | os.PathLike[str] | None,
+    timeout: float,  # noqa: ASYNC109 - the group must be killed, not just the await
+    cap: int = OUTPUT_CAP,
+) -> ProcessResult:
+    """Run ``argv`` in its own process group; read stdout/stderr concurrently (each capped).
+
+    Cancellation kills the whole group and re-raises ``CancelledError``.
+    """
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(
+        lambda: _Protocol(loop),
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=cwd,
+        env=dict(env),
+        start_new_session=True,
+    )
+    proc = asyncio.subprocess.Process(transport, protocol, loop)
+    assert proc.stdout is not None and proc.stderr is not None
+    exited = protocol.exited
+    out_t = asyncio.ensure_future(_read(proc.stdout, cap, "stdout"))
+    err_t = asyncio.ensure_future(_read(proc.stderr, cap, "stderr"))
+    timed_out = False
+    overflow: _Overflow | None = None
+    deadline = loop.time() + timeout
+    try:
+        pending: set[asyncio.Future[Any]] = {out_t, err_t, exited}
+        drain_until: float | None = None
+        while pending:
+            now = loop.time()
+            if drain_until is not None and now >= drain_until:
+                break  # a grandchild in another session still holds a pipe: stop reading
+            remaining = deadline - now
+            if remaining <= 0:
+                timed_out = not exited.done()
+                break
+            if drain_until is not None:
+                remaining = min(remaining, drain_until - now)
+            done, pending = await asyncio.wait(
+                pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            for t in done:
+                exc = t.exception()
+                if isinstance(exc, _Overflow):
+                    overflow = exc
+                elif exc is not None:
+                    raise exc
+            if overflow is not None:
+                break
+            if exited in done and drain_until is None:
+                # The leader is gone: kill what it left behind so the pipes reach EOF.
+                kill_group(proc.pid)
+                drain_until = loop.time() + KILL_GRACE_SEC
+    except BaseException:
+        out_t.cancel()
+        err_t.cancel()
+        await asyncio.shield(_terminate(proc, exited))
+        transport.close()
+        raise
+    if timed_out or overflow is not None:
+        await _terminate(proc, exited)
+    else:
+        kill_group(proc.pid)
+    for t in (out_t, err_t):
+        if not t.done():
+            t.cancel()
+    await asyncio.gather(out_t, err_t, return_exceptions=True)
+    transport.close()
+    return ProcessResult(
+        returncode=transport.get_returncode(),
+        stdout=_collected(out_t),
+        stderr=_collected(err_t),
+        timed_out=timed_out,
+        overflow=overflow.stream if overflow else None,
+    )
+
+
+def _collected(t: asyncio.Future[bytes]) -> bytes:
+    if t.cancelled():
+        return b""
+    exc = t.exception()
+    if isinstance(exc, _Overflow):
+        return exc.data
+    return t.result() if exc is None else b""
+
+
+# --- output -----------------------------------------------------------------------------
+
+
+def decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def log_tail(stderr: bytes, cap: int = LOG_CAP) -> str:
+    if len(stderr) <= cap:
+        return decode(stderr)
+    return f"[… {len(stderr) - cap} bytes cut]\n" + decode(stderr[-cap:])
+
+
+def _loads(text: str) -> tuple[bool, Any]:
+    try:
+        return True, json.loads(text)
+    except ValueError:
+        return False, None
+
+
+def _path_line(line: str, workspace: Path | None) -> Path | None:
+    s = line.strip().strip("'\"")
+    if not s or len(s) > 4096 or "\n" in s or s.startswith(("{", "[")):
+        return None
+    p = Path(os.path.expanduser(s))
+    if not p.is_absolute():
+        if workspace is None:
+            return None
+        p = workspace / p
+    try:
+        return p.resolve() if p.is_file() else None
+    except OSError:
+        return None
+
+
+def parse_stdout(text: str, workspace: str | os.PathLike[str] | None = None) -> Any:
+    """Whole stdout JSON → last line JSON object → media file path / ``MEDIA:`` /
+    ``MEDIA_URL:`` lines → ``{"output": <raw stdout>}``."""
+    stripped = text.strip()
+    if stripped:
+        ok, value = _loads(stripped)
+        if ok:
+            return value
+        lines = [ln for ln in stripped.splitlines() if ln.strip()]
+        ok, value = _loads(lines[-1].strip())
+        if ok and isinstance(value, dict):
+            return value
+    ws = Path(workspace) if workspace else None
+    files: list[Path] = []
+    urls: list[str] = []
+    rest: list[str] = []
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("MEDIA_URL:"):
+            url = s[len("MEDIA_URL:") :].strip()
+            if url:
+                urls.append(url)
+            continue
+        if s.startswith("MEDIA:"):
+            p = _path_line(s[len("MEDIA:") :], ws)
+            if p is not None:
+                files.append(p)
+                continue
+            rest.append(line)
+            continue
+        p = _path_line(s, ws)
+        if p is not None:
+            files.append(p)
+        else:
+            rest.append(line)
+    if not files and not urls:
+        return {"output": text}
+    result: dict[str, Any] = {"ok": True, "output": "\n".join(rest).strip()}
+    groups: dict[str, list[dict[str, str]]] = {}
+    for p in dict.fromkeys(files):
+        kind = media_kind(p.name)
+        groups.setdefault(kind + "s", []).append(
+            {"filename": p.name, "local_path": str(p), "media": kind}
+        )
+    if files:
+        first = files[0]
+        result.update(filename=first.name, local_path=str(first), media=media_kind(first.name))
+    result.update(groups)
+    if urls:
+        result["urls"] = list(dict.fromkeys(urls))
+        if not files:
+            result["media"] = media_kind(urls[0])
+    return result
