@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
 
 import typer
-
-from jobs.settings import Settings
 
 app = typer.Typer(
     name="skilljobs",
@@ -21,38 +16,9 @@ app = typer.Typer(
 db_app = typer.Typer(help="Database schema (alembic migrations).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-T = TypeVar("T")
+from jobs.cli_common import fail, load_settings, open_services, run_async  # noqa: E402
 
-
-def fail(message: str, code: int = 1) -> None:
-    """Exit non-zero with a one-line reason."""
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
-
-
-def run_async(fn: Callable[[], Awaitable[T]]) -> T:
-    try:
-        return asyncio.run(fn())  # type: ignore[arg-type]
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
-
-
-def load_settings() -> Settings:
-    try:
-        return Settings()
-    except Exception as exc:
-        fail(f"invalid settings: {exc}")
-        raise
-
-
-async def open_services(settings: Settings, **kw: Any):  # type: ignore[no-untyped-def]
-    from jobs.services import Services
-
-    try:
-        return await Services.open(settings, **kw)
-    except Exception as exc:
-        fail(f"cannot start: {exc}")
-        raise
+__all__ = ["app", "fail", "load_settings", "open_services", "run_async"]
 
 
 @db_app.command("upgrade")

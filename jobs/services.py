@@ -61,10 +61,17 @@ class Services:
 async def connect_redis(settings: Settings) -> ArqRedis:
     from arq.connections import RedisSettings, create_pool
 
-    if not settings.redis_url:
+    url = settings.redis_url
+    if not url:
+        # `skilljobs up` leaves the URL of its embedded Redis here for other commands.
+        marker = settings.data_dir / "redis" / "url"
+        if marker.exists():
+            url = marker.read_text().strip()
+    if not url:
         raise RuntimeError(
-            "SKILLJOBS_REDIS_URL is not set (only `skilljobs up` starts the embedded Redis)"
+            "SKILLJOBS_REDIS_URL is not set and no `skilljobs up` is running "
+            "(only `skilljobs up` starts the embedded Redis)"
         )
-    rs = RedisSettings.from_dsn(settings.redis_url)
+    rs = RedisSettings.from_dsn(url)
     rs.conn_retries = 5
     return await create_pool(rs, default_queue_name=settings.queue_name)

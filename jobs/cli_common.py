@@ -1,0 +1,45 @@
+"""Helpers shared by every ``skilljobs`` command module (kept apart from ``jobs.cli`` so
+command modules can be imported on their own)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import typer
+
+from jobs.settings import Settings
+
+T = TypeVar("T")
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Exit non-zero with a one-line reason."""
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def run_async(fn: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return asyncio.run(fn())  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings()
+    except Exception as exc:
+        fail(f"invalid settings: {exc}")
+        raise
+
+
+async def open_services(settings: Settings, **kw: Any):  # type: ignore[no-untyped-def]
+    from jobs.services import Services
+
+    try:
+        return await Services.open(settings, **kw)
+    except Exception as exc:
+        fail(f"cannot start: {exc}")
+        raise

@@ -1,0 +1,210 @@
+"""``skilljobs dispatch`` and ``skilljobs jobs list|show|retry|cancel``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from jobs.cli_common import fail, load_settings, open_services, run_async
+
+console = Console()
+jobs_app = typer.Typer(help="Look at and act on jobs.", no_args_is_help=True)
+
+
+def _ts(value: float | None) -> str:
+    if not value:
+        return "-"
+    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _parse_json(raw: str, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        fail(f"{what} is not valid JSON: {exc.msg} at column {exc.colno}")
+    if not isinstance(data, dict):
+        fail(f"{what} must be a JSON object")
+    return data
+
+
+def dispatch(
+    skill: str = typer.Argument(..., help="Skill name."),
+    input: str = typer.Option("{}", "--input", "-i", help="Input as a JSON object."),
+    channel: str = typer.Option("web", "--channel", "-c", help="Originating channel."),
+    session: str = typer.Option("", "--session", help="Chat session id."),
+    actor_key: str = typer.Option("", "--actor-key", help="Recipient on third-party channels."),
+    external_id: str = typer.Option("", "--external-id", help="Session external id (orgdeleg:…)."),
+    role: str = typer.Option("", "--role", help="Role id (selects skill configs, workspace)."),
+    org: str = typer.Option("", "--org", help="Org id."),
+    wait: bool = typer.Option(False, "--wait", help="For a background job: wait and print the outcome."),
+    timeout: float = typer.Option(1800.0, "--timeout", help="How long --wait waits (seconds)."),
+) -> None:
+    """Call a skill the way the chat layer does: a receipt for background jobs, the result otherwise."""
+    data = _parse_json(input, "--input")
+    context = {"channel": channel, "session_id": session, "actor_key": actor_key,
+               "role_id": role, "org_id": org, "triggered_at": time.time()}
+    settings = load_settings()
+
+    async def _go() -> int:
+        from jobs.dispatcher import Dispatcher
+
+        svc = await open_services(settings)
+        try:
+            res = await Dispatcher(svc).dispatch(skill, data, context, external_id or None)
+            console.print_json(json.dumps(res.body, ensure_ascii=False, default=str))
+            if res.status_code >= 400:
+                return 1
+            if res.is_async and wait:
+                return await _wait(svc, res.body["job_id"], timeout)
+            return 0 if res.body.get("ok", True) is not False else 1
+        finally:
+            await svc.close()
+
+    raise typer.Exit(run_async(_go))
+
+
+async def _wait(svc: Any, job_id: str, limit: float) -> int:
+    from jobs.models import FINAL_STATUSES
+    from jobs.store import get_job
+
+    deadline = time.monotonic() + limit
+    last = ""
+    with console.status(f"job {job_id}: queued") as status:
+        while time.monotonic() < deadline:
+            job = await get_job(svc.sessionmaker, job_id)
+            if job is None:
+                fail(f"job {job_id} disappeared")
+            if job.status != last:
+                last = job.status
+                status.update(f"job {job_id}: {job.status} (attempt {job.attempts})")
+            if job.status in FINAL_STATUSES:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            fail(f"gave up waiting after {limit:.0f}s; the job is still {last}")
+    _print_job(svc, job)
+    return 0 if job.status == "succeeded" else 1
+
+
+def _print_job(svc: Any, job: Any) -> None:
+    from jobs.crypto import redact
+
+    console.print(f"[bold]{job.id}[/]  {job.skill}  [bold]{job.status}[/]  attempts={job.attempts}")
+    console.print(f"origin: channel={job.channel or '-'} session={job.session_id or '-'} "
+                  f"actor_key={job.actor_key or '-'} role={job.role_id or '-'}")
+    console.print(f"created {_ts(job.created_at)}  started {_ts(job.started_at)}  "
+                  f"finished {_ts(job.finished_at)}")
+    if job.error:
+        console.print(f"[red]error[/] ({job.error_type or '-'}): {job.error}")
+    if job.result is not None:
+        console.print_json(json.dumps(redact(job.result), ensure_ascii=False, default=str))
+
+
+@jobs_app.command("list")
+def list_jobs(
+    status: str = typer.Option("", "--status", "-s", help="queued, running, succeeded, failed, …"),
+    skill: str = typer.Option("", "--skill"),
+    limit: int = typer.Option(20, "--limit", "-n"),
+) -> None:
+    """Newest jobs first."""
+    settings = load_settings()
+
+    async def _go() -> None:
+        from sqlalchemy import select
+
+        from jobs.models import Job
+
+        svc = await open_services(settings, redis=False)
+        try:
+            q = select(Job).order_by(Job.created_at.desc()).limit(limit)
+            if status:
+                q = q.where(Job.status == status)
+            if skill:
+                q = q.where(Job.skill == skill)
+            async with svc.sessionmaker() as s:
+                rows = (await s.scalars(q)).all()
+        finally:
+            await svc.close()
+        table = Table("id", "skill", "status", "attempts", "channel", "created", "duration",
+                      "error")
+        for j in rows:
+            dur = f"{j.duration_ms / 1000:.2f}s" if j.duration_ms else "-"
+            table.add_row(j.id, j.skill, j.status, str(j.attempts), j.channel or "-",
+                          _ts(j.created_at), dur, (j.error or "")[:60])
+        console.print(table)
+
+    run_async(_go)
+
+
+@jobs_app.command("show")
+def show_job(job_id: str) -> None:
+    """One job: origin, timing, attempts and result (secrets redacted)."""
+    settings = load_settings()
+
+    async def _go() -> None:
+        from sqlalchemy import select
+
+        from jobs.models import JobAttempt
+        from jobs.store import get_job
+
+        svc = await open_services(settings, redis=False)
+        try:
+            job = await get_job(svc.sessionmaker, job_id)
+            if job is None:
+                fail(f"no job {job_id}")
+            async with svc.sessionmaker() as s:
+                attempts = (await s.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id)
+                                            .order_by(JobAttempt.number))).all()
+            _print_job(svc, job)
+            table = Table("#", "worker", "started", "finished", "outcome", "error")
+            for a in attempts:
+                table.add_row(str(a.number), a.worker_id, _ts(a.started_at), _ts(a.finished_at),
+                              a.outcome, (a.error or "")[:60])
+            console.print(table)
+        finally:
+            await svc.close()
+
+    run_async(_go)
+
+
+def _action(name: str, job_id: str) -> None:
+    settings = load_settings()
+
+    async def _go() -> None:
+        from jobs import control
+
+        svc = await open_services(settings)
+        try:
+            fn = control.retry_job if name == "retry" else control.cancel_job
+            res = await fn(svc, job_id, actor="cli")
+        finally:
+            await svc.close()
+        if not res.ok:
+            fail(res.message)
+        console.print(f"{job_id}: {res.message}")
+
+    run_async(_go)
+
+
+@jobs_app.command("retry")
+def retry(job_id: str) -> None:
+    """Run a finished job again as a new attempt."""
+    _action("retry", job_id)
+
+
+@jobs_app.command("cancel")
+def cancel(job_id: str) -> None:
+    """Cancel a queued job, or stop a running one."""
+    _action("cancel", job_id)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("dispatch")(dispatch)
+    app.add_typer(jobs_app, name="jobs")

@@ -1,0 +1,228 @@
+"""Long-running commands: ``skilljobs worker``, ``skilljobs web`` and ``skilljobs up``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from jobs.cli_common import fail, load_settings, run_async
+from jobs.logs import setup_logging
+from jobs.settings import Settings
+
+log = logging.getLogger("skilljobs")
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def worker(
+    max_jobs: int = typer.Option(0, "--max-jobs", help="Concurrent jobs (default SKILLJOBS_WORKER_MAX_JOBS)."),
+    burst: bool = typer.Option(False, "--burst", help="Drain the queue, then exit."),
+    no_scheduler: bool = typer.Option(False, "--no-scheduler", help="Do not run the chain scheduler here."),
+) -> None:
+    """Run an arq worker (and the chain scheduler) against SKILLJOBS_REDIS_URL."""
+    settings = load_settings()
+    setup_logging(settings)
+    if not settings.redis_url and not embedded_url_file(settings).exists():
+        fail("SKILLJOBS_REDIS_URL is not set: point workers at your Redis "
+             "(or use `skilljobs up`, which starts an embedded one)")
+
+    async def _go() -> None:
+        from jobs.services import Services
+        from jobs.worker import build_worker
+
+        svc = await _open(settings)
+        try:
+            w = build_worker(svc, burst=burst, max_jobs=max_jobs or None,
+                             scheduler=not no_scheduler)
+            with contextlib.suppress(asyncio.CancelledError):
+                await w.async_run()
+            await w.close()
+        finally:
+            await Services.close(svc)
+
+    run_async(_go)
+
+
+def web(
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+) -> None:
+    """Serve the dashboard, the JSON API and /metrics."""
+    settings = load_settings()
+    setup_logging(settings)
+    check_bind(settings, host)
+
+    async def _go() -> None:
+        svc = await _open(settings)
+        try:
+            await _serve_web(svc, host, port)
+        finally:
+            await svc.close()
+
+    run_async(_go)
+
+
+def up(
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(int(os.environ.get("PORT", "8000")), "--port"),
+    max_jobs: int = typer.Option(0, "--max-jobs"),
+) -> None:
+    """Everything in one process tree: embedded Redis and SQLite unless URLs are set,
+    migrations, the demo schedule, a worker, the scheduler and the web app."""
+    settings = load_settings()
+    setup_logging(settings)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    embedded = None
+    if not settings.redis_url:
+        from jobs.embedded import EmbeddedRedis
+
+        embedded = EmbeddedRedis(settings.data_dir / "redis", persist=True)
+        try:
+            settings.redis_url = embedded.start()
+        except RuntimeError as exc:
+            fail(str(exc))
+        embedded_url_file(settings).write_text(settings.redis_url)
+    token = settings.api_token.get_secret_value() if settings.api_token else ensure_local_token(settings)
+    if not settings.api_token:
+        from pydantic import SecretStr
+
+        settings.api_token = SecretStr(token)
+    check_bind(settings, host)
+
+    async def _go() -> None:
+        from jobs.db import create_engine
+        from jobs.migrate import upgrade
+        from jobs.worker import build_worker
+
+        engine = create_engine(settings.resolved_database_url)
+        try:
+            await upgrade(engine)
+        finally:
+            await engine.dispose()
+        svc = await _open(settings)
+        try:
+            await install_demo_schedule(svc)
+            w = build_worker(svc, max_jobs=max_jobs or None, handle_signals=False)
+            web_task = asyncio.create_task(_serve_web(svc, host, port))
+            worker_task = asyncio.create_task(w.async_run())
+            _print_banner(settings, host, port, token)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            done_waiter = asyncio.create_task(stop.wait())
+            await asyncio.wait({web_task, worker_task, done_waiter},
+                               return_when=asyncio.FIRST_COMPLETED)
+            typer.echo("\nstopping…")
+            for t in (web_task, worker_task, done_waiter):
+                t.cancel()
+            for t in (web_task, worker_task):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+            with contextlib.suppress(Exception):
+                await w.close()
+        finally:
+            with contextlib.suppress(Exception):
+                await svc.close()
+
+    try:
+        run_async(_go)
+    finally:
+        if embedded is not None:
+            embedded.stop()
+            with contextlib.suppress(FileNotFoundError):
+                embedded_url_file(settings).unlink()
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def embedded_url_file(settings: Settings) -> Path:
+    """Where `skilljobs up` leaves its embedded Redis URL for other commands to find."""
+    return settings.data_dir / "redis" / "url"
+
+
+def ensure_local_token(settings: Settings) -> str:
+    path = settings.data_dir / "api_token"
+    if path.exists():
+        return path.read_text().strip()
+    token = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token)
+    return token
+
+
+def check_bind(settings: Settings, host: str) -> None:
+    if host not in LOOPBACK and not settings.api_token:
+        fail(f"refusing to listen on {host} without SKILLJOBS_API_TOKEN: anyone who can reach "
+             "it could dispatch skills and read results. Set a token or bind 127.0.0.1")
+
+
+async def _open(settings: Settings) -> Any:
+    from jobs.services import Services
+
+    try:
+        return await Services.open(settings)
+    except Exception as exc:
+        fail(f"cannot start: {exc}")
+
+
+async def _serve_web(svc: Any, host: str, port: int) -> None:
+    import uvicorn
+
+    from dashboard.app import create_app
+
+    app = create_app(svc.settings, services=svc)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
+                            access_log=False)
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    await server.serve()
+
+
+async def install_demo_schedule(svc: Any) -> None:
+    """Add the bundled demo schedule once (it stays under the operator's control after)."""
+    try:
+        from chains.demo import install_demo
+    except ImportError:
+        return
+    try:
+        await install_demo(svc)
+    except Exception as exc:
+        log.warning("demo schedule not installed: %s", exc)
+
+
+def _print_banner(settings: Settings, host: str, port: int, token: str) -> None:
+    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    exe = "skilljobs"
+    lines = [
+        "",
+        "skilljobs is up.",
+        f"  dashboard : {base}/?token={token}",
+        f"  API token : {token}",
+        f"  redis     : {settings.redis_url}",
+        f"  database  : {settings.resolved_database_url}",
+        "",
+        "Try it — dispatch the async demo skill from an orgdeleg web session and watch the",
+        "result arrive in that session:",
+        f"  {exe} dispatch sales_report --input '{{\"seconds\": 2}}' --channel web "
+        "--session demo --external-id orgdeleg:demo --role demo --wait",
+        f"  curl -s -H 'Authorization: Bearer {token}' {base}/api/v1/sessions/demo/messages",
+        "",
+        "Ctrl-C stops everything.",
+    ]
+    typer.echo("\n".join(lines))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("worker")(worker)
+    app.command("web")(web)
+    app.command("up")(up)

@@ -1,0 +1,227 @@
+"""The dispatcher: every skill call from the chat layer comes through here.
+
+``async: true`` skills called from a non-web channel (or from an ``orgdeleg:`` session)
+are answered at once with a receipt and run by a worker; everything else runs now, through
+the same executor, and returns its normalized result (SPEC §4, §11 "Dispatch answers").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from jobs import store
+from jobs.constants import FN_RUN_JOB, JOB_EVENTS
+from jobs.envelope import failure
+from jobs.models import Job, new_id
+from jobs.queue import enqueue
+from jobs.services import Services
+from jobs.skill import Skill, SkillType
+from jobs.validation import validate_input
+
+log = logging.getLogger("skilljobs.dispatch")
+
+WEB_CHANNELS = frozenset({"web", "web_admin"})
+ORGDELEG_PREFIX = "orgdeleg:"
+RECEIPT_MESSAGE = (
+    "This will take a while, so it is running in the background. "
+    "The result will be sent to this chat when it is ready."
+)
+
+
+@dataclass
+class DispatchResult:
+    """What the chat layer gets: an HTTP-shaped answer (status code + JSON body)."""
+
+    status_code: int
+    body: dict[str, Any]
+
+    @property
+    def is_async(self) -> bool:
+        return self.status_code == 202
+
+
+def is_background(skill: Skill, channel: str, external_id: str) -> bool:
+    """SPEC §4: async iff the skill says so AND (non-web channel OR orgdeleg session)."""
+    return skill.is_async and (
+        channel not in WEB_CHANNELS or external_id.startswith(ORGDELEG_PREFIX)
+    )
+
+
+def delivers_to_session(channel: str, external_id: str) -> bool:
+    """Web, web_admin and orgdeleg results go to the chat session; others to actor_key."""
+    return channel in WEB_CHANNELS or external_id.startswith(ORGDELEG_PREFIX)
+
+
+def refusal(status_code: int, error: str, error_type: str = "recoverable", **extra: Any) -> DispatchResult:
+    return DispatchResult(status_code, failure(error, error_type=error_type, **extra))
+
+
+class Dispatcher:
+    """Decides async vs sync, records and enqueues background jobs, runs the rest."""
+
+    def __init__(self, services: Services, executor: Any | None = None) -> None:
+        self.services = services
+        self._executor = executor
+
+    @property
+    def executor(self) -> Any:
+        if self._executor is None:
+            from jobs.executor import Executor
+
+            self._executor = Executor(
+                settings=self.services.settings,
+                registry=self.services.registry,
+                sessionmaker=self.services.sessionmaker,
+                box=self.services.box,
+                http=self.services.http,
+            )
+        return self._executor
+
+    async def dispatch(
+        self,
+        skill: str,
+        input: dict[str, Any] | None = None,
+        context: dict[str, Any] | None = None,
+        external_id: str | None = None,
+    ) -> DispatchResult:
+        input_data = dict(input or {})
+        ctx = dict(context or {})
+        if not isinstance(input_data, dict) or not isinstance(ctx, dict):
+            return refusal(400, "input and context must be JSON objects")
+        ext = str(external_id if external_id is not None else ctx.get("external_id") or "")
+
+        found = self.services.registry.get(skill)
+        if found is None:
+            return refusal(404, f"unknown skill {skill!r}: no skill folder with that name is loaded",
+                           skill=skill)
+        if found.error:
+            return refusal(409, f"skill {skill!r} failed to load: {found.error}", skill=skill)
+        if found.skill_type is not SkillType.HANDLER:
+            return refusal(
+                400,
+                f"skill {skill!r} is a {found.skill_type.value} document, not an executable "
+                "skill: it cannot be dispatched",
+                skill=skill,
+            )
+        problem = validate_input(found, input_data)
+        if problem:
+            return refusal(422, f"input for {skill!r} is invalid: {problem}", skill=skill,
+                           need_param=True)
+
+        from jobs.context import fixed_segment
+
+        segment = fixed_segment(ctx)
+        channel = segment["channel"]
+        if is_background(found, channel, ext):
+            if not delivers_to_session(channel, ext) and not segment["actor_key"]:
+                return refusal(
+                    422,
+                    f"{skill!r} runs in the background and sends its result to the caller, but "
+                    f"this {channel or 'unknown'} caller has no actor_key (anonymous visitor or "
+                    "admin proxy): there is nowhere to deliver it. Ask the user to sign in, "
+                    "or run it from a web session.",
+                    skill=skill,
+                )
+            if delivers_to_session(channel, ext) and not ctx.get("session_id"):
+                return refusal(422, f"{skill!r} runs in the background and delivers to the chat "
+                               "session, but the context has no session_id", skill=skill)
+            return await self._enqueue(found, input_data, ctx, ext)
+        return await self._run_now(found, input_data, ctx)
+
+    # --- sync line ----------------------------------------------------------------------
+
+    async def _run_now(self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any]) -> DispatchResult:
+        from jobs.configs import ConfigStore
+        from jobs.context import fixed_segment, flatten_configs
+
+        runtime = dict(ctx)
+        runtime.update(fixed_segment(ctx))
+        runtime.setdefault("chat_mode", True)
+        role_id = str(ctx.get("role_id") or "")
+        if role_id:
+            configs = await ConfigStore(self.services.sessionmaker, self.services.box).get(
+                role_id, skill.name
+            )
+            for k, v in flatten_configs(skill.name, configs).items():
+                runtime.setdefault(k, v)
+        result = await self.executor.run(skill, input_data, runtime)
+        return DispatchResult(200, result)
+
+    # --- background line ----------------------------------------------------------------
+
+    async def _enqueue(
+        self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any], ext: str
+    ) -> DispatchResult:
+        from jobs.configs import ConfigStore
+        from jobs.context import background_context
+
+        svc = self.services
+        role_id = str(ctx.get("role_id") or "")
+        configs = (
+            await ConfigStore(svc.sessionmaker, svc.box).prefetch(role_id, skill.name)
+            if role_id
+            else {}
+        )
+        bg = background_context(ctx, skill=skill.name, configs=configs)
+        job_id = new_id()
+        now = time.time()
+        job = Job(
+            id=job_id,
+            skill=skill.name,
+            status="queued",
+            attempts=0,
+            input=svc.box.seal(input_data),
+            context=svc.box.seal(bg),
+            channel=bg.get("channel", ""),
+            session_id=str(bg.get("session_id") or ""),
+            external_id=ext,
+            actor_key=bg.get("actor_key", ""),
+            role_id=role_id,
+            org_id=str(bg.get("org_id") or ""),
+            wall_sec=skill.effective_wall_sec(),
+            lease_token=0,
+            arq_job_id=store.arq_id(job_id, 0),
+            created_at=now,
+            queued_at=now,
+            updated_at=now,
+        )
+        async with svc.sessionmaker() as s:
+            s.add(job)
+            if job.session_id and delivers_to_session(job.channel, ext):
+                await store.ensure_session(
+                    s, job.session_id, role_id=role_id, org_id=job.org_id,
+                    channel=job.channel, external_id=ext,
+                )
+            await s.commit()
+        try:
+            await enqueue(svc, FN_RUN_JOB, job_id, 0, job_id=store.arq_id(job_id, 0))
+        except Exception as exc:
+            # Recorded but not enqueued: never hand out a receipt for work that may not run.
+            log.warning("enqueue of job %s failed: %s", job_id, exc)
+            async with svc.sessionmaker() as s:
+                await store.mark_failed_unqueued(s, job_id, f"queue unavailable: {exc}")
+            return refusal(503, f"the job queue is unavailable ({exc.__class__.__name__}); "
+                           "try again in a moment", error_type="transient", job_id=job_id)
+        await publish_job_event(svc, job_id, "queued", skill.name)
+        return DispatchResult(
+            202, {"ok": True, "async": True, "message": RECEIPT_MESSAGE, "job_id": job_id}
+        )
+
+
+async def publish_job_event(svc: Services, job_id: str, status: str, skill: str) -> None:
+    """Tell live dashboards about a status change (best effort: the row is the record)."""
+    if svc.redis is None:
+        return
+    import json
+
+    try:
+        await svc.redis.publish(
+            svc.settings.key(JOB_EVENTS),
+            json.dumps({"id": job_id, "status": status, "skill": skill, "at": time.time()}),
+        )
+    except Exception as exc:  # pragma: no cover - Redis hiccup
+        log.debug("job event not published: %s", exc)
+

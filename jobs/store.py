@@ -1,0 +1,404 @@
+"""The job store: the database is the record, Redis only the transport.
+
+Every state change of a job goes through here. Writes made on behalf of a running attempt
+are *fenced* by ``lease_token``: the token is bumped each time the job is (re)queued or
+claimed, so an attempt whose lease was taken away (worker killed, paused, partitioned) can
+never record a result, start a delivery or requeue the job.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from jobs.models import (
+    CANCELLED,
+    FAILED,
+    FINAL_STATUSES,
+    QUEUED,
+    RUNNING,
+    ChatSession,
+    Job,
+    JobAttempt,
+    Worker,
+)
+
+Sessions = async_sessionmaker[AsyncSession]
+
+
+def arq_id(job_id: str, token: int) -> str:
+    """The arq job id of one enqueue of a job: never reused, so arq's "id already exists"
+    refusal and a stale entry in ``arq:abort`` can never hit a later attempt."""
+    return f"{job_id}:{token}"
+
+
+@dataclass
+class Claim:
+    """A job claimed by this worker: ``token`` fences every write of this attempt."""
+
+    job: Job
+    token: int
+    attempt: int
+
+
+async def claim(
+    sm: Sessions, job_id: str, enqueue_token: int, worker_id: str, lease_sec: float
+) -> Claim | None:
+    """Take the lease of a queued job enqueued with ``enqueue_token``.
+
+    Returns None when the job is gone, cancelled, already claimed or superseded by a later
+    enqueue (an old arq entry re-run by arq after its in-progress key expired).
+    """
+    now = time.time()
+    token = enqueue_token + 1
+    async with sm() as s:
+        res = await s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == QUEUED, Job.lease_token == enqueue_token)
+            .values(
+                status=RUNNING,
+                lease_token=token,
+                lease_owner=worker_id,
+                lease_expires_at=now + lease_sec,
+                attempts=Job.attempts + 1,
+                started_at=func.coalesce(Job.started_at, now),
+                updated_at=now,
+            )
+            .returning(Job)
+        )
+        job = res.scalar_one_or_none()
+        if job is None:
+            await s.rollback()
+            return None
+        s.add(
+            JobAttempt(
+                job_id=job_id, number=job.attempts, worker_id=worker_id, lease_token=token,
+                started_at=now,
+            )
+        )
+        await s.commit()
+        return Claim(job=job, token=token, attempt=job.attempts)
+
+
+async def holds_lease(sm: Sessions, job_id: str, token: int) -> bool:
+    """The fence: does the attempt holding ``token`` still own the job?"""
+    async with sm() as s:
+        found = await s.scalar(
+            select(Job.id).where(Job.id == job_id, Job.lease_token == token, Job.status == RUNNING)
+        )
+        return found is not None
+
+
+async def finish(
+    sm: Sessions,
+    job_id: str,
+    token: int,
+    *,
+    status: str,
+    result: dict[str, Any] | None,
+    error: str | None,
+    error_type: str | None,
+    attempt_outcome: str | None = None,
+    attempt_error: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> bool:
+    """Record the final outcome of the attempt holding ``token``. False = lease lost."""
+    now = time.time()
+    async with sm() as s:
+        res = await s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.lease_token == token, Job.status == RUNNING)
+            .values(
+                status=status,
+                result=result,
+                error=error,
+                error_type=error_type,
+                finished_at=now,
+                duration_ms=(now - Job.started_at) * 1000.0,
+                lease_owner=None,
+                lease_expires_at=None,
+                updated_at=now,
+                **(extra or {}),
+            )
+        )
+        if res.rowcount != 1:
+            await s.rollback()
+            return False
+        await _close_attempt(s, job_id, token, attempt_outcome or status, attempt_error or error,
+                             error_type, now)
+        await s.commit()
+        return True
+
+
+async def requeue(
+    sm: Sessions,
+    job_id: str,
+    token: int,
+    *,
+    reason: str,
+    error_type: str | None = None,
+    attempt_outcome: str = FAILED,
+    delay: float = 0.0,
+) -> int | None:
+    """Put a running attempt's job back in the queue (transient failure, worker shutdown).
+
+    Returns the new enqueue token, or None when the attempt no longer holds the lease.
+    """
+    now = time.time()
+    new_token = token + 1
+    async with sm() as s:
+        res = await s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.lease_token == token, Job.status == RUNNING)
+            .values(
+                status=QUEUED,
+                lease_token=new_token,
+                lease_owner=None,
+                lease_expires_at=None,
+                queued_at=now + delay,
+                arq_job_id=arq_id(job_id, new_token),
+                updated_at=now,
+            )
+        )
+        if res.rowcount != 1:
+            await s.rollback()
+            return None
+        await _close_attempt(s, job_id, token, attempt_outcome, reason, error_type, now)
+        await s.commit()
+        return new_token
+
+
+async def _close_attempt(
+    s: AsyncSession, job_id: str, token: int, outcome: str, error: str | None,
+    error_type: str | None, now: float,
+) -> None:
+    await s.execute(
+        update(JobAttempt)
+        .where(JobAttempt.job_id == job_id, JobAttempt.lease_token == token,
+               JobAttempt.finished_at.is_(None))
+        .values(
+            finished_at=now,
+            outcome=outcome,
+            error=(error or None) and error[:2000],
+            error_type=error_type,
+            duration_ms=(now - JobAttempt.started_at) * 1000.0,
+        )
+    )
+
+
+async def renew_leases(
+    sm: Sessions, worker_id: str, held: dict[str, int], lease_sec: float
+) -> tuple[set[str], set[str]]:
+    """Extend the leases this worker holds. Returns (still held, cancel requested)."""
+    if not held:
+        return set(), set()
+    now = time.time()
+    async with sm() as s:
+        res = await s.execute(
+            update(Job)
+            .where(
+                Job.lease_owner == worker_id,
+                Job.status == RUNNING,
+                Job.id.in_(list(held)),
+            )
+            .values(lease_expires_at=now + lease_sec)
+            .returning(Job.id, Job.lease_token, Job.cancel_requested)
+        )
+        rows = res.all()
+        await s.commit()
+    still = {r[0] for r in rows if held.get(r[0]) == r[1]}
+    cancel = {r[0] for r in rows if r[2] and r[0] in still}
+    return still, cancel
+
+
+async def expire_leases(sm: Sessions, *, limit: int = 500) -> list[tuple[str, int]]:
+    """Requeue running jobs whose lease ran out (their worker died). Returns (id, token)."""
+    now = time.time()
+    out: list[tuple[str, int]] = []
+    async with sm() as s:
+        rows = (
+            await s.execute(
+                select(Job.id, Job.lease_token, Job.lease_owner)
+                .where(Job.status == RUNNING, Job.lease_expires_at < now)
+                .limit(limit)
+            )
+        ).all()
+    for job_id, token, owner in rows:
+        new = await requeue(
+            sm, job_id, token, reason=f"worker {owner} stopped heartbeating (lease expired)",
+            error_type="transient", attempt_outcome="lost",
+        )
+        if new is not None:
+            out.append((job_id, new))
+    return out
+
+
+async def stale_queued(sm: Sessions, older_than: float, *, limit: int = 1000) -> list[tuple[str, int, str | None]]:
+    """Queued jobs whose enqueue is older than ``older_than`` seconds (id, token, arq id)."""
+    cutoff = time.time() - older_than
+    async with sm() as s:
+        rows = (
+            await s.execute(
+                select(Job.id, Job.lease_token, Job.arq_job_id)
+                .where(Job.status == QUEUED, Job.queued_at < cutoff)
+                .order_by(Job.queued_at)
+                .limit(limit)
+            )
+        ).all()
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+async def bump_queued(sm: Sessions, job_id: str, token: int) -> int | None:
+    """Give a queued job a fresh enqueue token (before re-enqueueing it)."""
+    new_token = token + 1
+    now = time.time()
+    async with sm() as s:
+        res = await s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == QUEUED, Job.lease_token == token)
+            .values(lease_token=new_token, arq_job_id=arq_id(job_id, new_token), queued_at=now,
+                    updated_at=now)
+        )
+        await s.commit()
+        return new_token if res.rowcount == 1 else None
+
+
+async def recent_failures(sm: Sessions, skill: str, role_id: str, window_sec: float = 1800.0) -> int:
+    """How many of the last 2 finished runs of ``skill`` for ``role_id`` in the window failed
+    (the circuit breaker of SPEC §7)."""
+    since = time.time() - window_sec
+    async with sm() as s:
+        rows = (
+            await s.execute(
+                select(JobAttempt.outcome)
+                .join(Job, Job.id == JobAttempt.job_id)
+                .where(
+                    Job.skill == skill,
+                    Job.role_id == role_id,
+                    JobAttempt.finished_at.is_not(None),
+                    JobAttempt.finished_at >= since,
+                    JobAttempt.outcome.not_in(("lost", "requeued", CANCELLED)),
+                )
+                .order_by(JobAttempt.finished_at.desc())
+                .limit(2)
+            )
+        ).all()
+    return sum(1 for (o,) in rows if o != "succeeded")
+
+
+async def get_job(sm: Sessions, job_id: str) -> Job | None:
+    async with sm() as s:
+        return await s.get(Job, job_id)
+
+
+# --- operator actions -------------------------------------------------------------------
+
+
+async def cancel_queued(sm: Sessions, job_id: str) -> Job | None:
+    """Cancel a job that has not started. Returns it, or None if it is not queued."""
+    now = time.time()
+    async with sm() as s:
+        res = await s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == QUEUED)
+            .values(status=CANCELLED, cancel_requested=True, finished_at=now,
+                    lease_token=Job.lease_token + 1, error="cancelled before it started",
+                    updated_at=now)
+            .returning(Job)
+        )
+        job = res.scalar_one_or_none()
+        await s.commit()
+        return job
+
+
+async def request_cancel(sm: Sessions, job_id: str) -> Job | None:
+    """Flag a running job for cancellation (its worker stops it). None if not running."""
+    async with sm() as s:
+        res = await s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == RUNNING)
+            .values(cancel_requested=True, updated_at=time.time())
+            .returning(Job)
+        )
+        job = res.scalar_one_or_none()
+        await s.commit()
+        return job
+
+
+async def reopen(sm: Sessions, job_id: str) -> tuple[Job, int] | None:
+    """Manual retry: a finished job goes back to the queue as a new attempt."""
+    now = time.time()
+    async with sm() as s:
+        job = await s.get(Job, job_id)
+        if job is None or job.status not in FINAL_STATUSES:
+            return None
+        new_token = job.lease_token + 1
+        res = await s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.lease_token == job.lease_token,
+                   Job.status.in_(tuple(FINAL_STATUSES)))
+            .values(status=QUEUED, lease_token=new_token, cancel_requested=False,
+                    arq_job_id=arq_id(job_id, new_token), queued_at=now, finished_at=None,
+                    error=None, error_type=None, updated_at=now)
+            .returning(Job)
+        )
+        job = res.scalar_one_or_none()
+        await s.commit()
+        return (job, new_token) if job is not None else None
+
+
+async def failed_job_ids(sm: Sessions, skill: str, limit: int = 10_000) -> list[str]:
+    async with sm() as s:
+        rows = await s.scalars(
+            select(Job.id).where(Job.skill == skill, Job.status.in_((FAILED, "timed_out")))
+            .order_by(Job.created_at).limit(limit)
+        )
+        return list(rows)
+
+
+# --- workers ----------------------------------------------------------------------------
+
+
+async def worker_heartbeat(
+    sm: Sessions, worker_id: str, host: str, pid: int, running: list[str], *, stopped: bool = False
+) -> None:
+    now = time.time()
+    async with sm() as s:
+        w = await s.get(Worker, worker_id)
+        if w is None:
+            s.add(Worker(id=worker_id, host=host, pid=pid, started_at=now, last_heartbeat=now,
+                         running=running))
+        else:
+            w.last_heartbeat = now
+            w.running = running
+            if stopped:
+                w.stopped_at = now
+        await s.commit()
+
+
+async def ensure_session(
+    s: AsyncSession, session_id: str, *, role_id: str, org_id: str, channel: str, external_id: str
+) -> None:
+    """Record the chat session a job came from (web delivery goes back to it)."""
+    now = time.time()
+    existing = await s.get(ChatSession, session_id)
+    if existing is None:
+        s.add(ChatSession(session_id=session_id, role_id=role_id, org_id=org_id, channel=channel,
+                          external_id=external_id, created_at=now, updated_at=now))
+    else:
+        existing.updated_at = now
+
+
+async def mark_failed_unqueued(s: AsyncSession, job_id: str, reason: str) -> None:
+    """A job recorded at dispatch that could not be enqueued: closed, never run."""
+    now = time.time()
+    await s.execute(
+        update(Job).where(Job.id == job_id, Job.status == QUEUED)
+        .values(status=FAILED, error=reason, error_type="transient", finished_at=now,
+                lease_token=Job.lease_token + 1, updated_at=now)
+    )
+    await s.commit()

@@ -1,0 +1,460 @@
+"""The arq worker: runs queued jobs through the shared executor, post-processes and delivers
+their results, and keeps the queue honest (leases, heartbeats, reconciliation).
+
+Wiring lives here; the rules live in ``jobs.store`` (fenced state changes), the executor,
+``delivery.pipeline`` and ``chains``. Nothing imports this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from arq import Worker
+from arq.constants import in_progress_key_prefix, job_key_prefix
+from arq.worker import func
+
+from jobs import store
+from jobs.constants import CANCEL_CHANNEL, FN_RUN_CHAIN, FN_RUN_JOB, WAKE_CHANNEL, WORKER_HEARTBEAT
+from jobs.dispatcher import publish_job_event
+from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT
+from jobs.queue import enqueue
+from jobs.services import Services
+from jobs.skill import MAX_WALL_SEC
+
+log = logging.getLogger("skilljobs.worker")
+T = TypeVar("T")
+
+MAX_RUNS = 3  # SPEC §7: a transient failure is re-run, at most 3 runs in all
+TRANSIENT_BACKOFF = (1.0, 4.0)
+DB_ERRORS: tuple[type[BaseException], ...] = (OSError, ConnectionError, TimeoutError)
+try:  # SQLAlchemy's connection-level errors also mean "the database went away"
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    DB_ERRORS = (*DB_ERRORS, OperationalError, InterfaceError)
+except ImportError:  # pragma: no cover
+    pass
+
+
+async def retry_db(what: str, fn: Callable[..., Awaitable[T]], *args: Any, patience: float = 300.0,
+                   **kw: Any) -> T:
+    """Run a bookkeeping call, retrying while the database is unreachable.
+
+    A PostgreSQL restart must not crash-loop the worker: we wait it out (up to
+    ``patience`` seconds) instead of losing the outcome of a finished skill.
+    """
+    delay, deadline = 0.2, time.monotonic() + patience
+    while True:
+        try:
+            return await fn(*args, **kw)
+        except DB_ERRORS as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("%s: database unavailable (%s), retrying in %.1fs", what,
+                        exc.__class__.__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+class JobRunner:
+    """Per-process state shared by the job functions and the background loops."""
+
+    def __init__(self, services: Services, executor: Any, worker_id: str) -> None:
+        self.svc = services
+        self.executor = executor
+        self.worker_id = worker_id
+        self.held: dict[str, int] = {}  # job id → lease token
+        self.inner: dict[str, asyncio.Task[Any]] = {}  # job id → running executor task
+        self.cancel_asked: set[str] = set()
+        self.lost: set[str] = set()
+
+    # --- the job function ----------------------------------------------------------------
+
+    async def run(self, job_id: str, enqueue_token: int) -> str:
+        s = self.svc.settings
+        claim = await retry_db("claim", store.claim, self.svc.sessionmaker, job_id, enqueue_token,
+                               self.worker_id, s.worker_lease_sec)
+        if claim is None:
+            return "superseded"  # cancelled, re-enqueued or already running elsewhere
+        job, token = claim.job, claim.token
+        self.held[job_id] = token
+        await publish_job_event(self.svc, job_id, "running", job.skill)
+        try:
+            return await self._run_claimed(job, token, claim.attempt)
+        finally:
+            self.held.pop(job_id, None)
+            self.inner.pop(job_id, None)
+            self.cancel_asked.discard(job_id)
+            self.lost.discard(job_id)
+
+    async def _run_claimed(self, job: Any, token: int, attempt: int) -> str:
+        svc = self.svc
+        job_id = job.id
+        input_data = svc.box.unseal(job.input or {})
+        ctx = svc.box.unseal(job.context or {})
+        task = asyncio.create_task(self.executor.execute(job.skill, input_data, ctx))
+        self.inner[job_id] = task
+        try:
+            outcome = await task
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                # Worker shutdown (grace period over): hand the job back, nothing recorded.
+                await asyncio.shield(self._hand_back(job, token, "worker stopped before it finished"))
+                raise
+            if job_id in self.lost:
+                log.warning("job %s: lease lost, dropping this attempt's outcome", job_id)
+                return "lost"
+            await asyncio.shield(self._record(job, token, CANCELLED, None,
+                                              "cancelled by an operator", None))
+            return CANCELLED
+
+        if outcome.transient and attempt < MAX_RUNS:
+            failures = await retry_db("breaker", store.recent_failures, svc.sessionmaker,
+                                      job.skill, job.role_id)
+            # The attempt that just failed is not closed yet, so it is not counted here.
+            if failures < 2:
+                delay = TRANSIENT_BACKOFF[min(attempt - 1, len(TRANSIENT_BACKOFF) - 1)]
+                new = await retry_db("requeue", store.requeue, svc.sessionmaker, job_id, token,
+                                     reason=outcome.error or "transient failure",
+                                     error_type="transient", delay=delay)
+                if new is not None:
+                    await self._enqueue(job_id, new, defer=delay)
+                    await publish_job_event(svc, job_id, "queued", job.skill)
+                    return "retrying"
+                return "lost"
+
+        status = outcome.status if outcome.status in (SUCCEEDED, FAILED, TIMED_OUT) else FAILED
+        result = outcome.result
+        post: Any = None
+        try:
+            post = await self._postprocess(job, token, result)
+            result = post.result
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # post-processing never loses the skill's result
+            log.exception("job %s: post-processing failed", job_id)
+            result = dict(result)
+            result.setdefault("postprocess_error", f"{exc.__class__.__name__}: {exc}")
+        extra: dict[str, Any] = {}
+        if post is not None and getattr(post, "fetches", None) is not None:
+            extra["fetches"] = post.fetches
+        await self._record(job, token, status, result, outcome.error, outcome.error_type, extra)
+        return status
+
+    async def _postprocess(self, job: Any, token: int, result: dict[str, Any]) -> Any:
+        try:
+            from delivery.pipeline import postprocess
+        except ImportError:
+            return _Stored(result)
+
+        async def fence() -> bool:
+            return job.id not in self.lost and await store.holds_lease(
+                self.svc.sessionmaker, job.id, token)
+
+        return await postprocess(self.svc, job, result, fence=fence)
+
+    async def _record(self, job: Any, token: int, status: str, result: dict[str, Any] | None,
+                      error: str | None, error_type: str | None,
+                      extra: dict[str, Any] | None = None) -> None:
+        stored = self._for_storage(job, result)
+        ok = await retry_db("finish", store.finish, self.svc.sessionmaker, job.id, token,
+                            status=status, result=stored, error=error, error_type=error_type,
+                            extra=extra)
+        if ok:
+            await publish_job_event(self.svc, job.id, status, job.skill)
+        else:
+            log.warning("job %s: not recorded, this attempt no longer holds the lease", job.id)
+
+    def _for_storage(self, job: Any, result: dict[str, Any] | None) -> dict[str, Any] | None:
+        if result is None:
+            return None
+        from jobs.envelope import offload
+
+        workspace = None
+        if job.role_id:
+            workspace = (self.svc.settings.resolved_workspace_root / job.role_id /
+                         (job.session_id or "shared"))
+        try:
+            result = offload(result, workspace, job.skill)
+        except Exception as exc:  # a full disk must not lose the outcome
+            log.warning("job %s: offload failed (%s); storing a summary", job.id, exc)
+            result = {"ok": result.get("ok", True), "error": result.get("error"),
+                      "offload_error": str(exc)}
+        return self.svc.box.seal(result)
+
+    async def _hand_back(self, job: Any, token: int, reason: str) -> None:
+        new = await retry_db("hand back", store.requeue, self.svc.sessionmaker, job.id, token,
+                             reason=reason, error_type="transient", attempt_outcome="requeued",
+                             patience=10.0)
+        if new is not None:
+            with contextlib.suppress(Exception):
+                await self._enqueue(job.id, new)
+                await publish_job_event(self.svc, job.id, "queued", job.skill)
+
+    async def _enqueue(self, job_id: str, token: int, defer: float = 0.0) -> None:
+        redis = self.svc.redis
+        assert redis is not None
+        if defer:
+            await redis.enqueue_job(FN_RUN_JOB, job_id, token, _job_id=store.arq_id(job_id, token),
+                                    _queue_name=self.svc.settings.queue_name, _defer_by=defer)
+        else:
+            await enqueue(self.svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token))
+
+    # --- background loops ----------------------------------------------------------------
+
+    def cancel_local(self, job_id: str) -> bool:
+        task = self.inner.get(job_id)
+        if task is None or task.done():
+            return False
+        self.cancel_asked.add(job_id)
+        task.cancel()
+        return True
+
+    async def heartbeat_once(self) -> None:
+        s = self.svc.settings
+        held = dict(self.held)
+        still, cancel = await store.renew_leases(self.svc.sessionmaker, self.worker_id, held,
+                                                 s.worker_lease_sec)
+        for job_id in held:
+            if job_id not in still and job_id in self.held and self.held[job_id] == held[job_id]:
+                # Someone else owns it now (we were presumed dead): stop, record nothing.
+                self.lost.add(job_id)
+                task = self.inner.get(job_id)
+                if task and not task.done():
+                    task.cancel()
+        for job_id in cancel:
+            self.cancel_local(job_id)
+        await store.worker_heartbeat(self.svc.sessionmaker, self.worker_id, socket.gethostname(),
+                                     os.getpid(), sorted(self.held))
+        if self.svc.redis is not None:
+            await self.svc.redis.set(
+                s.key(WORKER_HEARTBEAT, self.worker_id),
+                json.dumps({"id": self.worker_id, "running": sorted(self.held), "at": time.time()}),
+                ex=max(int(s.worker_lease_sec), 10),
+            )
+
+    async def reconcile_once(self) -> int:
+        """Re-enqueue what the database says must run but Redis no longer has.
+
+        * running jobs whose lease expired (their worker died, e.g. ``kill -9``);
+        * queued jobs whose arq entry is missing (Redis flushed or restarted without
+          persistence) or stuck in-progress on a worker that died before claiming it.
+        """
+        svc = self.svc
+        redis = svc.redis
+        assert redis is not None
+        n = 0
+        for job_id, token in await store.expire_leases(svc.sessionmaker):
+            await self._enqueue(job_id, token)
+            n += 1
+        for job_id, token, arq_job_id in await store.stale_queued(svc.sessionmaker, older_than=15.0):
+            aid = arq_job_id or store.arq_id(job_id, token)
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.exists(job_key_prefix + aid)
+                pipe.exists(in_progress_key_prefix + aid)
+                has_job, in_progress = await pipe.execute()
+            if has_job and not in_progress:
+                continue
+            new = await store.bump_queued(svc.sessionmaker, job_id, token)
+            if new is not None:
+                log.info("job %s: lost from Redis, re-enqueued", job_id)
+                await self._enqueue(job_id, new)
+                n += 1
+        return n
+
+
+class _Stored:
+    """Post-processing result when the delivery package is not installed."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        self.result = result
+        self.fetches = None
+
+
+class SkillJobsWorker(Worker):
+    """arq's worker, woken by a pub/sub message the moment work is enqueued instead of
+    polling every 0.5 s (the idle poll stays as a safety net for delayed retries)."""
+
+    def __init__(self, *args: Any, idle_poll: float = 0.5, wake_channel: str, **kw: Any) -> None:
+        super().__init__(*args, poll_delay=idle_poll, **kw)
+        self._wake = asyncio.Event()
+        self._wake_channel = wake_channel
+        self._last_read = 0
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _release_sem_dec_counter_on_complete(self) -> None:
+        super()._release_sem_dec_counter_on_complete()
+        if self._last_read:
+            self._wake.set()  # a slot freed while work may be waiting
+
+    async def start_jobs(self, job_ids: list[bytes]) -> None:
+        self._last_read = len(job_ids)
+        await super().start_jobs(job_ids)
+
+    async def main(self) -> None:
+        from arq.connections import create_pool
+
+        if self._pool is None:
+            self._pool = await create_pool(self.redis_settings, default_queue_name=self.queue_name)
+        self.ctx["redis"] = self.pool
+        if self.on_startup:
+            await self.on_startup(self.ctx)
+        listener = asyncio.create_task(self._listen())
+        try:
+            while True:
+                self._wake.clear()
+                await self._poll_iteration()
+                if self.burst:
+                    if 0 <= self.max_burst_jobs <= self._jobs_started():
+                        await asyncio.gather(*self.tasks.values())
+                        return
+                    if await self.pool.zcard(self.queue_name) == 0:
+                        await asyncio.gather(*self.tasks.values())
+                        if await self.pool.zcard(self.queue_name) == 0:
+                            return
+                        continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll_delay_s)
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await listener
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                pubsub = self.pool.pubsub()
+                await pubsub.subscribe(self._wake_channel)
+                async for msg in pubsub.listen():
+                    if msg.get("type") == "message":
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis restart: resubscribe, the idle poll covers the gap
+                log.debug("wake listener: %s", exc)
+                await asyncio.sleep(1.0)
+
+
+async def _run_job(ctx: dict[str, Any], job_id: str, enqueue_token: int) -> str:
+    runner: JobRunner = ctx["runner"]
+    return await runner.run(job_id, int(enqueue_token))
+
+
+async def _loop(name: str, interval: float, fn: Callable[[], Awaitable[Any]]) -> None:
+    while True:
+        try:
+            await fn()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("%s failed: %s: %s", name, exc.__class__.__name__, exc)
+        await asyncio.sleep(interval)
+
+
+async def _listen_cancels(runner: JobRunner) -> None:
+    svc = runner.svc
+    while True:
+        try:
+            assert svc.redis is not None
+            pubsub = svc.redis.pubsub()
+            await pubsub.subscribe(svc.settings.key(CANCEL_CHANNEL))
+            async for msg in pubsub.listen():
+                if msg.get("type") == "message":
+                    data = msg["data"]
+                    runner.cancel_local(data.decode() if isinstance(data, bytes) else str(data))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("cancel listener: %s", exc)
+            await asyncio.sleep(1.0)
+
+
+def build_worker(
+    services: Services,
+    *,
+    executor: Any | None = None,
+    burst: bool = False,
+    max_jobs: int | None = None,
+    scheduler: bool = True,
+    worker_id: str | None = None,
+    handle_signals: bool = True,
+) -> SkillJobsWorker:
+    """An arq worker wired to ``services``. ``burst=True`` drains the queue and returns."""
+    if executor is None:
+        from jobs.executor import Executor
+
+        executor = Executor(settings=services.settings, registry=services.registry,
+                            sessionmaker=services.sessionmaker, box=services.box, http=services.http)
+    settings = services.settings
+    wid = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    runner = JobRunner(services, executor, wid)
+    background: list[asyncio.Task[Any]] = []
+
+    async def on_startup(ctx: dict[str, Any]) -> None:
+        ctx.update(runner=runner, services=services, executor=executor, worker_id=wid)
+        await retry_db("register worker", store.worker_heartbeat, services.sessionmaker, wid,
+                       socket.gethostname(), os.getpid(), [])
+        background.append(asyncio.create_task(
+            _loop("heartbeat", settings.worker_heartbeat_sec, runner.heartbeat_once)))
+        background.append(asyncio.create_task(
+            _loop("reconciler", settings.reconcile_interval_sec, runner.reconcile_once)))
+        background.append(asyncio.create_task(_listen_cancels(runner)))
+        if scheduler:
+            with contextlib.suppress(ImportError):
+                from chains.scheduler import Scheduler
+
+                stop = asyncio.Event()
+                ctx["scheduler_stop"] = stop
+                background.append(asyncio.create_task(Scheduler(services).run_forever(stop)))
+        log.info("worker %s started: queue %s, max_jobs %s", wid, settings.queue_name,
+                 max_jobs or settings.worker_max_jobs)
+
+    async def on_shutdown(ctx: dict[str, Any]) -> None:
+        if "scheduler_stop" in ctx:
+            ctx["scheduler_stop"].set()
+        for t in background:
+            t.cancel()
+        for t in background:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        with contextlib.suppress(Exception):
+            await store.worker_heartbeat(services.sessionmaker, wid, socket.gethostname(),
+                                         os.getpid(), [], stopped=True)
+
+    timeout = MAX_WALL_SEC + 300  # the executor enforces each skill's wall clock itself
+    functions = [func(_run_job, name=FN_RUN_JOB, max_tries=1_000_000, timeout=timeout)]
+    with contextlib.suppress(ImportError):
+        from chains.runner import chain_job
+
+        functions.append(func(chain_job, name=FN_RUN_CHAIN, max_tries=1_000_000, timeout=timeout))
+
+    assert services.redis is not None
+    return SkillJobsWorker(
+        functions,
+        redis_pool=services.redis,
+        queue_name=settings.queue_name,
+        wake_channel=settings.key(WAKE_CHANNEL),
+        burst=burst,
+        max_jobs=max_jobs or settings.worker_max_jobs,
+        keep_result=0,
+        handle_signals=handle_signals,
+        job_completion_wait=int(settings.worker_grace_sec),
+        on_startup=on_startup,
+        on_shutdown=on_shutdown,
+        ctx={},
+        log_results=False,
+    )
+
+
+__all__ = ["JobRunner", "SkillJobsWorker", "build_worker", "retry_db"]
