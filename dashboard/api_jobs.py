@@ -1,0 +1,262 @@
+"""Jobs API: dispatch, list, detail, artifact download, retry / cancel / requeue-failed."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import BaseModel, Field
+
+from dashboard import queries
+from dashboard.errors import ApiError, not_found
+from jobs.crypto import ENC_TAG, REDACTED, redact
+from jobs.models import Artifact, Delivery, Job, JobAttempt
+from jobs.services import Services
+
+router = APIRouter(prefix="/api/v1")
+
+
+def services_of(request: Request) -> Services:
+    return request.app.state.services
+
+
+def actor_of(request: Request) -> str:
+    """Who is acting, for the audit trail: an ``X-Actor`` header, else "dashboard"."""
+    actor = request.headers.get("x-actor", "").strip()[:100]
+    return f"dashboard:{actor}" if actor else "dashboard"
+
+
+def optional(module: str) -> Any:
+    """A module another part of the product provides; 503 while it is absent."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ApiError(503, f"{module} is not available in this installation", "config") from exc
+
+
+# --- shapes (SPEC §10) ---------------------------------------------------------------
+
+
+def safe(obj: Any) -> Any:
+    """Secret-named values masked, and any sealed value masked wherever it sits."""
+
+    def strip(v: Any) -> Any:
+        if isinstance(v, dict):
+            if ENC_TAG in v and len(v) == 1:
+                return REDACTED
+            return {k: strip(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [strip(x) for x in v]
+        return v
+
+    return strip(redact(obj))
+
+
+def artifact_dict(a: Artifact) -> dict[str, Any]:
+    return {
+        "id": a.id,
+        "filename": a.filename,
+        "local_path": a.local_path,
+        "media": a.media,
+        "mime": a.mime,
+        "size": a.size,
+        "sha256": a.sha256,
+        "source_url": a.source_url,
+        "download_url": f"/api/v1/jobs/{a.job_id}/artifacts/{a.id}",
+    }
+
+
+def delivery_dict(d: Delivery) -> dict[str, Any]:
+    return {
+        "id": d.id,
+        "recipient": d.recipient,
+        "channel": d.channel,
+        "kind": d.kind,
+        "status": d.status,
+        "error": d.error,
+        "tries": d.tries,
+        "created_at": d.created_at,
+        "sent_at": d.sent_at,
+    }
+
+
+def attempt_dict(a: JobAttempt) -> dict[str, Any]:
+    return {
+        "number": a.number,
+        "worker_id": a.worker_id,
+        "started_at": a.started_at,
+        "finished_at": a.finished_at,
+        "outcome": a.outcome,
+        "error": a.error,
+        "error_type": a.error_type,
+        "duration_ms": a.duration_ms,
+    }
+
+
+def job_dict(
+    job: Job,
+    artifacts: list[Artifact],
+    deliveries: list[Delivery],
+    attempts: list[JobAttempt] | None = None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": job.id,
+        "skill": job.skill,
+        "status": job.status,
+        "attempts": job.attempts,
+        "created_at": job.created_at,
+        "queued_at": job.queued_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "duration_ms": job.duration_ms,
+        "result": safe(job.result),
+        "error": job.error,
+        "error_type": job.error_type,
+        "cancel_requested": job.cancel_requested,
+        "chain_run_id": job.chain_run_id,
+        "origin": {
+            "channel": job.channel,
+            "session_id": job.session_id,
+            "external_id": job.external_id,
+            "actor_key": job.actor_key,
+            "role_id": job.role_id,
+            "org_id": job.org_id,
+        },
+        "artifacts": [artifact_dict(a) for a in artifacts],
+        "deliveries": [delivery_dict(d) for d in deliveries],
+    }
+    if attempts is not None:
+        out["input"] = safe(job.input)
+        out["context"] = safe(job.context)
+        out["fetches"] = safe(job.fetches or [])
+        out["wall_sec"] = job.wall_sec
+        out["attempt_log"] = [attempt_dict(a) for a in attempts]
+    return out
+
+
+# --- dispatch ------------------------------------------------------------------------
+
+
+class DispatchBody(BaseModel):
+    skill: str = Field(min_length=1, max_length=128)
+    input: dict[str, Any] = Field(default_factory=dict)
+    context: dict[str, Any] = Field(default_factory=dict)
+    external_id: str | None = None
+
+
+@router.post("/dispatch")
+async def dispatch(body: DispatchBody, request: Request) -> JSONResponse:
+    """Relay to the dispatcher: 202 receipt, 200 result envelope, or a 4xx refusal."""
+    mod = optional("jobs.dispatcher")
+    answer = await mod.Dispatcher(services_of(request)).dispatch(
+        skill=body.skill, input=body.input, context=body.context, external_id=body.external_id
+    )
+    return JSONResponse(answer.body, status_code=answer.status_code)
+
+
+# --- reading -------------------------------------------------------------------------
+
+
+@router.get("/jobs")
+async def list_jobs(
+    request: Request,
+    status: str | None = None,
+    skill: str | None = None,
+    channel: str | None = None,
+    role: str | None = Query(None, description="role_id"),
+    since: float | None = None,
+    until: float | None = None,
+    q: str | None = Query(None, max_length=200),
+    limit: int = Query(50, ge=1, le=queries.MAX_PAGE),
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    flt = queries.JobFilter(
+        status=status or None,
+        skill=skill or None,
+        channel=channel or None,
+        role_id=role or None,
+        since=since,
+        until=until,
+        q=q or None,
+    )
+    async with services_of(request).sessionmaker() as session:
+        rows, next_cursor = await queries.list_jobs(session, flt, limit=limit, cursor=cursor)
+        arts, dels = await queries.job_children(session, [j.id for j in rows])
+    return {
+        "items": [job_dict(j, arts.get(j.id, []), dels.get(j.id, [])) for j in rows],
+        "next_cursor": next_cursor,
+    }
+
+
+@router.get("/jobs/{job_id}")
+async def get_job(job_id: str, request: Request) -> dict[str, Any]:
+    async with services_of(request).sessionmaker() as session:
+        job = await session.get(Job, job_id)
+        if job is None:
+            raise not_found(f"job {job_id}")
+        arts, dels = await queries.job_children(session, [job_id])
+        attempts = await queries.job_attempts(session, job_id)
+    return job_dict(job, arts.get(job_id, []), dels.get(job_id, []), attempts)
+
+
+@router.get("/jobs/{job_id}/artifacts/{artifact_id}")
+async def download_artifact(job_id: str, artifact_id: int, request: Request) -> FileResponse:
+    svc = services_of(request)
+    async with svc.sessionmaker() as session:
+        art = await queries.get_artifact(session, job_id, artifact_id)
+    if art is None:
+        raise not_found(f"artifact {artifact_id} of job {job_id}")
+    root = svc.settings.resolved_workspace_root
+    path = Path(art.local_path).resolve()
+    if not path.is_relative_to(root):
+        raise ApiError(403, "artifact lies outside the workspace root and is not served")
+    if not path.is_file():
+        raise ApiError(410, f"artifact file {art.filename!r} no longer exists")
+    # Always a download, never rendered by the browser.
+    return FileResponse(
+        path,
+        filename=art.filename or path.name,
+        media_type="application/octet-stream",
+        content_disposition_type="attachment",
+    )
+
+
+# --- actions -------------------------------------------------------------------------
+
+
+def _relay(result: Any, ok_status: int = 200) -> JSONResponse:
+    if hasattr(result, "status_code") and hasattr(result, "body"):
+        return JSONResponse(result.body, status_code=result.status_code)
+    if isinstance(result, dict):
+        status = ok_status if result.get("ok", True) is not False else 409
+        return JSONResponse(safe(result), status_code=status)
+    return JSONResponse({"ok": True, "result": safe(result)}, status_code=ok_status)
+
+
+async def _control(request: Request, name: str, *args: Any) -> JSONResponse:
+    control = optional("jobs.control")
+    try:
+        result = await getattr(control, name)(services_of(request), *args, actor=actor_of(request))
+    except LookupError as exc:
+        raise ApiError(404, str(exc)) from exc
+    except ValueError as exc:
+        raise ApiError(409, str(exc)) from exc
+    return _relay(result)
+
+
+@router.post("/jobs/{job_id}/retry")
+async def retry(job_id: str, request: Request) -> JSONResponse:
+    return await _control(request, "retry_job", job_id)
+
+
+@router.post("/jobs/{job_id}/cancel")
+async def cancel(job_id: str, request: Request) -> JSONResponse:
+    return await _control(request, "cancel_job", job_id)
+
+
+@router.post("/skills/{skill}/requeue-failed")
+async def requeue_failed(skill: str, request: Request) -> JSONResponse:
+    return await _control(request, "requeue_failed", skill)

@@ -1,0 +1,220 @@
+"""Queue overview, workers, per-role skill configuration, chat sessions, live event
+streams and health checks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from sqlalchemy import text
+
+from dashboard import queries
+from dashboard.api_jobs import actor_of, optional, safe, services_of
+from dashboard.auth import require_token_or_query
+from dashboard.errors import ApiError
+from jobs.constants import JOB_EVENTS
+from jobs.services import Services
+
+router = APIRouter(prefix="/api/v1")
+stream_router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token_or_query)])
+open_router = APIRouter()
+
+SSE_PING_S = 15.0
+SSE_HEADERS = {"cache-control": "no-store", "x-accel-buffering": "no"}
+
+
+# --- health --------------------------------------------------------------------------
+
+
+@open_router.get("/healthz")
+async def healthz() -> dict[str, Any]:
+    """The process answers (no dependency is checked)."""
+    return {"ok": True}
+
+
+@open_router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    """Redis answers, the database answers, and its schema is at the current revision."""
+    from jobs.migrate import is_current
+
+    svc: Services = request.app.state.services
+    checks: dict[str, str] = {}
+    try:
+        if svc.redis is None:
+            checks["redis"] = "no connection"
+        else:
+            await asyncio.wait_for(svc.redis.ping(), 3.0)
+            checks["redis"] = "ok"
+    except Exception as exc:
+        checks["redis"] = f"{type(exc).__name__}: {exc}"
+    try:
+        async with svc.engine.connect() as conn:
+            await asyncio.wait_for(conn.execute(text("SELECT 1")), 3.0)
+        checks["database"] = "ok"
+        current = await is_current(svc.engine)
+        checks["schema"] = "ok" if current else "not at the latest revision: run `skilljobs db upgrade`"
+    except Exception as exc:
+        checks.setdefault("database", f"{type(exc).__name__}: {exc}")
+        checks.setdefault("schema", "unknown")
+    ok = all(v == "ok" for v in checks.values())
+    return JSONResponse({"ok": ok, "checks": checks}, status_code=200 if ok else 503)
+
+
+# --- queue and workers ---------------------------------------------------------------
+
+
+def worker_dict(w: Any, now: float) -> dict[str, Any]:
+    return {
+        "id": w.id,
+        "host": w.host,
+        "pid": w.pid,
+        "started_at": w.started_at,
+        "last_heartbeat": w.last_heartbeat,
+        "heartbeat_age_s": round(now - w.last_heartbeat, 3),
+        "alive": w.stopped_at is None and now - w.last_heartbeat <= queries.WORKER_ALIVE_S,
+        "stopped_at": w.stopped_at,
+        "running": list(w.running or []),
+    }
+
+
+@router.get("/queue")
+async def queue(request: Request) -> dict[str, Any]:
+    """SPEC §11 keys, plus 5m/1h/24h rates, per-skill stats and failing deliveries."""
+    now = time.time()
+    async with services_of(request).sessionmaker() as session:
+        depth = await queries.queue_depth(session, now)
+        rates = await queries.finished_rates(session, now)
+        skills = await queries.skill_stats(session, now)
+        failing = await queries.failing_deliveries(session, now)
+        workers = [worker_dict(w, now) for w in await queries.list_workers(session)]
+    return {
+        **depth,
+        "succeeded_5m": rates["5m"]["succeeded"],
+        "failed_5m": rates["5m"]["failed"],
+        "workers": sum(1 for w in workers if w["alive"]),
+        "workers_total": len(workers),
+        "rates": rates,
+        "skills": skills,
+        "deliveries_failing": failing,
+        "now": now,
+    }
+
+
+@router.get("/workers")
+async def workers(request: Request) -> dict[str, Any]:
+    now = time.time()
+    async with services_of(request).sessionmaker() as session:
+        rows = await queries.list_workers(session)
+    return {"items": [worker_dict(w, now) for w in rows]}
+
+
+# --- per-role skill configuration -----------------------------------------------------
+
+
+def _config_store(request: Request) -> Any:
+    mod = optional("jobs.configs")
+    svc = services_of(request)
+    return mod.ConfigStore(svc.sessionmaker, svc.box)
+
+
+@router.get("/roles/{role_id}/skills/{skill}/config")
+async def get_config(role_id: str, skill: str, request: Request) -> dict[str, Any]:
+    """The role's keys for the skill, secrets masked."""
+    values = await _config_store(request).masked(role_id, skill)
+    return safe(values)
+
+
+@router.put("/roles/{role_id}/skills/{skill}/config")
+async def put_config(
+    role_id: str, skill: str, request: Request, body: dict[str, Any] = Body(...)
+) -> dict[str, Any]:
+    """Replace the role's keys for the skill with ``body``; answers the masked result."""
+    store = _config_store(request)
+    try:
+        await store.replace(role_id, skill, body)
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from exc
+    _ = actor_of(request)
+    return safe(await store.masked(role_id, skill))
+
+
+# --- chat sessions -------------------------------------------------------------------
+
+
+@router.get("/sessions/{session_id}/messages")
+async def session_messages(session_id: str, request: Request) -> dict[str, Any]:
+    web = optional("delivery.channels.web")
+    items = await web.list_messages(services_of(request), session_id)
+    return {"items": items}
+
+
+def _sse(event: str, data: Any) -> str:
+    # json.dumps never emits a raw newline, so one data line always holds the event.
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+async def _until_disconnect(request: Request, source: AsyncIterator[str]) -> AsyncIterator[str]:
+    yield "retry: 3000\n\n"
+    async for chunk in source:
+        if await request.is_disconnected():
+            return
+        yield chunk
+
+
+@stream_router.get("/sessions/{session_id}/events")
+async def session_events(session_id: str, request: Request) -> StreamingResponse:
+    """Live pushes of a chat session: ``event: message`` with the stored message JSON."""
+    web = optional("delivery.channels.web")
+    svc = services_of(request)
+
+    async def source() -> AsyncIterator[str]:
+        async for message in web.listen(svc, session_id):
+            yield _sse("message", message) if message is not None else ": ping\n\n"
+
+    return StreamingResponse(
+        _until_disconnect(request, source()), media_type="text/event-stream", headers=SSE_HEADERS
+    )
+
+
+def _job_event(raw: Any) -> dict[str, Any] | None:
+    """Only the fields the page needs, whatever else was published."""
+    try:
+        data = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+        return None
+    return {k: data.get(k) for k in ("id", "status", "skill") if isinstance(data.get(k), str)}
+
+
+@stream_router.get("/events")
+async def job_events(request: Request) -> StreamingResponse:
+    """Job status changes as ``event: job`` with ``{"id", "status", "skill"}``."""
+    svc = services_of(request)
+    if svc.redis is None:
+        raise ApiError(503, "no Redis connection: live events are unavailable", "transient")
+    pubsub = svc.redis.pubsub()
+    await pubsub.subscribe(svc.settings.key(JOB_EVENTS))
+
+    async def source() -> AsyncIterator[str]:
+        try:
+            yield ": subscribed\n\n"
+            while True:
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=SSE_PING_S)
+                if msg is None:
+                    yield ": ping\n\n"
+                    continue
+                event = _job_event(msg.get("data"))
+                if event is not None:
+                    yield _sse("job", event)
+        finally:
+            await pubsub.aclose()
+
+    return StreamingResponse(
+        _until_disconnect(request, source()), media_type="text/event-stream", headers=SSE_HEADERS
+    )

@@ -1,0 +1,149 @@
+"""The ops surface as one ASGI app: JSON API, the dashboard page, live event streams,
+Prometheus metrics and health checks. This is where the dashboard is wired together."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from dashboard import api_jobs, api_misc, api_schedules
+from dashboard.auth import AuthError, require_token
+from dashboard.errors import ApiError, envelope
+from dashboard.metrics import CONTENT_TYPE, Metrics
+from dashboard.queries import BadQuery
+from jobs.services import Services
+from jobs.settings import Settings
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).resolve().parent / "static"
+
+# Same origin only, no inline code: whatever a skill produced can only ever be text.
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'none'; form-action 'self'"
+)
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+]
+
+
+class SecurityHeaders:
+    """Pure ASGI middleware (does not buffer, so event streams keep flowing)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def _send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {k.lower() for k, _ in headers}
+                headers += [(k, v) for k, v in SECURITY_HEADERS if k not in present]
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, _send)
+
+
+def create_app(settings: Settings, *, services: Services | None = None) -> FastAPI:
+    """The dashboard app. Without ``services`` the lifespan opens (and closes) its own."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if services is not None:
+            app.state.services = services
+            yield
+            return
+        opened = await Services.open(settings)
+        app.state.services = opened
+        try:
+            yield
+        finally:
+            await opened.close()
+
+    app = FastAPI(
+        title="skilljobs",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/api/v1/openapi.json",
+    )
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    if services is not None:
+        app.state.services = services
+
+    _install_error_handlers(app)
+    app.add_middleware(SecurityHeaders)
+
+    app.include_router(api_misc.open_router)
+    app.include_router(api_misc.stream_router)
+    app.include_router(api_jobs.router, dependencies=[Depends(require_token)])
+    app.include_router(api_schedules.router, dependencies=[Depends(require_token)])
+    app.include_router(api_misc.router, dependencies=[Depends(require_token)])
+
+    @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        svc: Services = request.app.state.services
+        body = await request.app.state.metrics.render(svc.sessionmaker)
+        return Response(body, media_type=CONTENT_TYPE)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        # The page holds no data (it asks for the token and reads the API), so it is open.
+        return FileResponse(STATIC / "index.html", headers={"cache-control": "no-store"})
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> Response:
+        return envelope(exc.status_code, exc.error, exc.error_type, **exc.extra)
+
+    @app.exception_handler(AuthError)
+    async def _auth_error(_: Request, exc: AuthError) -> Response:
+        resp = envelope(401, str(exc), "config")
+        resp.headers["www-authenticate"] = "Bearer"
+        return resp
+
+    @app.exception_handler(BadQuery)
+    async def _bad_query(_: Request, exc: BadQuery) -> Response:
+        return envelope(400, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            problems.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+        return envelope(422, "invalid request: " + "; ".join(problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        text = exc.detail if isinstance(exc.detail, str) else "request failed"
+        return envelope(exc.status_code, text)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return envelope(500, f"internal error ({type(exc).__name__})", "transient")

@@ -1,0 +1,154 @@
+"""Prometheus metrics computed from SQL at scrape time.
+
+The database is the source of truth (workers come and go), so instead of counters kept
+in one process, each scrape reads a snapshot with indexed queries (``queries.
+metrics_snapshot``) and a collector turns it into metric families. Windowed values cover
+the last ``METRICS_WINDOW_S`` seconds; take rates with PromQL over the gauges.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from dashboard import queries
+
+METRICS_WINDOW_S = 3600.0
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class SnapshotCollector(Collector):
+    """Yields the metric families of the snapshot set just before ``generate_latest``."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, Any] | None = None
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        if snap is None:
+            return
+        window = f"{int(snap['window'])}s"
+        depth = snap["depth"]
+
+        g = GaugeMetricFamily(
+            "skilljobs_queue_depth", "Jobs waiting or running now.", labels=["status"]
+        )
+        g.add_metric(["queued"], depth["queued"])
+        g.add_metric(["running"], depth["running"])
+        yield g
+        yield GaugeMetricFamily(
+            "skilljobs_oldest_queued_age_seconds",
+            "Age of the oldest job still waiting (0 when none).",
+            value=depth["oldest_queued_age_s"],
+        )
+
+        live = GaugeMetricFamily(
+            "skilljobs_jobs_active", "Queued or running jobs per skill.", labels=["skill", "status"]
+        )
+        for skill, status, n in snap["live"]:
+            live.add_metric([skill, status], n)
+        yield live
+
+        fin = GaugeMetricFamily(
+            "skilljobs_jobs_finished",
+            f"Jobs finished in the last {window}, per skill and outcome.",
+            labels=["skill", "outcome", "window"],
+        )
+        hist = HistogramMetricFamily(
+            "skilljobs_job_duration_seconds",
+            f"Run time of jobs finished in the last {window}.",
+            labels=["skill", "window"],
+        )
+        per_skill: dict[str, list[float]] = defaultdict(
+            lambda: [0.0, 0.0] + [0.0] * len(queries.DURATION_BUCKETS_MS)
+        )
+        for skill, status, n, n_dur, total_ms, *buckets in snap["finished"]:
+            fin.add_metric([skill, status, window], n)
+            acc = per_skill[skill]
+            acc[0] += n_dur
+            acc[1] += float(total_ms or 0.0)
+            for i, b in enumerate(buckets):
+                acc[2 + i] += b or 0
+        for skill, acc in sorted(per_skill.items()):
+            cumulative = [
+                (_le(ms), acc[2 + i]) for i, ms in enumerate(queries.DURATION_BUCKETS_MS)
+            ]
+            cumulative.append(("+Inf", acc[0]))
+            hist.add_metric([skill, window], cumulative, sum_value=acc[1] / 1000.0)
+        yield fin
+        yield hist
+
+        dl = GaugeMetricFamily(
+            "skilljobs_deliveries",
+            f"Deliveries created in the last {window}, per channel and outcome.",
+            labels=["channel", "status", "window"],
+        )
+        for channel, status, n in snap["deliveries"]:
+            dl.add_metric([channel or "", status, window], n)
+        yield dl
+
+        cr = GaugeMetricFamily(
+            "skilljobs_chain_runs",
+            f"Schedule runs created in the last {window}, per status.",
+            labels=["status", "window"],
+        )
+        for status, n in snap["chain_runs"]:
+            cr.add_metric([status, window], n)
+        yield cr
+
+        up = GaugeMetricFamily(
+            "skilljobs_worker_up",
+            "1 when the worker's heartbeat is newer than 30 s.",
+            labels=["worker"],
+        )
+        age = GaugeMetricFamily(
+            "skilljobs_worker_heartbeat_age_seconds",
+            "Seconds since the worker's last heartbeat.",
+            labels=["worker"],
+        )
+        for wid, alive, hb_age in snap["workers"]:
+            up.add_metric([wid], 1 if alive else 0)
+            age.add_metric([wid], round(hb_age, 3))
+        yield up
+        yield age
+        yield GaugeMetricFamily(
+            "skilljobs_workers_alive",
+            "Workers with a heartbeat newer than 30 s.",
+            value=sum(1 for _, alive, _ in snap["workers"] if alive),
+        )
+
+
+def _le(ms: float) -> str:
+    return repr(ms / 1000.0)
+
+
+class Metrics:
+    """One registry per app; ``render`` reads a fresh snapshot and returns the text."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._collector = SnapshotCollector()
+        self.registry.register(self._collector)
+
+    async def render(
+        self, sessionmaker: async_sessionmaker[AsyncSession], window: float = METRICS_WINDOW_S
+    ) -> bytes:
+        async with sessionmaker() as session:
+            snap = await queries.metrics_snapshot(session, time.time(), window)
+        # No await between setting the snapshot and rendering: concurrent scrapes on the
+        # event loop can never see each other's snapshot.
+        self._collector.snapshot = snap
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self._collector.snapshot = None

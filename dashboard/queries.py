@@ -1,0 +1,389 @@
+"""The dashboard's SQL. Every function takes a session; every query is shaped to use an
+index on ``jobs`` so it stays fast on millions of rows:
+
+* job lists: keyset paging on ``(created_at, id)`` newest first, one filter column per
+  index (``status``/``skill``/``channel``/``role_id`` + ``created_at``);
+* "recent" windows: ``finished_at`` (``ix_jobs_finished``) or ``status IN (…) AND
+  created_at >= t`` so the ``(status, created_at)`` index serves the range;
+* queue depth: ``status = 'queued' | 'running'`` only — never a count over all rows.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, case, func, literal_column, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from jobs.models import (
+    CANCELLED,
+    FAILED,
+    JOB_STATUSES,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    TIMED_OUT,
+    Artifact,
+    ChainRun,
+    Delivery,
+    Job,
+    JobAttempt,
+    Worker,
+)
+
+FAILURE_STATUSES = (FAILED, TIMED_OUT)
+FINISHED = (SUCCEEDED, FAILED, TIMED_OUT, CANCELLED)
+DELIVERY_STATUSES = ("pending", "sent", "failed")
+CHAIN_RUN_STATUSES = ("queued", "running", "succeeded", "failed", "stopped_empty")
+WORKER_ALIVE_S = 30.0
+MAX_PAGE = 200
+
+
+class BadQuery(ValueError):
+    """A filter or cursor the caller sent cannot be used (message says why)."""
+
+
+@dataclass
+class JobFilter:
+    status: str | None = None
+    skill: str | None = None
+    channel: str | None = None
+    role_id: str | None = None
+    since: float | None = None
+    until: float | None = None
+    q: str | None = None
+
+
+def encode_cursor(created_at: float, job_id: str) -> str:
+    raw = f"{created_at!r}|{job_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        ts, job_id = raw.split("|", 1)
+        value = float(ts)
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise BadQuery("cursor is not one this API returned; start again without it") from exc
+    if not math.isfinite(value):
+        raise BadQuery("cursor is not one this API returned; start again without it")
+    return value, job_id
+
+
+def _dialect(session: AsyncSession) -> str:
+    return session.get_bind().dialect.name
+
+
+async def list_jobs(
+    session: AsyncSession, flt: JobFilter, *, limit: int = 50, cursor: str | None = None
+) -> tuple[list[Job], str | None]:
+    """One page of jobs, newest first, and the cursor of the next page (or None)."""
+    if flt.status and flt.status not in JOB_STATUSES:
+        raise BadQuery(f"status must be one of {', '.join(JOB_STATUSES)}")
+    limit = max(1, min(int(limit), MAX_PAGE))
+    conds: list[Any] = []
+    for column, value in (
+        (Job.status, flt.status),
+        (Job.skill, flt.skill),
+        (Job.channel, flt.channel),
+        (Job.role_id, flt.role_id),
+    ):
+        if value:
+            conds.append(column == value)
+    if flt.since is not None:
+        conds.append(Job.created_at >= flt.since)
+    if flt.until is not None:
+        conds.append(Job.created_at < flt.until)
+    if flt.q:
+        q = flt.q.strip()
+        pattern = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        conds.append(
+            or_(
+                Job.id == q,
+                Job.skill.ilike(pattern, escape="\\"),
+                Job.error.ilike(pattern, escape="\\"),
+            )
+        )
+    if cursor:
+        c_at, c_id = decode_cursor(cursor)
+        # ``created_at <= c`` alone is an index range; the OR only breaks ties.
+        conds.append(Job.created_at <= c_at)
+        conds.append(or_(Job.created_at < c_at, Job.id < c_id))
+    stmt = (
+        select(Job)
+        .where(and_(*conds) if conds else literal_column("1") == 1)
+        .order_by(Job.created_at.desc(), Job.id.desc())
+        .limit(limit + 1)
+    )
+    rows = list((await session.execute(stmt)).scalars())
+    next_cursor = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        next_cursor = encode_cursor(rows[-1].created_at, rows[-1].id)
+    return rows, next_cursor
+
+
+async def job_children(
+    session: AsyncSession, job_ids: list[str]
+) -> tuple[dict[str, list[Artifact]], dict[str, list[Delivery]]]:
+    """Artifacts and deliveries of several jobs (two indexed ``IN`` queries)."""
+    arts: dict[str, list[Artifact]] = defaultdict(list)
+    dels: dict[str, list[Delivery]] = defaultdict(list)
+    if not job_ids:
+        return arts, dels
+    for a in (
+        await session.execute(
+            select(Artifact).where(Artifact.job_id.in_(job_ids)).order_by(Artifact.id)
+        )
+    ).scalars():
+        arts[a.job_id].append(a)
+    for d in (
+        await session.execute(
+            select(Delivery).where(Delivery.job_id.in_(job_ids)).order_by(Delivery.id)
+        )
+    ).scalars():
+        dels[d.job_id or ""].append(d)
+    return arts, dels
+
+
+async def job_attempts(session: AsyncSession, job_id: str) -> list[JobAttempt]:
+    stmt = select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.number)
+    return list((await session.execute(stmt)).scalars())
+
+
+async def get_artifact(session: AsyncSession, job_id: str, artifact_id: int) -> Artifact | None:
+    art = await session.get(Artifact, artifact_id)
+    return art if art is not None and art.job_id == job_id else None
+
+
+# --- queue overview -------------------------------------------------------------------
+
+
+async def queue_depth(session: AsyncSession, now: float) -> dict[str, Any]:
+    """Queued / running counts and the age of the oldest waiting job."""
+    counts = dict(
+        (
+            await session.execute(
+                select(Job.status, func.count())
+                .where(Job.status.in_((QUEUED, RUNNING)))
+                .group_by(Job.status)
+            )
+        ).all()
+    )
+    oldest = (
+        await session.execute(select(func.min(Job.queued_at)).where(Job.status == QUEUED))
+    ).scalar()
+    return {
+        "queued": int(counts.get(QUEUED, 0)),
+        "running": int(counts.get(RUNNING, 0)),
+        "oldest_queued_age_s": round(max(0.0, now - oldest), 3) if oldest else 0.0,
+    }
+
+
+WINDOWS = {"5m": 300.0, "1h": 3600.0, "24h": 86400.0}
+
+
+async def finished_rates(session: AsyncSession, now: float) -> dict[str, dict[str, Any]]:
+    """Jobs finished per outcome in the last 5 minutes, hour and day."""
+    cols = [
+        func.sum(case((Job.finished_at >= now - secs, 1), else_=0)).label(name)
+        for name, secs in WINDOWS.items()
+    ]
+    stmt = (
+        select(Job.status, *cols)
+        .where(Job.finished_at >= now - max(WINDOWS.values()))
+        .group_by(Job.status)
+    )
+    per: dict[str, dict[str, int]] = {w: dict.fromkeys(FINISHED, 0) for w in WINDOWS}
+    for row in (await session.execute(stmt)).all():
+        if row[0] not in FINISHED:
+            continue
+        for i, w in enumerate(WINDOWS):
+            per[w][row[0]] = int(row[i + 1] or 0)
+    out: dict[str, dict[str, Any]] = {}
+    for w, secs in WINDOWS.items():
+        c = per[w]
+        failed = c[FAILED] + c[TIMED_OUT]
+        done = c[SUCCEEDED] + failed
+        out[w] = {
+            "succeeded": c[SUCCEEDED],
+            "failed": failed,
+            "timed_out": c[TIMED_OUT],
+            "cancelled": c[CANCELLED],
+            "per_min": round((done + c[CANCELLED]) / (secs / 60.0), 3),
+            "failure_rate": round(failed / done, 4) if done else 0.0,
+        }
+    return out
+
+
+def _percentile(sorted_values: list[float], p: float) -> float | None:
+    """Linear interpolation, the same definition as PostgreSQL's ``percentile_cont``."""
+    if not sorted_values:
+        return None
+    k = (len(sorted_values) - 1) * p
+    lo, hi = math.floor(k), math.ceil(k)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+async def skill_stats(session: AsyncSession, now: float, window: float = 86400.0) -> list[dict]:
+    """Per skill: waiting/running now, outcomes and p50/p95 duration over ``window``."""
+    since = now - window
+    stats: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"queued": 0, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
+                 "p50_ms": None, "p95_ms": None}
+    )
+    live = select(Job.skill, Job.status, func.count()).where(Job.status.in_((QUEUED, RUNNING)))
+    for skill, status, n in (await session.execute(live.group_by(Job.skill, Job.status))).all():
+        stats[skill][status] = int(n)
+    done = (
+        select(Job.skill, Job.status, func.count())
+        .where(Job.finished_at >= since)
+        .group_by(Job.skill, Job.status)
+    )
+    for skill, status, n in (await session.execute(done)).all():
+        key = "failed" if status in FAILURE_STATUSES else status
+        if key in ("succeeded", "failed", "cancelled"):
+            stats[skill][key] += int(n)
+    window_rows = and_(Job.finished_at >= since, Job.duration_ms.is_not(None))
+    if _dialect(session) == "postgresql":
+        pct = (
+            select(
+                Job.skill,
+                func.percentile_cont(0.5).within_group(Job.duration_ms),
+                func.percentile_cont(0.95).within_group(Job.duration_ms),
+            )
+            .where(window_rows)
+            .group_by(Job.skill)
+        )
+        for skill, p50, p95 in (await session.execute(pct)).all():
+            stats[skill]["p50_ms"], stats[skill]["p95_ms"] = p50, p95
+    else:
+        values: dict[str, list[float]] = defaultdict(list)
+        rows = await session.execute(select(Job.skill, Job.duration_ms).where(window_rows))
+        for skill, ms in rows.all():
+            values[skill].append(float(ms))
+        for skill, vals in values.items():
+            vals.sort()
+            stats[skill]["p50_ms"] = _percentile(vals, 0.5)
+            stats[skill]["p95_ms"] = _percentile(vals, 0.95)
+    out = []
+    for skill in sorted(stats):
+        s = stats[skill]
+        for k in ("p50_ms", "p95_ms"):
+            s[k] = round(float(s[k]), 1) if s[k] is not None else None
+        out.append({"skill": skill, **s})
+    return out
+
+
+async def failing_deliveries(
+    session: AsyncSession, now: float, window: float = 86400.0, limit: int = 20
+) -> dict[str, Any]:
+    """Failed deliveries of the last ``window`` seconds: per channel and the latest few."""
+    cond = and_(Delivery.status == "failed", Delivery.created_at >= now - window)
+    by_channel = {
+        ch or "": int(n)
+        for ch, n in (
+            await session.execute(
+                select(Delivery.channel, func.count()).where(cond).group_by(Delivery.channel)
+            )
+        ).all()
+    }
+    latest = (
+        await session.execute(
+            select(Delivery).where(cond).order_by(Delivery.created_at.desc()).limit(limit)
+        )
+    ).scalars()
+    return {
+        "total": sum(by_channel.values()),
+        "by_channel": by_channel,
+        "latest": [
+            {
+                "id": d.id,
+                "job_id": d.job_id,
+                "chain_run_id": d.chain_run_id,
+                "recipient": d.recipient,
+                "kind": d.kind,
+                "error": d.error,
+                "tries": d.tries,
+                "created_at": d.created_at,
+            }
+            for d in latest
+        ],
+    }
+
+
+async def list_workers(session: AsyncSession) -> list[Worker]:
+    stmt = select(Worker).order_by(Worker.last_heartbeat.desc()).limit(500)
+    return list((await session.execute(stmt)).scalars())
+
+
+# --- metrics --------------------------------------------------------------------------
+
+DURATION_BUCKETS_MS = (100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000, 300000,
+                       600000, 1800000)
+
+
+async def metrics_snapshot(session: AsyncSession, now: float, window: float) -> dict[str, Any]:
+    """Everything ``/metrics`` exposes, read with indexed queries only."""
+    since = now - window
+    snap: dict[str, Any] = {"window": window}
+    snap["depth"] = await queue_depth(session, now)
+    snap["live"] = [
+        tuple(r)
+        for r in (
+            await session.execute(
+                select(Job.skill, Job.status, func.count())
+                .where(Job.status.in_((QUEUED, RUNNING)))
+                .group_by(Job.skill, Job.status)
+            )
+        ).all()
+    ]
+    bucket_cols = [
+        func.sum(case((Job.duration_ms <= b, 1), else_=0)) for b in DURATION_BUCKETS_MS
+    ]
+    stmt = (
+        select(
+            Job.skill,
+            Job.status,
+            func.count(),
+            func.count(Job.duration_ms),
+            func.coalesce(func.sum(Job.duration_ms), 0.0),
+            *bucket_cols,
+        )
+        .where(Job.finished_at >= since)
+        .group_by(Job.skill, Job.status)
+    )
+    snap["finished"] = [tuple(r) for r in (await session.execute(stmt)).all()]
+    snap["deliveries"] = [
+        tuple(r)
+        for r in (
+            await session.execute(
+                select(Delivery.channel, Delivery.status, func.count())
+                .where(Delivery.status.in_(DELIVERY_STATUSES), Delivery.created_at >= since)
+                .group_by(Delivery.channel, Delivery.status)
+            )
+        ).all()
+    ]
+    snap["chain_runs"] = [
+        tuple(r)
+        for r in (
+            await session.execute(
+                select(ChainRun.status, func.count())
+                .where(ChainRun.status.in_(CHAIN_RUN_STATUSES), ChainRun.created_at >= since)
+                .group_by(ChainRun.status)
+            )
+        ).all()
+    ]
+    workers = (
+        await session.execute(
+            select(Worker.id, Worker.last_heartbeat).where(Worker.stopped_at.is_(None))
+        )
+    ).all()
+    snap["workers"] = [(wid, now - hb <= WORKER_ALIVE_S, now - hb) for wid, hb in workers]
+    return snap
