@@ -1,0 +1,134 @@
+"""Telegram Bot API adapter: sendMessage / sendPhoto / sendVideo / sendAudio / sendDocument.
+
+The only adapter that turns Markdown images (``![alt](url)``) in text into photos.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from delivery.channels.base import (
+    Channel,
+    DeliveryPermanentError,
+    file_size,
+    json_body,
+    read_file_async,
+    request,
+)
+
+PHOTO_LIMIT = 10 * 1024 * 1024
+UPLOAD_LIMIT = 50 * 1024 * 1024
+TEXT_LIMIT = 4096
+CAPTION_LIMIT = 1024
+
+MARKDOWN_IMAGE = re.compile(r"!\[([^\]]*)\]\((\S+?)(?:\s+\"[^\"]*\")?\)")
+
+_METHODS = {
+    "photo": "sendPhoto",
+    "video": "sendVideo",
+    "audio": "sendAudio",
+    "document": "sendDocument",
+}
+
+
+def split_markdown_images(text: str) -> tuple[str, list[str]]:
+    """The text without its Markdown images, and the image URLs (each once, in order)."""
+    urls: list[str] = []
+    for m in MARKDOWN_IMAGE.finditer(text):
+        if m.group(2) not in urls:
+            urls.append(m.group(2))
+    rest = MARKDOWN_IMAGE.sub("", text)
+    rest = re.sub(r"[ \t]+\n", "\n", rest)
+    rest = re.sub(r"\n{3,}", "\n\n", rest).strip()
+    return rest, urls
+
+
+def _chunks(text: str, size: int) -> list[str]:
+    out: list[str] = []
+    while len(text) > size:
+        cut = text.rfind("\n", 0, size)
+        cut = cut if cut > size // 2 else size
+        out.append(text[:cut])
+        text = text[cut:].lstrip("\n")
+    if text:
+        out.append(text)
+    return out
+
+
+class TelegramChannel(Channel):
+    name = "telegram"
+    supports_caption = True
+    converts_markdown_images = True
+
+    def __init__(
+        self, http: httpx.AsyncClient, token: str, *, api_base: str = "https://api.telegram.org"
+    ) -> None:
+        self._http = http
+        self._token = token
+        self._base = api_base.rstrip("/")
+
+    def _url(self, method: str) -> str:
+        return f"{self._base}/bot{self._token}/{method}"
+
+    async def _call(self, method: str, **kwargs: Any) -> str:
+        # The token is part of the URL path: never let it reach an error message.
+        resp = await request(self._http, "POST", self._url(method), what=method, **kwargs)
+        body = json_body(resp, method)
+        if not body.get("ok"):
+            desc = body.get("description") or f"error {body.get('error_code', resp.status_code)}"
+            raise DeliveryPermanentError(f"telegram {method}: {desc}")
+        result = body.get("result")
+        if isinstance(result, dict) and "message_id" in result:
+            return str(result["message_id"])
+        return ""
+
+    async def send_text(self, contact: str, text: str) -> str:
+        rest, images = split_markdown_images(text)
+        first = ""
+        for chunk in _chunks(rest, TEXT_LIMIT):
+            mid = await self._call("sendMessage", json={"chat_id": contact, "text": chunk})
+            first = first or mid
+        for url in images:
+            mid = await self._call("sendPhoto", json={"chat_id": contact, "photo": url})
+            first = first or mid
+        if not first and not rest and not images:
+            raise DeliveryPermanentError("telegram sendMessage: empty text")
+        return first
+
+    async def _upload(self, field: str, contact: str, path: str, caption: str | None) -> str:
+        size = file_size(path)
+        if field == "photo" and size > PHOTO_LIMIT:
+            field = "document"
+        if size > UPLOAD_LIMIT:
+            raise DeliveryPermanentError(
+                f"file too large for telegram: {Path(path).name} is {size} bytes "
+                f"(limit {UPLOAD_LIMIT})"
+            )
+        extra_text = None
+        if caption and (len(caption) > CAPTION_LIMIT or MARKDOWN_IMAGE.search(caption)):
+            caption, extra_text = None, caption
+        data = {"chat_id": contact}
+        if caption:
+            data["caption"] = caption
+        content = await read_file_async(path)
+        files = {field: (Path(path).name, content)}
+        mid = await self._call(_METHODS[field], data=data, files=files)
+        if extra_text:
+            await self.send_text(contact, extra_text)
+        return mid
+
+    async def send_image(self, contact: str, path: str, caption: str | None = None) -> str:
+        return await self._upload("photo", contact, path, caption)
+
+    async def send_video(self, contact: str, path: str, caption: str | None = None) -> str:
+        return await self._upload("video", contact, path, caption)
+
+    async def send_audio(self, contact: str, path: str, caption: str | None = None) -> str:
+        return await self._upload("audio", contact, path, caption)
+
+    async def send_file(self, contact: str, path: str, caption: str | None = None) -> str:
+        return await self._upload("document", contact, path, caption)
