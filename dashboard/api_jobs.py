@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,16 @@ async def get_job(job_id: str, request: Request) -> dict[str, Any]:
     return job_dict(job, arts.get(job_id, []), dels.get(job_id, []), attempts)
 
 
+def _servable(local_path: str, root: Path) -> tuple[Path, str | None]:
+    """The resolved file (symlinks followed) and why it cannot be served, if so."""
+    path = Path(local_path).resolve()
+    if not path.is_relative_to(root):
+        return path, "outside"
+    if not path.is_file():
+        return path, "missing"
+    return path, None
+
+
 @router.get("/jobs/{job_id}/artifacts/{artifact_id}")
 async def download_artifact(job_id: str, artifact_id: int, request: Request) -> FileResponse:
     svc = services_of(request)
@@ -209,11 +220,12 @@ async def download_artifact(job_id: str, artifact_id: int, request: Request) -> 
         art = await queries.get_artifact(session, job_id, artifact_id)
     if art is None:
         raise not_found(f"artifact {artifact_id} of job {job_id}")
-    root = svc.settings.resolved_workspace_root
-    path = Path(art.local_path).resolve()
-    if not path.is_relative_to(root):
+    path, problem = await asyncio.to_thread(
+        _servable, art.local_path, svc.settings.resolved_workspace_root
+    )
+    if problem == "outside":
         raise ApiError(403, "artifact lies outside the workspace root and is not served")
-    if not path.is_file():
+    if problem == "missing":
         raise ApiError(410, f"artifact file {art.filename!r} no longer exists")
     # Always a download, never rendered by the browser.
     return FileResponse(
@@ -230,6 +242,8 @@ async def download_artifact(job_id: str, artifact_id: int, request: Request) -> 
 def _relay(result: Any, ok_status: int = 200) -> JSONResponse:
     if hasattr(result, "status_code") and hasattr(result, "body"):
         return JSONResponse(result.body, status_code=result.status_code)
+    if hasattr(result, "status_code") and hasattr(result, "to_dict"):
+        return JSONResponse(safe(result.to_dict()), status_code=result.status_code)
     if isinstance(result, dict):
         status = ok_status if result.get("ok", True) is not False else 409
         return JSONResponse(safe(result), status_code=status)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import text
 
@@ -19,6 +20,8 @@ from dashboard.auth import require_token_or_query
 from dashboard.errors import ApiError
 from jobs.constants import JOB_EVENTS
 from jobs.services import Services
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/api/v1")
 stream_router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token_or_query)])
@@ -57,7 +60,9 @@ async def readyz(request: Request) -> JSONResponse:
             await asyncio.wait_for(conn.execute(text("SELECT 1")), 3.0)
         checks["database"] = "ok"
         current = await is_current(svc.engine)
-        checks["schema"] = "ok" if current else "not at the latest revision: run `skilljobs db upgrade`"
+        checks["schema"] = (
+            "ok" if current else "not at the latest revision: run `skilljobs db upgrade`"
+        )
     except Exception as exc:
         checks.setdefault("database", f"{type(exc).__name__}: {exc}")
         checks.setdefault("schema", "unknown")
@@ -147,9 +152,17 @@ async def put_config(
 
 
 @router.get("/sessions/{session_id}/messages")
-async def session_messages(session_id: str, request: Request) -> dict[str, Any]:
+async def session_messages(
+    session_id: str,
+    request: Request,
+    limit: int = Query(100, ge=1, le=1000),
+    after_id: int | None = None,
+) -> dict[str, Any]:
+    """The session's stored messages, oldest first."""
     web = optional("delivery.channels.web")
-    items = await web.list_messages(services_of(request), session_id)
+    items = await web.list_messages(
+        services_of(request).sessionmaker, session_id, limit=limit, after_id=after_id
+    )
     return {"items": items}
 
 
@@ -158,12 +171,42 @@ def _sse(event: str, data: Any) -> str:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-async def _until_disconnect(request: Request, source: AsyncIterator[str]) -> AsyncIterator[str]:
-    yield "retry: 3000\n\n"
-    async for chunk in source:
-        if await request.is_disconnected():
-            return
-        yield chunk
+async def _with_pings(source: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``source``'s chunks, plus a comment line whenever it is quiet for a while (keeps
+    proxies from closing an idle stream). The source runs in its own task so a quiet
+    period never cancels it midway."""
+    queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=100)
+
+    async def pump() -> None:
+        try:
+            async for chunk in source:
+                await queue.put(chunk)
+        except Exception as exc:
+            log.warning("event stream ended: %s: %s", type(exc).__name__, exc)
+        finally:
+            await queue.put(None)
+
+    task = asyncio.create_task(pump())
+    try:
+        yield "retry: 3000\n\n"
+        while True:
+            try:
+                chunk = await asyncio.wait_for(queue.get(), SSE_PING_S)
+            except TimeoutError:
+                yield ": ping\n\n"
+                continue
+            if chunk is None:
+                return
+            yield chunk
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _stream(source: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(
+        _with_pings(source), media_type="text/event-stream", headers=SSE_HEADERS
+    )
 
 
 @stream_router.get("/sessions/{session_id}/events")
@@ -171,14 +214,14 @@ async def session_events(session_id: str, request: Request) -> StreamingResponse
     """Live pushes of a chat session: ``event: message`` with the stored message JSON."""
     web = optional("delivery.channels.web")
     svc = services_of(request)
+    if svc.redis is None:
+        raise ApiError(503, "no Redis connection: live events are unavailable", "transient")
 
     async def source() -> AsyncIterator[str]:
-        async for message in web.listen(svc, session_id):
-            yield _sse("message", message) if message is not None else ": ping\n\n"
+        async for message in web.listen(svc.redis, svc.settings, session_id):
+            yield _sse("message", message)
 
-    return StreamingResponse(
-        _until_disconnect(request, source()), media_type="text/event-stream", headers=SSE_HEADERS
-    )
+    return _stream(source())
 
 
 def _job_event(raw: Any) -> dict[str, Any] | None:
@@ -203,11 +246,9 @@ async def job_events(request: Request) -> StreamingResponse:
 
     async def source() -> AsyncIterator[str]:
         try:
-            yield ": subscribed\n\n"
             while True:
-                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=SSE_PING_S)
-                if msg is None:
-                    yield ": ping\n\n"
+                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+                if msg is None or msg.get("type") != "message":
                     continue
                 event = _job_event(msg.get("data"))
                 if event is not None:
@@ -215,6 +256,4 @@ async def job_events(request: Request) -> StreamingResponse:
         finally:
             await pubsub.aclose()
 
-    return StreamingResponse(
-        _until_disconnect(request, source()), media_type="text/event-stream", headers=SSE_HEADERS
-    )
+    return _stream(source())

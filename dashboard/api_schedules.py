@@ -1,8 +1,8 @@
-"""Schedules API: a thin HTTP layer over ``chains.schedules``."""
+"""Schedules API: a thin HTTP layer over ``chains.schedules``; every change an operator
+makes is recorded in the audit trail."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from fastapi import APIRouter, Body, Query, Request
@@ -10,6 +10,8 @@ from fastapi.responses import JSONResponse
 
 from dashboard.api_jobs import actor_of, optional, safe, services_of
 from dashboard.errors import ApiError, not_found
+from jobs.models import OpsAction
+from jobs.services import Services
 
 router = APIRouter(prefix="/api/v1")
 
@@ -18,76 +20,108 @@ def _schedules() -> Any:
     return optional("chains.schedules")
 
 
-async def _maybe(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
 async def _call(fn: Any, *args: Any, **kw: Any) -> Any:
     """Call a schedules function; its refusals become 4xx envelopes."""
     try:
-        return await _maybe(fn(*args, **kw))
+        return await fn(*args, **kw)
     except LookupError as exc:
-        raise ApiError(404, str(exc)) from exc
+        raise ApiError(404, str(exc).strip("'\"")) from exc
     except ValueError as exc:
-        raise ApiError(422, str(exc)) from exc
+        problems = getattr(exc, "problems", None)
+        extra = {"problems": problems} if problems else {}
+        raise ApiError(422, str(exc), **extra) from exc
 
 
-def _dict(mod: Any, obj: Any) -> Any:
-    if obj is None or isinstance(obj, dict):
-        return safe(obj)
-    return safe(mod.to_dict(obj))
+async def _audit(svc: Services, action: str, target: str, actor: str, **details: Any) -> None:
+    async with svc.sessionmaker() as s:
+        s.add(OpsAction(action=action, target=target, actor=actor, details=details))
+        await s.commit()
+
+
+def _last_run(run: Any) -> dict[str, Any] | None:
+    if run is None:
+        return None
+    return {
+        "id": run.id,
+        "status": run.status,
+        "trigger": run.trigger,
+        "fire_at": run.fire_at,
+        "finished_at": run.finished_at,
+        "error": run.error,
+    }
 
 
 @router.get("/schedules")
 async def list_schedules(request: Request) -> dict[str, Any]:
     mod = _schedules()
-    items = await _call(mod.list_schedules, services_of(request))
-    return {"items": [_dict(mod, s) for s in items]}
+    sm = services_of(request).sessionmaker
+    rows = await _call(mod.list_schedules, sm)
+    last = await _call(mod.last_runs, sm)
+    items = []
+    for row in rows:
+        item = safe(mod.to_dict(row))
+        item["last_run"] = _last_run(last.get(row.id))
+        items.append(item)
+    return {"items": items}
 
 
 @router.post("/schedules", status_code=201)
-async def create_schedule(request: Request, body: dict[str, Any] = Body(...)) -> JSONResponse:
+async def create_schedule(request: Request, body: Any = Body(...)) -> JSONResponse:
+    """Takes the schedule file's shape (SPEC §10); 422 names every problem."""
     mod = _schedules()
-    created = await _call(mod.create, services_of(request), body)
-    return JSONResponse(_dict(mod, created), status_code=201)
+    svc = services_of(request)
+    try:
+        spec = mod.validate(body, svc.registry)
+    except ValueError as exc:
+        raise ApiError(422, str(exc), problems=getattr(exc, "problems", [str(exc)])) from exc
+    row = await _call(mod.create, svc.sessionmaker, spec)
+    await _audit(svc, "schedule_create", row.id, actor_of(request), name=row.name)
+    return JSONResponse(safe(mod.to_dict(row)), status_code=201)
 
 
 @router.get("/schedules/{schedule_id}")
 async def get_schedule(schedule_id: str, request: Request) -> Any:
     mod = _schedules()
-    found = await _call(mod.get, services_of(request), schedule_id)
-    if found is None:
+    sm = services_of(request).sessionmaker
+    row = await _call(mod.get, sm, schedule_id)
+    if row is None:
         raise not_found(f"schedule {schedule_id}")
-    return _dict(mod, found)
+    item = safe(mod.to_dict(row))
+    item["last_run"] = _last_run((await _call(mod.last_runs, sm)).get(row.id))
+    return item
 
 
 @router.patch("/schedules/{schedule_id}")
 async def patch_schedule(
     schedule_id: str, request: Request, body: dict[str, Any] = Body(...)
 ) -> Any:
-    """``{"enabled": bool}`` toggles; any other fields of the schedule file update it."""
+    """``{"enabled": bool}`` toggles; other schedule-file fields update (re-validated)."""
     mod = _schedules()
     svc = services_of(request)
     changes = dict(body)
-    result = None
-    if "enabled" in changes:
-        enabled = changes.pop("enabled")
-        if not isinstance(enabled, bool):
+    actor = actor_of(request)
+    row = None
+    if set(changes) == {"enabled"}:
+        if not isinstance(changes["enabled"], bool):
             raise ApiError(422, "enabled must be true or false")
-        result = await _call(mod.set_enabled, svc, schedule_id, enabled, actor=actor_of(request))
-    if changes:
-        result = await _call(mod.update, svc, schedule_id, changes, actor=actor_of(request))
-    if result is None or isinstance(result, bool):
-        result = await _call(mod.get, svc, schedule_id)
-    if result is None:
-        raise not_found(f"schedule {schedule_id}")
-    return _dict(mod, result)
+        row = await _call(mod.set_enabled, svc.sessionmaker, schedule_id, changes["enabled"])
+        action = "schedule_enable" if changes["enabled"] else "schedule_disable"
+        await _audit(svc, action, row.id, actor)
+    elif changes:
+        row = await _call(mod.update, svc.sessionmaker, schedule_id, changes, svc.registry)
+        await _audit(svc, "schedule_update", row.id, actor, fields=sorted(changes))
+    else:
+        raise ApiError(422, 'nothing to change: send the fields to update, e.g. {"enabled": false}')
+    return safe(mod.to_dict(row))
 
 
 @router.post("/schedules/{schedule_id}/run", status_code=202)
 async def run_schedule(schedule_id: str, request: Request) -> JSONResponse:
+    """Start an on-demand run now: 202 ``{"run_id"}``."""
     mod = _schedules()
-    run_id = await _call(mod.trigger_manual, services_of(request), schedule_id)
+    svc = services_of(request)
+    run_id = await _call(mod.trigger_manual, svc, schedule_id)
+    await _audit(svc, "schedule_run", schedule_id, actor_of(request), run_id=run_id)
     return JSONResponse({"run_id": run_id}, status_code=202)
 
 
@@ -96,14 +130,14 @@ async def schedule_runs(
     schedule_id: str, request: Request, limit: int = Query(20, ge=1, le=200)
 ) -> dict[str, Any]:
     mod = _schedules()
-    runs = await _call(mod.list_runs, services_of(request), schedule_id, limit=limit)
-    return {"items": [_dict(mod, r) for r in runs]}
+    runs = await _call(mod.list_runs, services_of(request).sessionmaker, schedule_id, limit=limit)
+    return {"items": [safe(r) for r in runs]}
 
 
 @router.get("/chain-runs/{run_id}")
 async def chain_run(run_id: str, request: Request) -> Any:
     mod = _schedules()
-    run = await _call(mod.get_run, services_of(request), run_id)
+    run = await _call(mod.get_run, services_of(request).sessionmaker, run_id)
     if run is None:
         raise not_found(f"chain run {run_id}")
-    return _dict(mod, run)
+    return safe(run)

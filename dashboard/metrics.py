@@ -80,9 +80,7 @@ class SnapshotCollector(Collector):
             for i, b in enumerate(buckets):
                 acc[2 + i] += b or 0
         for skill, acc in sorted(per_skill.items()):
-            cumulative = [
-                (_le(ms), acc[2 + i]) for i, ms in enumerate(queries.DURATION_BUCKETS_MS)
-            ]
+            cumulative = [(_le(ms), acc[2 + i]) for i, ms in enumerate(queries.DURATION_BUCKETS_MS)]
             cumulative.append(("+Inf", acc[0]))
             hist.add_metric([skill, window], cumulative, sum_value=acc[1] / 1000.0)
         yield fin

@@ -235,8 +235,15 @@ async def skill_stats(session: AsyncSession, now: float, window: float = 86400.0
     """Per skill: waiting/running now, outcomes and p50/p95 duration over ``window``."""
     since = now - window
     stats: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"queued": 0, "running": 0, "succeeded": 0, "failed": 0, "cancelled": 0,
-                 "p50_ms": None, "p95_ms": None}
+        lambda: {
+            "queued": 0,
+            "running": 0,
+            "succeeded": 0,
+            "failed": 0,
+            "cancelled": 0,
+            "p50_ms": None,
+            "p95_ms": None,
+        }
     )
     live = select(Job.skill, Job.status, func.count()).where(Job.status.in_((QUEUED, RUNNING)))
     for skill, status, n in (await session.execute(live.group_by(Job.skill, Job.status))).all():
@@ -325,8 +332,21 @@ async def list_workers(session: AsyncSession) -> list[Worker]:
 
 # --- metrics --------------------------------------------------------------------------
 
-DURATION_BUCKETS_MS = (100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000, 300000,
-                       600000, 1800000)
+DURATION_BUCKETS_MS = (
+    100,
+    250,
+    500,
+    1000,
+    2500,
+    5000,
+    10000,
+    30000,
+    60000,
+    120000,
+    300000,
+    600000,
+    1800000,
+)
 
 
 async def metrics_snapshot(session: AsyncSession, now: float, window: float) -> dict[str, Any]:
@@ -344,9 +364,7 @@ async def metrics_snapshot(session: AsyncSession, now: float, window: float) -> 
             )
         ).all()
     ]
-    bucket_cols = [
-        func.sum(case((Job.duration_ms <= b, 1), else_=0)) for b in DURATION_BUCKETS_MS
-    ]
+    bucket_cols = [func.sum(case((Job.duration_ms <= b, 1), else_=0)) for b in DURATION_BUCKETS_MS]
     stmt = (
         select(
             Job.skill,

@@ -14,7 +14,9 @@ from tests.test_dashboard_fixtures import client, free_port, seed_job, seed_rows
 __all__ = ["client", "services"]
 
 
-async def test_job_list_pages_newest_first_without_gaps(client: httpx.AsyncClient, services) -> None:
+async def test_job_list_pages_newest_first_without_gaps(
+    client: httpx.AsyncClient, services
+) -> None:
     base = time.time() - 1000
     ids = []
     for i in range(7):
@@ -39,8 +41,7 @@ async def test_job_list_pages_newest_first_without_gaps(client: httpx.AsyncClien
             break
     assert pages == 3
     assert sorted(seen) == sorted(ids) and len(seen) == len(set(seen))
-    created = [j for j in seen]
-    assert created[0] == ids[6]  # newest first
+    assert seen[0] == ids[6]  # newest first
     # the tie: both jobs at base+3 appear, the larger id first
     pos_tie, pos_other = seen.index(tie.id), seen.index(ids[3])
     assert pos_tie == pos_other - 1
@@ -48,12 +49,26 @@ async def test_job_list_pages_newest_first_without_gaps(client: httpx.AsyncClien
 
 async def test_job_list_filters(client: httpx.AsyncClient, services) -> None:
     now = time.time()
-    a = await seed_job(services, skill="report", status="failed", error="quota exceeded for x",
-                       channel="feishu", role_id="r_sales", created_at=now - 50)
-    b = await seed_job(services, skill="report", status="succeeded", channel="telegram",
-                       created_at=now - 40)
-    c = await seed_job(services, skill="resize_100%", status="queued", channel="telegram",
-                       role_id="r_ops", created_at=now - 30)
+    a = await seed_job(
+        services,
+        skill="report",
+        status="failed",
+        error="quota exceeded for x",
+        channel="feishu",
+        role_id="r_sales",
+        created_at=now - 50,
+    )
+    b = await seed_job(
+        services, skill="report", status="succeeded", channel="telegram", created_at=now - 40
+    )
+    c = await seed_job(
+        services,
+        skill="resize_100%",
+        status="queued",
+        channel="telegram",
+        role_id="r_ops",
+        created_at=now - 30,
+    )
 
     async def ids(**params: object) -> set[str]:
         resp = await client.get("/api/v1/jobs", params=params)
@@ -90,25 +105,74 @@ async def test_job_detail_has_timeline_artifacts_deliveries_fetches(
     chart.write_bytes(b"\x89PNG fake image bytes")
     outside = tmp_path / "outside.txt"
     outside.write_text("not for download")
-    fetches = [{"url": "https://10.0.0.1/x.png", "field": "image_url", "status": "refused",
-                "reason": "private address 10.0.0.1", "artifact": None}]
-    job = await seed_job(services, status="failed", attempts=2, error="boom",
-                         error_type="transient", fetches=fetches, result={"ok": False})
+    fetches = [
+        {
+            "url": "https://10.0.0.1/x.png",
+            "field": "image_url",
+            "status": "refused",
+            "reason": "private address 10.0.0.1",
+            "artifact": None,
+        }
+    ]
+    job = await seed_job(
+        services,
+        status="failed",
+        attempts=2,
+        error="boom",
+        error_type="transient",
+        fetches=fetches,
+        result={"ok": False},
+    )
     t0 = job.created_at
     await seed_rows(
         services,
-        JobAttempt(job_id=job.id, number=1, worker_id="w1", started_at=t0, finished_at=t0 + 1,
-                   outcome="failed", error="ConnectionError", duration_ms=1000),
-        JobAttempt(job_id=job.id, number=2, worker_id="w2", started_at=t0 + 2,
-                   finished_at=t0 + 3, outcome="failed", error="boom", duration_ms=1000),
-        Artifact(job_id=job.id, filename="chart.png", local_path=str(chart), media="image",
-                 size=21, sha256="ab" * 32),
+        JobAttempt(
+            job_id=job.id,
+            number=1,
+            worker_id="w1",
+            started_at=t0,
+            finished_at=t0 + 1,
+            outcome="failed",
+            error="ConnectionError",
+            duration_ms=1000,
+        ),
+        JobAttempt(
+            job_id=job.id,
+            number=2,
+            worker_id="w2",
+            started_at=t0 + 2,
+            finished_at=t0 + 3,
+            outcome="failed",
+            error="boom",
+            duration_ms=1000,
+        ),
+        Artifact(
+            job_id=job.id,
+            filename="chart.png",
+            local_path=str(chart),
+            media="image",
+            size=21,
+            sha256="ab" * 32,
+        ),
         Artifact(job_id=job.id, filename="outside.txt", local_path=str(outside)),
         Artifact(job_id=job.id, filename="gone.txt", local_path=str(root / "gone.txt")),
-        Delivery(ledger_key=f"{job.id}:1", job_id=job.id, recipient="telegram:12345",
-                 channel="telegram", kind="image", status="sent"),
-        Delivery(ledger_key=f"{job.id}:2", job_id=job.id, recipient="feishu:ou_x",
-                 channel="feishu", kind="text", status="failed", error="token expired"),
+        Delivery(
+            ledger_key=f"{job.id}:1",
+            job_id=job.id,
+            recipient="telegram:12345",
+            channel="telegram",
+            kind="image",
+            status="sent",
+        ),
+        Delivery(
+            ledger_key=f"{job.id}:2",
+            job_id=job.id,
+            recipient="feishu:ou_x",
+            channel="feishu",
+            kind="text",
+            status="failed",
+            error="token expired",
+        ),
     )
 
     resp = await client.get(f"/api/v1/jobs/{job.id}")
@@ -116,11 +180,19 @@ async def test_job_detail_has_timeline_artifacts_deliveries_fetches(
     body = resp.json()
     assert [a["number"] for a in body["attempt_log"]] == [1, 2]
     assert body["attempt_log"][0]["worker_id"] == "w1"
-    assert body["origin"] == {"channel": "telegram", "session_id": "s1", "external_id": "",
-                              "actor_key": "12345", "role_id": "r1", "org_id": "o1"}
+    assert body["origin"] == {
+        "channel": "telegram",
+        "session_id": "s1",
+        "external_id": "",
+        "actor_key": "12345",
+        "role_id": "r1",
+        "org_id": "o1",
+    }
     assert body["fetches"][0]["status"] == "refused"
     assert {d["recipient"]: d["status"] for d in body["deliveries"]} == {
-        "telegram:12345": "sent", "feishu:ou_x": "failed"}
+        "telegram:12345": "sent",
+        "feishu:ou_x": "failed",
+    }
     arts = {a["filename"]: a for a in body["artifacts"]}
     assert arts["chart.png"]["media"] == "image" and arts["chart.png"]["size"] == 21
 
@@ -136,8 +208,11 @@ async def test_job_detail_has_timeline_artifacts_deliveries_fetches(
 
     missing = await client.get("/api/v1/jobs/nope")
     assert missing.status_code == 404
-    assert missing.json() == {"ok": False, "error": "job nope not found",
-                              "error_type": "recoverable"}
+    assert missing.json() == {
+        "ok": False,
+        "error": "job nope not found",
+        "error_type": "recoverable",
+    }
     # the list carries the same artifacts and deliveries
     listed = (await client.get("/api/v1/jobs")).json()["items"][0]
     assert len(listed["artifacts"]) == 3 and len(listed["deliveries"]) == 2
@@ -152,24 +227,58 @@ async def test_queue_overview_counts_rates_and_percentiles(
     await seed_job(services, status="running", created_at=now - 5)
     durations = [100.0, 200.0, 300.0, 400.0, 1000.0]
     for d in durations:
-        await seed_job(services, skill="fast", status="succeeded", created_at=now - 100,
-                       finished_at=now - 60, duration_ms=d)
-    await seed_job(services, skill="fast", status="failed", created_at=now - 100,
-                   finished_at=now - 30, duration_ms=50.0)
+        await seed_job(
+            services,
+            skill="fast",
+            status="succeeded",
+            created_at=now - 100,
+            finished_at=now - 60,
+            duration_ms=d,
+        )
+    await seed_job(
+        services,
+        skill="fast",
+        status="failed",
+        created_at=now - 100,
+        finished_at=now - 30,
+        duration_ms=50.0,
+    )
     # finished two hours ago: counts for 24h, not for 5m / 1h
-    await seed_job(services, skill="slow", status="timed_out", created_at=now - 8000,
-                   finished_at=now - 7200, duration_ms=600000.0)
+    await seed_job(
+        services,
+        skill="slow",
+        status="timed_out",
+        created_at=now - 8000,
+        finished_at=now - 7200,
+        duration_ms=600000.0,
+    )
     # finished two days ago: outside every window
-    await seed_job(services, skill="slow", status="succeeded", created_at=now - 200000,
-                   finished_at=now - 190000)
+    await seed_job(
+        services,
+        skill="slow",
+        status="succeeded",
+        created_at=now - 200000,
+        finished_at=now - 190000,
+    )
     await seed_rows(
         services,
         Worker(id="w-alive", host="h1", pid=11, last_heartbeat=now - 3, running=["j1"]),
         Worker(id="w-dead", host="h2", pid=12, last_heartbeat=now - 300),
-        Delivery(ledger_key="k1", recipient="feishu:ou_1", channel="feishu", status="failed",
-                 error="403 forbidden", created_at=now - 100),
-        Delivery(ledger_key="k2", recipient="feishu:ou_2", channel="feishu", status="sent",
-                 created_at=now - 100),
+        Delivery(
+            ledger_key="k1",
+            recipient="feishu:ou_1",
+            channel="feishu",
+            status="failed",
+            error="403 forbidden",
+            created_at=now - 100,
+        ),
+        Delivery(
+            ledger_key="k2",
+            recipient="feishu:ou_2",
+            channel="feishu",
+            status="sent",
+            created_at=now - 100,
+        ),
     )
 
     resp = await client.get("/api/v1/queue")

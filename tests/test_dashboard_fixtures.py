@@ -80,8 +80,12 @@ class LiveServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning",
-            timeout_graceful_shutdown=1, lifespan="on",
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            timeout_graceful_shutdown=1,
+            lifespan="on",
         )
         self.server = uvicorn.Server(config)
         self.task: asyncio.Task[None] | None = None
