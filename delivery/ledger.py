@@ -1,0 +1,280 @@
+"""The delivery ledger: each (job, recipient, item) is sent at most once and never silently
+dropped.
+
+How exactly-once is approached:
+
+* Before sending, the sender *claims* the item: ``INSERT … ON CONFLICT (ledger_key) DO
+  NOTHING`` creates a ``pending`` row owned by it (both PostgreSQL and SQLite). Whoever
+  loses that race sends nothing.
+* A row already ``sent`` is never claimed again — a re-run job or a retried delivery skips it.
+* A ``pending`` row is taken over (compare-and-set on its ``updated_at``) only when its
+  claimant is gone: the claimant released it, its worker stopped or missed heartbeats for
+  ``dead_after`` seconds, or the row sat untouched for ``stale_after`` seconds (far longer
+  than any send can take). A ``failed`` row was refused by the channel and may be tried again
+  by a later run.
+* The owner is ``"<worker id>#<lease token>"``; the part before ``#`` is looked up in the
+  ``workers`` table for liveness.
+
+The honest limit (at-most-once window): between the channel accepting a send and
+``mark_sent`` committing, the only record is the ``pending`` row. If the worker dies exactly
+then — or a timed-out request was in fact delivered — the item is picked up again and the
+recipient may see it twice. Everything else (re-runs, retries, lost leases, concurrent
+workers) sends each item once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from delivery.channels.base import DeliveryPermanentError, DeliveryTransientError
+from jobs.models import PENDING, SENT, Delivery, Worker
+
+log = logging.getLogger(__name__)
+
+FAILED = "failed"
+DEFAULT_TRIES = 3
+MAX_WAIT = 60.0
+
+Sessions = async_sessionmaker[AsyncSession]
+Fence = Callable[[], Awaitable[bool]]
+
+
+class LeaseLost(Exception):
+    """The attempt delivering lost its lease: stop without sending."""
+
+
+def ledger_key(job_or_run_id: str, recipient: str, item: str) -> str:
+    """The unique key of one item for one recipient of one job (or chain run)."""
+    raw = "\x1f".join((job_or_run_id or "", recipient, item))
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def owner_id(worker_id: str | None, lease_token: int | None) -> str:
+    return f"{worker_id or 'local'}#{lease_token or 0}"
+
+
+def delivery_dict(row: Delivery) -> dict[str, Any]:
+    """The public shape (SPEC §10 job.deliveries)."""
+    return {"recipient": row.recipient, "kind": row.kind, "status": row.status, "error": row.error}
+
+
+def _insert(session: AsyncSession) -> Any:
+    if session.get_bind().dialect.name == "postgresql":
+        return postgresql.insert(Delivery)
+    return sqlite.insert(Delivery)
+
+
+async def _claimant_gone(
+    s: AsyncSession, row: Delivery, now: float, dead_after: float, stale_after: float
+) -> bool:
+    if not row.claimed_by:
+        return True
+    if row.updated_at < now - stale_after:
+        return True
+    worker_id = row.claimed_by.rsplit("#", 1)[0]
+    w = await s.get(Worker, worker_id)
+    if w is None:
+        return False  # not a registered worker (CLI, tests): only staleness frees it
+    return w.stopped_at is not None or w.last_heartbeat < now - dead_after
+
+
+async def claim(
+    sessionmaker: Sessions,
+    key: str,
+    *,
+    recipient: str,
+    owner: str,
+    kind: str = "text",
+    item: str = "",
+    channel: str = "",
+    job_id: str | None = None,
+    chain_run_id: str | None = None,
+    dead_after: float = 60.0,
+    stale_after: float = 900.0,
+) -> Delivery | None:
+    """Claim the item for ``owner``; None when it was sent already or someone alive holds it."""
+    now = time.time()
+    async with sessionmaker() as s:
+        stmt = (
+            _insert(s)
+            .values(
+                ledger_key=key,
+                job_id=job_id,
+                chain_run_id=chain_run_id,
+                recipient=recipient[:512],
+                channel=channel,
+                kind=kind,
+                item=item,
+                status=PENDING,
+                tries=0,
+                claimed_by=owner,
+                created_at=now,
+                updated_at=now,
+            )
+            .on_conflict_do_nothing(index_elements=["ledger_key"])
+            .returning(Delivery.id)
+        )
+        new_id = (await s.execute(stmt)).scalar_one_or_none()
+        await s.commit()
+        if new_id is not None:
+            return await s.get(Delivery, new_id)
+        row = (await s.execute(select(Delivery).where(Delivery.ledger_key == key))).scalar_one()
+        if row.status == SENT:
+            return None
+        if row.status == PENDING and row.claimed_by != owner:
+            if not await _claimant_gone(s, row, now, dead_after, stale_after):
+                return None
+        # Take it over only if nobody changed it since we looked.
+        res = await s.execute(
+            update(Delivery)
+            .where(
+                Delivery.id == row.id,
+                Delivery.status == row.status,
+                Delivery.updated_at == row.updated_at,
+            )
+            .values(status=PENDING, claimed_by=owner, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        await s.commit()
+        if res.rowcount != 1:  # type: ignore[attr-defined]
+            return None
+        await s.refresh(row)
+        return row
+
+
+async def _finish(sessionmaker: Sessions, key: str, owner: str, **values: Any) -> bool:
+    values["updated_at"] = time.time()
+    async with sessionmaker() as s:
+        res = await s.execute(
+            update(Delivery)
+            .where(Delivery.ledger_key == key, Delivery.claimed_by == owner)
+            .values(**values)
+        )
+        await s.commit()
+        return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+
+
+async def mark_sent(sessionmaker: Sessions, key: str, owner: str) -> bool:
+    return await _finish(sessionmaker, key, owner, status=SENT, error=None, sent_at=time.time())
+
+
+async def mark_failed(sessionmaker: Sessions, key: str, owner: str, error: str) -> bool:
+    return await _finish(sessionmaker, key, owner, status=FAILED, error=error[:2000])
+
+
+async def release(sessionmaker: Sessions, key: str, owner: str, note: str | None = None) -> bool:
+    """Give a pending claim back (it was not sent) so the next run picks it up."""
+    return await _finish(sessionmaker, key, owner, status=PENDING, claimed_by=None, error=note)
+
+
+async def _bump_tries(sessionmaker: Sessions, key: str, owner: str) -> None:
+    async with sessionmaker() as s:
+        await s.execute(
+            update(Delivery)
+            .where(Delivery.ledger_key == key, Delivery.claimed_by == owner)
+            .values(tries=Delivery.tries + 1, updated_at=time.time())
+        )
+        await s.commit()
+
+
+async def get(sessionmaker: Sessions, key: str) -> Delivery | None:
+    async with sessionmaker() as s:
+        return (
+            await s.execute(select(Delivery).where(Delivery.ledger_key == key))
+        ).scalar_one_or_none()
+
+
+async def for_job(sessionmaker: Sessions, job_id: str) -> list[dict[str, Any]]:
+    """A job's deliveries in the order they were first attempted."""
+    async with sessionmaker() as s:
+        rows = (
+            await s.execute(select(Delivery).where(Delivery.job_id == job_id).order_by(Delivery.id))
+        ).scalars()
+        return [delivery_dict(r) for r in rows]
+
+
+async def deliver_once(
+    sessionmaker: Sessions,
+    send: Callable[[], Awaitable[Any]],
+    *,
+    key: str,
+    recipient: str,
+    owner: str,
+    kind: str = "text",
+    item: str = "",
+    channel: str = "",
+    job_id: str | None = None,
+    chain_run_id: str | None = None,
+    fence: Fence | None = None,
+    tries: int = DEFAULT_TRIES,
+    backoff: float = 1.0,
+    dead_after: float = 60.0,
+    stale_after: float = 900.0,
+) -> dict[str, Any]:
+    """Claim → send (transient failures retried with backoff, ``retry_after`` honoured) →
+    record. Returns the delivery dict; raises :class:`LeaseLost` when ``fence`` says this
+    attempt no longer owns the job (nothing is sent then)."""
+    base = {"recipient": recipient, "kind": kind}
+    if fence is not None and not await fence():
+        raise LeaseLost(recipient)
+    row = await claim(
+        sessionmaker,
+        key,
+        recipient=recipient,
+        owner=owner,
+        kind=kind,
+        item=item,
+        channel=channel,
+        job_id=job_id,
+        chain_run_id=chain_run_id,
+        dead_after=dead_after,
+        stale_after=stale_after,
+    )
+    if row is None:
+        existing = await get(sessionmaker, key)
+        status = existing.status if existing is not None else PENDING
+        note = None if status == SENT else "being delivered by another worker"
+        return {**base, "status": status, "error": note, "duplicate": True}
+
+    error = ""
+    for attempt in range(1, max(1, tries) + 1):
+        if fence is not None and not await fence():
+            await asyncio.shield(release(sessionmaker, key, owner, "not sent: lease lost"))
+            raise LeaseLost(recipient)
+        await _bump_tries(sessionmaker, key, owner)
+        try:
+            await send()
+        except DeliveryTransientError as exc:
+            error = exc.reason
+            if attempt >= tries:
+                break
+            wait = exc.retry_after if exc.retry_after is not None else backoff * 2 ** (attempt - 1)
+            log.info("delivery to %s failed (%s), retrying in %.1fs", recipient, error, wait)
+            await asyncio.sleep(min(max(wait, 0.0), MAX_WAIT))
+            continue
+        except DeliveryPermanentError as exc:
+            await mark_failed(sessionmaker, key, owner, exc.reason)
+            return {**base, "status": FAILED, "error": exc.reason}
+        except asyncio.CancelledError:
+            # Unknown whether it went out; leave it for the next run rather than lose it.
+            await asyncio.shield(release(sessionmaker, key, owner, "interrupted while sending"))
+            raise
+        except Exception as exc:  # an adapter bug must not lose the rest of the delivery
+            log.exception("delivery to %s: unexpected error", recipient)
+            reason = f"internal error: {type(exc).__name__}: {exc}"
+            await mark_failed(sessionmaker, key, owner, reason)
+            return {**base, "status": FAILED, "error": reason}
+        await asyncio.shield(mark_sent(sessionmaker, key, owner))
+        return {**base, "status": SENT, "error": None}
+    reason = f"gave up after {tries} tries: {error}"
+    await mark_failed(sessionmaker, key, owner, reason)
+    return {**base, "status": FAILED, "error": reason}
