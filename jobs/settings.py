@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     worker_heartbeat_sec: float = 5.0
     worker_grace_sec: float = 30.0
     reconcile_interval_sec: float = 10.0
+    reconcile_stale_sec: float = 15.0  # a queued job missing from Redis this long is re-enqueued
+    retry_backoff_sec: float = 1.0  # transient re-runs wait 1×, then 4× this
     scheduler_interval_sec: float = 1.0
 
     log_format: str = Field(default="text", description="text or json")

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import time
 import uuid
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 
 from arq import Worker
 from arq.constants import in_progress_key_prefix, job_key_prefix
+from arq.utils import timestamp_ms
 from arq.worker import func
 
 from jobs import store
@@ -34,7 +36,6 @@ log = logging.getLogger("skilljobs.worker")
 T = TypeVar("T")
 
 MAX_RUNS = 3  # SPEC §7: a transient failure is re-run, at most 3 runs in all
-TRANSIENT_BACKOFF = (1.0, 4.0)
 DB_ERRORS: tuple[type[BaseException], ...] = (OSError, ConnectionError, TimeoutError)
 try:  # SQLAlchemy's connection-level errors also mean "the database went away"
     from sqlalchemy.exc import InterfaceError, OperationalError
@@ -122,7 +123,7 @@ class JobRunner:
                                       job.skill, job.role_id)
             # The attempt that just failed is not closed yet, so it is not counted here.
             if failures < 2:
-                delay = TRANSIENT_BACKOFF[min(attempt - 1, len(TRANSIENT_BACKOFF) - 1)]
+                delay = svc.settings.retry_backoff_sec * 4 ** (attempt - 1)
                 new = await retry_db("requeue", store.requeue, svc.sessionmaker, job_id, token,
                                      reason=outcome.error or "transient failure",
                                      error_type="transient", delay=delay)
@@ -177,12 +178,11 @@ class JobRunner:
     def _for_storage(self, job: Any, result: dict[str, Any] | None) -> dict[str, Any] | None:
         if result is None:
             return None
+        from jobs.context import workspace_dir
         from jobs.envelope import offload
 
-        workspace = None
-        if job.role_id:
-            workspace = (self.svc.settings.resolved_workspace_root / job.role_id /
-                         (job.session_id or "shared"))
+        workspace = workspace_dir(self.svc.settings.resolved_workspace_root, job.role_id,
+                                  job.session_id)
         try:
             result = offload(result, workspace, job.skill)
         except Exception as exc:  # a full disk must not lose the outcome
@@ -256,7 +256,8 @@ class JobRunner:
         for job_id, token in await store.expire_leases(svc.sessionmaker):
             await self._enqueue(job_id, token)
             n += 1
-        for job_id, token, arq_job_id in await store.stale_queued(svc.sessionmaker, older_than=15.0):
+        for job_id, token, arq_job_id in await store.stale_queued(
+            svc.sessionmaker, older_than=svc.settings.reconcile_stale_sec):
             aid = arq_job_id or store.arq_id(job_id, token)
             async with redis.pipeline(transaction=False) as pipe:
                 pipe.exists(job_key_prefix + aid)
@@ -280,6 +281,24 @@ class _Stored:
         self.fetches = None
 
 
+# Marks each due, not-yet-running job of the batch as in progress (arq's own key, so arq's
+# bookkeeping stays valid) and returns [id, score, id, score, ...] of those it claimed.
+_CLAIM_LUA = """
+local out = {}
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  local score = redis.call('ZSCORE', KEYS[1], id)
+  if score and tonumber(score) <= tonumber(ARGV[1]) then
+    if redis.call('SET', '""" + in_progress_key_prefix + """' .. id, '1', 'NX', 'PX', ARGV[2]) then
+      out[#out + 1] = id
+      out[#out + 1] = score
+    end
+  end
+end
+return out
+"""
+
+
 class SkillJobsWorker(Worker):
     """arq's worker, woken by a pub/sub message the moment work is enqueued instead of
     polling every 0.5 s (the idle poll stays as a safety net for delayed retries)."""
@@ -289,6 +308,7 @@ class SkillJobsWorker(Worker):
         self._wake = asyncio.Event()
         self._wake_channel = wake_channel
         self._last_read = 0
+        self._claim_script: Any = None
 
     def wake(self) -> None:
         self._wake.set()
@@ -299,8 +319,26 @@ class SkillJobsWorker(Worker):
             self._wake.set()  # a slot freed while work may be waiting
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
+        """Claim a batch of due jobs in one Redis round trip (arq does a WATCH/MULTI
+        transaction per job), then start them."""
         self._last_read = len(job_ids)
-        await super().start_jobs(job_ids)
+        free = self.max_jobs - self.job_counter
+        if free <= 0 or not job_ids:
+            return
+        if self._claim_script is None:
+            self._claim_script = self.pool.register_script(_CLAIM_LUA)
+        claimed = await self._claim_script(
+            keys=[self.queue_name],
+            args=[timestamp_ms(), int(self.in_progress_timeout_s * 1000),
+                  *(j.decode() for j in job_ids[:free])],
+        )
+        for i in range(0, len(claimed), 2):
+            job_id = claimed[i].decode() if isinstance(claimed[i], bytes) else str(claimed[i])
+            await self.sem.acquire()
+            self.job_counter += 1
+            t = self.loop.create_task(self.run_job(job_id, int(float(claimed[i + 1]))))
+            t.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            self.tasks[job_id] = t
 
     async def main(self) -> None:
         from arq.connections import create_pool
@@ -330,6 +368,17 @@ class SkillJobsWorker(Worker):
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await listener
+
+    async def close(self) -> None:
+        """Stop running jobs and background loops; the Redis pool belongs to ``Services``."""
+        if not self._handle_signals:
+            self.handle_sig(signal.SIGUSR1)
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self.pool.delete(self.health_check_key)
+        if self.on_shutdown:
+            await self.on_shutdown(self.ctx)
+            self.on_shutdown = None
 
     async def _listen(self) -> None:
         while True:

@@ -225,3 +225,32 @@ def make_settings(tmp_path: Path, *, redis_url: str | None, prefix: str, **kw: o
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+# --- Services ---------------------------------------------------------------------------
+
+JOB_SKILLS = Path(__file__).resolve().parent / "job_skills"
+
+
+@pytest.fixture
+def job_settings(tmp_path: Path, database_url: str, redis_server_url: str, redis_prefix: str) -> Settings:
+    """Settings on the parametrized backend, with the test skills and fast worker loops."""
+    return make_settings(
+        tmp_path, redis_url=redis_server_url, prefix=redis_prefix, database_url=database_url,
+        skills_path=str(JOB_SKILLS), worker_lease_sec=3.0, worker_heartbeat_sec=0.5,
+        reconcile_interval_sec=0.5, reconcile_stale_sec=1.0, retry_backoff_sec=0.05,
+        worker_grace_sec=2.0, scheduler_interval_sec=0.5,
+    )
+
+
+@pytest.fixture
+async def services(job_settings: Settings):  # type: ignore[no-untyped-def]
+    from jobs.services import Services
+
+    svc = await Services.open(job_settings)
+    yield svc
+    if svc.redis is not None:
+        keys = [k async for k in svc.redis.scan_iter(match=f"{job_settings.redis_prefix}*")]
+        if keys:
+            await svc.redis.delete(*keys)
+    await svc.close()

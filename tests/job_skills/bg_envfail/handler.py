@@ -1,0 +1,2 @@
+async def execute(input_data, ctx):
+    return {"ok": False, "error": "the report source has no data for that day"}
