@@ -1,0 +1,131 @@
+"""``skilljobs skills list|check``: what is installed, and whether a skill folder is fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from jobs.skill import Skill
+
+skills_app = typer.Typer(
+    help="Skill folders: list what loaded, check new ones.", no_args_is_help=True
+)
+
+
+def _wall(skill: Skill) -> str:
+    if skill.wall_sec is not None:
+        return f"{skill.effective_wall_sec():g}s"
+    return f"{skill.effective_wall_sec():g}s (default)"
+
+
+def _row(skill: Skill) -> dict[str, object]:
+    return {
+        "name": skill.name,
+        "skill_type": skill.skill_type.value,
+        "exec_type": skill.exec_type.value,
+        "async": skill.is_async,
+        "wall_sec": skill.effective_wall_sec(),
+        "category": skill.category,
+        "builtin": skill.builtin,
+        "path": str(skill.path),
+        "error": skill.error,
+        "warnings": list(skill.warnings),
+    }
+
+
+@skills_app.command("list")
+def list_skills(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Every skill folder found in SKILLJOBS_SKILLS_PATH, with its load status."""
+    from jobs.cli import load_settings
+    from jobs.loader import load_registry
+
+    settings = load_settings()
+    registry = load_registry(settings.skill_dirs)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {"items": [_row(s) for s in registry], "problems": registry.problems}, indent=2
+            )
+        )
+        return
+    probe = Console()
+    # Piped output has no terminal width: keep rows on one line for grep/less.
+    console = probe if probe.is_terminal else Console(width=200)
+    table = Table(title=f"{len(registry)} skills", show_lines=False)
+    for col in ("name", "type", "exec", "async", "wall clock", "category"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("status", overflow="fold")
+    for s in registry:
+        if s.error:
+            status = f"[red]error:[/red] {s.error}"
+        elif s.warnings:
+            status = f"[yellow]loaded, {len(s.warnings)} warning(s)[/yellow]"
+        else:
+            status = "[green]loaded[/green]"
+        name = f"{s.name} [dim](built-in)[/dim]" if s.builtin else s.name
+        table.add_row(
+            name,
+            s.skill_type.value,
+            s.exec_type.value,
+            "yes" if s.is_async else "no",
+            _wall(s),
+            s.category,
+            status,
+        )
+    console.print(table)
+    for problem in registry.problems:
+        console.print(f"[yellow]warning:[/yellow] {problem}")
+    errors = len(registry.errors())
+    if errors:
+        console.print(f"{errors} skill(s) failed to load; run `skilljobs skills check` for details")
+
+
+@skills_app.command("check")
+def check(
+    directory: Path | None = typer.Argument(
+        None, help="A skill folder or a folder of skill folders (default: all skill folders)."
+    ),
+) -> None:
+    """Install preflight: exit 1 when any skill has an error."""
+    from jobs.cli import fail, load_settings
+    from jobs.loader import skill_folders
+    from jobs.preflight import Finding, check_skill_dir, has_errors
+
+    if directory is not None:
+        if not directory.is_dir():
+            fail(f"{directory} is not a folder")
+        roots = [directory]
+    else:
+        roots = load_settings().skill_dirs
+    console = Console(highlight=False)
+    findings: list[Finding] = []
+    for root in roots:
+        found = check_skill_dir(root)
+        findings += found
+        names = [f.name for f in skill_folders(root)] if root.is_dir() else [root.name]
+        for name in names:
+            mine = [f for f in found if f.skill == name]
+            errs = [f for f in mine if f.level == "error"]
+            mark = "[red]✗[/red]" if errs else "[green]✓[/green]"
+            console.print(f"{mark} {name}")
+            for f in mine:
+                color = "red" if f.level == "error" else "yellow"
+                console.print(f"    [{color}]{f.level}:[/{color}] {f.message}", soft_wrap=True)
+        for f in found:
+            if f.skill not in names:
+                console.print(f"[red]error:[/red] {f.message}")
+    n_err = sum(f.level == "error" for f in findings)
+    n_warn = len(findings) - n_err
+    console.print(f"{n_err} error(s), {n_warn} warning(s)")
+    if has_errors(findings):
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(skills_app, name="skills")
