@@ -1,0 +1,200 @@
+"""Queue benchmarks: dispatch receipts, wake-up latency, drain throughput vs raw arq.
+
+    python -m bench.queue [--jobs 20000] [--sleep-jobs 5000]
+
+Needs PostgreSQL and Redis (SKILLJOBS_BENCH_DATABASE_URL / SKILLJOBS_BENCH_REDIS_URL,
+defaults: the local services). Creates and drops its own database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from arq import Worker
+from arq.connections import RedisSettings, create_pool
+from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
+
+from jobs.db import create_engine
+from jobs.dispatcher import Dispatcher
+from jobs.migrate import upgrade
+from jobs.models import Job
+from jobs.services import Services
+from jobs.settings import Settings
+from jobs.worker import build_worker
+
+PG = os.environ.get("SKILLJOBS_BENCH_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres")
+REDIS = os.environ.get("SKILLJOBS_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+SKILLS = Path(__file__).resolve().parent / "skills"
+CTX = {"channel": "web", "role_id": "bench", "session_id": "bench-session"}
+EXT = "orgdeleg:bench"  # background + delivered to the web session: the whole pipeline
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
+
+
+async def make_db() -> tuple[str, str]:
+    import asyncpg
+
+    base = make_url(PG)
+    name = f"skilljobs_bench_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(base.set(drivername="postgresql").render_as_string(False))
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    url = base.set(database=name).render_as_string(False)
+    engine = create_engine(url)
+    await upgrade(engine)
+    await engine.dispose()
+    return url, name
+
+
+async def drop_db(name: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(make_url(PG).set(drivername="postgresql").render_as_string(False))
+    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await conn.close()
+
+
+def settings_for(db_url: str, data: Path, prefix: str) -> Settings:
+    return Settings(_env_file=None, database_url=db_url, redis_url=REDIS, data_dir=data,  # type: ignore[call-arg]
+                    skills_path=str(SKILLS), redis_prefix=prefix, queue_name=f"{prefix}:queue",
+                    secret_key="t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q=")
+
+
+async def bench_receipts(svc: Services, n: int = 2000) -> dict[str, float]:
+    d = Dispatcher(svc)
+    for _ in range(50):  # warm up connections
+        await d.dispatch("noop", {}, CTX, EXT)
+    lat = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        res = await d.dispatch("noop", {}, CTX, EXT)
+        lat.append((time.perf_counter() - t0) * 1000)
+        assert res.status_code == 202
+    await svc.redis.delete(svc.settings.queue_name)
+    return {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
+
+
+def _proc_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def bench_wakeup(svc: Services, db_url: str, data: Path, n: int = 300) -> dict[str, float]:
+    s = svc.settings
+    env = {**os.environ, "SKILLJOBS_DATABASE_URL": db_url, "SKILLJOBS_REDIS_URL": REDIS,
+           "SKILLJOBS_DATA_DIR": str(data), "SKILLJOBS_SKILLS_PATH": str(SKILLS),
+           "SKILLJOBS_REDIS_PREFIX": s.redis_prefix, "SKILLJOBS_QUEUE_NAME": s.queue_name,
+           "SKILLJOBS_SECRET_KEY": s.secret_key.get_secret_value(), "SKILLJOBS_LOG_LEVEL": "WARNING"}
+    proc = subprocess.Popen(  # noqa: ASYNC220 - a plain child process we only signal
+        [sys.executable, "-m", "jobs.cli", "worker", "--no-scheduler"], env=env)
+    try:
+        await asyncio.sleep(3)
+        cpu0, t0 = _proc_cpu(proc.pid), time.monotonic()
+        await asyncio.sleep(10)
+        idle_cpu = (_proc_cpu(proc.pid) - cpu0) / (time.monotonic() - t0) * 100
+        d = Dispatcher(svc)
+        lat = []
+        for _ in range(n):
+            t_enq = time.time()
+            res = await d.dispatch("stamp", {}, CTX, EXT)
+            job_id = res.body["job_id"]
+            while True:
+                async with svc.sessionmaker() as sess:
+                    job = await sess.get(Job, job_id)
+                if job.status == "succeeded":
+                    break
+                await asyncio.sleep(0.002)
+            started = svc.box.unseal(job.result)["started"]
+            lat.append((started - t_enq) * 1000)
+            await asyncio.sleep(0.02)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "idle_cpu_pct": idle_cpu}
+
+
+async def _noop(ctx: dict, *args: object) -> None:
+    return None
+
+
+async def _sleep100(ctx: dict, *args: object) -> None:
+    await asyncio.sleep(0.1)
+
+
+async def raw_arq_drain(n: int, fn: str, max_jobs: int) -> float:
+    queue = f"bench-raw-{uuid.uuid4().hex[:6]}"
+    pool = await create_pool(RedisSettings.from_dsn(REDIS), default_queue_name=queue)
+    for i in range(0, n, 500):
+        await asyncio.gather(*(pool.enqueue_job(fn, _queue_name=queue) for _ in range(min(500, n - i))))
+    w = Worker([_noop, _sleep100], redis_pool=pool, queue_name=queue, burst=True, max_jobs=max_jobs,
+               poll_delay=0.01, keep_result=0, handle_signals=False, log_results=False)
+    t0 = time.perf_counter()
+    await w.async_run()
+    elapsed = time.perf_counter() - t0
+    await pool.delete(queue)
+    await pool.aclose()
+    return n / elapsed
+
+
+async def ours_drain(svc: Services, n: int, skill: str, max_jobs: int) -> float:
+    d = Dispatcher(svc)
+    for i in range(0, n, 200):
+        await asyncio.gather(*(d.dispatch(skill, {}, CTX, EXT) for _ in range(min(200, n - i))))
+    w = build_worker(svc, burst=True, handle_signals=False, scheduler=False, max_jobs=max_jobs)
+    t0 = time.perf_counter()
+    await w.async_run()
+    elapsed = time.perf_counter() - t0
+    await w.close()
+    async with svc.sessionmaker() as sess:
+        done = await sess.scalar(select(func.count()).select_from(Job).where(
+            Job.skill == skill, Job.status == "succeeded"))
+    assert done >= n, f"only {done} of {n} succeeded"
+    return n / elapsed
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=20000)
+    ap.add_argument("--sleep-jobs", type=int, default=5000)
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    db_url, name = await make_db()
+    data = Path(tempfile.mkdtemp(prefix="skilljobs-bench-"))
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    svc = await Services.open(settings_for(db_url, data, prefix))
+    out: dict[str, object] = {}
+    try:
+        if not args.only or "receipt" in args.only:
+            out["receipt"] = await bench_receipts(svc)
+        if not args.only or "wake" in args.only:
+            out["wakeup"] = await bench_wakeup(svc, db_url, data)
+        if not args.only or "drain" in args.only:
+            raw = await raw_arq_drain(args.jobs, "_noop", 100)
+            ours = await ours_drain(svc, args.jobs, "noop", 100)
+            out["drain_noop"] = {"raw_arq_jobs_s": raw, "ours_jobs_s": ours, "ratio": ours / raw}
+        if not args.only or "sleep" in args.only:
+            raw = await raw_arq_drain(args.sleep_jobs, "_sleep100", 100)
+            ours = await ours_drain(svc, args.sleep_jobs, "sleep100", 100)
+            out["sleep100"] = {"raw_arq_jobs_s": raw, "ours_jobs_s": ours,
+                               "ours_pct_of_ideal": ours / 1000 * 100, "raw_pct_of_ideal": raw / 1000 * 100}
+    finally:
+        await svc.close()
+        await drop_db(name)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
