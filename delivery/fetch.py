@@ -1,0 +1,451 @@
+"""The outbound fetcher: remote files into the job workspace without opening a way inside.
+
+Every hop (the first request and each redirect) is vetted by ``urlsafety.check_url``, its name
+resolved once, EVERY answer checked with ``check_ip``, and the connection then made to one of
+the checked addresses by our own network backend — there is no second resolution inside the
+HTTP stack, so a DNS answer that changes between check and connect (rebinding) is never used.
+The URL keeps its host name, so the Host header, TLS SNI and certificate verification are for
+the name. Environment proxies are ignored: a proxy must never become a way around the policy.
+
+Seams for tests: ``resolver(host, port) -> [ip, ...]`` and ``connect(ip, port, timeout) ->
+stream``; a test can make leaving this machine impossible by refusing non-loopback addresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import http.cookiejar
+import ipaddress
+import logging
+import os
+import socket
+import tempfile
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpcore
+import httpx
+
+from delivery.media import choose_filename, mime_from_header, mime_from_name, place_file
+from delivery.urlsafety import RefusedURL, Target, check_ip, check_url
+
+log = logging.getLogger(__name__)
+
+MAX_BYTES = 200 * 1024 * 1024
+WRITE_BATCH = 1024 * 1024
+REDIRECT_CODES = {301, 302, 303, 307, 308}
+CREDENTIAL_HEADERS = ("authorization", "cookie", "proxy-authorization")
+USER_AGENT = "skilljobs-fetch/1"
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+Connector = Callable[[str, int, float | None], Awaitable[httpcore.AsyncNetworkStream]]
+
+__all__ = [
+    "MAX_BYTES",
+    "Download",
+    "FetchError",
+    "ProbeResult",
+    "RefusedURL",
+    "SafeFetcher",
+    "direct_connect",
+    "system_resolver",
+]
+
+
+class FetchError(Exception):
+    """The fetch was allowed but did not work (HTTP status, size, timeout, network)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    content_type: str | None  # media type without parameters, lower case
+    content_length: int | None
+    final_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class Download:
+    path: Path
+    filename: str
+    mime: str
+    size: int
+    sha256: str
+    source_url: str
+    final_url: str = ""
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """All addresses the system resolver gives for ``host`` (TCP), in its order."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+_ANYIO = httpcore.AnyIOBackend()
+
+
+async def direct_connect(
+    ip: str,
+    port: int,
+    timeout: float | None,  # noqa: ASYNC109 - httpcore's connect interface
+) -> httpcore.AsyncNetworkStream:
+    """Open a TCP connection to an already vetted address."""
+    return await _ANYIO.connect_tcp(ip, port, timeout=timeout)
+
+
+class _PinnedBackend(httpcore.AsyncNetworkBackend):
+    """Connects only to addresses the fetcher vetted for that exact (host, port)."""
+
+    def __init__(self, connect: Connector) -> None:
+        self._connect = connect
+        self._pins: dict[tuple[str, int], tuple[str, ...]] = {}
+
+    def pin(self, host: str, port: int, ips: tuple[str, ...]) -> None:
+        self._pins[(host.lower(), port)] = ips
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's backend interface
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        ips = self._pins.get((host.lower(), port))
+        if not ips:  # never resolve here: only addresses checked by the policy are dialled
+            raise RefusedURL(f"connection to unvetted host {host}:{port}")
+        errors = []
+        for ip in ips:
+            try:
+                return await self._connect(ip, port, timeout)
+            except (OSError, httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                errors.append(f"{ip}: {exc or type(exc).__name__}")
+        raise httpcore.ConnectError("; ".join(errors))
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's backend interface
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        raise RefusedURL("unix sockets are not allowed")
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+class _PinnedTransport(httpx.AsyncHTTPTransport):
+    """httpx transport whose connection pool dials through the pinned backend."""
+
+    def __init__(self, backend: _PinnedBackend, verify: Any) -> None:
+        super().__init__(verify=verify, trust_env=False)
+        ssl_context = httpx.create_ssl_context(verify=verify, trust_env=False)
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=20,
+            max_keepalive_connections=10,
+            keepalive_expiry=5.0,
+            network_backend=backend,
+        )
+
+
+class SafeFetcher:
+    """Probe and download remote URLs under the outbound policy.
+
+    ``allow_hosts``: operator allow-list (``host`` = any port, ``host:port`` = that port).
+    ``verify``: TLS verification (True, or an ``ssl.SSLContext`` with extra trust anchors).
+    Use as ``async with SafeFetcher(...) as f`` or call ``aclose()`` when done.
+    """
+
+    def __init__(
+        self,
+        allow_hosts: Iterable[str] = (),
+        *,
+        resolver: Resolver | None = None,
+        connect: Connector | None = None,
+        max_redirects: int = 3,
+        timeout: float = 30.0,
+        total_timeout: float = 900.0,
+        verify: Any = True,
+    ) -> None:
+        self.allow_hosts = [h.strip().lower() for h in allow_hosts if h and h.strip()]
+        self.max_redirects = max_redirects
+        self.timeout = timeout
+        self.total_timeout = total_timeout
+        self._resolver = resolver or system_resolver
+        self._backend = _PinnedBackend(connect or direct_connect)
+        self._verify = verify
+        self._client: httpx.AsyncClient | None = None
+
+    async def __aenter__(self) -> SafeFetcher:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            no_cookies = http.cookiejar.CookieJar(
+                policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[])
+            )
+            self._client = httpx.AsyncClient(
+                transport=_PinnedTransport(self._backend, self._verify),
+                trust_env=False,
+                follow_redirects=False,
+                timeout=httpx.Timeout(self.timeout),
+                cookies=no_cookies,  # no cookie carried from one job's fetch to another's
+                headers={"User-Agent": USER_AGENT},
+            )
+        return self._client
+
+    async def probe(self, url: str, *, headers: Mapping[str, str] | None = None) -> ProbeResult:
+        """Content type and length of ``url`` (HEAD, falling back to a one-byte ranged GET)."""
+        async with self._deadline(url):
+            response = await self._open("HEAD", url, headers)
+            await response.aclose()
+            if response.status_code in (403, 405, 501) or (
+                response.is_success and "content-type" not in response.headers
+            ):
+                ranged = {**(headers or {}), "Range": "bytes=0-0"}
+                response = await self._open("GET", url, ranged)
+                await response.aclose()
+            if not response.is_success:
+                raise FetchError(f"HTTP {response.status_code} from {response.url.host}")
+            return ProbeResult(
+                content_type=mime_from_header(response.headers.get("content-type")),
+                content_length=_total_length(response),
+                final_url=str(response.url),
+            )
+
+    async def download(
+        self,
+        url: str,
+        dest_dir: Path,
+        *,
+        max_bytes: int = MAX_BYTES,
+        filename_hint: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Download:
+        """Stream ``url`` into ``dest_dir`` (atomically, size-capped); the file's record."""
+        dest_dir = Path(dest_dir)
+        await asyncio.to_thread(dest_dir.mkdir, parents=True, exist_ok=True)
+        request_headers = {**(headers or {}), "Accept-Encoding": "identity"}
+        async with self._deadline(url):
+            response = await self._open("GET", url, request_headers)
+            try:
+                if not response.is_success:
+                    raise FetchError(f"HTTP {response.status_code} from {response.url.host}")
+                declared = _content_length(response)
+                if declared is not None and declared > max_bytes:
+                    raise FetchError(f"file too large: {declared} bytes (limit {max_bytes})")
+                tmp, size, digest = await self._stream(response, dest_dir, max_bytes)
+            finally:
+                await response.aclose()
+        mime = mime_from_header(response.headers.get("content-type"))
+        name = choose_filename(
+            response.headers.get("content-disposition"), filename_hint, response.url.path, mime
+        )
+        try:
+            path = await asyncio.to_thread(place_file, tmp, dest_dir, name)
+        except BaseException as exc:
+            await asyncio.to_thread(_unlink, tmp)
+            if isinstance(exc, OSError):
+                raise FetchError(f"cannot store {name}: {exc}") from exc
+            raise
+        return Download(
+            path=path,
+            filename=path.name,
+            mime=mime or _guess_mime(path.name),
+            size=size,
+            sha256=digest,
+            source_url=str(url),
+            final_url=str(response.url),
+        )
+
+    async def _stream(
+        self, response: httpx.Response, dest_dir: Path, max_bytes: int
+    ) -> tuple[Path, int, str]:
+        fd, name = tempfile.mkstemp(prefix=".part-", dir=dest_dir)
+        tmp = Path(name)
+        os.fchmod(fd, 0o644)
+        sink = _FileSink(os.fdopen(fd, "wb"))
+        size = 0
+        try:
+            with _translated(response.url.host):
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise FetchError(f"file too large: more than {max_bytes} bytes")
+                    await sink.write(chunk)
+            await sink.close()
+        except BaseException:
+            await sink.abort()
+            await asyncio.to_thread(_unlink, tmp)
+            raise
+        return tmp, size, sink.hexdigest()
+
+    async def _open(
+        self, method: str, url: str | httpx.URL, headers: Mapping[str, str] | None
+    ) -> httpx.Response:
+        """Send ``method`` following redirects by hand; every hop is vetted and pinned."""
+        client = self._http()
+        current: str | httpx.URL = url
+        hop_headers = dict(headers or {})
+        for hop in range(self.max_redirects + 1):
+            target = check_url(current, self.allow_hosts)
+            await self._vet(target)
+            with _translated(target.host):
+                request = client.build_request(method, target.url, headers=hop_headers)
+                response = await client.send(request, stream=True)
+            location = response.headers.get("location")
+            if response.status_code not in REDIRECT_CODES or not location:
+                return response
+            await response.aclose()
+            if hop == self.max_redirects:
+                raise FetchError(f"too many redirects (more than {self.max_redirects})")
+            try:
+                following = target.url.join(location)
+            except (httpx.InvalidURL, ValueError) as exc:
+                raise RefusedURL(f"invalid redirect location: {exc}") from exc
+            if _origin(following) != _origin(target.url):
+                hop_headers = {
+                    k: v for k, v in hop_headers.items() if k.lower() not in CREDENTIAL_HEADERS
+                }
+            current = following
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _vet(self, target: Target) -> None:
+        """Resolve once, check every answer, pin the checked addresses for the connection."""
+        if target.ip is not None:
+            ips: list[str] = [str(target.ip)]
+        else:
+            try:
+                answers = await asyncio.wait_for(
+                    self._resolver(target.host, target.port), self.timeout
+                )
+            except TimeoutError as exc:
+                raise FetchError(f"resolving {target.host} timed out") from exc
+            except OSError as exc:
+                raise FetchError(f"cannot resolve {target.host}: {exc}") from exc
+            ips = list(dict.fromkeys(str(a) for a in answers))
+            if not ips:
+                raise FetchError(f"no address for {target.host}")
+        for ip in ips:
+            try:
+                if target.allow_listed:
+                    ipaddress.ip_address(ip)
+                else:
+                    check_ip(ip)
+            except ValueError as exc:
+                raise RefusedURL(f"resolver answer {ip!r} is not an address") from exc
+            except RefusedURL as exc:
+                if target.ip is not None:
+                    raise
+                raise RefusedURL(f"{exc.reason} (resolved from {target.host})") from exc
+        self._backend.pin(target.host, target.port, tuple(ips))
+
+    @contextlib.asynccontextmanager
+    async def _deadline(self, url: str | httpx.URL) -> Any:
+        try:
+            async with asyncio.timeout(self.total_timeout):
+                yield
+        except TimeoutError as exc:
+            raise FetchError(f"gave up after {self.total_timeout:g} s: {url}") from exc
+
+
+class _FileSink:
+    """Batches chunks and writes + hashes them in a worker thread, one batch in flight."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+        self._hash = hashlib.sha256()
+        self._buffer = bytearray()
+        self._pending: asyncio.Future[None] | None = None
+
+    async def write(self, chunk: bytes) -> None:
+        self._buffer += chunk
+        if len(self._buffer) >= WRITE_BATCH:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        if self._pending is not None:
+            await self._pending
+            self._pending = None
+        if self._buffer:
+            data, self._buffer = self._buffer, bytearray()
+            loop = asyncio.get_running_loop()
+            self._pending = loop.run_in_executor(None, self._write, data)
+
+    def _write(self, data: bytearray) -> None:
+        self._file.write(data)
+        self._hash.update(data)
+
+    async def close(self) -> None:
+        await self._flush()
+        if self._pending is not None:
+            await self._pending
+            self._pending = None
+        await asyncio.to_thread(self._file.close)
+
+    async def abort(self) -> None:
+        if self._pending is not None:
+            with contextlib.suppress(Exception):
+                await self._pending
+        await asyncio.to_thread(self._file.close)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+@contextlib.contextmanager
+def _translated(host: str) -> Iterator[None]:
+    """httpx/httpcore errors become ``FetchError`` here, once."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise FetchError(f"timed out talking to {host}") from exc
+    except httpx.ConnectError as exc:
+        raise FetchError(f"could not connect to {host}: {exc}") from exc
+    except httpx.InvalidURL as exc:
+        raise RefusedURL(f"invalid URL: {exc}") from exc
+    except httpx.HTTPError as exc:
+        raise FetchError(f"{type(exc).__name__} from {host}: {exc}") from exc
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    return (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+
+
+def _content_length(response: httpx.Response) -> int | None:
+    raw = response.headers.get("content-length", "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
+def _total_length(response: httpx.Response) -> int | None:
+    content_range = response.headers.get("content-range", "")
+    if response.status_code == 206 and "/" in content_range:
+        total = content_range.rsplit("/", 1)[1].strip()
+        return int(total) if total.isdigit() else None
+    return _content_length(response)
+
+
+def _guess_mime(name: str) -> str:
+    return mime_from_name(name) or "application/octet-stream"
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
