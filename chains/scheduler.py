@@ -1,0 +1,225 @@
+"""The chain scheduler: turns due cron fire times into queued chain runs, exactly once.
+
+Every worker runs one; exactly-once comes from the database, never from there being a
+single scheduler. Claiming a fire time is one transaction:
+
+1. ``UPDATE schedules SET next_fire_at = :new WHERE id = :id AND next_fire_at = :old`` —
+   of several schedulers that saw the same due row, one changes it; the rest match nothing;
+2. ``INSERT`` the run with the unique fire key ``cron:<schedule_id>:<epoch>`` — a second
+   line of defence should a fire time ever be claimed twice.
+
+Missed fires after downtime are coalesced: the run is for the latest due fire time and
+the next fire time is computed from now. The arq job is enqueued after the commit; a run
+whose enqueue was lost (Redis flushed, process killed in between) is re-enqueued by the
+reconciliation pass, as is a running run whose worker stopped renewing its lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from chains.cron import CronError, latest_fire, next_fire
+from chains.schedules import QUEUED, arq_job_id, enqueue_number, enqueue_run
+from jobs.models import ChainRun, Schedule
+
+if TYPE_CHECKING:
+    from jobs.services import Services
+
+log = logging.getLogger("skilljobs.scheduler")
+
+RUNNING = "running"
+_BATCH = 500
+_CLAIM_CONCURRENCY = 8
+
+
+def fire_key(schedule_id: str, fire_at: float) -> str:
+    return f"cron:{schedule_id}:{round(fire_at)}"
+
+
+class Scheduler:
+    """``tick()`` claims due fire times; ``run_forever()`` ticks and reconciles."""
+
+    def __init__(self, services: Services) -> None:
+        self.svc = services
+        self.sm = services.sessionmaker
+        self._insert = pg_insert if services.engine.dialect.name == "postgresql" else sqlite_insert
+
+    async def tick(self, now: float | None = None) -> list[str]:
+        """Claim every due fire time; returns the ids of the runs this call created."""
+        now = time.time() if now is None else now
+        async with self.sm() as s:
+            q = (
+                select(Schedule.id, Schedule.cron, Schedule.timezone, Schedule.next_fire_at)
+                .where(Schedule.enabled.is_(True), Schedule.next_fire_at <= now)
+                .order_by(Schedule.next_fire_at)
+                .limit(_BATCH)
+            )
+            due = (await s.execute(q)).all()
+        if not due:
+            return []
+        sem = asyncio.Semaphore(_CLAIM_CONCURRENCY)
+
+        async def one(row: Any) -> str | None:
+            async with sem:
+                return await self._claim(row.id, row.cron, row.timezone, row.next_fire_at, now)
+
+        claimed = [r for r in await asyncio.gather(*(one(r) for r in due)) if r]
+        for run_id in claimed:
+            try:
+                await enqueue_run(self.svc, run_id, 0)
+            except Exception as exc:  # the run stays queued; reconcile() re-enqueues it
+                log.warning("enqueue of chain run %s failed: %s", run_id, exc)
+        return claimed
+
+    async def _claim(
+        self, schedule_id: str, cron: str, tz_name: str, old: float, now: float
+    ) -> str | None:
+        try:
+            tz = ZoneInfo(tz_name)
+            fire_at = latest_fire(cron, tz, old, now) or old
+            new_next: float | None = next_fire(cron, tz, now)
+        except (CronError, ValueError, KeyError) as exc:
+            # A stored schedule that can no longer be evaluated (e.g. tz data removed):
+            # park it instead of failing every tick.
+            log.error("schedule %s cannot be evaluated (%s); parked until edited", schedule_id, exc)
+            async with self.sm() as s:
+                await s.execute(
+                    update(Schedule)
+                    .where(Schedule.id == schedule_id, Schedule.next_fire_at == old)
+                    .values(next_fire_at=None)
+                )
+                await s.commit()
+            return None
+        run_id = uuid.uuid4().hex
+        async with self.sm() as s:
+            res = await s.execute(
+                update(Schedule)
+                .where(
+                    Schedule.id == schedule_id,
+                    Schedule.next_fire_at == old,
+                    Schedule.enabled.is_(True),
+                )
+                .values(next_fire_at=new_next, last_fire_at=fire_at, updated_at=now)
+            )
+            if res.rowcount != 1:  # type: ignore[attr-defined]
+                await s.rollback()
+                return None  # another scheduler claimed it (or it was edited meanwhile)
+            ins = (
+                self._insert(ChainRun)
+                .values(
+                    id=run_id,
+                    schedule_id=schedule_id,
+                    fire_key=fire_key(schedule_id, fire_at),
+                    trigger="cron",
+                    fire_at=fire_at,
+                    status=QUEUED,
+                    arq_job_id=arq_job_id(run_id, 0),
+                    created_at=now,
+                )
+                .on_conflict_do_nothing(index_elements=["fire_key"])
+            )
+            inserted = await s.execute(ins)
+            await s.commit()
+        if inserted.rowcount != 1:  # type: ignore[attr-defined]
+            log.warning("fire time %s of schedule %s already had a run", fire_at, schedule_id)
+            return None
+        skipped = (fire_at - old) > 0
+        if skipped:
+            log.info("schedule %s: missed fires since %s coalesced into one run", schedule_id, old)
+        return run_id
+
+    async def reconcile(self, now: float | None = None) -> list[str]:
+        """Re-enqueue runs whose arq job was lost or whose worker died; returns their ids."""
+        now = time.time() if now is None else now
+        grace = self.svc.settings.worker_lease_sec
+        async with self.sm() as s:
+            q = (
+                select(ChainRun.id, ChainRun.status, ChainRun.arq_job_id)
+                .where(
+                    or_(
+                        and_(
+                            ChainRun.status == QUEUED,
+                            ChainRun.created_at < now - grace,
+                            or_(
+                                ChainRun.lease_expires_at.is_(None),
+                                ChainRun.lease_expires_at < now,
+                            ),
+                        ),
+                        and_(ChainRun.status == RUNNING, ChainRun.lease_expires_at < now),
+                    )
+                )
+                .limit(_BATCH)
+            )
+            stale = (await s.execute(q)).all()
+        out: list[str] = []
+        for row in stale:
+            if await self._waiting_in_queue(row.arq_job_id):
+                continue
+            n = enqueue_number(row.arq_job_id) + 1
+            async with self.sm() as s:
+                old_id = (
+                    ChainRun.arq_job_id.is_(None)
+                    if row.arq_job_id is None
+                    else (ChainRun.arq_job_id == row.arq_job_id)
+                )
+                res = await s.execute(
+                    update(ChainRun)
+                    .where(ChainRun.id == row.id, old_id, ChainRun.status == row.status)
+                    .values(arq_job_id=arq_job_id(row.id, n))
+                )
+                await s.commit()
+            if res.rowcount != 1:  # type: ignore[attr-defined]
+                continue  # another scheduler re-enqueued it, or it moved on
+            await enqueue_run(self.svc, row.id, n)
+            log.info("chain run %s re-enqueued (%s, attempt %s)", row.id, row.status, n)
+            out.append(row.id)
+        return out
+
+    async def _waiting_in_queue(self, job_id: str | None) -> bool:
+        """The run's latest arq job exists and no worker has started it."""
+        from arq.constants import in_progress_key_prefix, job_key_prefix
+
+        redis = self.svc.redis
+        if not job_id or redis is None:
+            return False
+        exists = await redis.exists(job_key_prefix + job_id)
+        running = await redis.exists(in_progress_key_prefix + job_id)
+        return bool(exists) and not running
+
+    async def run_forever(self, stop: asyncio.Event) -> None:
+        """Tick every ``scheduler_interval_sec`` and reconcile every
+        ``reconcile_interval_sec`` until ``stop`` is set; database and Redis errors are
+        logged and retried, never fatal."""
+        settings = self.svc.settings
+        last_reconcile = 0.0
+        failures = 0
+        while not stop.is_set():
+            try:
+                await self.tick()
+                if time.monotonic() - last_reconcile >= settings.reconcile_interval_sec:
+                    await self.reconcile()
+                    last_reconcile = time.monotonic()
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                log.warning("scheduler tick failed (%s in a row): %s", failures, exc)
+            delay = (
+                settings.scheduler_interval_sec * min(2**failures, 30)
+                if failures
+                else (settings.scheduler_interval_sec)
+            )
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            except TimeoutError:
+                pass

@@ -1,0 +1,491 @@
+"""Schedules: validation of the schedule file (SPEC §10) and the schedule/run store."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from sqlalchemy import func, select
+from sqlalchemy import update as sa_update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from chains.cron import CronError, next_fire, parse
+from chains.refs import StepRefs, static_errors
+from jobs.crypto import redact
+from jobs.models import ChainRun, ChainStep, OpsAction, Schedule
+from jobs.skill import SkillRegistry, SkillType
+
+if TYPE_CHECKING:
+    from jobs.services import Services
+
+Sessions = async_sessionmaker[AsyncSession]
+STEP_ID_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
+RECIPIENT_KEYS = ("to", "target", "session_id")
+QUEUED = "queued"
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot be accepted; ``problems`` lists every reason."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid schedule: " + "; ".join(problems))
+
+
+class StepSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = None
+    skill: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    template: dict[str, Any] = Field(default_factory=dict)
+    passthrough: bool = False
+
+
+class Policy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    chat_mode: bool = False
+    wall_sec: float | None = Field(default=None, gt=0)
+
+    @field_validator("chat_mode")
+    @classmethod
+    def _no_chat(cls, v: bool) -> bool:
+        if v:
+            raise ValueError(
+                "must be false: a chain runs with nobody to answer a confirmation request"
+            )
+        return v
+
+
+class ScheduleSpec(BaseModel):
+    """The schedule file (YAML or JSON)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=255)
+    cron: str
+    timezone: str = "UTC"
+    identity: dict[str, Any] = Field(default_factory=dict)
+    deliver: dict[str, Any] | None = None
+    policy: Policy = Field(default_factory=Policy)
+    steps: list[StepSpec] = Field(min_length=1)
+    enabled: bool = True
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+    def step_refs(self) -> list[StepRefs]:
+        return [
+            StepRefs(s.id or str(i), s.input, s.template, s.passthrough)
+            for i, s in enumerate(self.steps)
+        ]
+
+    def file_fields(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude={"enabled"})
+
+
+def _pydantic_problems(exc: ValidationError) -> list[str]:
+    out = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "schedule"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        out.append(f"{where}: {msg}")
+    return out
+
+
+def _default_ids(steps: list[dict[str, Any]]) -> None:
+    """Steps without an ``id`` get their skill name (when unique) or their index."""
+    taken = {s.get("id") for s in steps if isinstance(s, dict) and s.get("id")}
+    skills = [s.get("skill") for s in steps if isinstance(s, dict)]
+    for i, s in enumerate(steps):
+        if isinstance(s, dict) and not s.get("id"):
+            name = s.get("skill")
+            ok = isinstance(name, str) and skills.count(name) == 1 and name not in taken
+            s["id"] = name if ok else str(i)
+            taken.add(s["id"])
+
+
+def validate(data: Any, registry: SkillRegistry | None) -> ScheduleSpec:
+    """Check a schedule file; raises :class:`ScheduleError` naming every problem."""
+    if not isinstance(data, dict):
+        raise ScheduleError(["a schedule must be a mapping (YAML/JSON object)"])
+    data = dict(data)
+    if isinstance(data.get("steps"), list):
+        data["steps"] = [dict(s) if isinstance(s, dict) else s for s in data["steps"]]
+        _default_ids(data["steps"])
+    try:
+        spec = ScheduleSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ScheduleError(_pydantic_problems(exc)) from None
+
+    problems: list[str] = []
+    try:
+        parse(spec.cron)
+    except CronError as exc:
+        problems.append(f"cron: {exc}")
+    try:
+        ZoneInfo(spec.timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        problems.append(
+            f"timezone: {spec.timezone!r} is not a known IANA timezone (e.g. Asia/Shanghai)"
+        )
+    for key in ("role_id", "org_id", "session_id"):
+        if key in spec.identity and not isinstance(spec.identity[key], str):
+            problems.append(f"identity.{key}: must be a string")
+    if spec.deliver is not None:
+        given = [k for k in RECIPIENT_KEYS if spec.deliver.get(k)]
+        if not given:
+            problems.append("deliver: needs a recipient: `to`, `target` or `session_id`")
+        elif len(given) > 1:
+            problems.append(f"deliver: give one recipient, not {' and '.join(given)}")
+
+    seen: set[str] = set()
+    for i, step in enumerate(spec.steps):
+        label = f"step {i} ({step.id})"
+        if step.id is None or not STEP_ID_RE.match(step.id):
+            problems.append(f"{label}: id may use letters, digits, '_' and '-' only")
+        elif step.id in seen:
+            problems.append(f"{label}: duplicate step id {step.id!r}")
+        seen.add(step.id or "")
+        if registry is not None:
+            problems.extend(_skill_problems(label, step.skill, registry))
+    problems.extend(static_errors(spec.step_refs()))
+    if problems:
+        raise ScheduleError(problems)
+    return spec
+
+
+def _skill_problems(label: str, name: str, registry: SkillRegistry) -> list[str]:
+    skill = registry.get(name)
+    if skill is None:
+        return [f"{label}: unknown skill {name!r}"]
+    if skill.error:
+        return [f"{label}: skill {name!r} cannot load: {skill.error}"]
+    if skill.skill_type is not SkillType.HANDLER:
+        return [f"{label}: skill {name!r} is a {skill.skill_type.value} skill and cannot run"]
+    return []
+
+
+# --- the store ----------------------------------------------------------------------------
+# Store functions take either a ``Services`` or a bare sessionmaker as their first argument.
+
+
+def _sm(target: Any) -> Sessions:
+    return target.sessionmaker if hasattr(target, "sessionmaker") else target
+
+
+def _registry(target: Any) -> SkillRegistry | None:
+    return getattr(target, "registry", None)
+
+
+async def _audit(sm: Sessions, action: str, target: str, actor: str | None, **details: Any) -> None:
+    async with sm() as s:
+        s.add(OpsAction(action=action, target=target, actor=actor or "", details=details))
+        await s.commit()
+
+
+def iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def to_dict(schedule: Schedule) -> dict[str, Any]:
+    """Schedule JSON: the file's fields + ``id``, ``enabled``, ``next_fire_at`` (ISO)."""
+    return {
+        "id": schedule.id,
+        "name": schedule.name,
+        "cron": schedule.cron,
+        "timezone": schedule.timezone,
+        "identity": schedule.identity or {},
+        "deliver": schedule.deliver,
+        "policy": schedule.policy or {},
+        "steps": schedule.steps or [],
+        "enabled": schedule.enabled,
+        "next_fire_at": iso(schedule.next_fire_at) if schedule.enabled else None,
+        "last_fire_at": iso(schedule.last_fire_at),
+        "created_at": schedule.created_at,
+        "updated_at": schedule.updated_at,
+    }
+
+
+def spec_of(schedule: Schedule) -> ScheduleSpec:
+    """The stored schedule as a spec (already validated when it was stored)."""
+    return ScheduleSpec.model_validate(
+        {
+            "name": schedule.name,
+            "cron": schedule.cron,
+            "timezone": schedule.timezone,
+            "identity": schedule.identity or {},
+            "deliver": schedule.deliver,
+            "policy": schedule.policy or {},
+            "steps": schedule.steps or [],
+            "enabled": schedule.enabled,
+        }
+    )
+
+
+async def create(
+    target: Any,
+    spec: ScheduleSpec | dict[str, Any],
+    *,
+    now: float | None = None,
+    actor: str | None = None,
+) -> Schedule:
+    """Store a schedule (a validated spec, or a schedule-file dict validated here against
+    the skills of ``target`` when it is a ``Services``) with its first fire time."""
+    sm = _sm(target)
+    if not isinstance(spec, ScheduleSpec):
+        spec = validate(spec, _registry(target))
+    now = time.time() if now is None else now
+    fields = spec.file_fields()
+    row = Schedule(
+        id=uuid.uuid4().hex,
+        name=spec.name,
+        cron=spec.cron,
+        timezone=spec.timezone,
+        identity=fields["identity"],
+        steps=fields["steps"],
+        policy=fields["policy"],
+        deliver=fields["deliver"],
+        enabled=spec.enabled,
+        next_fire_at=next_fire(spec.cron, spec.tz, now),
+        created_at=now,
+        updated_at=now,
+    )
+    async with sm() as s:
+        s.add(row)
+        try:
+            await s.commit()
+        except IntegrityError:
+            raise ScheduleError([f"name: a schedule named {spec.name!r} already exists"]) from None
+    if actor is not None:
+        await _audit(sm, "schedule.create", row.id, actor, name=row.name)
+    return row
+
+
+async def list_schedules(target: Any) -> list[Schedule]:
+    async with _sm(target)() as s:
+        return list((await s.execute(select(Schedule).order_by(Schedule.name))).scalars())
+
+
+async def get(target: Any, id_or_name: str) -> Schedule | None:
+    """A schedule by id, or by name."""
+    async with _sm(target)() as s:
+        row = await s.get(Schedule, id_or_name)
+        if row is None:
+            row = (
+                await s.execute(select(Schedule).where(Schedule.name == id_or_name))
+            ).scalar_one_or_none()
+        return row
+
+
+async def _require(sm: Sessions, id_or_name: str) -> Schedule:
+    row = await get(sm, id_or_name)
+    if row is None:
+        raise LookupError(f"no schedule {id_or_name!r}")
+    return row
+
+
+async def set_enabled(
+    target: Any,
+    id_or_name: str,
+    enabled: bool,
+    *,
+    now: float | None = None,
+    actor: str | None = None,
+) -> Schedule:
+    """Enable or disable. Enabling computes the next fire time from now: fire times that
+    passed while disabled are not run."""
+    sm = _sm(target)
+    row = await _require(sm, id_or_name)
+    now = time.time() if now is None else now
+    values: dict[str, Any] = {"enabled": enabled, "updated_at": now}
+    if enabled and not row.enabled:
+        values["next_fire_at"] = next_fire(row.cron, ZoneInfo(row.timezone), now)
+    async with sm() as s:
+        await s.execute(sa_update(Schedule).where(Schedule.id == row.id).values(**values))
+        await s.commit()
+    await _audit(sm, "schedule.enable" if enabled else "schedule.disable", row.id, actor)
+    return await _require(sm, row.id)
+
+
+async def update_schedule(
+    target: Any,
+    id_or_name: str,
+    changes: dict[str, Any],
+    registry: SkillRegistry | None = None,
+    *,
+    now: float | None = None,
+    actor: str | None = None,
+) -> Schedule:
+    """Apply a partial change (any schedule-file field), re-validating the whole."""
+    sm = _sm(target)
+    registry = registry if registry is not None else _registry(target)
+    row = await _require(sm, id_or_name)
+    now = time.time() if now is None else now
+    merged = {**spec_of(row).model_dump(mode="json"), **changes}
+    spec = validate(merged, registry)
+    fields = spec.file_fields()
+    values: dict[str, Any] = {
+        "name": spec.name,
+        "cron": spec.cron,
+        "timezone": spec.timezone,
+        "identity": fields["identity"],
+        "steps": fields["steps"],
+        "policy": fields["policy"],
+        "deliver": fields["deliver"],
+        "enabled": spec.enabled,
+        "updated_at": now,
+    }
+    timing_changed = (spec.cron, spec.timezone) != (row.cron, row.timezone)
+    if timing_changed or (spec.enabled and not row.enabled):
+        values["next_fire_at"] = next_fire(spec.cron, spec.tz, now)
+    async with sm() as s:
+        await s.execute(sa_update(Schedule).where(Schedule.id == row.id).values(**values))
+        try:
+            await s.commit()
+        except IntegrityError:
+            raise ScheduleError([f"name: a schedule named {spec.name!r} already exists"]) from None
+    await _audit(sm, "schedule.update", row.id, actor, fields=sorted(changes))
+    return await _require(sm, row.id)
+
+
+update = update_schedule
+
+
+# --- runs ---------------------------------------------------------------------------------
+
+
+def arq_job_id(run_id: str, n: int) -> str:
+    """The arq id of the n-th enqueue of a run (never reused: arq refuses a known id)."""
+    return f"chain:{run_id}:{n}"
+
+
+def enqueue_number(arq_id: str | None) -> int:
+    """``n`` of an id made by :func:`arq_job_id` (-1 when never enqueued)."""
+    if not arq_id:
+        return -1
+    try:
+        return int(arq_id.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+async def enqueue_run(services: Services, run_id: str, n: int) -> None:
+    from jobs.constants import FN_RUN_CHAIN
+    from jobs.queue import enqueue
+
+    await enqueue(services, FN_RUN_CHAIN, run_id, job_id=arq_job_id(run_id, n))
+
+
+async def trigger_manual(services: Services, schedule_id: str, *, actor: str | None = None) -> str:
+    """Start an on-demand run now (its own run, fire key ``manual:<uuid>``); the run id."""
+    row = await _require(services.sessionmaker, schedule_id)
+    now = time.time()
+    run = ChainRun(
+        id=uuid.uuid4().hex,
+        schedule_id=row.id,
+        fire_key=f"manual:{uuid.uuid4().hex}",
+        trigger="manual",
+        fire_at=now,
+        status=QUEUED,
+        created_at=now,
+    )
+    run.arq_job_id = arq_job_id(run.id, 0)
+    async with services.sessionmaker() as s:
+        s.add(run)
+        await s.commit()
+    await _audit(services.sessionmaker, "schedule.run", row.id, actor, run_id=run.id)
+    await enqueue_run(services, run.id, 0)
+    return run.id
+
+
+def _step_dict(step: ChainStep) -> dict[str, Any]:
+    return {
+        "id": step.step_id,
+        "index": step.idx,
+        "skill": step.skill,
+        "status": step.status,
+        "input": redact(step.input) if step.input is not None else None,
+        "output": redact(step.output),
+        "error": step.error,
+        "started_at": step.started_at,
+        "finished_at": step.finished_at,
+        "duration_ms": step.duration_ms,
+    }
+
+
+def run_dict(run: ChainRun, steps: list[ChainStep]) -> dict[str, Any]:
+    """Chain run JSON (SPEC §10)."""
+    return {
+        "id": run.id,
+        "schedule_id": run.schedule_id,
+        "status": run.status,
+        "trigger": run.trigger,
+        "fire_key": run.fire_key,
+        "fire_at": run.fire_at,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "error": run.error,
+        "result": redact(run.result),
+        "steps": [_step_dict(s) for s in sorted(steps, key=lambda x: x.idx)],
+    }
+
+
+async def list_runs(target: Any, schedule_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
+    """Runs of a schedule, newest first."""
+    sm = _sm(target)
+    row = await _require(sm, schedule_id)
+    async with sm() as s:
+        runs = list(
+            (
+                await s.execute(
+                    select(ChainRun)
+                    .where(ChainRun.schedule_id == row.id)
+                    .order_by(ChainRun.created_at.desc())
+                    .limit(limit)
+                )
+            ).scalars()
+        )
+        steps: dict[str, list[ChainStep]] = {r.id: [] for r in runs}
+        if runs:
+            q = select(ChainStep).where(ChainStep.run_id.in_(list(steps)))
+            for st in (await s.execute(q)).scalars():
+                steps[st.run_id].append(st)
+    return [run_dict(r, steps[r.id]) for r in runs]
+
+
+async def get_run(target: Any, run_id: str) -> dict[str, Any] | None:
+    """Chain run JSON, or None."""
+    async with _sm(target)() as s:
+        run = await s.get(ChainRun, run_id)
+        if run is None:
+            return None
+        q = select(ChainStep).where(ChainStep.run_id == run_id)
+        steps = list((await s.execute(q)).scalars())
+    return run_dict(run, steps)
+
+
+async def last_runs(target: Any) -> dict[str, ChainRun]:
+    """The newest run of every schedule that has one."""
+    async with _sm(target)() as s:
+        newest = (
+            select(ChainRun.schedule_id, func.max(ChainRun.created_at).label("at"))
+            .group_by(ChainRun.schedule_id)
+            .subquery()
+        )
+        q = select(ChainRun).join(
+            newest,
+            (ChainRun.schedule_id == newest.c.schedule_id) & (ChainRun.created_at == newest.c.at),
+        )
+        return {r.schedule_id: r for r in (await s.execute(q)).scalars()}
