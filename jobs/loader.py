@@ -130,9 +130,11 @@ def parse_frontmatter(fm: str) -> tuple[dict[str, Any], list[str]]:
             out[current] = None
             continue
         try:
-            out[current] = yaml.safe_load(value)
+            parsed = yaml.safe_load(value)
         except yaml.YAMLError:
-            out[current] = value.strip("'\"")
+            parsed = None
+        # "a: b" inside an unquoted value is text, not a nested mapping.
+        out[current] = value.strip("'\"") if parsed is None or isinstance(parsed, dict) else parsed
     msg = f"SKILL.md frontmatter {problem}; read line by line instead"
     if lost:
         msg += f" — lost the nested blocks/lists under: {', '.join(lost)}"
@@ -298,7 +300,9 @@ def find_skill_md(folder: Path, name: str) -> tuple[Path | None, dict[str, Any],
         if target is None:
             warnings.append(f"skill_md {redirect!r} points outside the skill folder; ignored")
         candidates.append(target)
-    candidates += [root_md, folder / "skill.md"]
+    else:
+        redirect = None
+        candidates += [root_md, folder / "skill.md"]
     origin = stub.get("origin_path")
     if isinstance(origin, str) and origin.strip():
         base = _inside(folder, origin.strip())
@@ -315,9 +319,10 @@ def find_skill_md(folder: Path, name: str) -> tuple[Path | None, dict[str, Any],
     candidates.append(folder / "README.md")
     for cand in candidates:
         if cand is not None and cand.is_file():
-            if redirect and cand == root_md and candidates[0] is not None:
-                warnings.append(f"skill_md {redirect!r} does not exist; using SKILL.md")
             return cand, stub, warnings
+    if redirect and root_md.is_file():
+        warnings.append(f"skill_md {redirect!r} does not exist; using SKILL.md")
+        return root_md, stub, warnings
     return None, stub, warnings
 
 
@@ -462,7 +467,7 @@ def _load_into(skill: Skill) -> None:
         return
     text = md_path.read_text(encoding="utf-8", errors="replace")
     skill.skill_md_path, skill.skill_md_chars = md_path, len(text)
-    fm_text, body = split_frontmatter(text)
+    fm_text, _ = split_frontmatter(text)
     fm: dict[str, Any] = dict(stub)
     if fm_text is not None:
         parsed, warns = parse_frontmatter(fm_text)
@@ -507,7 +512,6 @@ def _load_into(skill: Skill) -> None:
         skill.exec_type = ExecType.NONE
         return
     _detect_exec(skill, fm)
-    del body
 
 
 def _read_flags(skill: Skill, fm: dict[str, Any]) -> None:

@@ -1,0 +1,2 @@
+def execute(input_data, runtime_context):
+    return {}
