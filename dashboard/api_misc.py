@@ -19,6 +19,7 @@ from dashboard.api_jobs import actor_of, optional, safe, services_of
 from dashboard.auth import require_token_or_query
 from dashboard.errors import ApiError
 from jobs.constants import JOB_EVENTS
+from jobs.models import OpsAction
 from jobs.services import Services
 
 log = logging.getLogger(__name__)
@@ -131,21 +132,33 @@ def _config_store(request: Request) -> Any:
 async def get_config(role_id: str, skill: str, request: Request) -> dict[str, Any]:
     """The role's keys for the skill, secrets masked."""
     values = await _config_store(request).masked(role_id, skill)
-    return safe(values)
+    return safe(values.get(skill, {}))
 
 
 @router.put("/roles/{role_id}/skills/{skill}/config")
 async def put_config(
     role_id: str, skill: str, request: Request, body: dict[str, Any] = Body(...)
 ) -> dict[str, Any]:
-    """Replace the role's keys for the skill with ``body``; answers the masked result."""
+    """Make ``body`` the role's whole configuration of the skill (a secret sent back
+    masked keeps its stored value); answers the stored keys, secrets masked."""
     store = _config_store(request)
     try:
         await store.replace(role_id, skill, body)
     except ValueError as exc:
-        raise ApiError(400, str(exc)) from exc
-    _ = actor_of(request)
-    return safe(await store.masked(role_id, skill))
+        raise ApiError(422, str(exc)) from exc
+    svc = services_of(request)
+    async with svc.sessionmaker() as s:
+        s.add(
+            OpsAction(
+                action="config_replace",
+                target=f"{role_id}/{skill}",
+                actor=actor_of(request),
+                details={"keys": sorted(str(k) for k in body)},
+            )
+        )
+        await s.commit()
+    values = await store.masked(role_id, skill)
+    return safe(values.get(skill, {}))
 
 
 # --- chat sessions -------------------------------------------------------------------

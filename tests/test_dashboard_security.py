@@ -155,7 +155,7 @@ async def test_skill_output_is_data_never_markup(client: httpx.AsyncClient, serv
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
         assert sink not in js, sink
     for asset in re.findall(r'(?:src|href)="([^"]+)"', html):
-        assert asset.startswith("/static/"), f"non-local asset {asset}"
+        assert asset.startswith(("/static/", "data:")), f"non-local asset {asset}"
 
 
 async def test_artifact_symlink_out_of_workspace_is_refused(
