@@ -144,6 +144,33 @@ def _schema_findings(schema: dict[str, Any] | None) -> list[tuple[Level, str]]:
     if schema is None:
         return []
     found: list[tuple[Level, str]] = []
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        fixed = {}
+        for key, value in props.items():
+            if not isinstance(value, dict | bool):
+                found.append(
+                    (
+                        "warning",
+                        f"schema property {key!r} must be an object like "
+                        f'{{"type": "string", "description": "..."}}, not {value!r} '
+                        "(some model providers reject the whole tool list)",
+                    )
+                )
+                value = {"type": value} if isinstance(value, str) else {}
+            elif isinstance(value, dict) and not value.get("description"):
+                found.append(
+                    (
+                        "warning",
+                        f"schema property {key!r} has no description (the model fills "
+                        "parameters from it)",
+                    )
+                )
+            fixed[key] = value
+        schema = {**schema, "properties": fixed}
+        for key in schema.get("required") or []:
+            if key not in props:
+                found.append(("warning", f"schema requires {key!r} but does not define it"))
     try:
         from jsonschema.exceptions import SchemaError
         from jsonschema.validators import validator_for
@@ -154,29 +181,6 @@ def _schema_findings(schema: dict[str, Any] | None) -> list[tuple[Level, str]]:
         found.append(
             ("error", f"input schema is not a valid JSON Schema at {where}: {exc.message}")
         )
-        return found
-    props = schema.get("properties")
-    if isinstance(props, dict):
-        for key, value in props.items():
-            if not isinstance(value, dict):
-                found.append(
-                    (
-                        "warning",
-                        f"schema property {key!r} must be an object like "
-                        f'{{"type": "string", "description": "..."}}, not {value!r}',
-                    )
-                )
-            elif not value.get("description"):
-                found.append(
-                    (
-                        "warning",
-                        f"schema property {key!r} has no description (the model fills "
-                        "parameters from it)",
-                    )
-                )
-        for key in schema.get("required") or []:
-            if key not in props:
-                found.append(("warning", f"schema requires {key!r} but does not define it"))
     return found
 
 
