@@ -1,0 +1,78 @@
+# syntax=docker/dockerfile:1
+# skilljobs: one image for every role (web, worker, migrate, up).
+#
+#   docker build -t skilljobs .
+#   docker run --rm skilljobs doctor
+#
+# The code runs from /app, where its packages sit beside skills/ and migrations/ (the
+# code finds both next to its packages); /opt/venv holds the dependencies and the
+# `skilljobs` console script. Only the runtime stage ends up in the image.
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+# --- builder: a virtualenv with every dependency and the project ------------------------
+FROM ${PYTHON_IMAGE} AS builder
+
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential \
+ && rm -rf /var/lib/apt/lists/*
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /app
+
+# Dependencies first, from the project metadata alone: this layer is rebuilt only when
+# pyproject.toml changes, not on every code edit.
+COPY pyproject.toml README.md ./
+RUN mkdir -p jobs chains delivery dashboard \
+ && touch jobs/__init__.py chains/__init__.py delivery/__init__.py dashboard/__init__.py \
+ && pip install --upgrade pip setuptools wheel \
+ && pip install -e .
+
+# The project itself (the editable install above points at /app).
+COPY jobs ./jobs
+COPY chains ./chains
+COPY delivery ./delivery
+COPY dashboard ./dashboard
+COPY skills ./skills
+COPY migrations ./migrations
+COPY alembic.ini ./
+RUN python -m compileall -q jobs chains delivery dashboard migrations \
+ && skilljobs --help >/dev/null
+
+# --- runtime ----------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    SKILLJOBS_DATA_DIR=/data \
+    SKILLJOBS_WORKSPACE_ROOT=/data/workspaces
+
+# A fixed non-root uid/gid, so volume ownership is predictable across hosts. The data
+# directories exist in the image, owned by that user: a named volume mounted there starts
+# with that ownership.
+RUN groupadd --system --gid 10001 skilljobs \
+ && useradd --system --uid 10001 --gid skilljobs --home-dir /data --no-create-home \
+      --shell /usr/sbin/nologin skilljobs \
+ && mkdir -p /data/workspaces \
+ && chown -R skilljobs:skilljobs /data
+
+# Code and venv stay owned by root: the service cannot rewrite itself.
+COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /app /app
+WORKDIR /app
+
+USER 10001:10001
+EXPOSE 8000
+
+# Only the web role serves HTTP: for any other role (worker, migrate, doctor) the check
+# passes without a request. The port comes from the command line (default 8000).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
+  CMD ["python", "-c", "import sys, urllib.request\nargs = open('/proc/1/cmdline', 'rb').read().decode().split('\\0')\nif 'web' not in args and 'up' not in args:\n    sys.exit(0)\nport = '8000'\nfor i, a in enumerate(args):\n    if a == '--port' and i + 1 < len(args):\n        port = args[i + 1]\n    elif a.startswith('--port='):\n        port = a.split('=', 1)[1]\nurllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=4)"]
+
+ENTRYPOINT ["skilljobs"]
+CMD ["web", "--host", "0.0.0.0", "--port", "8000"]
