@@ -1,0 +1,180 @@
+"""Delivering a chain's outcome to the schedule's ``deliver`` recipient, once.
+
+``{to}`` goes through ``send_message``, ``{target}`` through ``notify``, ``{session_id}``
+to that web chat session. Each send is recorded in the delivery ledger under a key made
+from the run id and recipient, so a resumed or re-run chain never sends it twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chains.runstore import FAILED, STOPPED_EMPTY, Lease, LeaseLost, renew
+
+if TYPE_CHECKING:
+    from chains.schedules import ScheduleSpec
+    from jobs.models import ChainRun
+    from jobs.services import Services
+
+log = logging.getLogger("skilljobs.chains")
+
+TEXT_CAP = 3500
+_TEXT_FIELDS = ("message", "result", "text", "display_md", "summary")
+
+
+def outcome_text(name: str, status: str, final: Any, error: str | None) -> str:
+    """The short, user-facing text for a chain outcome (never a stack trace)."""
+    if status == STOPPED_EMPTY:
+        return f"{name}: nothing to report this time — {error or 'a step returned no data'}."
+    if status == FAILED:
+        reason = (error or "a step failed").splitlines()[0][:500]
+        return f"{name} did not complete: {reason}"
+    if isinstance(final, dict):
+        for key in _TEXT_FIELDS:
+            value = final.get(key)
+            if isinstance(value, str) and value.strip():
+                return value[:TEXT_CAP]
+        payload = {k: v for k, v in final.items() if k not in ("ok", "success")}
+        text = json.dumps(payload, ensure_ascii=False, default=str)
+    else:
+        text = final if isinstance(final, str) else json.dumps(final, ensure_ascii=False)
+    return f"{name}: {text}"[:TEXT_CAP]
+
+
+def _attachments(final: Any) -> list[str]:
+    if not isinstance(final, dict):
+        return []
+    out = []
+    for key in ("local_path",):
+        path = final.get(key)
+        if isinstance(path, str) and Path(path).is_absolute() and Path(path).is_file():
+            out.append(path)
+    for key in ("images", "videos", "files", "audios"):
+        for item in final.get(key) or []:
+            path = item.get("local_path") if isinstance(item, dict) else item
+            if isinstance(path, str) and Path(path).is_absolute() and Path(path).is_file():
+                out.append(path)
+    return list(dict.fromkeys(out))
+
+
+def _recipient(deliver: dict[str, Any]) -> tuple[str, str]:
+    """(``kind`` of route, recipient label for the ledger)."""
+    if deliver.get("session_id"):
+        return "session", f"web:{deliver['session_id']}"
+    if deliver.get("target"):
+        return "notify", f"notify:{deliver['target']}"
+    to = deliver.get("to")
+    label = to if isinstance(to, str) else json.dumps(to, ensure_ascii=False, sort_keys=True)
+    return "send_message", str(label)
+
+
+async def deliver_outcome(
+    services: Services,
+    lease: Lease,
+    run: ChainRun,
+    spec: ScheduleSpec,
+    status: str,
+    final: Any,
+    error: str | None,
+) -> dict[str, Any]:
+    """Send the outcome once; returns the delivery record ``{recipient, kind, status, error}``."""
+    from delivery import ledger
+
+    deliver = dict(spec.deliver or {})
+    route, recipient = _recipient(deliver)
+    text = outcome_text(spec.name, status, final, error)
+    attach = _attachments(final) if status not in (FAILED, STOPPED_EMPTY) else []
+    sm = services.sessionmaker
+
+    async def fence() -> bool:
+        try:
+            await renew(sm, lease, services.settings.worker_lease_sec)
+        except LeaseLost:
+            return False
+        return True
+
+    from jobs.context import workspace_dir
+
+    identity = spec.identity
+    ws = workspace_dir(
+        services.settings.resolved_workspace_root,
+        str(identity.get("role_id") or ""),
+        str(identity.get("session_id") or ""),
+    )
+
+    async def send() -> None:
+        await _send(services, route, deliver, text, attach, ws)
+
+    try:
+        return await ledger.deliver_once(
+            sm,
+            send,
+            key=ledger.ledger_key(run.id, recipient, "outcome"),
+            recipient=recipient,
+            owner=ledger.owner_id(lease.owner, lease.token),
+            kind="text",
+            item="outcome",
+            channel=route,
+            chain_run_id=run.id,
+            fence=fence,
+        )
+    except ledger.LeaseLost as exc:
+        raise LeaseLost(str(exc)) from exc
+
+
+async def _send(
+    services: Services,
+    route: str,
+    deliver: dict[str, Any],
+    text: str,
+    attach: list[str],
+    workspace: Path | None,
+) -> None:
+    from delivery.channels.base import DeliveryPermanentError
+
+    if route == "session":
+        from delivery.channels.web import post_message
+
+        atts = [{"local_path": p, "filename": Path(p).name} for p in attach]
+        await post_message(
+            services.sessionmaker,
+            services.redis,
+            services.settings,
+            str(deliver["session_id"]),
+            text,
+            atts,
+        )
+        return
+    if route == "notify":
+        from delivery.notify import notify
+
+        result = await notify(
+            services.settings,
+            text,
+            target=deliver["target"],
+            title=deliver.get("title"),
+            attach=attach or None,
+        )
+    else:
+        from delivery.channels.base import build_channels
+        from delivery.send_message import send_message
+
+        channels = build_channels(
+            services.settings,
+            services.http,
+            sessionmaker=services.sessionmaker,
+            redis=services.redis,
+        )
+        result = await send_message(
+            channels,
+            to=deliver["to"],
+            text=text,
+            attachments=attach or None,
+            channel=deliver.get("channel"),
+            workspace=workspace,
+        )
+    if not result.get("sent"):  # success is judged by ``sent``
+        raise DeliveryPermanentError(str(result.get("message") or "no recipient accepted it"))

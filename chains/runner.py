@@ -1,0 +1,260 @@
+"""Running one chain: steps in order through the shared executor, under the chain policy.
+
+* Identity comes from the schedule (``channel: "schedule"``, ``triggered_at`` = fire time),
+  configs are looked up per ``role_id`` + step skill, ``chat_mode`` is False and the
+  policy's wall clock applies. ``async: true`` skills run inline (the chain is already in
+  the background).
+* Progress is durable: each step's record is committed as it happens, so a run resumed
+  after its worker died skips the steps that already succeeded and feeds their stored
+  outputs to later references.
+* A step whose output is empty stops the chain (``stopped_empty``; later steps
+  ``skipped``); a failed step fails the run with that step's error; a reference that does
+  not resolve fails the step ``non_retriable`` before it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from chains import runstore as rs
+from chains.deliver import deliver_outcome
+from chains.guard import is_empty_output
+from chains.refs import UnresolvedReference, resolve_input
+from chains.schedules import ScheduleSpec, spec_of
+from jobs.crypto import redact
+from jobs.envelope import failure, is_failure, is_non_retriable
+from jobs.models import ChainRun, Schedule
+
+if TYPE_CHECKING:
+    from jobs.services import Services
+
+log = logging.getLogger("skilljobs.chains")
+
+MAX_RUNS = 3  # transient failures of a step: at most 3 runs in all
+TRANSIENT_BACKOFF_SEC = 1.0
+
+
+async def chain_job(ctx: dict[str, Any], run_id: str) -> str:
+    """The arq job body registered under ``FN_RUN_CHAIN``."""
+    return await run_chain(ctx["services"], ctx["executor"], run_id, worker_id=ctx["worker_id"])
+
+
+async def run_chain(services: Services, executor: Any, run_id: str, *, worker_id: str) -> str:
+    """Run (or resume) chain run ``run_id``; returns its final status, or ``"busy"`` when
+    another live worker holds it, or ``"lost"`` when the lease was taken over meanwhile."""
+    sm = services.sessionmaker
+    lease_sec = services.settings.worker_lease_sec
+    lease = await rs.take_lease(sm, run_id, worker_id, lease_sec)
+    if lease is None:
+        async with sm() as s:
+            run = await s.get(ChainRun, run_id)
+        if run is None:
+            log.warning("chain run %s does not exist", run_id)
+            return "missing"
+        return run.status if run.status in rs.RUN_FINAL else "busy"
+
+    stop = asyncio.Event()
+    beat = asyncio.create_task(_heartbeat(services, lease, stop))
+    try:
+        return await _ChainRun(services, executor, lease, stop).run()
+    except rs.LeaseLost:
+        log.warning("chain run %s: lease lost; this attempt stops", run_id)
+        return "lost"
+    finally:
+        beat.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await beat
+
+
+async def _heartbeat(services: Services, lease: rs.Lease, lost: asyncio.Event) -> None:
+    settings = services.settings
+    interval = max(0.05, min(settings.worker_heartbeat_sec, settings.worker_lease_sec / 3))
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await rs.renew(services.sessionmaker, lease, settings.worker_lease_sec)
+        except rs.LeaseLost:
+            lost.set()
+            return
+        except Exception as exc:  # a database hiccup: keep trying while the lease lasts
+            log.warning("chain run %s: lease renewal failed: %s", lease.run_id, exc)
+
+
+class _ChainRun:
+    def __init__(self, services: Services, executor: Any, lease: rs.Lease, lost: asyncio.Event):
+        self.svc = services
+        self.sm = services.sessionmaker
+        self.executor = executor
+        self.lease = lease
+        self.lost = lost
+
+    async def run(self) -> str:
+        async with self.sm() as s:
+            run = await s.get(ChainRun, self.lease.run_id)
+            schedule = await s.get(Schedule, run.schedule_id) if run else None
+        assert run is not None
+        if schedule is None:
+            await rs.finish(self.sm, self.lease, rs.FAILED, error="the schedule no longer exists")
+            return rs.FAILED
+        spec = spec_of(schedule)
+        self.run_row, self.schedule, self.spec = run, schedule, spec
+        refs = spec.step_refs()
+        records = await rs.ensure_steps(
+            self.sm, self.lease, [(r.id, st.skill) for r, st in zip(refs, spec.steps, strict=True)]
+        )
+        outputs: list[Any] = []
+        for i, step in enumerate(spec.steps):
+            rec = records[i]
+            if rec.status == rs.SUCCEEDED:
+                outputs.append(self.svc.box.unseal(rec.output))
+                continue
+            if rec.status in (rs.STOPPED_EMPTY, rs.FAILED):  # recorded, run not closed yet
+                return await self._close_after(i, rec.status, rec.error)
+            try:
+                data = resolve_input(i, refs, outputs)
+            except UnresolvedReference as exc:
+                env = failure(
+                    f"step {i} ({refs[i].id}): {exc}",
+                    error_type="config",
+                    non_retriable=True,
+                    reference=exc.reference,
+                )
+                await self._record(i, rs.FAILED, None, env, env["error"], started=time.time())
+                return await self._close_after(i, rs.FAILED, env["error"])
+            started = time.time()
+            await rs.set_step(
+                self.sm,
+                self.lease,
+                i,
+                status=rs.RUNNING,
+                started_at=started,
+                input=redact(data),
+                error=None,
+            )
+            env = await self._execute(step.skill, data)
+            if is_failure(env):
+                error = f"step {i} ({refs[i].id}, {step.skill}): {env.get('error') or 'failed'}"
+                await self._record(i, rs.FAILED, data, env, error, started=started)
+                return await self._close_after(i, rs.FAILED, error)
+            if is_empty_output(env):
+                note = f"step {i} ({refs[i].id}, {step.skill}) returned nothing; chain stopped"
+                await self._record(i, rs.STOPPED_EMPTY, data, env, None, started=started)
+                return await self._close_after(i, rs.STOPPED_EMPTY, note)
+            await self._record(i, rs.SUCCEEDED, data, env, None, started=started)
+            outputs.append(env)
+        final = outputs[-1] if outputs else None
+        return await self._close(rs.SUCCEEDED, None, final)
+
+    async def _execute(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
+        runs = 0
+        while True:
+            runs += 1
+            env = await self._execute_once(skill, data)
+            transient = is_failure(env) and env.get("error_type") == "transient"
+            if not transient or is_non_retriable(env) or runs >= MAX_RUNS:
+                return env
+            log.info("chain run %s: %s failed transiently (run %s)", self.lease.run_id, skill, runs)
+            await asyncio.sleep(TRANSIENT_BACKOFF_SEC * 2 ** (runs - 1))
+
+    async def _execute_once(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
+        ctx = await self._context(skill)
+        wall = self.spec.policy.wall_sec
+        task = asyncio.ensure_future(_call_executor(self.executor, skill, data, ctx, wall))
+        lost = asyncio.ensure_future(self.lost.wait())
+        try:
+            done, _ = await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        if task not in done:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            raise rs.LeaseLost(self.lease.run_id)
+        try:
+            env = task.result()
+        except Exception as exc:  # the executor normally never raises; be safe anyway
+            log.exception("chain run %s: executor raised", self.lease.run_id)
+            return failure(f"skill {skill!r} could not run: {exc.__class__.__name__}: {exc}")
+        if not isinstance(env, dict):
+            env = {"ok": True, "result": env}
+        return env
+
+    async def _context(self, skill: str) -> dict[str, Any]:
+        """The chain's runtime context: the schedule's identity, chain policy."""
+        from jobs.context import background_context
+
+        identity = dict(self.spec.identity)
+        role_id = str(identity.get("role_id") or "")
+        configs: dict[str, Any] = {}
+        if role_id:
+            from jobs.configs import ConfigStore
+
+            configs = await ConfigStore(self.sm, self.svc.box).get(role_id, skill)
+        origin = {
+            **identity,
+            "channel": "schedule",
+            "triggered_at": self.run_row.fire_at,
+            "triggered_at_str": "",
+        }
+        ctx = background_context(origin, skill=skill, configs=configs)
+        ctx["chat_mode"] = False  # chain policy: nobody can answer a confirmation here
+        return ctx
+
+    async def _record(
+        self,
+        i: int,
+        status: str,
+        data: dict[str, Any] | None,
+        env: Any,
+        error: str | None,
+        *,
+        started: float,
+    ) -> None:
+        now = time.time()
+        await rs.set_step(
+            self.sm,
+            self.lease,
+            i,
+            status=status,
+            input=redact(data) if data is not None else None,
+            output=self.svc.box.seal(rs.cap_output(env)),
+            error=error,
+            started_at=started,
+            finished_at=now,
+            duration_ms=round((now - started) * 1000, 1),
+        )
+
+    async def _close_after(self, i: int, status: str, error: str | None) -> str:
+        await rs.skip_rest(self.sm, self.lease, i)
+        return await self._close(status, error, None)
+
+    async def _close(self, status: str, error: str | None, final: Any) -> str:
+        result: dict[str, Any] = {"output": rs.cap_output(final)} if final is not None else {}
+        if self.spec.deliver:
+            result["delivery"] = await deliver_outcome(
+                self.svc, self.lease, self.run_row, self.spec, status, final, error
+            )
+        await rs.finish(self.sm, self.lease, status, error=error, result=self.svc.box.seal(result))
+        log.info("chain run %s finished: %s", self.lease.run_id, status)
+        return status
+
+
+async def _call_executor(
+    executor: Any, skill: str, data: dict[str, Any], ctx: dict[str, Any], wall: float | None
+) -> Any:
+    fn = executor.run
+    try:
+        accepts_wall = "policy_wall_sec" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        accepts_wall = True
+    if accepts_wall:
+        return await fn(skill, data, ctx, policy_wall_sec=wall)
+    return await fn(skill, data, ctx)
+
+
+__all__ = ["ScheduleSpec", "chain_job", "run_chain"]

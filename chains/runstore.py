@@ -1,0 +1,182 @@
+"""Fenced state changes of a chain run: the lease, step records, the final outcome.
+
+A worker takes the run's lease with a conditional UPDATE that bumps ``lease_token``; every
+later write on behalf of that attempt checks the token, so an attempt whose lease was taken
+over (worker paused, partitioned or presumed dead) can never record anything.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from jobs.models import ChainRun, ChainStep
+
+Sessions = async_sessionmaker[AsyncSession]
+
+PENDING, RUNNING, SUCCEEDED, FAILED = "pending", "running", "succeeded", "failed"
+STOPPED_EMPTY, SKIPPED = "stopped_empty", "skipped"
+RUN_FINAL = frozenset({SUCCEEDED, FAILED, STOPPED_EMPTY})
+OUTPUT_CAP = 200_000  # characters of a stored step output
+
+
+class LeaseLost(RuntimeError):
+    """Another worker holds this run now; this attempt must stop without writing."""
+
+
+@dataclass
+class Lease:
+    run_id: str
+    token: int
+    owner: str
+
+
+async def take_lease(sm: Sessions, run_id: str, owner: str, lease_sec: float) -> Lease | None:
+    """Lease a queued run, a run whose lease expired, or one this worker already holds."""
+    now = time.time()
+    async with sm() as s:
+        res = await s.execute(
+            update(ChainRun)
+            .where(
+                ChainRun.id == run_id,
+                ChainRun.status.in_(("queued", RUNNING)),
+                or_(
+                    ChainRun.lease_expires_at.is_(None),
+                    ChainRun.lease_expires_at < now,
+                    ChainRun.lease_owner == owner,
+                ),
+            )
+            .values(
+                status=RUNNING,
+                lease_owner=owner,
+                lease_token=ChainRun.lease_token + 1,
+                lease_expires_at=now + lease_sec,
+            )
+        )
+        if res.rowcount != 1:  # type: ignore[attr-defined]
+            await s.rollback()
+            return None
+        token = (
+            await s.execute(select(ChainRun.lease_token).where(ChainRun.id == run_id))
+        ).scalar_one()
+        await s.execute(
+            update(ChainRun)
+            .where(ChainRun.id == run_id, ChainRun.started_at.is_(None))
+            .values(started_at=now)
+        )
+        await s.commit()
+    return Lease(run_id, token, owner)
+
+
+async def _fence(s: AsyncSession, lease: Lease, lease_sec: float | None = None) -> None:
+    values: dict[str, Any] = {"lease_owner": lease.owner}
+    if lease_sec is not None:
+        values["lease_expires_at"] = time.time() + lease_sec
+    res = await s.execute(
+        update(ChainRun)
+        .where(ChainRun.id == lease.run_id, ChainRun.lease_token == lease.token)
+        .values(**values)
+    )
+    if res.rowcount != 1:  # type: ignore[attr-defined]
+        await s.rollback()
+        raise LeaseLost(f"chain run {lease.run_id}: lease taken over")
+
+
+async def renew(sm: Sessions, lease: Lease, lease_sec: float) -> None:
+    async with sm() as s:
+        await _fence(s, lease, lease_sec)
+        await s.commit()
+
+
+async def ensure_steps(sm: Sessions, lease: Lease, steps: list[tuple[str, str]]) -> list[ChainStep]:
+    """The run's step records, creating the missing ones as ``pending``."""
+    async with sm() as s:
+        await _fence(s, lease)
+        have = {
+            st.idx: st
+            for st in (
+                await s.execute(select(ChainStep).where(ChainStep.run_id == lease.run_id))
+            ).scalars()
+        }
+        for i, (step_id, skill) in enumerate(steps):
+            if i not in have:
+                row = ChainStep(run_id=lease.run_id, idx=i, step_id=step_id, skill=skill)
+                s.add(row)
+                have[i] = row
+        await s.commit()
+    return [have[i] for i in sorted(have)]
+
+
+async def set_step(sm: Sessions, lease: Lease, idx: int, **values: Any) -> None:
+    async with sm() as s:
+        await _fence(s, lease)
+        await s.execute(
+            update(ChainStep)
+            .where(ChainStep.run_id == lease.run_id, ChainStep.idx == idx)
+            .values(**values)
+        )
+        await s.commit()
+
+
+async def skip_rest(sm: Sessions, lease: Lease, after: int) -> None:
+    async with sm() as s:
+        await _fence(s, lease)
+        await s.execute(
+            update(ChainStep)
+            .where(
+                ChainStep.run_id == lease.run_id,
+                ChainStep.idx > after,
+                ChainStep.status.in_((PENDING, RUNNING)),
+            )
+            .values(status=SKIPPED)
+        )
+        await s.commit()
+
+
+async def finish(
+    sm: Sessions,
+    lease: Lease,
+    status: str,
+    *,
+    error: str | None = None,
+    result: dict[str, Any] | None = None,
+) -> None:
+    async with sm() as s:
+        await _fence(s, lease)
+        await s.execute(
+            update(ChainRun)
+            .where(ChainRun.id == lease.run_id)
+            .values(
+                status=status,
+                error=error,
+                result=result,
+                finished_at=time.time(),
+                lease_expires_at=None,
+            )
+        )
+        await s.commit()
+
+
+async def set_result(sm: Sessions, lease: Lease, result: dict[str, Any]) -> None:
+    async with sm() as s:
+        await _fence(s, lease)
+        await s.execute(update(ChainRun).where(ChainRun.id == lease.run_id).values(result=result))
+        await s.commit()
+
+
+def cap_output(value: Any) -> Any:
+    """A step output fit for its record: whole when small, else a marked summary."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    if len(text) <= OUTPUT_CAP:
+        return value
+    return {
+        "_truncated": True,
+        "chars": len(text),
+        "keys": list(value)[:20] if isinstance(value, dict) else None,
+        "preview": text[:2000],
+    }
