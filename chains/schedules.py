@@ -387,8 +387,11 @@ async def enqueue_run(services: Services, run_id: str, n: int) -> None:
     await enqueue(services, FN_RUN_CHAIN, run_id, job_id=arq_job_id(run_id, n))
 
 
-async def trigger_manual(services: Services, schedule_id: str, *, actor: str | None = None) -> str:
-    """Start an on-demand run now (its own run, fire key ``manual:<uuid>``); the run id."""
+async def trigger_manual(
+    services: Services, schedule_id: str, *, actor: str | None = None, enqueue: bool = True
+) -> str:
+    """Start an on-demand run now (its own run, fire key ``manual:<uuid>``); the run id.
+    ``enqueue=False`` only records it (the caller runs it in-process)."""
     row = await _require(services.sessionmaker, schedule_id)
     now = time.time()
     run = ChainRun(
@@ -405,7 +408,8 @@ async def trigger_manual(services: Services, schedule_id: str, *, actor: str | N
         s.add(run)
         await s.commit()
     await _audit(services.sessionmaker, "schedule.run", row.id, actor, run_id=run.id)
-    await enqueue_run(services, run.id, 0)
+    if enqueue:
+        await enqueue_run(services, run.id, 0)
     return run.id
 
 

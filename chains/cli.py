@@ -1,0 +1,284 @@
+"""``skilljobs schedules add FILE | list | show ID | run ID | enable ID | disable ID | runs ID``."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from jobs.cli_common import fail, load_settings, open_services, run_async
+
+console = Console()
+schedules_app = typer.Typer(help="Cron-defined chains of skills.", no_args_is_help=True)
+
+STATUS_STYLE = {
+    "sent": "green",
+    "succeeded": "green",
+    "failed": "red",
+    "stopped_empty": "yellow",
+    "running": "cyan",
+    "queued": "blue",
+    "skipped": "dim",
+    "pending": "dim",
+}
+
+
+def _utc(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if ts else "-"
+
+
+def _local(ts: float | None, tz: str) -> str:
+    if not ts:
+        return "-"
+    try:
+        return datetime.fromtimestamp(ts, ZoneInfo(tz)).strftime("%Y-%m-%d %H:%M %Z")
+    except Exception:
+        return _utc(ts)
+
+
+def _status(value: str | None) -> str:
+    if not value:
+        return "-"
+    style = STATUS_STYLE.get(value, "")
+    return f"[{style}]{value}[/{style}]" if style else value
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        fail(f"{path}: no such file")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:
+        fail(f"{path}: cannot parse: {exc}")
+    if not isinstance(data, dict):
+        fail(f"{path}: a schedule file must hold one mapping (name, cron, steps, …)")
+    return data
+
+
+def _with_services(fn: Any, **open_kw: Any) -> Any:
+    settings = load_settings()
+
+    async def _go() -> Any:
+        svc = await open_services(settings, **open_kw)
+        try:
+            return await fn(svc)
+        except LookupError as exc:
+            fail(str(exc.args[0] if exc.args else exc))
+        except ValueError as exc:
+            fail(str(exc))
+        finally:
+            await svc.close()
+
+    return run_async(_go)
+
+
+@schedules_app.command("add")
+def add(file: Path = typer.Argument(..., help="Schedule file (YAML or JSON).")) -> None:
+    """Validate a schedule file and store it."""
+    from chains import schedules
+
+    data = _read_file(file)
+
+    async def go(svc: Any) -> None:
+        try:
+            spec = schedules.validate(data, svc.registry)
+        except schedules.ScheduleError as exc:
+            for problem in exc.problems:
+                typer.secho(f"  - {problem}", fg=typer.colors.RED, err=True)
+            fail(f"{file}: {len(exc.problems)} problem(s); nothing stored")
+        row = await schedules.create(svc, spec, actor="cli")
+        console.print(
+            f"schedule [bold]{row.name}[/bold] stored as {row.id}; "
+            f"next fire {_local(row.next_fire_at, row.timezone)}"
+        )
+
+    _with_services(go, redis=False)
+
+
+@schedules_app.command("list")
+def list_cmd() -> None:
+    """Every schedule with its next fire time and last run."""
+    from chains import schedules
+
+    async def go(svc: Any) -> None:
+        rows = await schedules.list_schedules(svc)
+        last = await schedules.last_runs(svc)
+        table = Table(title=f"{len(rows)} schedule(s)")
+        for col in ("id", "name", "cron", "timezone", "enabled", "next fire", "last run", "steps"):
+            table.add_column(col, overflow="fold")
+        for r in rows:
+            run = last.get(r.id)
+            last_text = f"{_status(run.status)} {_utc(run.fire_at)}" if run else "-"
+            table.add_row(
+                r.id,
+                r.name,
+                r.cron,
+                r.timezone,
+                "yes" if r.enabled else "[dim]no[/dim]",
+                _local(r.next_fire_at, r.timezone) if r.enabled else "-",
+                last_text,
+                str(len(r.steps or [])),
+            )
+        console.print(table)
+
+    _with_services(go, redis=False)
+
+
+@schedules_app.command("show")
+def show(schedule: str = typer.Argument(..., help="Schedule id or name.")) -> None:
+    """The schedule as stored (JSON)."""
+    from chains import schedules
+
+    async def go(svc: Any) -> None:
+        row = await schedules.get(svc, schedule)
+        if row is None:
+            fail(f"no schedule {schedule!r}")
+            return
+        console.print_json(json.dumps(schedules.to_dict(row), ensure_ascii=False, default=str))
+
+    _with_services(go, redis=False)
+
+
+def _toggle(schedule: str, enabled: bool) -> None:
+    from chains import schedules
+
+    async def go(svc: Any) -> None:
+        row = await schedules.set_enabled(svc, schedule, enabled, actor="cli")
+        state = (
+            f"enabled; next fire {_local(row.next_fire_at, row.timezone)}"
+            if enabled
+            else "disabled"
+        )
+        console.print(f"schedule [bold]{row.name}[/bold] {state}")
+
+    _with_services(go, redis=False)
+
+
+@schedules_app.command("enable")
+def enable(schedule: str = typer.Argument(..., help="Schedule id or name.")) -> None:
+    """Enable a schedule (fire times missed while disabled are not run)."""
+    _toggle(schedule, True)
+
+
+@schedules_app.command("disable")
+def disable(schedule: str = typer.Argument(..., help="Schedule id or name.")) -> None:
+    """Disable a schedule."""
+    _toggle(schedule, False)
+
+
+@schedules_app.command("run")
+def run(
+    schedule: str = typer.Argument(..., help="Schedule id or name."),
+    inline: bool = typer.Option(
+        False, "--inline", help="Run the chain in this process instead of queueing it."
+    ),
+) -> None:
+    """Start a run now (queued for the workers, or --inline here)."""
+    from chains import schedules
+
+    async def go(svc: Any) -> int:
+        if not inline:
+            run_id = await schedules.trigger_manual(svc, schedule, actor="cli")
+            console.print(f"run {run_id} queued")
+            return 0
+        from chains.runner import run_chain
+        from jobs.executor import Executor
+
+        run_id = await schedules.trigger_manual(svc, schedule, actor="cli", enqueue=False)
+        executor = Executor(
+            settings=svc.settings,
+            registry=svc.registry,
+            sessionmaker=svc.sessionmaker,
+            box=svc.box,
+            http=svc.http,
+        )
+        try:
+            with console.status(f"run {run_id}: running"):
+                status = await run_chain(svc, executor, run_id, worker_id=f"cli:{time.time_ns()}")
+        finally:
+            await executor.aclose()
+        _print_run(await schedules.get_run(svc, run_id))
+        return 0 if status in ("succeeded", "stopped_empty") else 1
+
+    settings = load_settings()
+    if not inline and not settings.redis_url:
+        fail("SKILLJOBS_REDIS_URL is not set: nothing can pick a queued run up; use --inline")
+    code = _with_services(go, redis=not inline)
+    raise typer.Exit(code)
+
+
+def _print_run(run: dict[str, Any] | None) -> None:
+    if run is None:
+        return
+    console.print(
+        f"run {run['id']}: {_status(run['status'])} (fire {_utc(run['fire_at'])}, "
+        f"{run.get('trigger', '')})"
+    )
+    if run.get("error"):
+        console.print(f"  {run['error']}")
+    delivery = (run.get("result") or {}).get("delivery")
+    if delivery:
+        why = f" — {delivery['error']}" if delivery.get("error") else ""
+        console.print(f"  delivery to {delivery['recipient']}: {_status(delivery['status'])}{why}")
+    table = Table()
+    for col in ("#", "step", "skill", "status", "ms", "error / output"):
+        table.add_column(col, overflow="fold")
+    for s in run["steps"]:
+        detail = s["error"] or json.dumps(s["output"], ensure_ascii=False, default=str)[:160]
+        ms = f"{s['duration_ms']:.0f}" if s.get("duration_ms") is not None else "-"
+        table.add_row(str(s["index"]), s["id"], s["skill"], _status(s["status"]), ms, detail)
+    if run["steps"]:
+        console.print(table)
+
+
+@schedules_app.command("runs")
+def runs(
+    schedule: str = typer.Argument(..., help="Schedule id or name."),
+    limit: int = typer.Option(20, "--limit", "-n", min=1, max=500),
+    run_id: str = typer.Option("", "--run", help="Show one run with its steps."),
+) -> None:
+    """Recent runs of a schedule, newest first."""
+    from chains import schedules
+
+    async def go(svc: Any) -> None:
+        if run_id:
+            got = await schedules.get_run(svc, run_id)
+            if got is None:
+                fail(f"no chain run {run_id!r}")
+            _print_run(got)
+            return
+        items = await schedules.list_runs(svc, schedule, limit=limit)
+        table = Table(title=f"runs of {schedule} (newest first)")
+        for col in ("run", "trigger", "fire time", "status", "steps", "finished", "error"):
+            table.add_column(col, overflow="fold")
+        for r in items:
+            steps = " ".join(_status(s["status"]) for s in r["steps"]) or "-"
+            table.add_row(
+                r["id"],
+                r["trigger"],
+                _utc(r["fire_at"]),
+                _status(r["status"]),
+                steps,
+                _utc(r["finished_at"]),
+                (r["error"] or "")[:120],
+            )
+        console.print(table)
+
+    _with_services(go, redis=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(schedules_app, name="schedules")
