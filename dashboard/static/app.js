@@ -300,6 +300,16 @@ function readFilters() {
   return out;
 }
 
+function jobRow(j) {
+  return el("tr", {
+    dataset: { jobId: j.id }, class: j.id === state.detailId ? "selected" : "",
+    onclick: () => openDetail(j.id) },
+  el("td", {}, fmtTime(j.created_at)), el("td", { class: "mono" }, j.id.slice(0, 12)),
+  el("td", {}, j.skill), el("td", { class: "status" }, statusBadge(j.status)),
+  el("td", {}, j.attempts), el("td", {}, j.origin.channel || "–"),
+  el("td", {}, j.origin.role_id || "–"), el("td", {}, fmtMs(j.duration_ms)));
+}
+
 async function loadJobs() {
   const params = new URLSearchParams(state.filters);
   params.set("limit", "50");
@@ -307,14 +317,7 @@ async function loadJobs() {
   if (cursor) params.set("cursor", cursor);
   const page = await api(`/api/v1/jobs?${params}`);
   state.nextCursor = page.next_cursor;
-  fillRows($("#jobs tbody"), page.items.map((j) => el("tr", {
-    dataset: { jobId: j.id }, class: j.id === state.detailId ? "selected" : "",
-    onclick: () => openDetail(j.id) },
-  el("td", {}, fmtTime(j.created_at)), el("td", { class: "mono" }, j.id.slice(0, 12)),
-  el("td", {}, j.skill), el("td", { class: "status" }, statusBadge(j.status)),
-  el("td", {}, j.attempts), el("td", {}, j.origin.channel || "–"),
-  el("td", {}, j.origin.role_id || "–"), el("td", {}, fmtMs(j.duration_ms)))),
-  "no jobs match", 8);
+  fillRows($("#jobs tbody"), page.items.map(jobRow), "no jobs match", 8);
   $("#page-newer").disabled = state.cursors.length <= 1;
   $("#page-older").disabled = !state.nextCursor;
   $("#page-info").textContent = `page ${state.cursors.length}`;
@@ -331,7 +334,9 @@ async function openDetail(jobId) {
   if (state.detailId !== jobId) return;
   state.detail = job;
   for (const tr of document.querySelectorAll("#jobs tbody tr")) {
-    tr.classList.toggle("selected", tr.dataset.jobId === jobId);
+    // the freshest copy of this job also refreshes its row in the list
+    if (tr.dataset.jobId === jobId) tr.replaceWith(jobRow(job));
+    else tr.classList.remove("selected");
   }
   const panel = $("#detail");
   panel.hidden = false;
