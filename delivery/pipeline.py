@@ -1,0 +1,98 @@
+"""Post-processing of a background result, in the order of the contract:
+
+1. fake-success flip (the result envelope is normalized),
+2. ``local_path`` filled from ``filename``,
+3. remote URLs materialized into the workspace (outbound policy enforced),
+4. artifacts collected (declared + backfill) and stored,
+5. delivery to the job's origin, each item once (the ledger).
+
+A failed result skips 2–4: the user gets a short failure notice, not half an artifact set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import delete
+
+from delivery.artifacts import ArtifactInfo, acollect, fill_local_path
+from delivery.fetch import SafeFetcher
+from delivery.materialize import materialize
+from delivery.router import deliver_result, workspace_of
+from jobs.envelope import is_failure, normalize
+from jobs.models import Artifact
+
+log = logging.getLogger(__name__)
+
+Fence = Callable[[], Awaitable[bool]]
+
+
+@dataclass
+class PostResult:
+    result: dict[str, Any]
+    artifacts: list[ArtifactInfo] = field(default_factory=list)
+    fetches: list[dict[str, Any]] = field(default_factory=list)
+    deliveries: list[dict[str, Any]] = field(default_factory=list)
+    #: declared files that were refused or missing: ``{"path", "field", "reason"}``
+    problems: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def store_artifacts(sessionmaker: Any, job_id: str, artifacts: list[ArtifactInfo]) -> None:
+    """The job's artifact rows, replaced as a whole (a re-run records its own set once)."""
+    async with sessionmaker() as s:
+        await s.execute(delete(Artifact).where(Artifact.job_id == job_id))
+        s.add_all(
+            Artifact(
+                job_id=job_id,
+                filename=a.filename,
+                local_path=a.local_path,
+                media=a.media,
+                mime=a.mime,
+                size=a.size,
+                sha256=a.sha256,
+                source_url=a.source_url,
+            )
+            for a in artifacts
+        )
+        await s.commit()
+
+
+async def postprocess(
+    services: Any,
+    job: Any,
+    result: Any,
+    *,
+    fence: Fence,
+    deliver: bool = True,
+) -> PostResult:
+    """Run the post-processing steps for ``job``'s ``result`` and deliver it.
+
+    ``fence`` (``async () -> bool``) is checked before writes and before each send; once it
+    says False nothing more is written or sent.
+    """
+    settings = services.settings
+    env = normalize(result, job.skill)
+    post = PostResult(result=env)
+    if not is_failure(env):
+        workspace = workspace_of(settings, job)
+        await asyncio.to_thread(Path(workspace).mkdir, parents=True, exist_ok=True)
+        env = fill_local_path(env, workspace)
+        try:
+            async with SafeFetcher(settings.allow_hosts) as fetcher:
+                env, post.fetches = await materialize(env, workspace, fetcher)
+        except Exception as exc:  # a broken download step must not cost the user the result
+            log.exception("job %s: materialization failed", job.id)
+            post.problems.append({"path": "", "field": "materialize", "reason": str(exc)})
+        post.result = env
+        post.artifacts = await acollect(env, workspace, post.problems)
+        if not await fence():
+            return post
+        await store_artifacts(services.sessionmaker, job.id, post.artifacts)
+    if deliver:
+        post.deliveries = await deliver_result(services, job, env, post.artifacts, fence=fence)
+    return post

@@ -1,0 +1,276 @@
+"""Media routing: a finished job's files and text to the person who asked, each item once.
+
+Recipients come from the job's stored origin, never from whoever is talking now: web,
+web_admin and ``orgdeleg:`` sessions get a message on their chat session (stored + pushed
+live); third-party channels get it at the job's ``actor_key``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from delivery.channels.base import Channel, DeliveryPermanentError, build_channels, media_kind
+from delivery.channels.telegram import MARKDOWN_IMAGE
+from delivery.channels.web import WEB_CHANNELS, WebChannel
+from delivery.ledger import LeaseLost, deliver_once, ledger_key, owner_id
+from jobs.envelope import is_failure
+
+Fence = Callable[[], Awaitable[bool]]
+
+TEXT_KEYS = ("message", "result", "text", "display_md")
+FAILURE_REASON_MAX = 240
+_TRACE_HINTS = ("Traceback (most recent call last)", 'File "', "\n  at ")
+_ADMIN_HINT = re.compile(
+    r"[,;.]?\s*(please\s+)?contact\s+(an?\s+|your\s+)?(admin|administrator)\w*", re.I
+)
+
+
+@dataclass(frozen=True)
+class Origin:
+    channel: str  # adapter name: web / telegram / feishu / wecom / dingtalk
+    contact: str
+    error: str | None = None
+
+    @property
+    def recipient(self) -> str:
+        return f"{self.channel}:{self.contact}"
+
+
+@dataclass
+class Item:
+    kind: str  # text image video audio file
+    key: str  # ledger item: "text", "failure" or "<kind>:<path>"
+    path: str | None = None
+    text: str | None = None  # text item body, or the caption of a media item
+
+
+def origin_of(job: Any) -> Origin:
+    """Where a job's result goes, from the job row alone."""
+    channel = (job.channel or "").strip().lower()
+    if channel in WEB_CHANNELS or (job.external_id or "").startswith("orgdeleg:"):
+        if not job.session_id:
+            return Origin("web", "", "the job has no chat session to deliver to")
+        return Origin("web", job.session_id)
+    if not channel:
+        return Origin("unknown", job.actor_key or "", "the job has no origin channel")
+    if not job.actor_key:
+        return Origin(channel, "", f"no {channel} recipient: the job has no actor_key")
+    return Origin(channel, job.actor_key)
+
+
+def workspace_of(settings: Any, job: Any) -> Path:
+    return (
+        Path(settings.resolved_workspace_root) / (job.role_id or "") / (job.session_id or "shared")
+    )
+
+
+def job_text(result: dict[str, Any]) -> str:
+    """The user-facing text of a result: ``message`` / ``result`` / ``text`` (then
+    ``display_md``)."""
+    for key in TEXT_KEYS:
+        value = result.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return ""
+
+
+def failure_text(skill: str, result: dict[str, Any]) -> str:
+    """A short failure notice for the user: no stack traces, no "contact an admin"."""
+    name = skill or "the task"
+    if result.get("needs_config"):
+        missing = ", ".join(str(k) for k in result["needs_config"][:5])
+        return f"Sorry, {name} is not set up yet (missing: {missing}). Nothing was done."
+    reason = ""
+    for key in ("user_message", "error", "msg"):
+        value = result.get(key)
+        if isinstance(value, str) and value.strip():
+            reason = value.strip()
+            break
+    if any(h in reason for h in _TRACE_HINTS):
+        reason = ""
+    reason = _ADMIN_HINT.sub("", reason.splitlines()[0] if reason else "").strip(" .,;:")
+    if len(reason) > FAILURE_REASON_MAX:
+        reason = reason[: FAILURE_REASON_MAX - 1].rstrip() + "…"
+    if reason:
+        return f"Sorry, {name} could not finish: {reason}."
+    return f"Sorry, {name} could not finish. You can try again in a moment."
+
+
+def _field(a: Any, name: str) -> Any:
+    return a.get(name) if isinstance(a, dict) else getattr(a, name, None)
+
+
+def plan(
+    result: dict[str, Any], artifacts: list[Any], adapter: Channel, *, skill: str = ""
+) -> list[Item]:
+    """What to send, in order, for one recipient on ``adapter``."""
+    if is_failure(result):
+        return [Item("text", "failure", text=failure_text(skill, result))]
+    text = job_text(result)
+    media: list[Item] = []
+    seen: set[str] = set()
+    sources: set[str] = set()
+    for a in artifacts:
+        path = _field(a, "local_path")
+        if not path:
+            continue
+        real = str(Path(path).resolve())
+        source = _field(a, "source_url")
+        if real in seen or (source and source in sources):
+            continue  # one file (or one URL) is sent once
+        seen.add(real)
+        if source:
+            sources.add(source)
+        kind = media_kind(real, _field(a, "media"))
+        media.append(Item(kind, f"{kind}:{real}", path=real))
+    if text and adapter.converts_markdown_images and sources:
+        # an image that already goes out as a file must not come again from the text
+        text = MARKDOWN_IMAGE.sub(lambda m: "" if m.group(2) in sources else m.group(0), text)
+        text = text.strip()
+    if not media:
+        return [Item("text", "text", text=text or f"{skill or 'The task'} finished.")]
+    if text and adapter.supports_caption:
+        media[0].text = text
+        return media
+    return ([Item("text", "text", text=text)] if text else []) + media
+
+
+def channels_for(services: Any) -> dict[str, Channel]:
+    """The process's adapters, built once per ``Services`` (token caches live in them)."""
+    cached = getattr(services, "channels", None) or getattr(services, "_delivery_channels", None)
+    if cached is None:
+        cached = build_channels(
+            services.settings,
+            services.http,
+            sessionmaker=services.sessionmaker,
+            redis=services.redis,
+        )
+        services._delivery_channels = cached
+    return dict(cached)
+
+
+async def deliver_result(
+    services: Any,
+    job: Any,
+    result: dict[str, Any],
+    artifacts: list[Any],
+    *,
+    fence: Fence,
+    channels: dict[str, Channel] | None = None,
+    backoff: float = 1.0,
+) -> list[dict[str, Any]]:
+    """Send the job's result to its origin; returns ``[{"recipient","kind","status","error"}]``.
+
+    ``fence`` is checked before every send: when it says False this attempt lost its lease and
+    delivery stops without sending.
+    """
+    settings = services.settings
+    chans = channels if channels is not None else channels_for(services)
+    origin = origin_of(job)
+    adapter = chans.get(origin.channel)
+    if isinstance(adapter, WebChannel):
+        adapter = adapter.for_job(job.id)
+    common = {
+        "recipient": origin.recipient,
+        "owner": owner_id(job.lease_owner, job.lease_token),
+        "channel": origin.channel,
+        "job_id": job.id,
+        "chain_run_id": getattr(job, "chain_run_id", None),
+        "fence": fence,
+        "backoff": backoff,
+        "dead_after": float(settings.worker_lease_sec) * 2,
+    }
+    sm = services.sessionmaker
+    problem = origin.error or (
+        None if adapter is not None else f"channel {origin.channel!r} is not configured"
+    )
+    if problem is not None or adapter is None:
+        reason = problem or "no adapter"
+
+        async def refuse() -> None:
+            raise DeliveryPermanentError(reason)
+
+        try:
+            return [
+                _public(
+                    await deliver_once(
+                        sm,
+                        refuse,
+                        key=ledger_key(job.id, origin.recipient, "origin"),
+                        kind="text",
+                        item="origin",
+                        **common,
+                    )
+                )
+            ]
+        except LeaseLost:
+            return []
+
+    workspace = workspace_of(settings, job).resolve()
+    out: list[dict[str, Any]] = []
+    items = plan(result, artifacts, adapter, skill=job.skill)
+    try:
+        for item in items:
+            out.extend(await _send_item(sm, adapter, origin, item, workspace, common, job.id))
+    except LeaseLost:
+        pass
+    return out
+
+
+async def _send_item(
+    sm: Any,
+    adapter: Channel,
+    origin: Origin,
+    item: Item,
+    workspace: Path,
+    common: dict[str, Any],
+    job_id: str,
+) -> list[dict[str, Any]]:
+    if item.path is None:
+        text = item.text or ""
+
+        async def send_text() -> None:
+            await adapter.send_text(origin.contact, text)
+
+        return [
+            _public(
+                await deliver_once(
+                    sm,
+                    send_text,
+                    key=ledger_key(job_id, origin.recipient, item.key),
+                    kind="text",
+                    item=item.key,
+                    **common,
+                )
+            )
+        ]
+    path, caption = item.path, item.text
+
+    async def send_media() -> None:
+        if not Path(path).is_relative_to(workspace):
+            raise DeliveryPermanentError(f"{Path(path).name} is outside the job's workspace")
+        await adapter.send_media(item.kind, origin.contact, path, caption)
+
+    res = _public(
+        await deliver_once(
+            sm,
+            send_media,
+            key=ledger_key(job_id, origin.recipient, item.key),
+            kind=item.kind,
+            item=path,
+            **common,
+        )
+    )
+    if caption and res["status"] == "failed":
+        # the caption must not be lost with the file: send the text on its own
+        fallback = Item("text", "text", text=caption)
+        return [res, *await _send_item(sm, adapter, origin, fallback, workspace, common, job_id)]
+    return [res]
+
+
+def _public(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: d[k] for k in ("recipient", "kind", "status", "error")}
