@@ -8,13 +8,13 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from delivery.channels.web import ensure_session, list_messages
 from delivery.pipeline import postprocess
 from delivery.router import failure_text, origin_of
 from jobs.crypto import SecretBox, load_or_create_key
 from jobs.models import Artifact, Delivery, Job
 from jobs.services import Services
 from jobs.skill import SkillRegistry
-from delivery.channels.web import ensure_session, list_messages
 from tests.conftest import make_settings
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.sink import FakeFiles
@@ -258,8 +258,9 @@ async def test_remote_image_materialized_and_sent_once(services, tg, cdn) -> Non
 
 async def test_too_big_media_failure_keeps_the_text(services, tg) -> None:
     job = await make_job(services)
-    with open(workspace(services, job) / "huge.mp4", "wb") as fh:
-        fh.truncate(51 * 1024 * 1024)
+    huge = workspace(services, job) / "huge.mp4"
+    huge.write_bytes(b"")
+    os.truncate(huge, 51 * 1024 * 1024)
     post = await postprocess(
         services, job, {"message": "video ready", "filename": "huge.mp4"}, fence=always
     )
