@@ -224,6 +224,10 @@ def _as_list(value: Any) -> list[Any]:
     return [value]
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _as_bool(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in {"true", "yes", "on", "1"}
@@ -339,7 +343,7 @@ def _detect_exec(skill: Skill, fm: dict[str, Any]) -> None:
         skill.error = "exec must be a mapping with primary.type / primary.entry / config"
         return
     if isinstance(spec, dict):
-        primary = spec.get("primary") if isinstance(spec.get("primary"), dict) else {}
+        primary = _mapping(spec.get("primary"))
         if isinstance(spec.get("primary"), str):
             primary = {"type": spec["primary"]}
         config = str(spec["config"]) if spec.get("config") else None
@@ -515,7 +519,7 @@ def _load_into(skill: Skill) -> None:
 
 
 def _read_flags(skill: Skill, fm: dict[str, Any]) -> None:
-    meta = fm.get("metadata") if isinstance(fm.get("metadata"), dict) else {}
+    meta = _mapping(fm.get("metadata"))
     for key in TOP_LEVEL_ONLY:
         if key in meta and key not in fm:
             skill.warnings.append(f"metadata.{key} is ignored; put {key} at the top level")
@@ -544,7 +548,7 @@ def _read_flags(skill: Skill, fm: dict[str, Any]) -> None:
 
     skill.is_async = _as_bool(fm.get("async", False))
     skill.force_raw_prompt = _as_bool(fm.get("force_raw_prompt", False))
-    openclaw = meta.get("openclaw") if isinstance(meta.get("openclaw"), dict) else {}
+    openclaw = _mapping(meta.get("openclaw"))
     for label, value in (
         ("wall_sec", fm.get("wall_sec")),
         ("timeout_sec", fm.get("timeout_sec")),
@@ -558,7 +562,7 @@ def _read_flags(skill: Skill, fm: dict[str, Any]) -> None:
             continue
         skill.wall_sec = seconds
         break
-    requires = openclaw.get("requires") if isinstance(openclaw.get("requires"), dict) else {}
+    requires = _mapping(openclaw.get("requires"))
     skill.requires_env = _names(requires.get("env"))
     skill.requires_bins = _names(requires.get("bins"))
 
