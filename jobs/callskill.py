@@ -1,0 +1,169 @@
+"""``ctx["call_skill"]``: one skill calling another through the executor (SPEC §2, §9.1).
+
+Input precedence: explicit dict / kwargs > ``template`` > ``passthrough`` > the callee's
+own configuration. The callee sees exactly the pass-through whitelist of the caller's
+context plus its own configs (looked up again for ``role_id`` + callee) and its own
+provider, db session and call_skill. At most ``MAX_DEPTH`` levels; no self-calls; no
+``async: true`` callees. Never raises: failures come back as
+``{"ok": False, "error", "skill", "output"}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from jobs.context import CALL_PASS_KEYS, flatten_configs
+from jobs.crypto import is_secret_key
+from jobs.envelope import is_failure
+
+if TYPE_CHECKING:
+    from jobs.executor import Executor
+
+log = logging.getLogger(__name__)
+
+MAX_DEPTH = 3
+_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.\-]*)\}")
+
+CallSkill = Callable[..., Awaitable[dict[str, Any]]]
+
+
+def _refused(name: Any, error: str, output: Any = None) -> dict[str, Any]:
+    return {"ok": False, "error": error, "skill": str(name), "output": output}
+
+
+class _Missing(KeyError):
+    pass
+
+
+def _lookup(source: Any, path: str) -> Any:
+    cur = source
+    for part in path.split("."):
+        if isinstance(cur, Mapping) and part in cur:
+            cur = cur[part]
+        elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+            cur = cur[int(part)]
+        else:
+            raise _Missing(path)
+    return cur
+
+
+def fill_template(template: Mapping[str, Any], source: Any) -> dict[str, Any]:
+    """``{"title": "Sales for {day}"}`` filled from ``source`` (dotted paths allowed). A value
+    that is exactly ``"{field}"`` keeps the field's type. Raises ``KeyError`` naming a field
+    that is not in ``source``."""
+    out: dict[str, Any] = {}
+    for key, tpl in template.items():
+        if not isinstance(tpl, str):
+            out[key] = tpl
+            continue
+        whole = _FIELD.fullmatch(tpl.strip())
+        if whole:
+            out[key] = _lookup(source, whole.group(1))
+            continue
+
+        def sub(m: re.Match[str]) -> str:
+            v = _lookup(source, m.group(1))
+            return "" if v is None else str(v)
+
+        out[key] = _FIELD.sub(sub, tpl)
+    return out
+
+
+def bind_call_skill(
+    executor: Executor, ctx: Mapping[str, Any], caller: str, depth: int
+) -> CallSkill:
+    """``call_skill`` for a skill running at ``depth`` (0 = called by the platform)."""
+
+    async def call_skill(
+        name: str,
+        input: dict[str, Any] | None = None,
+        *,
+        source: Any = None,
+        template: Mapping[str, Any] | None = None,
+        passthrough: bool = False,
+        **kw: Any,
+    ) -> dict[str, Any]:
+        try:
+            return await _call(
+                executor, ctx, caller, depth, name, input, source, template, passthrough, kw
+            )
+        except Exception as exc:  # the contract: call_skill never raises
+            log.warning("call_skill %s → %s failed: %s", caller, name, type(exc).__name__)
+            return _refused(name, f"call_skill({name!r}) failed: {type(exc).__name__}: {exc}")
+
+    call_skill.depth = depth  # type: ignore[attr-defined]
+    return call_skill
+
+
+async def _call(
+    executor: Executor,
+    ctx: Mapping[str, Any],
+    caller: str,
+    depth: int,
+    name: Any,
+    input: Any,
+    source: Any,
+    template: Any,
+    passthrough: bool,
+    kw: dict[str, Any],
+) -> dict[str, Any]:
+    if not isinstance(name, str) or not name.strip():
+        return _refused(name, "call_skill needs a skill name (a non-empty string)")
+    if name == caller:
+        return _refused(name, f"skill {name!r} may not call itself through call_skill")
+    if depth + 1 > MAX_DEPTH:
+        return _refused(
+            name,
+            f"call_skill nesting is limited to {MAX_DEPTH} levels: "
+            f"{caller!r} is already at level {depth}",
+        )
+    callee = executor.registry.get(name)
+    if callee is None:
+        return _refused(name, f"unknown skill {name!r}: no skill folder with that name is loaded")
+    if callee.is_async:
+        return _refused(
+            name,
+            f"skill {name!r} is a background (async: true) skill and cannot "
+            "run inside another skill through call_skill; dispatch it instead",
+        )
+    if input is not None and not isinstance(input, Mapping):
+        return _refused(name, f"call_skill input must be a dict, got {type(input).__name__}")
+    if template is not None and not isinstance(template, Mapping):
+        return _refused(name, "call_skill template must be a dict of field → text")
+    if passthrough and source is not None and not isinstance(source, Mapping):
+        return _refused(name, "passthrough needs source to be a dict")
+
+    role_id = str(ctx.get("role_id") or "")
+    configs: dict[str, Any] = {}
+    if role_id and executor.config_store is not None:
+        configs = await executor.config_store.get(role_id, name)
+
+    data: dict[str, Any] = {}
+    props = ((callee.input_schema or {}).get("properties") or {}) if callee.input_schema else {}
+    for key, value in configs.items():  # lowest precedence: the callee's configuration
+        if key in props and not is_secret_key(key):
+            data[key] = value
+    if passthrough and isinstance(source, Mapping):
+        data.update({k: v for k, v in source.items() if not str(k).startswith("_")})
+    if template:
+        try:
+            data.update(fill_template(template, source if source is not None else {}))
+        except KeyError as exc:
+            field = exc.args[0] if exc.args else "?"
+            return _refused(
+                name, f"call_skill template refers to {{{field}}}, which is not in source"
+            )
+    data.update(input or {})
+    data.update(kw)
+
+    child: dict[str, Any] = flatten_configs(name, configs)
+    child.update({k: ctx[k] for k in CALL_PASS_KEYS if k in ctx})
+    outcome = await executor._execute(callee, data, child, None, depth=depth + 1)
+    env = outcome.result
+    if is_failure(env) or outcome.status != "succeeded":
+        reason = env.get("error") or env.get("msg") or f"skill {name!r} reported a failure"
+        return {"ok": False, "error": str(reason), "skill": name, "output": env}
+    return env

@@ -1,0 +1,175 @@
+"""Per-role skill configuration (skill spec §5): values by ``role_id + skill + key``.
+
+Secret-named keys (``jobs.crypto.is_secret_key``) are stored only Fernet-encrypted in
+``value_enc``; ``value`` holds non-secrets. Reads for execution decrypt; reads for people
+(``masked``) never show a secret.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from jobs.context import config_key
+from jobs.crypto import ENC_TAG, REDACTED, SecretBox, is_secret_key
+from jobs.models import SkillConfig
+
+MAX_ID = 128
+MAX_VALUE_CHARS = 64_000
+
+
+def _check_id(what: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{what} must be a non-empty string")
+    value = value.strip()
+    if len(value) > MAX_ID:
+        raise ValueError(f"{what} is longer than {MAX_ID} characters")
+    return value
+
+
+def _check_key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise ValueError("config keys must be strings")
+    k = config_key(key)
+    if not k:
+        raise ValueError(f"config key {key!r} is empty")
+    if len(k) > MAX_ID:
+        raise ValueError(f"config key {k[:20]!r}… is longer than {MAX_ID} characters")
+    return k
+
+
+def _check_value(key: str, value: Any) -> None:
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"config {key!r}: value must be JSON data ({exc})") from None
+    if len(text) > MAX_VALUE_CHARS:
+        raise ValueError(f"config {key!r}: value is longer than {MAX_VALUE_CHARS} characters")
+
+
+class ConfigStore:
+    """``set`` / ``replace`` / ``get`` / ``masked`` / ``prefetch`` on the ``skill_configs`` table."""
+
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], box: SecretBox) -> None:
+        self.sessionmaker = sessionmaker
+        self.box = box
+
+    def _fill(self, row: SkillConfig, key: str, value: Any) -> None:
+        secret = is_secret_key(key)
+        row.is_secret = secret
+        row.updated_at = time.time()
+        if secret:
+            row.value = None
+            row.value_enc = self.box.encrypt(value)[ENC_TAG]
+        else:
+            row.value = value
+            row.value_enc = None
+
+    async def set(self, role_id: str, skill: str, key: str, value: Any) -> None:
+        """Store one value (``None`` deletes the key)."""
+        role_id, skill, key = (
+            _check_id("role_id", role_id),
+            _check_id("skill", skill),
+            _check_key(key),
+        )
+        if value is not None:
+            _check_value(key, value)
+        for attempt in range(2):
+            try:
+                async with self.sessionmaker() as s, s.begin():
+                    row = await s.scalar(
+                        select(SkillConfig).where(
+                            SkillConfig.role_id == role_id,
+                            SkillConfig.skill == skill,
+                            SkillConfig.key == key,
+                        )
+                    )
+                    if value is None:
+                        if row is not None:
+                            await s.delete(row)
+                        return
+                    if row is None:
+                        row = SkillConfig(role_id=role_id, skill=skill, key=key)
+                        s.add(row)
+                    self._fill(row, key, value)
+                return
+            except IntegrityError:
+                if attempt:
+                    raise  # a concurrent writer inserted the same key twice in a row
+
+    async def replace(self, role_id: str, skill: str, values: Mapping[str, Any]) -> None:
+        """Make ``values`` the skill's whole configuration for the role. A secret sent back
+        masked (as ``masked`` shows it) keeps its stored value."""
+        role_id, skill = _check_id("role_id", role_id), _check_id("skill", skill)
+        if not isinstance(values, Mapping):
+            raise ValueError("configuration must be an object of key → value")
+        clean: dict[str, Any] = {}
+        for raw_key, value in values.items():
+            key = _check_key(raw_key)
+            if value is None:
+                continue
+            if not (is_secret_key(key) and value == REDACTED):
+                _check_value(key, value)
+            clean[key] = value
+        async with self.sessionmaker() as s, s.begin():
+            rows = {
+                r.key: r
+                for r in await s.scalars(
+                    select(SkillConfig).where(
+                        SkillConfig.role_id == role_id, SkillConfig.skill == skill
+                    )
+                )
+            }
+            for key, row in rows.items():
+                if key not in clean:
+                    await s.delete(row)
+            await s.flush()
+            for key, value in clean.items():
+                old = rows.get(key)
+                if is_secret_key(key) and value == REDACTED:
+                    if old is None or not old.is_secret:
+                        raise ValueError(f"config {key!r}: send the secret itself, not the mask")
+                    continue  # unchanged secret
+                if old is None:
+                    old = SkillConfig(role_id=role_id, skill=skill, key=key)
+                    s.add(old)
+                self._fill(old, key, value)
+
+    async def _rows(self, role_id: str, skill: str | None) -> list[SkillConfig]:
+        q = select(SkillConfig).where(SkillConfig.role_id == role_id)
+        if skill is not None:
+            q = q.where(SkillConfig.skill == skill)
+        async with self.sessionmaker() as s:
+            return list(await s.scalars(q.order_by(SkillConfig.skill, SkillConfig.key)))
+
+    def _plain(self, row: SkillConfig) -> Any:
+        if row.is_secret and row.value_enc is not None:
+            return self.box.decrypt({ENC_TAG: row.value_enc})
+        return row.value
+
+    async def get(self, role_id: str, skill: str) -> dict[str, Any]:
+        """The skill's configuration for the role, secrets decrypted (for execution only)."""
+        if not role_id or not skill:
+            return {}
+        return {r.key: self._plain(r) for r in await self._rows(role_id, skill)}
+
+    async def masked(self, role_id: str, skill: str | None = None) -> dict[str, dict[str, Any]]:
+        """``{skill: {key: value}}`` for people: secrets shown as ``••••••``."""
+        out: dict[str, dict[str, Any]] = {}
+        if not role_id:
+            return out
+        if skill is not None:
+            out[skill] = {}
+        for r in await self._rows(role_id, skill):
+            out.setdefault(r.skill, {})[r.key] = REDACTED if r.is_secret else r.value
+        return out
+
+    async def prefetch(self, role_id: str, skill: str) -> dict[str, Any]:
+        """What dispatch bakes into a background job's context (sealed there by the caller)."""
+        return await self.get(role_id, skill)

@@ -1,0 +1,588 @@
+"""The shared executor: the one code path that runs a skill for the chat line, the workers
+and the chains (SPEC §2).
+
+``Executor.execute`` never raises for anything a skill does — unknown skill, load error,
+crash, hang, garbage, output flood all become a failure ``Outcome``. The one exception is
+cancellation of the awaiting task: the skill is stopped (task cancelled, or the whole
+process group killed) and ``CancelledError`` propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import logging
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+from jobs import subproc
+from jobs.context import lookup_config, workspace_dir
+from jobs.crypto import redact
+from jobs.db import LazySession
+from jobs.envelope import failure, is_failure, normalize
+from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillType
+
+log = logging.getLogger(__name__)
+
+ENTRY_NAMES = ("execute", "run", "handler", "main", "handle")
+TRANSIENT_EXC = (
+    OSError,
+    OperationalError,
+    InterfaceError,
+    httpx.TimeoutException,
+    httpx.NetworkError,
+)
+CANCEL_GRACE_SEC = 1.0  # how long a timed-out in-process skill gets to unwind
+SUBPROCESS_TYPES = frozenset(
+    {
+        ExecType.PYTHON_CLI,
+        ExecType.SHELL,
+        ExecType.INLINE_SHELL,
+        ExecType.NODE,
+        ExecType.RUBY,
+        ExecType.GO,
+    }
+)
+NO_BINS_CHECK = frozenset({"shell", "runtime"})
+
+
+@dataclass
+class Outcome:
+    result: dict[str, Any]  # normalized envelope; failures have ok False + error
+    status: str  # "succeeded" | "failed" | "timed_out"
+    error: str | None
+    error_type: str | None
+    exception: str | None  # exception class name when the skill raised
+    transient: bool  # raised a connection/timeout/OS/database error: worth re-running
+    log: str  # subprocess stderr (capped)
+    duration_ms: float
+
+
+class _WallExpired(Exception):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.seconds = seconds
+
+
+class _Raised(Exception):
+    """Carries an exception the skill raised out of the run, with the stderr log."""
+
+
+@dataclass
+class _Entry:
+    fn: Callable[..., Any]
+    is_async: bool
+    required: int
+
+
+def _secs(n: float) -> str:
+    return f"{n:g}"
+
+
+class Executor:
+    """Runs skills. One per process; cheap to call concurrently."""
+
+    def __init__(
+        self,
+        *,
+        settings: Any,
+        registry: Any,
+        sessionmaker: Any,
+        box: Any,
+        http: httpx.AsyncClient | None = None,
+        config_store: Any | None = None,
+    ) -> None:
+        from jobs.provider import build_provider, subprocess_llm_env
+
+        self.settings = settings
+        self.registry = registry
+        self.sessionmaker = sessionmaker
+        self.box = box
+        self._http = http
+        self._own_http: httpx.AsyncClient | None = None
+        if config_store is None and sessionmaker is not None and box is not None:
+            from jobs.configs import ConfigStore
+
+            config_store = ConfigStore(sessionmaker, box)
+        self.config_store = config_store
+        self.provider = build_provider(settings, http) if settings is not None else None
+        self.llm_env = subprocess_llm_env(settings) if settings is not None else {}
+        self.workspace_root = settings.resolved_workspace_root if settings is not None else None
+        self._modules: dict[str, tuple[int, int, _Entry]] = {}
+        self._made_dirs: set[str] = set()
+        self._bins: set[str] = set()
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is not None:
+            return self._http
+        if self._own_http is None:
+            self._own_http = httpx.AsyncClient(timeout=60.0)
+        return self._own_http
+
+    async def aclose(self) -> None:
+        """Close what the executor opened itself (never the injected client)."""
+        if self._own_http is not None:
+            await self._own_http.aclose()
+            self._own_http = None
+        if self.provider is not None:
+            await self.provider.aclose()
+
+    # --- public API ---------------------------------------------------------------------
+
+    async def run(
+        self,
+        skill: Skill | str,
+        input_data: dict[str, Any],
+        ctx: dict[str, Any],
+        *,
+        policy_wall_sec: float | None = None,
+    ) -> dict[str, Any]:
+        return (await self.execute(skill, input_data, ctx, policy_wall_sec=policy_wall_sec)).result
+
+    async def execute(
+        self,
+        skill: Skill | str,
+        input_data: dict[str, Any],
+        ctx: dict[str, Any],
+        *,
+        policy_wall_sec: float | None = None,
+    ) -> Outcome:
+        return await self._execute(skill, input_data, ctx, policy_wall_sec, depth=0)
+
+    def provider_for(self, role_id: str) -> Any:
+        """The LLM provider bound to ``role_id`` (the deployment default), or None."""
+        return self.provider
+
+    # --- the run ------------------------------------------------------------------------
+
+    async def _execute(
+        self,
+        skill: Skill | str,
+        input_data: Any,
+        ctx: Mapping[str, Any] | None,
+        policy_wall_sec: float | None,
+        *,
+        depth: int,
+    ) -> Outcome:
+        t0 = time.perf_counter()
+        name = skill if isinstance(skill, str) else getattr(skill, "name", str(skill))
+        found = self.registry.get(skill) if isinstance(skill, str) else skill
+        problem = self._refuse(found, name, input_data, ctx)
+        if problem is not None:
+            return self._outcome(problem, t0, name=name)
+        assert isinstance(found, Skill) and isinstance(ctx, Mapping)
+        rc = self._runtime_context(ctx, found, depth)
+        wall = found.effective_wall_sec(policy_wall_sec)
+        log_text = ""
+        try:
+            raw, log_text = await self._dispatch(found, input_data or {}, rc, wall)
+        except _WallExpired as expired:
+            env = failure(
+                f"skill ran over {_secs(expired.seconds)} s and was stopped",
+                skill=name,
+                timed_out=True,
+            )
+            return self._outcome(env, t0, name=name, status="timed_out", log=log_text)
+        except _Raised as wrapped:
+            raised = wrapped.__cause__ or wrapped
+            transient = isinstance(raised, TRANSIENT_EXC)
+            env = failure(
+                f"skill {name!r} raised {type(raised).__name__}: {raised}".rstrip(": "),
+                error_type="transient" if transient else None,
+                skill=name,
+            )
+            return self._outcome(
+                env,
+                t0,
+                name=name,
+                exception=type(raised).__name__,
+                transient=transient,
+                log=str(wrapped.args[0]) if wrapped.args else "",
+            )
+        finally:
+            db = rc.get("db")
+            if isinstance(db, LazySession) and db.opened and db is not ctx.get("db"):
+                await asyncio.shield(db.close())
+        return self._outcome(normalize(raw, name), t0, name=name, log=log_text)
+
+    def _refuse(
+        self, skill: Skill | None, name: str, input_data: Any, ctx: Any
+    ) -> dict[str, Any] | None:
+        """A failure envelope when the skill must not run at all, else None."""
+        if skill is None:
+            return failure(
+                f"unknown skill {name!r}: no skill folder with that name is loaded",
+                error_type="config",
+                non_retriable=True,
+                skill=name,
+            )
+        if not isinstance(skill, Skill):
+            return failure(f"not a skill: {type(skill).__name__}", skill=name)
+        if skill.error:
+            return failure(
+                f"skill {name!r} failed to load: {skill.error}",
+                error_type="config",
+                non_retriable=True,
+                skill=name,
+            )
+        if skill.skill_type is not SkillType.HANDLER or skill.exec_type is ExecType.NONE:
+            return failure(
+                f"skill {name!r} is a {skill.skill_type.value} document, not code: "
+                "there is nothing to execute",
+                error_type="config",
+                non_retriable=True,
+                skill=name,
+            )
+        if input_data is not None and not isinstance(input_data, dict):
+            return failure(
+                f"input for {name!r} must be a JSON object, got {type(input_data).__name__}",
+                error_type="recoverable",
+                skill=name,
+            )
+        if not isinstance(ctx, Mapping):
+            return failure("the runtime context must be a mapping", skill=name)
+        missing = [n for n in skill.requires_env if lookup_config(ctx, name, n) is None]
+        if missing:
+            return failure(
+                f"skill {name!r} is not configured: {', '.join(missing)} missing (set with "
+                f"`skilljobs config set ROLE {name} {missing[0]} VALUE` or the environment)",
+                error_type="config",
+                needs_config=missing,
+                skill=name,
+            )
+        if skill.exec_mode not in NO_BINS_CHECK:
+            bins = [b for b in skill.requires_bins if not self._has_bin(b)]
+            if bins:
+                return failure(
+                    f"skill {name!r} needs program(s) not installed on this host: "
+                    f"{', '.join(bins)}",
+                    error_type="config",
+                    needs_bins=bins,
+                    non_retriable=True,
+                    skill=name,
+                )
+        return None
+
+    def _has_bin(self, name: str) -> bool:
+        if name in self._bins:
+            return True
+        if shutil.which(name):
+            self._bins.add(name)  # only hits are cached: an install is picked up at once
+            return True
+        return False
+
+    def _outcome(
+        self,
+        env: dict[str, Any],
+        t0: float,
+        *,
+        name: str,
+        status: str | None = None,
+        exception: str | None = None,
+        transient: bool = False,
+        log: str = "",
+    ) -> Outcome:
+        failed = is_failure(env)
+        if status is None:
+            status = "failed" if failed else "succeeded"
+        outcome = Outcome(
+            result=env,
+            status=status,
+            error=str(env.get("error")) if failed else None,
+            error_type=env.get("error_type") if failed else None,
+            exception=exception,
+            transient=transient,
+            log=log,
+            duration_ms=(time.perf_counter() - t0) * 1000.0,
+        )
+        if failed:
+            log_fn = log_failure if exception is None else log_exception
+            log_fn(name, outcome)
+        return outcome
+
+    def _runtime_context(self, ctx: Mapping[str, Any], skill: Skill, depth: int) -> dict[str, Any]:
+        """The context the skill sees: the caller's keys + workspace_dir, db, db_factory,
+        provider (setdefault) and call_skill bound to this call depth."""
+        from jobs.callskill import bind_call_skill
+
+        rc = dict(ctx)
+        ws = rc.get("workspace_dir")
+        if not ws and self.workspace_root is not None:
+            path = workspace_dir(self.workspace_root, rc.get("role_id"), rc.get("session_id"))
+            ws = str(path) if path is not None else None
+            if ws:
+                rc["workspace_dir"] = ws
+        if ws and ws not in self._made_dirs:
+            Path(ws).mkdir(parents=True, exist_ok=True)
+            self._made_dirs.add(ws)
+        if self.sessionmaker is not None:
+            if rc.get("db_factory") is None:
+                rc["db_factory"] = self.sessionmaker
+            if rc.get("db") is None:
+                rc["db"] = LazySession(self.sessionmaker)
+        if rc.get("provider") is None:
+            rc["provider"] = self.provider_for(str(rc.get("role_id") or ""))
+        rc["call_skill"] = bind_call_skill(self, rc, skill.name, depth)
+        return rc
+
+    async def _dispatch(
+        self, skill: Skill, input_data: dict[str, Any], rc: dict[str, Any], wall: float
+    ) -> tuple[Any, str]:
+        et = skill.exec_type
+        try:
+            if et is ExecType.PYTHON:
+                try:
+                    return await self._in_process(skill, input_data, rc, wall), ""
+                except _Raised as wrapped:
+                    if not isinstance(wrapped.__cause__, SystemExit):
+                        raise
+                # An entry that raises SystemExit is a command-line script (SPEC §2).
+                return await self._subprocess(skill, input_data, rc, wall, cli=True)
+            if et in SUBPROCESS_TYPES:
+                return await self._subprocess(skill, input_data, rc, wall)
+            if et is ExecType.HTTP:
+                from jobs.http_skill import run_http
+
+                coro = run_http(skill, input_data, rc, self.http, wall=wall)
+                return await _with_wall(coro, wall), ""
+        except subproc.SetupError as exc:
+            return failure(
+                f"skill {skill.name!r} cannot start: {exc}",
+                error_type="config",
+                non_retriable=True,
+                skill=skill.name,
+            ), ""
+        except _ImportFailed as exc:
+            return failure(
+                f"skill {skill.name!r} cannot be imported: {exc}",
+                error_type="config",
+                non_retriable=True,
+                skill=skill.name,
+            ), ""
+        return failure(f"exec type {et.value} is not supported", skill=skill.name), ""
+
+    # --- in-process Python ----------------------------------------------------------------
+
+    def _entry(self, skill: Skill) -> _Entry:
+        """The entry function, imported by file path under a unique module name and cached
+        per (path, mtime, size)."""
+        assert skill.entry is not None
+        path = str(skill.entry)
+        st = Path(path).stat()
+        hit = self._modules.get(path)
+        if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
+            return hit[2]
+        mod_name = f"skilljobs_skill_{skill.name.replace('-', '_')}_{st.st_mtime_ns:x}"
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        folder = str(Path(path).parent)
+        sys.path.insert(0, folder)  # the skill's own helper modules
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            try:
+                sys.path.remove(folder)
+            except ValueError:
+                pass
+        names = [skill.entry_function] if skill.entry_function else []
+        fn = next(
+            (
+                getattr(module, n)
+                for n in (*names, *ENTRY_NAMES)
+                if callable(getattr(module, n, None))
+            ),
+            None,
+        )
+        if fn is None:
+            raise ImportError(f"{Path(path).name} defines none of {', '.join(ENTRY_NAMES)}")
+        entry = _Entry(fn, inspect.iscoroutinefunction(fn), _required_positional(fn))
+        self._modules[path] = (st.st_mtime_ns, st.st_size, entry)
+        return entry
+
+    async def _in_process(
+        self, skill: Skill, input_data: dict[str, Any], rc: dict[str, Any], wall: float
+    ) -> Any:
+        try:
+            entry = self._entry(skill)
+        except BaseException as exc:  # import-time errors of any kind, SystemExit included
+            if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
+                raise
+            if isinstance(exc, SystemExit):
+                raise _Raised() from exc
+            raise _ImportFailed(f"{type(exc).__name__}: {exc}") from exc
+        args: tuple[Any, ...] = ((), (input_data,))[min(entry.required, 1)]
+        if entry.is_async:
+            if entry.required >= 2:
+                args = (input_data, rc)
+            return await _with_wall(entry.fn(*args), wall)
+        rc["db"] = None  # sync entries get no session (SPEC §2)
+        rc.pop("call_skill", None)  # only async entries can await call_skill
+        if entry.required >= 2:
+            args = (input_data, rc)
+        result = await _in_thread(entry.fn, args, wall, skill.name)
+        if inspect.isawaitable(result):
+            return await _with_wall(result, wall)
+        return result
+
+    # --- subprocesses -----------------------------------------------------------------------
+
+    async def _subprocess(
+        self,
+        skill: Skill,
+        input_data: dict[str, Any],
+        rc: dict[str, Any],
+        wall: float,
+        *,
+        cli: bool = False,
+    ) -> tuple[Any, str]:
+        if cli:
+            from dataclasses import replace
+
+            skill = replace(skill, exec_type=ExecType.PYTHON_CLI)
+        ws = str(rc.get("workspace_dir") or "")
+        argv = subproc.build_command(skill, input_data, workspace=ws, skill_dir=str(skill.path))
+        env = subproc.build_env(skill, rc, input_data, workspace=ws, llm_env=self.llm_env)
+        timeout = min(self.subprocess_timeout(skill, wall), wall)
+        try:
+            res = await subproc.run_process(
+                argv, env=env, cwd=ws or str(skill.path), timeout=timeout
+            )
+        except OSError as exc:
+            raise subproc.SetupError(f"cannot start {argv[0]}: {exc}") from exc
+        log_text = subproc.log_tail(res.stderr)
+        if res.timed_out:
+            raise _WallExpired(timeout)
+        if res.overflow:
+            mb = subproc.OUTPUT_CAP // (1 << 20)
+            return failure(
+                f"skill printed more than {mb} MB on {res.overflow} and was stopped; "
+                "write large results to a file in the workspace",
+                skill=skill.name,
+                non_retriable=True,
+            ), log_text
+        code = res.returncode if res.returncode is not None else -9
+        if code != 0:
+            tail = subproc.decode(res.stderr[-subproc.ERROR_TAIL :]).strip()
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            return failure(
+                f"skill {skill.name!r} {how}" + (f": {tail}" if tail else " (no stderr)"),
+                skill=skill.name,
+                exit_code=code,
+            ), log_text
+        return subproc.parse_stdout(subproc.decode(res.stdout), ws or None), log_text
+
+    @staticmethod
+    def subprocess_timeout(skill: Skill, wall: float) -> float:
+        """60 s unless the skill declares its own timeout; background (``async: true``)
+        skills get their whole wall clock."""
+        if skill.wall_sec:
+            return float(skill.wall_sec)
+        return wall if skill.is_async else SUBPROCESS_TIMEOUT_SEC
+
+
+class _ImportFailed(Exception):
+    pass
+
+
+def _required_positional(fn: Callable[..., Any]) -> int:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty)
+
+
+async def _with_wall(coro: Any, wall: float) -> Any:
+    """Await ``coro`` as its own task under the wall clock. The skill's exceptions come out
+    wrapped in ``_Raised``; expiry cancels it (a skill that ignores cancellation is
+    abandoned after a grace period) and raises ``_WallExpired``."""
+    task = asyncio.ensure_future(_contained(coro))
+    try:
+        done, _ = await asyncio.wait((task,), timeout=wall)
+    except asyncio.CancelledError:
+        task.cancel()
+        await asyncio.wait((task,), timeout=CANCEL_GRACE_SEC)
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.wait((task,), timeout=CANCEL_GRACE_SEC)
+        raise _WallExpired(wall)
+    if task.cancelled():
+        raise _Raised() from asyncio.CancelledError("the skill cancelled itself")
+    exc = task.exception()
+    if isinstance(exc, _SkillExit):
+        raise _Raised() from exc.__cause__
+    if exc is not None:
+        raise _Raised() from exc
+    return task.result()
+
+
+class _SkillExit(Exception):
+    """SystemExit/KeyboardInterrupt raised by a skill: asyncio would re-raise those into the
+    event loop and stop the whole process, so they travel as an ordinary exception."""
+
+
+async def _contained(coro: Any) -> Any:
+    try:
+        return await coro
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _SkillExit(repr(exc)) from exc
+
+
+async def _in_thread(fn: Callable[..., Any], args: tuple[Any, ...], wall: float, name: str) -> Any:
+    """Run a sync entry in a daemon thread: a hung one is abandoned at the wall clock and
+    never blocks shutdown (unlike a thread pool worker)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if fut.done():
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def work() -> None:
+        try:
+            value = fn(*args)
+        except BaseException as exc:  # delivered to the awaiting side, never lost
+            loop.call_soon_threadsafe(settle, False, exc)
+        else:
+            loop.call_soon_threadsafe(settle, True, value)
+
+    threading.Thread(target=work, name=f"skill-{name}", daemon=True).start()
+    try:
+        done, _ = await asyncio.wait((fut,), timeout=wall)
+    except asyncio.CancelledError:
+        fut.cancel()
+        raise
+    if not done:
+        fut.cancel()
+        raise _WallExpired(wall)
+    exc = fut.exception()
+    if exc is not None:
+        raise _Raised() from exc
+    return fut.result()
+
+
+def log_failure(name: str, outcome: Outcome) -> None:
+    log.info("skill %s failed: %s", name, redact(outcome.result).get("error"))
+
+
+def log_exception(name: str, outcome: Outcome) -> None:
+    log.warning("%s (transient: %s)", outcome.error, outcome.transient)

@@ -1,0 +1,2 @@
+#!/usr/bin/env bash
+printf 'caf\xe9 \xff\xfe done\n'
