@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from jobs.settings import BUNDLED_SKILLS
-from jobs.skill import ExecType, Skill, SkillRegistry, SkillType
+from jobs.skill import MAX_WALL_SEC, ExecType, Skill, SkillRegistry, SkillType
 
 log = logging.getLogger(__name__)
 
@@ -472,6 +472,9 @@ def _load_into(skill: Skill) -> None:
     text = md_path.read_text(encoding="utf-8", errors="replace")
     skill.skill_md_path, skill.skill_md_chars = md_path, len(text)
     fm_text, _ = split_frontmatter(text)
+    if fm_text is None and text.lstrip("\ufeff").startswith("---"):
+        skill.error = f"{md_path.name} frontmatter starts with --- but has no closing --- line"
+        return
     fm: dict[str, Any] = dict(stub)
     if fm_text is not None:
         parsed, warns = parse_frontmatter(fm_text)
@@ -560,6 +563,10 @@ def _read_flags(skill: Skill, fm: dict[str, Any]) -> None:
         if seconds is None:
             skill.warnings.append(f"{label} {value!r} is not a positive number of seconds; ignored")
             continue
+        if seconds > MAX_WALL_SEC:
+            skill.warnings.append(
+                f"{label} {seconds:g} s is above the {MAX_WALL_SEC:g} s cap; capped at run time"
+            )
         skill.wall_sec = seconds
         break
     requires = _mapping(openclaw.get("requires"))

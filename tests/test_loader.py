@@ -287,3 +287,19 @@ def test_frontmatter_kept_json_serializable_enough():
     s = load("openclaw")
     assert s.frontmatter["metadata"]["openclaw"]["primaryEnv"] == "PRICE_API_KEY"
     json.dumps(s.frontmatter)
+
+
+def test_unclosed_frontmatter_and_wall_clock_above_cap(tmp_path):
+    open_fm = tmp_path / "open_fm"
+    open_fm.mkdir()
+    (open_fm / "SKILL.md").write_text("---\nname: open_fm\ndescription: x\n")
+    assert "no closing ---" in load_skill(open_fm).error
+    slow = tmp_path / "slow"
+    shutil.copytree(FIX / "good_handler", slow)
+    (slow / "SKILL.md").write_text("---\nname: slow\nwall_sec: 7200\n---\n")
+    s = load_skill(slow)
+    assert s.wall_sec == 7200 and s.effective_wall_sec() == 1800
+    assert any("above the 1800 s cap" in w for w in s.warnings)
+    (slow / "SKILL.md").write_text("---\nname: slow\nwall_sec: soon\n---\n")
+    s = load_skill(slow)
+    assert s.wall_sec is None and any("not a positive number" in w for w in s.warnings)
