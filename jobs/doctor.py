@@ -548,6 +548,18 @@ def check_llm(settings: Settings) -> Check:
     return ok(name, f"{_value(settings, 'llm_provider')} / {_value(settings, 'llm_model')}")
 
 
+def check_logging(settings: Settings) -> Check:
+    name = "logging"
+    problems = []
+    if settings.log_format not in {"text", "json"}:
+        problems.append(f"SKILLJOBS_LOG_FORMAT={settings.log_format!r} is not text or json")
+    if not isinstance(logging.getLevelName(settings.log_level.upper()), int):
+        problems.append(f"SKILLJOBS_LOG_LEVEL={settings.log_level!r} is not a log level")
+    if problems:
+        return fail(name, "; ".join(problems), "use text|json and DEBUG|INFO|WARNING|ERROR")
+    return ok(name, f"{settings.log_format}, {settings.log_level.upper()}")
+
+
 # --- the whole report -----------------------------------------------------------------
 
 
@@ -573,6 +585,7 @@ async def run_checks(
         check_api_token(settings, host),
         check_fetch_allow_hosts(settings),
         check_llm(settings),
+        check_logging(settings),
     ]
     return [c for c in checks if c is not None]
 

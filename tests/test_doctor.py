@@ -24,6 +24,8 @@ from jobs.doctor import (
     check_database,
     check_directories,
     check_fetch_allow_hosts,
+    check_llm,
+    check_logging,
     check_migrations,
     check_notify_targets,
     check_redis,
@@ -367,6 +369,17 @@ def test_api_token_rule(tmp_path: Path, redis_prefix: str) -> None:
 def test_fetch_allow_list_entries(tmp_path: Path, redis_prefix: str, value: str, ok: bool) -> None:
     check = check_fetch_allow_hosts(_cfg(tmp_path, redis_prefix, fetch_allow_hosts=value))
     assert (check.status is Status.OK) is ok, check.detail
+
+
+def test_llm_and_logging(tmp_path: Path, redis_prefix: str) -> None:
+    assert check_llm(_cfg(tmp_path, redis_prefix)).status is Status.OK
+    partial = check_llm(_cfg(tmp_path, redis_prefix, llm_model="gpt-x"))
+    assert partial.status is Status.WARN and "SKILLJOBS_LLM_KEY" in partial.detail
+    assert "sk-secret1" not in check_llm(_cfg(tmp_path, redis_prefix, llm_key="sk-secret1")).detail
+    assert check_logging(_cfg(tmp_path, redis_prefix, log_level="debug")).status is Status.OK
+    bad = check_logging(_cfg(tmp_path, redis_prefix, log_level="LOUD", log_format="xml"))
+    assert bad.status is Status.FAIL
+    assert "SKILLJOBS_LOG_LEVEL" in bad.detail and "SKILLJOBS_LOG_FORMAT" in bad.detail
 
 
 # --- the command ------------------------------------------------------------------------
