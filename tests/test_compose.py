@@ -150,7 +150,9 @@ def _dockerfile() -> list[str]:
     """Instructions with line continuations joined."""
     text = (ROOT / "Dockerfile").read_text()
     text = re.sub(r"\\\n", " ", text)
-    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    return [
+        ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")
+    ]
 
 
 def test_dockerfile_is_multi_stage_slim_and_non_root() -> None:
@@ -228,7 +230,9 @@ def test_image_healthcheck_probes_only_the_web_role(
 
     def probe(*argv: str) -> int:
         cmdline.write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
-        return subprocess.run([sys.executable, "-c", runnable], capture_output=True, timeout=30).returncode
+        return subprocess.run(
+            [sys.executable, "-c", runnable], capture_output=True, timeout=30
+        ).returncode
 
     _Health.hits.clear()
     _Health.status = 200
@@ -317,10 +321,12 @@ def test_docker_compose_accepts_the_file(tmp_path: Path) -> None:
     (tmp_path / ".env").write_text(
         f"POSTGRES_PASSWORD=pw\nSKILLJOBS_SECRET_KEY={GOOD_KEY}\nSKILLJOBS_API_TOKEN=t0123456789abcdef\n"
     )
-    ok = subprocess.run([*cli, "config", "-q"], cwd=tmp_path, env=env, capture_output=True,
-                        text=True, timeout=60)
+    ok = subprocess.run(
+        [*cli, "config", "-q"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert ok.returncode == 0, ok.stderr
     (tmp_path / ".env").write_text(f"POSTGRES_PASSWORD=pw\nSKILLJOBS_SECRET_KEY={GOOD_KEY}\n")
-    refused = subprocess.run([*cli, "config", "-q"], cwd=tmp_path, env=env, capture_output=True,
-                             text=True, timeout=60)
+    refused = subprocess.run(
+        [*cli, "config", "-q"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert refused.returncode != 0 and "SKILLJOBS_API_TOKEN" in refused.stderr
