@@ -26,6 +26,10 @@ def count(text: str, top: int = 5) -> dict[str, Any]:
     }
 
 
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 async def execute(input_data: dict[str, Any], runtime_context: dict[str, Any]) -> dict[str, Any]:
     text = input_data.get("text")
     if not isinstance(text, str) or not text.strip():
@@ -46,7 +50,7 @@ async def execute(input_data: dict[str, Any], runtime_context: dict[str, Any]) -
         }
     stats = count(text, top)
     stats["ok"] = True
-    stats["message"] = (
-        f"{stats['words']} words, {stats['characters']} characters, {stats['lines']} lines"
+    stats["message"] = ", ".join(
+        _plural(stats[k], k[:-1]) for k in ("words", "characters", "lines")
     )
     return stats
