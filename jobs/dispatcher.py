@@ -7,6 +7,7 @@ the same executor, and returns its normalized result (SPEC §4, §11 "Dispatch a
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -190,38 +191,58 @@ class Dispatcher:
         )
         async with svc.sessionmaker() as s:
             s.add(job)
-            if job.session_id and delivers_to_session(job.channel, ext):
+            session_key = (job.session_id, role_id, ext)
+            new_session = (
+                job.session_id
+                and delivers_to_session(job.channel, ext)
+                and session_key not in svc.known_sessions
+            )
+            if new_session:
                 await store.ensure_session(
                     s, job.session_id, role_id=role_id, org_id=job.org_id,
                     channel=job.channel, external_id=ext,
                 )
             await s.commit()
+        if new_session:
+            svc.known_sessions.add(session_key)
         try:
-            await enqueue(svc, FN_RUN_JOB, job_id, 0, job_id=store.arq_id(job_id, 0))
+            await enqueue(
+                svc,
+                FN_RUN_JOB,
+                job_id,
+                0,
+                job_id=store.arq_id(job_id, 0),
+                event=job_event(svc, job_id, "queued", skill.name),
+            )
         except Exception as exc:
             # Recorded but not enqueued: never hand out a receipt for work that may not run.
             log.warning("enqueue of job %s failed: %s", job_id, exc)
             async with svc.sessionmaker() as s:
                 await store.mark_failed_unqueued(s, job_id, f"queue unavailable: {exc}")
-            return refusal(503, f"the job queue is unavailable ({exc.__class__.__name__}); "
-                           "try again in a moment", error_type="transient", job_id=job_id)
-        await publish_job_event(svc, job_id, "queued", skill.name)
+            return refusal(
+                503,
+                f"the job queue is unavailable ({exc.__class__.__name__}); try again in a moment",
+                error_type="transient",
+                job_id=job_id,
+            )
         return DispatchResult(
             202, {"ok": True, "async": True, "message": RECEIPT_MESSAGE, "job_id": job_id}
         )
+
+
+def job_event(svc: Services, job_id: str, status: str, skill: str) -> tuple[str, str]:
+    """The (channel, message) live dashboards receive for a job status change."""
+    return svc.settings.key(JOB_EVENTS), json.dumps(
+        {"id": job_id, "status": status, "skill": skill, "at": time.time()}
+    )
 
 
 async def publish_job_event(svc: Services, job_id: str, status: str, skill: str) -> None:
     """Tell live dashboards about a status change (best effort: the row is the record)."""
     if svc.redis is None:
         return
-    import json
-
     try:
-        await svc.redis.publish(
-            svc.settings.key(JOB_EVENTS),
-            json.dumps({"id": job_id, "status": status, "skill": skill, "at": time.time()}),
-        )
+        await svc.redis.publish(*job_event(svc, job_id, status, skill))
     except Exception as exc:  # pragma: no cover - Redis hiccup
         log.debug("job event not published: %s", exc)
 

@@ -27,6 +27,8 @@ class Services:
     registry: SkillRegistry
     redis: ArqRedis | None = None
     http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=30.0))
+    # Chat sessions this process has already recorded (saves a lookup per dispatch).
+    known_sessions: set[tuple[str, str, str]] = field(default_factory=set)
 
     @classmethod
     async def open(

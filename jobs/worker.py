@@ -201,13 +201,9 @@ class JobRunner:
                 await publish_job_event(self.svc, job.id, "queued", job.skill)
 
     async def _enqueue(self, job_id: str, token: int, defer: float = 0.0) -> None:
-        redis = self.svc.redis
-        assert redis is not None
-        if defer:
-            await redis.enqueue_job(FN_RUN_JOB, job_id, token, _job_id=store.arq_id(job_id, token),
-                                    _queue_name=self.svc.settings.queue_name, _defer_by=defer)
-        else:
-            await enqueue(self.svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token))
+        await enqueue(
+            self.svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token), defer=defer
+        )
 
     # --- background loops ----------------------------------------------------------------
 

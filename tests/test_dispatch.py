@@ -189,12 +189,21 @@ async def test_no_secret_in_plaintext_in_redis_or_rows(services):
     assert services.box.unseal(job.input)["password"] == secret
 
 
-async def test_enqueue_failure_is_never_a_receipt(services, monkeypatch):
-    async def broken(*a, **k):
-        raise ConnectionError("redis went away")
+async def test_enqueue_failure_is_never_a_receipt(job_settings, tmp_path):
+    """Redis down at dispatch: the caller gets a transient error, never a receipt."""
+    from jobs.embedded import EmbeddedRedis
+    from jobs.services import Services
 
-    monkeypatch.setattr(services.redis, "enqueue_job", broken)
-    res = await Dispatcher(services).dispatch("bg_sleep", {}, TG)
-    assert res.status_code == 503 and res.body["error_type"] == "transient"
-    job = await _job(services, res.body["job_id"])
-    assert job.status == "failed" and "queue unavailable" in job.error
+    server = EmbeddedRedis(tmp_path / "doomed-redis", persist=False)
+    job_settings.redis_url = server.start()
+    svc = await Services.open(job_settings)
+    try:
+        server.stop()
+        res = await Dispatcher(svc).dispatch("bg_sleep", {}, TG)
+        assert res.status_code == 503 and res.body["error_type"] == "transient"
+        assert "try again" in res.body["error"]
+        job = await _job(svc, res.body["job_id"])
+        assert job.status == "failed" and "queue unavailable" in job.error
+    finally:
+        server.stop()
+        await svc.close()
