@@ -8,6 +8,10 @@
 # code finds both next to its packages); /opt/venv holds the dependencies and the
 # `skilljobs` console script. Only the runtime stage ends up in the image.
 
+# Build tools (apt build-essential, pip/setuptools/wheel) follow the base image's release;
+# the project's own dependencies are bounded in pyproject.toml.
+# hadolint global ignore=DL3008,DL3013
+
 ARG PYTHON_IMAGE=python:3.11-slim
 
 # --- builder: a virtualenv with every dependency and the project ------------------------
