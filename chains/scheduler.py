@@ -23,12 +23,13 @@ import uuid
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import Float, String, and_, column, or_, select, update, values
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from chains.cron import CronError, latest_fire, next_fire
 from chains.schedules import QUEUED, arq_job_id, enqueue_number, enqueue_run
+from jobs.constants import FN_RUN_CHAIN, WAKE_CHANNEL
 from jobs.models import ChainRun, Schedule
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ log = logging.getLogger("skilljobs.scheduler")
 
 RUNNING = "running"
 _BATCH = 500
-_CLAIM_CONCURRENCY = 8
+_ENQUEUE_CONCURRENCY = 32
 
 
 def fire_key(schedule_id: str, fire_at: float) -> str:
@@ -51,56 +52,162 @@ class Scheduler:
     def __init__(self, services: Services) -> None:
         self.svc = services
         self.sm = services.sessionmaker
-        self._insert = pg_insert if services.engine.dialect.name == "postgresql" else sqlite_insert
+        self._pg = services.engine.dialect.name == "postgresql"
 
     async def tick(self, now: float | None = None) -> list[str]:
         """Claim every due fire time; returns the ids of the runs this call created."""
         now = time.time() if now is None else now
-        async with self.sm() as s:
-            q = (
-                select(Schedule.id, Schedule.cron, Schedule.timezone, Schedule.next_fire_at)
-                .where(Schedule.enabled.is_(True), Schedule.next_fire_at <= now)
-                .order_by(Schedule.next_fire_at)
-                .limit(_BATCH)
-            )
-            due = (await s.execute(q)).all()
-        if not due:
-            return []
-        sem = asyncio.Semaphore(_CLAIM_CONCURRENCY)
-
-        async def one(row: Any) -> str | None:
-            async with sem:
-                return await self._claim(row.id, row.cron, row.timezone, row.next_fire_at, now)
-
-        claimed = [r for r in await asyncio.gather(*(one(r) for r in due)) if r]
-        for run_id in claimed:
-            try:
-                await enqueue_run(self.svc, run_id, 0)
-            except Exception as exc:  # the run stays queued; reconcile() re-enqueues it
-                log.warning("enqueue of chain run %s failed: %s", run_id, exc)
+        if self._pg:
+            claimed = await self._claim_batch(now)
+        else:
+            claimed = await self._claim_each(now)
+        if claimed:
+            await self._enqueue_all(claimed)
         return claimed
+
+    async def _enqueue_all(self, run_ids: list[str]) -> None:
+        """Enqueue the first arq job of each new run, then wake idle workers once."""
+        redis = self.svc.redis
+        if redis is None:
+            log.warning("no Redis connection: %s run(s) stay queued for reconcile", len(run_ids))
+            return
+        settings = self.svc.settings
+        sem = asyncio.Semaphore(_ENQUEUE_CONCURRENCY)
+
+        async def push(run_id: str) -> None:
+            async with sem:
+                try:
+                    await redis.enqueue_job(
+                        FN_RUN_CHAIN,
+                        run_id,
+                        _job_id=arq_job_id(run_id, 0),
+                        _queue_name=settings.queue_name,
+                    )
+                except Exception as exc:  # the run stays queued; reconcile() re-enqueues it
+                    log.warning("enqueue of chain run %s failed: %s", run_id, exc)
+
+        await asyncio.gather(*(push(r) for r in run_ids))
+        try:
+            await redis.publish(settings.key(WAKE_CHANNEL), "1")
+        except Exception as exc:  # workers still poll; a missed wake-up only delays
+            log.warning("wake-up publish failed: %s", exc)
+
+    def _due(self, now: float) -> Any:
+        return (
+            select(Schedule.id, Schedule.cron, Schedule.timezone, Schedule.next_fire_at)
+            .where(Schedule.enabled.is_(True), Schedule.next_fire_at <= now)
+            .order_by(Schedule.next_fire_at)
+            .limit(_BATCH)
+        )
+
+    @staticmethod
+    def _plan(cron: str, tz_name: str, old: float, now: float) -> tuple[float, float]:
+        """(fire time to run — the latest due one, next fire time after now)."""
+        tz = ZoneInfo(tz_name)
+        return latest_fire(cron, tz, old, now) or old, next_fire(cron, tz, now)
+
+    async def _claim_batch(self, now: float) -> list[str]:
+        """PostgreSQL: one transaction claims the whole due batch. ``FOR UPDATE SKIP
+        LOCKED`` lets concurrent schedulers split the batch without waiting on each other;
+        the conditional UPDATE and the unique fire key still guard every fire time."""
+        async with self.sm() as s:
+            due = (await s.execute(self._due(now).with_for_update(skip_locked=True))).all()
+            if not due:
+                await s.rollback()
+                return []
+            plans: list[tuple[str, float, float, float]] = []
+            for row in due:
+                try:
+                    fire_at, new_next = self._plan(row.cron, row.timezone, row.next_fire_at, now)
+                except (CronError, ValueError, KeyError) as exc:
+                    await self._park(s, row.id, row.next_fire_at, exc)
+                    continue
+                plans.append((row.id, row.next_fire_at, new_next, fire_at))
+            won: set[str] = set()
+            if plans:
+                v = values(
+                    column("sid", String),
+                    column("old", Float),
+                    column("new", Float),
+                    column("fire", Float),
+                    name="due",
+                ).data(plans)
+                stmt = (
+                    update(Schedule)
+                    .where(
+                        Schedule.id == v.c.sid,
+                        Schedule.next_fire_at == v.c.old,
+                        Schedule.enabled.is_(True),
+                    )
+                    .values(next_fire_at=v.c.new, last_fire_at=v.c.fire, updated_at=now)
+                    .returning(Schedule.id)
+                    .execution_options(synchronize_session=False)
+                )
+                won = set((await s.execute(stmt)).scalars())
+            runs = [
+                self._run_values(sid, fire_at, now)
+                for sid, _old, _new, fire_at in plans
+                if sid in won
+            ]
+            created: list[str] = []
+            if runs:
+                ins = (
+                    pg_insert(ChainRun)
+                    .values(runs)
+                    .on_conflict_do_nothing(index_elements=["fire_key"])
+                    .returning(ChainRun.id)
+                )
+                created = list((await s.execute(ins)).scalars())
+            await s.commit()
+        if len(created) < len(runs):
+            log.warning("%s fire time(s) already had a run", len(runs) - len(created))
+        return created
+
+    async def _claim_each(self, now: float) -> list[str]:
+        """Other backends: claim schedule by schedule with the conditional UPDATE."""
+        async with self.sm() as s:
+            due = (await s.execute(self._due(now))).all()
+        out = []
+        for row in due:
+            run_id = await self._claim(row.id, row.cron, row.timezone, row.next_fire_at, now)
+            if run_id:
+                out.append(run_id)
+        return out
+
+    @staticmethod
+    def _run_values(schedule_id: str, fire_at: float, now: float) -> dict[str, Any]:
+        run_id = uuid.uuid4().hex
+        return {
+            "id": run_id,
+            "schedule_id": schedule_id,
+            "fire_key": fire_key(schedule_id, fire_at),
+            "trigger": "cron",
+            "fire_at": fire_at,
+            "status": QUEUED,
+            "arq_job_id": arq_job_id(run_id, 0),
+            "created_at": now,
+        }
+
+    async def _park(self, s: Any, schedule_id: str, old: float, exc: Exception) -> None:
+        # A stored schedule that can no longer be evaluated (e.g. its timezone vanished
+        # from the tz database): park it instead of failing every tick.
+        log.error("schedule %s cannot be evaluated (%s); parked until edited", schedule_id, exc)
+        await s.execute(
+            update(Schedule)
+            .where(Schedule.id == schedule_id, Schedule.next_fire_at == old)
+            .values(next_fire_at=None)
+        )
 
     async def _claim(
         self, schedule_id: str, cron: str, tz_name: str, old: float, now: float
     ) -> str | None:
-        try:
-            tz = ZoneInfo(tz_name)
-            fire_at = latest_fire(cron, tz, old, now) or old
-            new_next: float | None = next_fire(cron, tz, now)
-        except (CronError, ValueError, KeyError) as exc:
-            # A stored schedule that can no longer be evaluated (e.g. tz data removed):
-            # park it instead of failing every tick.
-            log.error("schedule %s cannot be evaluated (%s); parked until edited", schedule_id, exc)
-            async with self.sm() as s:
-                await s.execute(
-                    update(Schedule)
-                    .where(Schedule.id == schedule_id, Schedule.next_fire_at == old)
-                    .values(next_fire_at=None)
-                )
-                await s.commit()
-            return None
-        run_id = uuid.uuid4().hex
         async with self.sm() as s:
+            try:
+                fire_at, new_next = self._plan(cron, tz_name, old, now)
+            except (CronError, ValueError, KeyError) as exc:
+                await self._park(s, schedule_id, old, exc)
+                await s.commit()
+                return None
             res = await s.execute(
                 update(Schedule)
                 .where(
@@ -113,18 +220,10 @@ class Scheduler:
             if res.rowcount != 1:  # type: ignore[attr-defined]
                 await s.rollback()
                 return None  # another scheduler claimed it (or it was edited meanwhile)
+            run = self._run_values(schedule_id, fire_at, now)
             ins = (
-                self._insert(ChainRun)
-                .values(
-                    id=run_id,
-                    schedule_id=schedule_id,
-                    fire_key=fire_key(schedule_id, fire_at),
-                    trigger="cron",
-                    fire_at=fire_at,
-                    status=QUEUED,
-                    arq_job_id=arq_job_id(run_id, 0),
-                    created_at=now,
-                )
+                sqlite_insert(ChainRun)
+                .values(run)
                 .on_conflict_do_nothing(index_elements=["fire_key"])
             )
             inserted = await s.execute(ins)
@@ -132,10 +231,9 @@ class Scheduler:
         if inserted.rowcount != 1:  # type: ignore[attr-defined]
             log.warning("fire time %s of schedule %s already had a run", fire_at, schedule_id)
             return None
-        skipped = (fire_at - old) > 0
-        if skipped:
+        if fire_at > old:
             log.info("schedule %s: missed fires since %s coalesced into one run", schedule_id, old)
-        return run_id
+        return str(run["id"])
 
     async def reconcile(self, now: float | None = None) -> list[str]:
         """Re-enqueue runs whose arq job was lost or whose worker died; returns their ids."""

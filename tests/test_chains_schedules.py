@@ -169,17 +169,16 @@ async def _arq_cleanup(redis, run_ids: list[str], upto: int = 3) -> None:  # typ
         await redis.delete(*keys)
 
 
-@pytest.mark.postgres
 async def test_three_schedulers_claim_each_fire_time_exactly_once(
     tmp_path: Path,
-    pg_url: str,
+    database_url: str,
     redis_server_url: str,
     redis_prefix: str,
     redis,
     registry,  # type: ignore[no-untyped-def]
 ) -> None:
     settings = make_settings(
-        tmp_path, redis_url=redis_server_url, prefix=redis_prefix, database_url=pg_url
+        tmp_path, redis_url=redis_server_url, prefix=redis_prefix, database_url=database_url
     )
     svcs = [make_services(settings, redis) for _ in range(3)]
     n_sched, minutes = 25, 6
