@@ -423,3 +423,10 @@ def test_command_exit_codes_and_output(
     monkeypatch.setenv("SKILLJOBS_WORKER_LEASE_SEC", "soon")
     result = runner.invoke(_app(), ["doctor"])
     assert result.exit_code == 1 and "SKILLJOBS_WORKER_LEASE_SEC" in result.output
+
+
+def test_skilljobs_has_the_doctor_command() -> None:
+    from jobs.cli import app
+
+    result = CliRunner().invoke(app, ["doctor", "--help"])
+    assert result.exit_code == 0 and "--host" in result.output
