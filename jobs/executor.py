@@ -559,11 +559,13 @@ async def _in_thread(fn: Callable[..., Any], args: tuple[Any, ...], wall: float,
 
     def work() -> None:
         try:
-            value = fn(*args)
+            outcome: tuple[bool, Any] = (True, fn(*args))
         except BaseException as exc:  # delivered to the awaiting side, never lost
-            loop.call_soon_threadsafe(settle, False, exc)
-        else:
-            loop.call_soon_threadsafe(settle, True, value)
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:
+            pass  # abandoned at its wall clock and the loop is gone: nobody is waiting
 
     threading.Thread(target=work, name=f"skill-{name}", daemon=True).start()
     try:
