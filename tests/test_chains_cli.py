@@ -28,8 +28,14 @@ def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_schedules_cli_end_to_end(cli_env: Path, repo_root: Path) -> None:
+    import yaml
+
     runner = CliRunner()
-    demo = repo_root / "chains/demo/daily_orders.yaml"
+    data = yaml.safe_load((repo_root / "chains/demo/daily_orders.yaml").read_text())
+    data["steps"][0]["input"]["day"] = "2026-01-05"  # a day with refunds to purge
+    data["deliver"] = {"target": "ops"}
+    demo = cli_env / "daily.yaml"
+    demo.write_text(yaml.safe_dump(data))
     res = runner.invoke(app, ["schedules", "add", str(demo)])
     assert res.exit_code == 0, res.output
     assert "daily-orders" in res.output and "next fire" in res.output

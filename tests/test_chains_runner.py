@@ -406,3 +406,64 @@ async def test_delivery_to_unknown_session_is_recorded_failed(env) -> None:  # t
     run = await schedules.get_run(svc, run_id)
     assert run["result"]["delivery"]["status"] == "failed"  # type: ignore[index]
     assert "unknown session" in run["result"]["delivery"]["error"]  # type: ignore[index]
+
+
+async def _run_at(svc, schedule_id: str, fire_at: float) -> str:  # type: ignore[no-untyped-def]
+    async with svc.sessionmaker() as s:
+        run = ChainRun(
+            schedule_id=schedule_id,
+            fire_key=f"cron:{schedule_id}:{fire_at:.0f}",
+            fire_at=fire_at,
+            status="queued",
+        )
+        s.add(run)
+        await s.commit()
+        return run.id
+
+
+async def test_demo_chain_stops_on_quiet_days_and_reports(env) -> None:  # type: ignore[no-untyped-def]
+    from chains.demo import install_demo
+    from delivery.channels.web import list_messages
+
+    svc, ex = env
+    sid = await install_demo(svc)
+    assert sid is not None and await install_demo(svc) is None  # installed once
+    # fired 2026-01-02 09:00 Shanghai: yesterday (2026-01-01) had no refunds over 100
+    quiet = await _run_at(svc, sid, 1767315600.0)
+    assert await run_chain(svc, ex, quiet, worker_id="w1") == "stopped_empty"
+    run = await schedules.get_run(svc, quiet)
+    assert [s["status"] for s in run["steps"]] == [
+        "succeeded",
+        "stopped_empty",
+        "skipped",
+        "skipped",
+    ]  # type: ignore[index]
+    # fired 2026-01-06 09:00 Shanghai: three refunds on 2026-01-05 are purged, inside the chain
+    busy = await _run_at(svc, sid, 1767661200.0)
+    assert await run_chain(svc, ex, busy, worker_id="w1") == "succeeded"
+    run = await schedules.get_run(svc, busy)
+    assert run["steps"][2]["output"]["deleted"] == 3  # type: ignore[index]
+    msgs = await list_messages(svc.sessionmaker, "sched-daily-orders")
+    items = msgs["items"] if isinstance(msgs, dict) else msgs
+    texts = [m["text"] for m in items]
+    assert any("nothing to report" in t for t in texts)
+    assert "daily-orders: Deleted 3 rows from orders." in texts
+
+
+async def test_async_skills_run_inline_in_a_chain(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    svc, ex = env
+    root = tmp_path / "more"
+    write_skill(
+        root,
+        "bg_job",
+        "async def execute(input_data, ctx):\n    return {'ran': 'inline'}\n",
+        frontmatter="async: true\n",
+    )
+    from jobs.loader import load_skill
+
+    svc.registry.add(load_skill(root / "bg_job"))
+    assert svc.registry.get("bg_job").is_async  # type: ignore[union-attr]
+    run_id = await start_run(svc, chain({"skill": "bg_job"}))
+    assert await run_chain(svc, ex, run_id, worker_id="w1") == "succeeded"
+    run = await schedules.get_run(svc, run_id)
+    assert run["steps"][0]["output"]["ran"] == "inline"  # type: ignore[index]

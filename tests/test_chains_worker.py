@@ -38,8 +38,8 @@ def _worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     )
 
 
-async def _wait_for(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
+async def _wait_for(cond, limit: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if await cond():
             return
