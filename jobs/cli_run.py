@@ -110,22 +110,26 @@ def up(
         try:
             await install_demo_schedule(svc)
             w = build_worker(svc, max_jobs=max_jobs or None, handle_signals=False)
-            web_task = asyncio.create_task(_serve_web(svc, host, port))
+            server = _web_server(svc, host, port)
+            web_task = asyncio.create_task(server.serve())
             worker_task = asyncio.create_task(w.async_run())
             _print_banner(settings, host, port, token)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            done_waiter = asyncio.create_task(stop.wait())
-            await asyncio.wait({web_task, worker_task, done_waiter},
+            stop_waiter = asyncio.create_task(stop.wait())
+            await asyncio.wait({web_task, worker_task, stop_waiter},
                                return_when=asyncio.FIRST_COMPLETED)
-            typer.echo("\nstopping…")
-            for t in (web_task, worker_task, done_waiter):
-                t.cancel()
+            typer.echo("\nstopping: running jobs get "
+                       f"{settings.worker_grace_sec:.0f}s to finish, the rest are handed back…")
+            stop_waiter.cancel()
+            server.should_exit = True
+            if not worker_task.done():
+                w.handle_sig_wait_for_completion(signal.SIGTERM)
             for t in (web_task, worker_task):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+                    await asyncio.wait_for(t, settings.worker_grace_sec + 15)
             with contextlib.suppress(Exception):
                 await w.close()
         finally:
@@ -175,7 +179,7 @@ async def _open(settings: Settings) -> Any:
         fail(f"cannot start: {exc}")
 
 
-async def _serve_web(svc: Any, host: str, port: int) -> None:
+def _web_server(svc: Any, host: str, port: int) -> Any:
     import uvicorn
 
     from dashboard.app import create_app
@@ -185,7 +189,20 @@ async def _serve_web(svc: Any, host: str, port: int) -> None:
                             access_log=False)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    return server
+
+
+async def _serve_web(svc: Any, host: str, port: int) -> None:
+    server = _web_server(svc, host, port)
+    server.install_signal_handlers = uvicorn_signals(server)  # type: ignore[method-assign]
     await server.serve()
+
+
+def uvicorn_signals(server: Any) -> Any:
+    """uvicorn's own SIGINT/SIGTERM handling (graceful), for `skilljobs web`."""
+    import uvicorn
+
+    return lambda: uvicorn.Server.install_signal_handlers(server)
 
 
 async def install_demo_schedule(svc: Any) -> None:

@@ -39,3 +39,4 @@ def setup_logging(settings: Settings) -> None:
     root.setLevel(settings.log_level.upper())
     # arq logs every job start/finish at INFO; keep it for debugging only.
     logging.getLogger("arq").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
