@@ -92,12 +92,24 @@ def worker_dict(w: Any, now: float) -> dict[str, Any]:
 async def queue(request: Request) -> dict[str, Any]:
     """SPEC §11 keys, plus 5m/1h/24h rates, per-skill stats and failing deliveries."""
     now = time.time()
-    async with services_of(request).sessionmaker() as session:
-        depth = await queries.queue_depth(session, now)
-        rates = await queries.finished_rates(session, now)
-        skills = await queries.skill_stats(session, now)
-        failing = await queries.failing_deliveries(session, now)
-        workers = [worker_dict(w, now) for w in await queries.list_workers(session)]
+    sm = services_of(request).sessionmaker
+
+    async def run(fn: Any, *args: Any) -> Any:
+        async with sm() as session:
+            return await fn(session, *args)
+
+    # Independent reads: one connection each, side by side.
+    depth, counts, live, pct, failing, rows = await asyncio.gather(
+        run(queries.queue_depth, now),
+        run(queries.window_counts, now),
+        run(queries.live_counts),
+        run(queries.duration_percentiles, now),
+        run(queries.failing_deliveries, now),
+        run(queries.list_workers),
+    )
+    rates = queries.rates_of(counts)
+    skills = queries.skill_table(counts, live, pct)
+    workers = [worker_dict(w, now) for w in rows]
     return {
         **depth,
         "succeeded_5m": rates["5m"]["succeeded"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,25 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     return value, job_id
 
 
+_HEX_ID = re.compile(r"^[0-9a-f]{6,32}$")
+
+
+def _text_match(q: str) -> Any:
+    """``q`` that looks like a job id (6–32 hex digits) is an id-prefix lookup on the
+    primary key; anything else is a case-insensitive substring of skill or error (a
+    scan in ``created_at`` order: narrow it with a time range on big tables)."""
+    if _HEX_ID.match(q.lower()):
+        prefix = q.lower()
+        # Both bounds are hex-only strings, so every collation orders them alike.
+        return and_(Job.id >= prefix.ljust(32, "0"), Job.id <= prefix.ljust(32, "f"))
+    pattern = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    return or_(
+        Job.id == q,
+        Job.skill.ilike(pattern, escape="\\"),
+        Job.error.ilike(pattern, escape="\\"),
+    )
+
+
 def _dialect(session: AsyncSession) -> str:
     return session.get_bind().dialect.name
 
@@ -101,15 +121,7 @@ async def list_jobs(
     if flt.until is not None:
         conds.append(Job.created_at < flt.until)
     if flt.q:
-        q = flt.q.strip()
-        pattern = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        conds.append(
-            or_(
-                Job.id == q,
-                Job.skill.ilike(pattern, escape="\\"),
-                Job.error.ilike(pattern, escape="\\"),
-            )
-        )
+        conds.append(_text_match(flt.q.strip()))
     if cursor:
         c_at, c_id = decode_cursor(cursor)
         # ``created_at <= c`` alone is an index range; the OR only breaks ties.
@@ -189,23 +201,30 @@ async def queue_depth(session: AsyncSession, now: float) -> dict[str, Any]:
 WINDOWS = {"5m": 300.0, "1h": 3600.0, "24h": 86400.0}
 
 
-async def finished_rates(session: AsyncSession, now: float) -> dict[str, dict[str, Any]]:
-    """Jobs finished per outcome in the last 5 minutes, hour and day."""
+async def window_counts(session: AsyncSession, now: float) -> list[tuple[str, str, list[int]]]:
+    """``(skill, status, [n_5m, n_1h, n_24h])`` of jobs finished in each window: one range
+    scan of ``ix_jobs_finished`` serves both the rates and the per-skill table."""
     cols = [
-        func.sum(case((Job.finished_at >= now - secs, 1), else_=0)).label(name)
-        for name, secs in WINDOWS.items()
+        func.sum(case((Job.finished_at >= now - secs, 1), else_=0)) for secs in WINDOWS.values()
     ]
     stmt = (
-        select(Job.status, *cols)
+        select(Job.skill, Job.status, *cols)
         .where(Job.finished_at >= now - max(WINDOWS.values()))
-        .group_by(Job.status)
+        .group_by(Job.skill, Job.status)
     )
+    return [
+        (row[0], row[1], [int(n or 0) for n in row[2:]])
+        for row in (await session.execute(stmt)).all()
+    ]
+
+
+def rates_of(counts: list[tuple[str, str, list[int]]]) -> dict[str, dict[str, Any]]:
+    """Jobs finished per outcome in the last 5 minutes, hour and day, with rates."""
     per: dict[str, dict[str, int]] = {w: dict.fromkeys(FINISHED, 0) for w in WINDOWS}
-    for row in (await session.execute(stmt)).all():
-        if row[0] not in FINISHED:
-            continue
-        for i, w in enumerate(WINDOWS):
-            per[w][row[0]] = int(row[i + 1] or 0)
+    for _skill, status, ns in counts:
+        if status in FINISHED:
+            for w, n in zip(WINDOWS, ns, strict=True):
+                per[w][status] += n
     out: dict[str, dict[str, Any]] = {}
     for w, secs in WINDOWS.items():
         c = per[w]
@@ -231,9 +250,48 @@ def _percentile(sorted_values: list[float], p: float) -> float | None:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
 
 
-async def skill_stats(session: AsyncSession, now: float, window: float = 86400.0) -> list[dict]:
-    """Per skill: waiting/running now, outcomes and p50/p95 duration over ``window``."""
-    since = now - window
+async def live_counts(session: AsyncSession) -> list[tuple[str, str, int]]:
+    """``(skill, status, n)`` of queued and running jobs (the status index)."""
+    stmt = (
+        select(Job.skill, Job.status, func.count())
+        .where(Job.status.in_((QUEUED, RUNNING)))
+        .group_by(Job.skill, Job.status)
+    )
+    return [(a, b, int(n)) for a, b, n in (await session.execute(stmt)).all()]
+
+
+async def duration_percentiles(
+    session: AsyncSession, now: float, window: float = 86400.0
+) -> dict[str, tuple[float | None, float | None]]:
+    """p50 and p95 run time (ms) per skill over jobs finished in the last ``window``."""
+    cond = and_(Job.finished_at >= now - window, Job.duration_ms.is_not(None))
+    if _dialect(session) == "postgresql":
+        stmt = (
+            select(
+                Job.skill,
+                func.percentile_cont(0.5).within_group(Job.duration_ms),
+                func.percentile_cont(0.95).within_group(Job.duration_ms),
+            )
+            .where(cond)
+            .group_by(Job.skill)
+        )
+        return {skill: (p50, p95) for skill, p50, p95 in (await session.execute(stmt)).all()}
+    values: dict[str, list[float]] = defaultdict(list)
+    for skill, ms in (await session.execute(select(Job.skill, Job.duration_ms).where(cond))).all():
+        values[skill].append(float(ms))
+    out = {}
+    for skill, vals in values.items():
+        vals.sort()
+        out[skill] = (_percentile(vals, 0.5), _percentile(vals, 0.95))
+    return out
+
+
+def skill_table(
+    counts: list[tuple[str, str, list[int]]],
+    live: list[tuple[str, str, int]],
+    pct: dict[str, tuple[float | None, float | None]],
+) -> list[dict[str, Any]]:
+    """Per skill: waiting/running now, outcomes over 24 h, p50/p95 duration."""
     stats: dict[str, dict[str, Any]] = defaultdict(
         lambda: {
             "queued": 0,
@@ -245,47 +303,16 @@ async def skill_stats(session: AsyncSession, now: float, window: float = 86400.0
             "p95_ms": None,
         }
     )
-    live = select(Job.skill, Job.status, func.count()).where(Job.status.in_((QUEUED, RUNNING)))
-    for skill, status, n in (await session.execute(live.group_by(Job.skill, Job.status))).all():
-        stats[skill][status] = int(n)
-    done = (
-        select(Job.skill, Job.status, func.count())
-        .where(Job.finished_at >= since)
-        .group_by(Job.skill, Job.status)
-    )
-    for skill, status, n in (await session.execute(done)).all():
+    for skill, status, n in live:
+        stats[skill][status] = n
+    for skill, status, ns in counts:
         key = "failed" if status in FAILURE_STATUSES else status
         if key in ("succeeded", "failed", "cancelled"):
-            stats[skill][key] += int(n)
-    window_rows = and_(Job.finished_at >= since, Job.duration_ms.is_not(None))
-    if _dialect(session) == "postgresql":
-        pct = (
-            select(
-                Job.skill,
-                func.percentile_cont(0.5).within_group(Job.duration_ms),
-                func.percentile_cont(0.95).within_group(Job.duration_ms),
-            )
-            .where(window_rows)
-            .group_by(Job.skill)
-        )
-        for skill, p50, p95 in (await session.execute(pct)).all():
-            stats[skill]["p50_ms"], stats[skill]["p95_ms"] = p50, p95
-    else:
-        values: dict[str, list[float]] = defaultdict(list)
-        rows = await session.execute(select(Job.skill, Job.duration_ms).where(window_rows))
-        for skill, ms in rows.all():
-            values[skill].append(float(ms))
-        for skill, vals in values.items():
-            vals.sort()
-            stats[skill]["p50_ms"] = _percentile(vals, 0.5)
-            stats[skill]["p95_ms"] = _percentile(vals, 0.95)
-    out = []
-    for skill in sorted(stats):
-        s = stats[skill]
-        for k in ("p50_ms", "p95_ms"):
-            s[k] = round(float(s[k]), 1) if s[k] is not None else None
-        out.append({"skill": skill, **s})
-    return out
+            stats[skill][key] += ns[-1]
+    for skill, (p50, p95) in pct.items():
+        stats[skill]["p50_ms"] = round(float(p50), 1) if p50 is not None else None
+        stats[skill]["p95_ms"] = round(float(p95), 1) if p95 is not None else None
+    return [{"skill": skill, **stats[skill]} for skill in sorted(stats)]
 
 
 async def failing_deliveries(
@@ -354,16 +381,7 @@ async def metrics_snapshot(session: AsyncSession, now: float, window: float) -> 
     since = now - window
     snap: dict[str, Any] = {"window": window}
     snap["depth"] = await queue_depth(session, now)
-    snap["live"] = [
-        tuple(r)
-        for r in (
-            await session.execute(
-                select(Job.skill, Job.status, func.count())
-                .where(Job.status.in_((QUEUED, RUNNING)))
-                .group_by(Job.skill, Job.status)
-            )
-        ).all()
-    ]
+    snap["live"] = await live_counts(session)
     bucket_cols = [func.sum(case((Job.duration_ms <= b, 1), else_=0)) for b in DURATION_BUCKETS_MS]
     stmt = (
         select(

@@ -83,6 +83,7 @@ async def test_job_list_filters(client: httpx.AsyncClient, services) -> None:
     assert await ids(until=now - 45) == {a.id}
     assert await ids(q="QUOTA") == {a.id}
     assert await ids(q=c.id) == {c.id}
+    assert await ids(q=c.id[:8].upper()) == {c.id}  # an id prefix, as the table shows it
     assert await ids(q="100%") == {c.id}  # LIKE wildcards are literal
     assert await ids(q="_") == {c.id}
     assert await ids(skill="report", status="succeeded") == {b.id}
