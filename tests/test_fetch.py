@@ -62,8 +62,11 @@ Route = Reply | Callable[[Request], Reply]
 class LoopbackServer:
     """An asyncio HTTP/1.1 server on 127.0.0.1 (optionally TLS) with canned routes."""
 
-    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None, keep_alive: bool = False) -> None:
         self.ssl_context = ssl_context
+        self.keep_alive = keep_alive
+        self.connections = 0
+        self._handlers: set[asyncio.Task[None]] = set()
         self.routes: dict[str, Route] = {}
         self.requests: list[Request] = []
         self.port = 0
@@ -92,23 +95,34 @@ class LoopbackServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+            for task in list(self._handlers):
+                task.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            line, *lines = head.decode("latin-1").split("\r\n")
-            method, target, _ = line.split(" ", 2)
-            headers = {}
-            for raw in lines:
-                if ":" in raw:
-                    k, v = raw.split(":", 1)
-                    headers[k.strip().lower()] = v.strip()
-            request = Request(method, target, headers, self._last_sni)
-            self.requests.append(request)
-            route = self.routes.get(target) or self.routes.get(request.path)
-            reply = route(request) if callable(route) else route or Reply(404, b"not found")
-            await self._send(writer, method, reply)
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                line, *lines = head.decode("latin-1").split("\r\n")
+                method, target, _ = line.split(" ", 2)
+                headers = {}
+                for raw in lines:
+                    if ":" in raw:
+                        k, v = raw.split(":", 1)
+                        headers[k.strip().lower()] = v.strip()
+                request = Request(method, target, headers, self._last_sni)
+                self.requests.append(request)
+                route = self.routes.get(target) or self.routes.get(request.path)
+                reply = route(request) if callable(route) else route or Reply(404, b"not found")
+                await self._send(writer, method, reply)
+                if not (self.keep_alive and reply.length in ("exact", "chunked")):
+                    break
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass
         finally:
@@ -119,7 +133,9 @@ class LoopbackServer:
                 pass
 
     async def _send(self, writer: asyncio.StreamWriter, method: str, reply: Reply) -> None:
-        head = [f"HTTP/1.1 {reply.status} X", "Connection: close"]
+        head = [f"HTTP/1.1 {reply.status} X"]
+        if not self.keep_alive:
+            head.append("Connection: close")
         head += [f"{k}: {v}" for k, v in reply.headers.items()]
         if reply.length == "exact":
             head.append(f"Content-Length: {len(reply.body)}")
@@ -637,3 +653,21 @@ async def test_whole_download_has_a_deadline(
         with pytest.raises(FetchError, match=r"gave up after 0\.3 s"):
             await f.download(server.url("/slow"), tmp_path)
     assert files_in(tmp_path) == []
+
+
+async def test_keep_alive_connections_are_reused_for_the_same_vetted_host(
+    guard: LoopbackOnly, tmp_path: Path
+) -> None:
+    server = await LoopbackServer(keep_alive=True).start()
+    try:
+        server.routes["/a.png"] = Reply(body=PNG, headers={"Content-Type": "image/png"})
+        server.routes["/c.txt"] = Reply(body=b"x" * 100_000, length="chunked")
+        async with SafeFetcher([f"127.0.0.1:{server.port}"], connect=guard) as f:
+            for path in ("/a.png", "/c.txt", "/a.png"):
+                got = await f.download(server.url(path), tmp_path)
+                assert got.size in (len(PNG), 100_000)
+            await f.probe(server.url("/a.png"))
+        assert len(server.requests) == 4
+        assert server.connections == 1 and len(guard.attempts) == 1
+    finally:
+        await server.close()
