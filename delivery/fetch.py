@@ -384,13 +384,13 @@ class SafeFetcher:
         """Content type and length of ``url`` (HEAD, falling back to a one-byte ranged GET)."""
         async with self._deadline(url):
             response = await self._open("HEAD", url, headers)
-            await response.aclose()
+            await _close(response)
             if response.status_code in (403, 405, 501) or (
                 response.is_success and "content-type" not in response.headers
             ):
                 ranged = {**(headers or {}), "Range": "bytes=0-0"}
                 response = await self._open("GET", url, ranged)
-                await response.aclose()
+                await _close(response)
             if not response.is_success:
                 raise FetchError(f"HTTP {response.status_code} from {response.url.host}")
             return ProbeResult(
@@ -422,7 +422,7 @@ class SafeFetcher:
                     raise FetchError(f"file too large: {declared} bytes (limit {max_bytes})")
                 tmp, size, digest = await self._stream(response, dest_dir, max_bytes)
             finally:
-                await response.aclose()
+                await _close(response)
         mime = mime_from_header(response.headers.get("content-type"))
         name = choose_filename(
             response.headers.get("content-disposition"), filename_hint, response.url.path, mime
@@ -482,7 +482,7 @@ class SafeFetcher:
             location = response.headers.get("location")
             if response.status_code not in REDIRECT_CODES or not location:
                 return response
-            await response.aclose()
+            await _close(response)
             if hop == self.max_redirects:
                 raise FetchError(f"too many redirects (more than {self.max_redirects})")
             try:
@@ -575,6 +575,13 @@ def _translated(host: str) -> Iterator[None]:
         raise RefusedURL(f"invalid URL: {exc}") from exc
     except httpx.HTTPError as exc:
         raise FetchError(f"{type(exc).__name__} from {host}: {exc}") from exc
+
+
+async def _close(response: httpx.Response) -> None:
+    # Closing only releases the connection; the outcome was decided before (a close error
+    # must not replace the real error or turn a complete download into a failure).
+    with contextlib.suppress(httpx.HTTPError):
+        await response.aclose()
 
 
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:

@@ -47,6 +47,7 @@ TEXT_FIELDS = ("message", "result", "text", "display_md")
 MEDIA_LISTS = {"images": "image", "videos": "video", "audios": "audio", "files": "file"}
 LIST_FOR = {"image": "images", "video": "videos", "audio": "audios", "file": "files"}
 MAX_PROBES = 8
+MAX_DOWNLOADS = 50  # per result: a list of thousands of URLs must not fill the disk
 CONCURRENCY = 4
 
 _URL_LIKE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
@@ -122,8 +123,11 @@ async def materialize(
     for cand in ambiguous[max_probes:]:
         cand.status, cand.reason = "skipped", f"probe limit ({max_probes}) reached"
     await _bounded([_probe_step(c, fetcher) for c in ambiguous[:max_probes]])
+    wanted = [c for c in pending if c.status is None]
+    for cand in wanted[MAX_DOWNLOADS:]:
+        cand.status, cand.reason = "skipped", f"download limit ({MAX_DOWNLOADS}) reached"
     await _bounded(
-        [_download_step(c, fetcher, workspace, max_bytes) for c in pending if c.status is None]
+        [_download_step(c, fetcher, workspace, max_bytes) for c in wanted[:MAX_DOWNLOADS]]
     )
 
     for cand in candidates.values():

@@ -308,3 +308,15 @@ async def test_result_without_urls_is_unchanged(fetcher: SafeFetcher, tmp_path: 
     out, records = await materialize(result, tmp_path, fetcher)
     assert out == result and records == []
     assert await materialize(None, tmp_path, fetcher) == (None, [])  # type: ignore[arg-type]
+
+
+async def test_downloads_per_result_are_capped(
+    server: LoopbackServer, fetcher: SafeFetcher, tmp_path: Path
+) -> None:
+    for i in range(55):
+        server.routes[f"/f{i}.txt"] = Reply(body=b"%d" % i)
+    urls = [server.url(f"/f{i}.txt") for i in range(55)]
+    out, records = await materialize({"file_urls": urls}, tmp_path, fetcher)
+    assert [r["status"] for r in records] == ["downloaded"] * 50 + ["skipped"] * 5
+    assert records[-1]["reason"] == "download limit (50) reached"
+    assert len(out["files"]) == 50 and len(ws_files(tmp_path)) == 50
