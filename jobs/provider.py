@@ -203,9 +203,8 @@ class Provider:
         body: dict[str, Any] = {"model": model, "messages": msgs, "max_tokens": max_tokens}
         if temperature is not None:
             body["temperature"] = temperature
-        data = await self._post(
-            "/v1/chat/completions", body, {"Authorization": f"Bearer {self._key}"}
-        )
+        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        data = await self._post("/v1/chat/completions", body, headers)
         choice = (data.get("choices") or [{}])[0]
         usage = data.get("usage") or {}
         result = CompletionResult(
