@@ -108,3 +108,42 @@ async def test_wrong_secret_key_is_a_clear_error(store: ConfigStore, sessionmake
     other = ConfigStore(sessionmaker, SecretBox(Fernet.generate_key()))
     with pytest.raises(ValueError, match="SKILLJOBS_SECRET_KEY"):
         await other.get("r1", "a")
+
+
+# --- the CLI --------------------------------------------------------------------------
+
+
+def test_cli_set_and_list(tmp_path, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+
+    env = {
+        "SKILLJOBS_DATA_DIR": str(tmp_path / "data"),
+        "SKILLJOBS_DATABASE_URL": sqlite_url,
+        "SKILLJOBS_SECRET_KEY": KEY.decode(),
+    }
+    runner = CliRunner()
+    r = runner.invoke(app, ["config", "set", "r1", "demo", "--", "--api-token", SECRET], env=env)
+    assert r.exit_code == 0, r.output
+    assert SECRET not in r.output and "api_token" in r.output
+    r = runner.invoke(app, ["config", "set", "r1", "demo", "limit", "5"], env=env)
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["config", "set", "r1", "demo", "note", "5", "--string"], env=env)
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["config", "list", "r1", "--json"], env=env)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) == {"demo": {"api_token": REDACTED, "limit": 5, "note": "5"}}
+    r = runner.invoke(app, ["config", "list", "r1", "demo"], env=env)
+    assert r.exit_code == 0 and SECRET not in r.output and "limit" in r.output
+    r = runner.invoke(app, ["config", "unset", "r1", "demo", "note"], env=env)
+    assert r.exit_code == 0
+    r = runner.invoke(app, ["config", "list", "r2"], env=env)
+    assert r.exit_code == 0 and "no configuration" in r.output
+    r = runner.invoke(app, ["config", "set", "", "demo", "k", "v"], env=env)
+    assert r.exit_code == 1 and "role_id must be a non-empty string" in r.output
+    bad = dict(env, SKILLJOBS_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}")
+    r = runner.invoke(app, ["config", "list", "r1"], env=bad)
+    assert r.exit_code == 1 and "db upgrade" in r.output

@@ -1,0 +1,119 @@
+"""``skilljobs config set|unset|list``: per-role skill configuration (secrets shown masked)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+
+from jobs.cli_common import fail, load_settings, run_async
+from jobs.crypto import is_secret_key
+
+config_app = typer.Typer(
+    help="Per-role skill configuration (secrets stored encrypted).", no_args_is_help=True
+)
+
+
+def _value(key: str, raw: str, as_string: bool) -> Any:
+    """Secrets and ``--string`` values stay text; others are JSON when they parse as JSON."""
+    if raw == "-":
+        raw = sys.stdin.read().rstrip("\n")
+    if as_string or is_secret_key(key):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+async def _with_store(fn: Any) -> Any:
+    from jobs.configs import ConfigStore
+    from jobs.crypto import SecretBox, load_or_create_key
+    from jobs.db import create_engine, create_sessionmaker
+
+    settings = load_settings()
+    try:
+        key = load_or_create_key(
+            settings.data_dir,
+            settings.secret_key.get_secret_value() if settings.secret_key else None,
+        )
+        engine = create_engine(settings.resolved_database_url)
+    except Exception as exc:
+        fail(f"cannot open the configuration store: {exc}")
+        raise
+    try:
+        return await fn(ConfigStore(create_sessionmaker(engine), SecretBox(key)))
+    finally:
+        await engine.dispose()
+
+
+def _run(fn: Any) -> Any:
+    try:
+        return run_async(lambda: _with_store(fn))
+    except typer.Exit:
+        raise
+    except ValueError as exc:
+        fail(str(exc))
+    except Exception as exc:  # database unreachable, schema missing, …
+        hint = " (run `skilljobs db upgrade` first?)" if "no such table" in str(exc) else ""
+        fail(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{hint}")
+
+
+@config_app.command("set")
+def config_set(
+    role: str = typer.Argument(..., help="Role id."),
+    skill: str = typer.Argument(..., help="Skill name."),
+    key: str = typer.Argument(..., help="Config key (--api-token is stored as api_token)."),
+    value: str = typer.Argument(
+        ..., help="Value; JSON is parsed (5, true, {...}); '-' reads stdin."
+    ),
+    string: bool = typer.Option(False, "--string", help="Store the value as text, never as JSON."),
+) -> None:
+    """Set one configuration value for a role's skill."""
+    parsed = _value(key, value, string)
+    _run(lambda store: store.set(role, skill, key, parsed))
+    shown = "••••••" if is_secret_key(key) else json.dumps(parsed, ensure_ascii=False)
+    from jobs.context import config_key
+
+    typer.echo(f"{role} / {skill}: {config_key(key)} = {shown}")
+
+
+@config_app.command("unset")
+def config_unset(
+    role: str = typer.Argument(..., help="Role id."),
+    skill: str = typer.Argument(..., help="Skill name."),
+    key: str = typer.Argument(..., help="Config key."),
+) -> None:
+    """Remove one configuration value."""
+    _run(lambda store: store.set(role, skill, key, None))
+    typer.echo(f"{role} / {skill}: {key} removed")
+
+
+@config_app.command("list")
+def config_list(
+    role: str = typer.Argument(..., help="Role id."),
+    skill: str | None = typer.Argument(None, help="Only this skill."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show a role's configuration, secrets masked."""
+    values: dict[str, dict[str, Any]] = _run(lambda store: store.masked(role, skill))
+    if as_json:
+        typer.echo(json.dumps(values, ensure_ascii=False, indent=2))
+        return
+    rows = [(s, k, v) for s, kv in values.items() for k, v in kv.items()]
+    if not rows:
+        typer.echo(f"no configuration for role {role}" + (f" / {skill}" if skill else ""))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("skill", "key", "value")
+    for s, k, v in rows:
+        table.add_row(s, k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(config_app, name="config")
