@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from delivery.fetch import MAX_BYTES, Download, FetchError, SafeFetcher
+from delivery.fetch import MAX_BYTES, FetchError, SafeFetcher
 from delivery.media import mime_from_name, sniff
 from delivery.urlsafety import RefusedURL, check_url
 
@@ -80,7 +80,6 @@ class _Candidate:
     hint: str | None = None
     status: Status | None = None
     reason: str = ""
-    download: Download | None = None
     entry: dict[str, Any] | None = None
     artifact: str | None = None
 
@@ -102,7 +101,7 @@ async def materialize(
         return result, []
     out = copy.deepcopy(result)
     workspace = Path(workspace)
-    candidates = _find_candidates(out, workspace)
+    candidates = _find_candidates(out)
     known = _already_local(out, workspace)
 
     for cand in candidates.values():
@@ -149,7 +148,7 @@ async def materialize(
 # --- finding URLs -------------------------------------------------------------------------
 
 
-def _find_candidates(out: dict[str, Any], workspace: Path) -> dict[str, _Candidate]:
+def _find_candidates(out: dict[str, Any]) -> dict[str, _Candidate]:
     found: dict[str, _Candidate] = {}
 
     def add(url: str, where: str, explicit: bool, spot: _Spot, hint: str | None = None) -> None:
@@ -302,7 +301,6 @@ async def _download_step(
             cand.url, workspace, max_bytes=max_bytes, filename_hint=cand.hint
         )
         media, mime = await asyncio.to_thread(sniff, got.path, got.mime)
-        cand.download = got
         cand.status, cand.artifact = "downloaded", str(got.path)
         cand.entry = {
             "filename": got.filename,
