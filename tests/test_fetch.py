@@ -1,7 +1,8 @@
 """SafeFetcher against real loopback HTTP/HTTPS servers.
 
 No test here can send a packet off this machine: every fetcher is built with a connect seam
-that records each address and refuses anything that is not loopback. A "public" address in a
+that records each address and refuses anything that is not loopback, and with a resolver
+seam, so no DNS query leaves either. A "public" address in a
 resolver answer is a stand-in that the seam routes to a loopback server (loopback in disguise),
 so the policy runs with no exemption while the bytes stay local.
 """
@@ -438,7 +439,9 @@ async def test_stalled_server_times_out(
     server: LoopbackServer, guard: LoopbackOnly, tmp_path: Path
 ) -> None:
     server.routes["/slow"] = Reply(body=b"late", stall=3.0)
-    async with SafeFetcher([f"127.0.0.1:{server.port}"], connect=guard, timeout=0.3) as f:
+    async with SafeFetcher(
+        [f"127.0.0.1:{server.port}"], connect=guard, resolver=Resolver({}), timeout=0.3
+    ) as f:
         with pytest.raises(FetchError, match="timed out"):
             await f.download(server.url("/slow"), tmp_path)
     assert files_in(tmp_path) == []
@@ -499,7 +502,9 @@ async def test_refused_urls_never_reach_the_network(
 async def test_loopback_port_not_on_the_allow_list_is_refused(
     server: LoopbackServer, guard: LoopbackOnly, tmp_path: Path
 ) -> None:
-    async with SafeFetcher([f"127.0.0.1:{server.port + 1}"], connect=guard) as f:
+    async with SafeFetcher(
+        [f"127.0.0.1:{server.port + 1}"], connect=guard, resolver=Resolver({})
+    ) as f:
         with pytest.raises(RefusedURL, match="scheme http is not allowed"):
             await f.download(server.url("/a"), tmp_path)
     assert guard.attempts == []
@@ -606,7 +611,7 @@ async def test_cross_origin_redirect_drops_credentials(
         other.routes["/b.png"] = Reply(body=PNG)
         allow = [f"127.0.0.1:{server.port}", f"127.0.0.1:{other.port}"]
         creds = {"Authorization": "Bearer s3cret", "Cookie": "session=1"}
-        async with SafeFetcher(allow, connect=guard) as f:
+        async with SafeFetcher(allow, connect=guard, resolver=Resolver({})) as f:
             got = await f.download(server.url("/same"), tmp_path, headers=creds)
         assert got.path.read_bytes() == PNG
         first, same_origin = server.requests
@@ -649,7 +654,9 @@ async def test_whole_download_has_a_deadline(
 ) -> None:
     server.routes["/slow"] = Reply(body=b"late", stall=3.0)
     allow = [f"127.0.0.1:{server.port}"]
-    async with SafeFetcher(allow, connect=guard, timeout=10.0, total_timeout=0.3) as f:
+    async with SafeFetcher(
+        allow, connect=guard, resolver=Resolver({}), timeout=10.0, total_timeout=0.3
+    ) as f:
         with pytest.raises(FetchError, match=r"gave up after 0\.3 s"):
             await f.download(server.url("/slow"), tmp_path)
     assert files_in(tmp_path) == []
@@ -662,7 +669,9 @@ async def test_keep_alive_connections_are_reused_for_the_same_vetted_host(
     try:
         server.routes["/a.png"] = Reply(body=PNG, headers={"Content-Type": "image/png"})
         server.routes["/c.txt"] = Reply(body=b"x" * 100_000, length="chunked")
-        async with SafeFetcher([f"127.0.0.1:{server.port}"], connect=guard) as f:
+        async with SafeFetcher(
+            [f"127.0.0.1:{server.port}"], connect=guard, resolver=Resolver({})
+        ) as f:
             for path in ("/a.png", "/c.txt", "/a.png"):
                 got = await f.download(server.url(path), tmp_path)
                 assert got.size in (len(PNG), 100_000)
