@@ -23,8 +23,8 @@ import uuid
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import Float, String, and_, column, or_, select, update, values
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import Float, String, and_, bindparam, or_, select, text, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from chains.cron import CronError, latest_fire, next_fire
@@ -39,7 +39,42 @@ log = logging.getLogger("skilljobs.scheduler")
 
 RUNNING = "running"
 _BATCH = 500
-_ENQUEUE_CONCURRENCY = 32
+
+
+# PostgreSQL batch statements with array parameters: compiled once, whatever the batch size.
+_ADVANCE = text(
+    """
+    UPDATE schedules AS s
+       SET next_fire_at = d.new, last_fire_at = d.fire, updated_at = :now
+      FROM unnest(:ids, :olds, :news, :fires) AS d(sid, old, new, fire)
+     WHERE s.id = d.sid AND s.next_fire_at = d.old AND s.enabled
+    RETURNING s.id
+    """
+).bindparams(
+    bindparam("ids", type_=ARRAY(String)),
+    bindparam("olds", type_=ARRAY(Float)),
+    bindparam("news", type_=ARRAY(Float)),
+    bindparam("fires", type_=ARRAY(Float)),
+    bindparam("now", type_=Float),
+)
+_INSERT_RUNS = text(
+    """
+    INSERT INTO chain_runs
+           (id, schedule_id, fire_key, trigger, fire_at, status, arq_job_id, lease_token, created_at)
+    SELECT r.id, r.sid, r.key, 'cron', r.fire, :status, r.arq, 0, :now
+      FROM unnest(:ids, :sids, :keys, :fires, :arqs) AS r(id, sid, key, fire, arq)
+    ON CONFLICT (fire_key) DO NOTHING
+    RETURNING id
+    """
+).bindparams(
+    bindparam("ids", type_=ARRAY(String)),
+    bindparam("sids", type_=ARRAY(String)),
+    bindparam("keys", type_=ARRAY(String)),
+    bindparam("fires", type_=ARRAY(Float)),
+    bindparam("arqs", type_=ARRAY(String)),
+    bindparam("status", type_=String),
+    bindparam("now", type_=Float),
+)
 
 
 def fire_key(schedule_id: str, fire_at: float) -> str:
@@ -66,31 +101,32 @@ class Scheduler:
         return claimed
 
     async def _enqueue_all(self, run_ids: list[str]) -> None:
-        """Enqueue the first arq job of each new run, then wake idle workers once."""
+        """Enqueue the first arq job of each new run and wake idle workers, in one round
+        trip: the same job and queue entries ``ArqRedis.enqueue_job`` writes (the ids are
+        new, so its duplicate check is replaced by ``NX``)."""
+        from arq.constants import job_key_prefix
+        from arq.jobs import serialize_job
+        from arq.utils import timestamp_ms
+
         redis = self.svc.redis
         if redis is None:
             log.warning("no Redis connection: %s run(s) stay queued for reconcile", len(run_ids))
             return
         settings = self.svc.settings
-        sem = asyncio.Semaphore(_ENQUEUE_CONCURRENCY)
-
-        async def push(run_id: str) -> None:
-            async with sem:
-                try:
-                    await redis.enqueue_job(
-                        FN_RUN_CHAIN,
-                        run_id,
-                        _job_id=arq_job_id(run_id, 0),
-                        _queue_name=settings.queue_name,
-                    )
-                except Exception as exc:  # the run stays queued; reconcile() re-enqueues it
-                    log.warning("enqueue of chain run %s failed: %s", run_id, exc)
-
-        await asyncio.gather(*(push(r) for r in run_ids))
+        at = timestamp_ms()
         try:
-            await redis.publish(settings.key(WAKE_CHANNEL), "1")
-        except Exception as exc:  # workers still poll; a missed wake-up only delays
-            log.warning("wake-up publish failed: %s", exc)
+            async with redis.pipeline(transaction=False) as pipe:
+                for run_id in run_ids:
+                    job_id = arq_job_id(run_id, 0)
+                    job = serialize_job(
+                        FN_RUN_CHAIN, (run_id,), {}, None, at, serializer=redis.job_serializer
+                    )
+                    pipe.set(job_key_prefix + job_id, job, px=redis.expires_extra_ms, nx=True)
+                    pipe.zadd(settings.queue_name, {job_id: at}, nx=True)
+                pipe.publish(settings.key(WAKE_CHANNEL), "1")
+                await pipe.execute()
+        except Exception as exc:  # the runs stay queued; reconcile() re-enqueues them
+            log.warning("enqueue of %s chain run(s) failed: %s", len(run_ids), exc)
 
     def _due(self, now: float) -> Any:
         return (
@@ -125,25 +161,11 @@ class Scheduler:
                 plans.append((row.id, row.next_fire_at, new_next, fire_at))
             won: set[str] = set()
             if plans:
-                v = values(
-                    column("sid", String),
-                    column("old", Float),
-                    column("new", Float),
-                    column("fire", Float),
-                    name="due",
-                ).data(plans)
-                stmt = (
-                    update(Schedule)
-                    .where(
-                        Schedule.id == v.c.sid,
-                        Schedule.next_fire_at == v.c.old,
-                        Schedule.enabled.is_(True),
-                    )
-                    .values(next_fire_at=v.c.new, last_fire_at=v.c.fire, updated_at=now)
-                    .returning(Schedule.id)
-                    .execution_options(synchronize_session=False)
+                sids, olds, news, fires = (list(col) for col in zip(*plans, strict=True))
+                res = await s.execute(
+                    _ADVANCE, {"ids": sids, "olds": olds, "news": news, "fires": fires, "now": now}
                 )
-                won = set((await s.execute(stmt)).scalars())
+                won = set(res.scalars())
             runs = [
                 self._run_values(sid, fire_at, now)
                 for sid, _old, _new, fire_at in plans
@@ -151,13 +173,19 @@ class Scheduler:
             ]
             created: list[str] = []
             if runs:
-                ins = (
-                    pg_insert(ChainRun)
-                    .values(runs)
-                    .on_conflict_do_nothing(index_elements=["fire_key"])
-                    .returning(ChainRun.id)
+                res = await s.execute(
+                    _INSERT_RUNS,
+                    {
+                        "ids": [r["id"] for r in runs],
+                        "sids": [r["schedule_id"] for r in runs],
+                        "keys": [r["fire_key"] for r in runs],
+                        "fires": [r["fire_at"] for r in runs],
+                        "arqs": [r["arq_job_id"] for r in runs],
+                        "status": QUEUED,
+                        "now": now,
+                    },
                 )
-                created = list((await s.execute(ins)).scalars())
+                created = list(res.scalars())
             await s.commit()
         if len(created) < len(runs):
             log.warning("%s fire time(s) already had a run", len(runs) - len(created))

@@ -148,3 +148,81 @@ async def test_kill_9_mid_chain_resumes_without_repeating_steps(
             ]
             await redis.delete(*keys)
         await close_services(svc)
+
+
+@pytest.mark.timeout(90)
+async def test_worker_scheduler_fires_a_due_schedule(
+    tmp_path: Path,
+    pg_url: str,
+    redis_server_url: str,
+    redis_prefix: str,
+    redis,  # type: ignore[no-untyped-def]
+) -> None:
+    """The scheduler inside ``skilljobs worker`` claims a due fire time, enqueues it, and
+    the worker runs the chain (the batch enqueue writes jobs the arq worker accepts)."""
+    from sqlalchemy import update
+
+    from jobs.models import Schedule
+
+    settings = make_settings(
+        tmp_path, redis_url=redis_server_url, prefix=redis_prefix, database_url=pg_url
+    )
+    env = {
+        **os.environ,
+        "SKILLJOBS_DATABASE_URL": pg_url,
+        "SKILLJOBS_REDIS_URL": redis_server_url,
+        "SKILLJOBS_REDIS_PREFIX": redis_prefix,
+        "SKILLJOBS_QUEUE_NAME": settings.queue_name,
+        "SKILLJOBS_DATA_DIR": str(settings.data_dir),
+        "SKILLJOBS_SECRET_KEY": settings.secret_key.get_secret_value(),  # type: ignore[union-attr]
+        "SKILLJOBS_SKILLS_PATH": str(BUNDLED_SKILLS),
+        "SKILLJOBS_SCHEDULER_INTERVAL_SEC": "0.2",
+    }
+    svc = make_services(settings, redis)
+    proc = None
+    run_ids: list[str] = []
+    try:
+        spec = {
+            "name": "every-minute",
+            "cron": "* * * * *",
+            "steps": [{"skill": "echo", "input": {"message": "tick"}}],
+        }
+        row = await schedules.create(svc, validate(spec, svc.registry))
+        due = time.time() + 1.0
+        async with svc.sessionmaker() as s:
+            await s.execute(update(Schedule).where(Schedule.id == row.id).values(next_fire_at=due))
+            await s.commit()
+        proc = _worker(env, tmp_path / "worker.log")
+
+        async def done() -> bool:
+            async with svc.sessionmaker() as s:
+                runs = list((await s.execute(select(ChainRun))).scalars())
+            run_ids[:] = [r.id for r in runs]
+            return any(r.status == "succeeded" for r in runs)
+
+        await _wait_for(done, 45, "the fired run to succeed")
+        async with svc.sessionmaker() as s:
+            runs = list((await s.execute(select(ChainRun))).scalars())
+            fresh = await s.get(Schedule, row.id)
+        first = min(runs, key=lambda r: r.fire_at)
+        assert due <= first.fire_at < due + 60  # the due time (or a minute boundary just after)
+        assert first.fire_key == f"cron:{row.id}:{round(first.fire_at)}"
+        assert len({r.fire_key for r in runs}) == len(runs)
+        assert fresh is not None and fresh.next_fire_at is not None and fresh.next_fire_at > due
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        keys = [
+            pre + f"chain:{r}:{n}"
+            for r in run_ids
+            for n in range(3)
+            for pre in (job_key_prefix, in_progress_key_prefix)
+        ]
+        if keys:
+            await redis.delete(*keys)
+        await close_services(svc)
