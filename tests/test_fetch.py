@@ -680,3 +680,25 @@ async def test_keep_alive_connections_are_reused_for_the_same_vetted_host(
         assert server.connections == 1 and len(guard.attempts) == 1
     finally:
         await server.close()
+
+
+async def test_the_transport_never_dials_an_unvetted_host(guard: LoopbackOnly) -> None:
+    async with SafeFetcher([], connect=guard, resolver=Resolver({})) as f:
+        with pytest.raises(
+            RefusedURL, match=re.escape("connection to unvetted host evil.example.com:443")
+        ):
+            await f._backend.connect_tcp("evil.example.com", 443)
+    assert guard.attempts == []
+
+
+async def test_allow_listed_name_uses_the_system_resolver_and_tries_each_address(
+    server: LoopbackServer, guard: LoopbackOnly, tmp_path: Path
+) -> None:
+    # "localhost" comes from the hosts file (no query leaves the machine); it may list ::1
+    # first, where nothing listens: the next vetted address is tried.
+    server.routes["/a.png"] = Reply(body=PNG)
+    async with SafeFetcher(["localhost"], connect=guard) as f:
+        got = await f.download(f"http://localhost:{server.port}/a.png", tmp_path)
+    assert got.size == len(PNG)
+    assert ("127.0.0.1", server.port) in guard.attempts
+    assert server.requests[0].headers["host"] == f"localhost:{server.port}"
