@@ -196,6 +196,9 @@ def host_allowed(host: str, port: int, allow_hosts: list[str] | tuple[str, ...])
 
 def _split_allow_entry(entry: str) -> tuple[str, int | None]:
     entry = entry.strip().lower()
+    if "://" in entry:  # tolerate "https://host:port/..." written by an operator
+        entry = entry.split("://", 1)[1]
+    entry = entry.split("/", 1)[0]
     if entry.startswith("["):
         name, _, rest = entry[1:].partition("]")
         port = rest[1:] if rest.startswith(":") else ""

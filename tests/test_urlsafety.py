@@ -164,6 +164,8 @@ def test_allow_list_never_exempts_userinfo_or_legacy_forms() -> None:
         ("Example.COM.", "example.com", 443, True),
         ("[::1]:80", "::1", 80, True),
         ("other.com", "example.com", 443, False),
+        ("https://example.com:8443/path", "example.com", 8443, True),
+        ("http://[::1]:8080", "::1", 8080, True),
     ],
 )
 def test_host_allowed(entry: str, host: str, port: int, expected: bool) -> None:
