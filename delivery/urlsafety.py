@@ -151,7 +151,9 @@ def check_url(url: str | httpx.URL, allow_hosts: list[str] | tuple[str, ...] = (
     host = parsed.raw_host.decode("ascii").lower()
     if not host:
         raise RefusedURL("missing host")
-    port = parsed.port or DEFAULT_PORTS[scheme]
+    port = DEFAULT_PORTS[scheme] if parsed.port is None else parsed.port
+    if not 0 < port < 65536:
+        raise RefusedURL(f"invalid port {port}")
     allow_listed = host_allowed(host, port, allow_hosts)
 
     ip = _literal_ip(host)
