@@ -121,12 +121,12 @@ async def claim(
                 updated_at=now,
             )
             .on_conflict_do_nothing(index_elements=["ledger_key"])
-            .returning(Delivery.id)
+            .returning(Delivery)
         )
-        new_id = (await s.execute(stmt)).scalar_one_or_none()
+        created = (await s.execute(stmt)).scalar_one_or_none()
         await s.commit()
-        if new_id is not None:
-            return await s.get(Delivery, new_id)
+        if created is not None:
+            return created
         row = (await s.execute(select(Delivery).where(Delivery.ledger_key == key))).scalar_one()
         if row.status == SENT:
             return None
@@ -163,27 +163,30 @@ async def _finish(sessionmaker: Sessions, key: str, owner: str, **values: Any) -
         return bool(res.rowcount == 1)  # type: ignore[attr-defined]
 
 
-async def mark_sent(sessionmaker: Sessions, key: str, owner: str) -> bool:
-    return await _finish(sessionmaker, key, owner, status=SENT, error=None, sent_at=time.time())
+async def mark_sent(sessionmaker: Sessions, key: str, owner: str, tries: int = 1) -> bool:
+    """Record the item as sent (``tries``: send attempts made by this claim)."""
+    return await _finish(
+        sessionmaker,
+        key,
+        owner,
+        status=SENT,
+        error=None,
+        sent_at=time.time(),
+        tries=Delivery.tries + tries,
+    )
 
 
-async def mark_failed(sessionmaker: Sessions, key: str, owner: str, error: str) -> bool:
-    return await _finish(sessionmaker, key, owner, status=FAILED, error=error[:2000])
+async def mark_failed(
+    sessionmaker: Sessions, key: str, owner: str, error: str, tries: int = 1
+) -> bool:
+    return await _finish(
+        sessionmaker, key, owner, status=FAILED, error=error[:2000], tries=Delivery.tries + tries
+    )
 
 
 async def release(sessionmaker: Sessions, key: str, owner: str, note: str | None = None) -> bool:
     """Give a pending claim back (it was not sent) so the next run picks it up."""
     return await _finish(sessionmaker, key, owner, status=PENDING, claimed_by=None, error=note)
-
-
-async def _bump_tries(sessionmaker: Sessions, key: str, owner: str) -> None:
-    async with sessionmaker() as s:
-        await s.execute(
-            update(Delivery)
-            .where(Delivery.ledger_key == key, Delivery.claimed_by == owner)
-            .values(tries=Delivery.tries + 1, updated_at=time.time())
-        )
-        await s.commit()
 
 
 async def get(sessionmaker: Sessions, key: str) -> Delivery | None:
@@ -250,7 +253,6 @@ async def deliver_once(
         if fence is not None and not await fence():
             await asyncio.shield(release(sessionmaker, key, owner, "not sent: lease lost"))
             raise LeaseLost(recipient)
-        await _bump_tries(sessionmaker, key, owner)
         try:
             await send()
         except DeliveryTransientError as exc:
@@ -262,7 +264,7 @@ async def deliver_once(
             await asyncio.sleep(min(max(wait, 0.0), MAX_WAIT))
             continue
         except DeliveryPermanentError as exc:
-            await mark_failed(sessionmaker, key, owner, exc.reason)
+            await mark_failed(sessionmaker, key, owner, exc.reason, attempt)
             return {**base, "status": FAILED, "error": exc.reason}
         except asyncio.CancelledError:
             # Unknown whether it went out; leave it for the next run rather than lose it.
@@ -271,10 +273,10 @@ async def deliver_once(
         except Exception as exc:  # an adapter bug must not lose the rest of the delivery
             log.exception("delivery to %s: unexpected error", recipient)
             reason = f"internal error: {type(exc).__name__}: {exc}"
-            await mark_failed(sessionmaker, key, owner, reason)
+            await mark_failed(sessionmaker, key, owner, reason, attempt)
             return {**base, "status": FAILED, "error": reason}
-        await asyncio.shield(mark_sent(sessionmaker, key, owner))
+        await asyncio.shield(mark_sent(sessionmaker, key, owner, attempt))
         return {**base, "status": SENT, "error": None}
     reason = f"gave up after {tries} tries: {error}"
-    await mark_failed(sessionmaker, key, owner, reason)
+    await mark_failed(sessionmaker, key, owner, reason, tries)
     return {**base, "status": FAILED, "error": reason}

@@ -370,3 +370,22 @@ def test_build_channels_only_configured(tmp_path, http) -> None:
     # WeCom lacks its agent id and DingTalk its secret/robot code: not configured
     assert set(chans) == {"web", "web_admin", "telegram", "feishu"}
     assert media_kind("a.MP4") == "video" and media_kind("a.bin", "image") == "image"
+
+
+async def test_web_batching_keeps_each_result_separate(sessionmaker, redis, settings) -> None:
+    for sid in ("b1", "b2"):
+        await ensure_session(sessionmaker, sid)
+    web = WebChannel(sessionmaker, redis, settings)
+    targets = ["b1", "b2", "ghost"] * 20
+    results = await asyncio.gather(
+        *(web.for_job(f"j{i}").send_text(sid, f"m{i}") for i, sid in enumerate(targets)),
+        return_exceptions=True,
+    )
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert len(errors) == 20
+    assert all(isinstance(e, DeliveryPermanentError) and "ghost" in str(e) for e in errors)
+    ids = [int(r) for r in results if not isinstance(r, Exception)]
+    assert len(set(ids)) == 40
+    b1 = await list_messages(sessionmaker, "b1")
+    assert [m["text"] for m in b1] == [f"m{i}" for i in range(0, 60, 3)]
+    assert [m["job_id"] for m in b1] == [f"j{i}" for i in range(0, 60, 3)]
