@@ -99,11 +99,10 @@ async def queue(request: Request) -> dict[str, Any]:
             return await fn(session, *args)
 
     # Independent reads: one connection each, side by side.
-    depth, counts, live, pct, failing, rows = await asyncio.gather(
+    depth, (counts, pct), live, failing, rows = await asyncio.gather(
         run(queries.queue_depth, now),
-        run(queries.window_counts, now),
+        run(queries.finished_summary, now),
         run(queries.live_counts),
-        run(queries.duration_percentiles, now),
         run(queries.failing_deliveries, now),
         run(queries.list_workers),
     )

@@ -278,12 +278,48 @@ async def duration_percentiles(
         return {skill: (p50, p95) for skill, p50, p95 in (await session.execute(stmt)).all()}
     values: dict[str, list[float]] = defaultdict(list)
     for skill, ms in (await session.execute(select(Job.skill, Job.duration_ms).where(cond))).all():
-        values[skill].append(float(ms))
+        values[skill].append(float(ms or 0.0))  # NULLs are filtered out above
     out = {}
     for skill, vals in values.items():
         vals.sort()
         out[skill] = (_percentile(vals, 0.5), _percentile(vals, 0.95))
     return out
+
+
+async def finished_summary(
+    session: AsyncSession, now: float
+) -> tuple[list[tuple[str, str, list[int]]], dict[str, tuple[float | None, float | None]]]:
+    """``window_counts`` and 24 h ``duration_percentiles`` together. On PostgreSQL it is
+    one scan of the day's finished jobs (ordered-set aggregates skip NULL durations)."""
+    if _dialect(session) != "postgresql":
+        return await window_counts(session, now), await duration_percentiles(session, now)
+    day = max(WINDOWS.values())
+    cols = [
+        func.sum(case((and_(Job.status == st, Job.finished_at >= now - secs), 1), else_=0))
+        for st in FINISHED
+        for secs in WINDOWS.values()
+    ]
+    stmt = (
+        select(
+            Job.skill,
+            func.percentile_cont(0.5).within_group(Job.duration_ms),
+            func.percentile_cont(0.95).within_group(Job.duration_ms),
+            *cols,
+        )
+        .where(Job.finished_at >= now - day)
+        .group_by(Job.skill)
+    )
+    counts: list[tuple[str, str, list[int]]] = []
+    pct: dict[str, tuple[float | None, float | None]] = {}
+    n = len(WINDOWS)
+    for row in (await session.execute(stmt)).all():
+        skill, p50, p95, *ns = row
+        pct[skill] = (p50, p95)
+        for i, st in enumerate(FINISHED):
+            values = [int(x or 0) for x in ns[i * n : (i + 1) * n]]
+            if values[-1]:
+                counts.append((skill, st, values))
+    return counts, pct
 
 
 def skill_table(

@@ -12,10 +12,18 @@ import httpx
 import pytest
 
 from dashboard.app import CSP, STATIC, create_app
-from dashboard.server import UnsafeBind, check_bind, is_loopback
+from dashboard.server import UnsafeBind, check_bind, is_loopback, serve
 from jobs.models import Artifact, ChainRun, ChainStep, Delivery, JobAttempt, Schedule
 from tests.conftest import make_settings
-from tests.test_dashboard_fixtures import TOKEN, LiveServer, client, seed_job, seed_rows, services
+from tests.test_dashboard_fixtures import (
+    TOKEN,
+    LiveServer,
+    client,
+    free_port,
+    seed_job,
+    seed_rows,
+    services,
+)
 
 __all__ = ["client", "services"]
 
@@ -76,6 +84,8 @@ def test_serve_refuses_public_bind_without_token(tmp_path: Path) -> None:
             check_bind(settings, host)
         assert "\n" not in str(err.value)
     check_bind(make_settings(tmp_path, redis_url=None, prefix="x", api_token="t"), "0.0.0.0")
+    with pytest.raises(UnsafeBind):  # refused before anything is bound
+        serve(settings, host="0.0.0.0", port=free_port())
 
 
 SECRET = "sk-live-4f9a1c2e7d"
