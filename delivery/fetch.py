@@ -20,7 +20,6 @@ import functools
 import hashlib
 import http.cookiejar
 import ipaddress
-import logging
 import os
 import socket
 import ssl
@@ -35,8 +34,6 @@ import httpx
 
 from delivery.media import choose_filename, mime_from_header, mime_from_name, place_file
 from delivery.urlsafety import RefusedURL, Target, check_ip, check_url
-
-log = logging.getLogger(__name__)
 
 MAX_BYTES = 200 * 1024 * 1024
 REDIRECT_CODES = {301, 302, 303, 307, 308}

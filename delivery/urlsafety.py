@@ -146,7 +146,11 @@ def check_url(url: str | httpx.URL, allow_hosts: list[str] | tuple[str, ...] = (
     scheme = parsed.scheme
     if scheme not in DEFAULT_PORTS:
         raise RefusedURL(f"scheme {scheme or '(none)'} is not allowed")
-    if parsed.userinfo or "@" in (urlsplit(text).netloc or ""):
+    try:
+        netloc = urlsplit(text).netloc
+    except ValueError as exc:
+        raise RefusedURL(f"invalid URL: {exc}") from exc
+    if parsed.userinfo or "@" in netloc:
         raise RefusedURL("userinfo in URL")
     host = parsed.raw_host.decode("ascii").lower()
     if not host:

@@ -26,6 +26,8 @@ HOSTILE = [
     ("https://ex ample.com/", "space in host"),
     ("https:///a.png", "missing host"),
     ("https://example.com:0/", "invalid port 0"),
+    ("https://a]b.com/", "invalid URL"),
+    ("https://[::1/", "invalid URL"),
     ("https://example.com:99999/", "invalid port 99999"),
     ("https://127。0。0。1/", "loopback address 127.0.0.1"),
     ("https://exa%6dple.com/", "invalid host name exa%6dple.com"),
