@@ -10,14 +10,10 @@ process group killed) and ``CancelledError`` propagates.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import inspect
 import logging
 import shutil
-import sys
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +21,8 @@ from typing import Any
 import httpx
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from jobs import subproc
+from jobs import inprocess, subproc
+from jobs.callskill import bind_call_skill
 from jobs.context import lookup_config, workspace_dir
 from jobs.crypto import redact
 from jobs.db import LazySession
@@ -34,7 +31,6 @@ from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillType
 
 log = logging.getLogger(__name__)
 
-ENTRY_NAMES = ("execute", "run", "handler", "main", "handle")
 TRANSIENT_EXC = (
     OSError,
     OperationalError,
@@ -42,7 +38,6 @@ TRANSIENT_EXC = (
     httpx.TimeoutException,
     httpx.NetworkError,
 )
-CANCEL_GRACE_SEC = 1.0  # how long a timed-out in-process skill gets to unwind
 SUBPROCESS_TYPES = frozenset(
     {
         ExecType.PYTHON_CLI,
@@ -54,6 +49,7 @@ SUBPROCESS_TYPES = frozenset(
     }
 )
 NO_BINS_CHECK = frozenset({"shell", "runtime"})
+WORKSPACE_MEMO = 4096
 
 
 @dataclass
@@ -66,23 +62,6 @@ class Outcome:
     transient: bool  # raised a connection/timeout/OS/database error: worth re-running
     log: str  # subprocess stderr (capped)
     duration_ms: float
-
-
-class _WallExpired(Exception):
-    def __init__(self, seconds: float) -> None:
-        super().__init__(seconds)
-        self.seconds = seconds
-
-
-class _Raised(Exception):
-    """Carries an exception the skill raised out of the run, with the stderr log."""
-
-
-@dataclass
-class _Entry:
-    fn: Callable[..., Any]
-    is_async: bool
-    required: int
 
 
 def _secs(n: float) -> str:
@@ -118,8 +97,13 @@ class Executor:
         self.provider = build_provider(settings, http) if settings is not None else None
         self.llm_env = subprocess_llm_env(settings) if settings is not None else {}
         self.workspace_root = settings.resolved_workspace_root if settings is not None else None
-        self._modules: dict[str, tuple[int, int, _Entry]] = {}
+        # Handler files and workspaces are re-checked at most this often (seconds): an
+        # edited handler is picked up, a deleted workspace re-created, without a stat per run.
+        self.entries = inprocess.EntryCache(recheck_sec=1.0)
+        self.recheck_sec = 1.0
+        self._checked: dict[str, float] = {}
         self._made_dirs: set[str] = set()
+        self._workspaces: dict[tuple[Any, Any], str | None] = {}
         self._bins: set[str] = set()
 
     @property
@@ -176,7 +160,7 @@ class Executor:
         depth: int,
     ) -> Outcome:
         t0 = time.perf_counter()
-        name = skill if isinstance(skill, str) else getattr(skill, "name", str(skill))
+        name = skill if isinstance(skill, str) else getattr(skill, "name", None) or repr(skill)
         found = self.registry.get(skill) if isinstance(skill, str) else skill
         problem = self._refuse(found, name, input_data, ctx)
         if problem is not None:
@@ -187,14 +171,14 @@ class Executor:
         log_text = ""
         try:
             raw, log_text = await self._dispatch(found, input_data or {}, rc, wall)
-        except _WallExpired as expired:
+        except inprocess.WallExpired as expired:
             env = failure(
                 f"skill ran over {_secs(expired.seconds)} s and was stopped",
                 skill=name,
                 timed_out=True,
             )
             return self._outcome(env, t0, name=name, status="timed_out", log=log_text)
-        except _Raised as wrapped:
+        except inprocess.Raised as wrapped:
             raised = wrapped.__cause__ or wrapped
             transient = isinstance(raised, TRANSIENT_EXC)
             env = failure(
@@ -314,16 +298,13 @@ class Executor:
     def _runtime_context(self, ctx: Mapping[str, Any], skill: Skill, depth: int) -> dict[str, Any]:
         """The context the skill sees: the caller's keys + workspace_dir, db, db_factory,
         provider (setdefault) and call_skill bound to this call depth."""
-        from jobs.callskill import bind_call_skill
-
         rc = dict(ctx)
         ws = rc.get("workspace_dir")
         if not ws and self.workspace_root is not None:
-            path = workspace_dir(self.workspace_root, rc.get("role_id"), rc.get("session_id"))
-            ws = str(path) if path is not None else None
+            ws = self._workspace(rc.get("role_id"), rc.get("session_id"))
             if ws:
                 rc["workspace_dir"] = ws
-        if ws and ws not in self._made_dirs:
+        elif ws and ws not in self._made_dirs:
             Path(ws).mkdir(parents=True, exist_ok=True)
             self._made_dirs.add(ws)
         if self.sessionmaker is not None:
@@ -336,6 +317,28 @@ class Executor:
         rc["call_skill"] = bind_call_skill(self, rc, skill.name, depth)
         return rc
 
+    def _workspace(self, role_id: Any, session_id: Any) -> str | None:
+        """``<root>/<role_id>/<session_id or shared>``, created once, memoized per id pair."""
+        key = (role_id, session_id)
+        if key not in self._workspaces:
+            path = workspace_dir(self.workspace_root, role_id, session_id)  # type: ignore[arg-type]
+            ws = str(path) if path is not None else None
+            if ws:
+                Path(ws).mkdir(parents=True, exist_ok=True)
+                self._checked[ws] = time.monotonic()
+            if len(self._workspaces) >= WORKSPACE_MEMO:
+                self._workspaces.clear()
+            self._workspaces[key] = ws
+            return ws
+        ws = self._workspaces[key]
+        if ws:
+            now = time.monotonic()
+            if now - self._checked.get(ws, 0.0) >= self.recheck_sec:
+                self._checked[ws] = now
+                # removed meanwhile (a cleanup job): create it again
+                Path(ws).mkdir(parents=True, exist_ok=True)
+        return ws
+
     async def _dispatch(
         self, skill: Skill, input_data: dict[str, Any], rc: dict[str, Any], wall: float
     ) -> tuple[Any, str]:
@@ -344,7 +347,7 @@ class Executor:
             if et is ExecType.PYTHON:
                 try:
                     return await self._in_process(skill, input_data, rc, wall), ""
-                except _Raised as wrapped:
+                except inprocess.Raised as wrapped:
                     if not isinstance(wrapped.__cause__, SystemExit):
                         raise
                 # An entry that raises SystemExit is a command-line script (SPEC §2).
@@ -355,7 +358,7 @@ class Executor:
                 from jobs.http_skill import run_http
 
                 coro = run_http(skill, input_data, rc, self.http, wall=wall)
-                return await _with_wall(coro, wall), ""
+                return await inprocess.with_wall(coro, wall), ""
         except subproc.SetupError as exc:
             return failure(
                 f"skill {skill.name!r} cannot start: {exc}",
@@ -363,7 +366,7 @@ class Executor:
                 non_retriable=True,
                 skill=skill.name,
             ), ""
-        except _ImportFailed as exc:
+        except inprocess.ImportFailed as exc:
             return failure(
                 f"skill {skill.name!r} cannot be imported: {exc}",
                 error_type="config",
@@ -374,68 +377,11 @@ class Executor:
 
     # --- in-process Python ----------------------------------------------------------------
 
-    def _entry(self, skill: Skill) -> _Entry:
-        """The entry function, imported by file path under a unique module name and cached
-        per (path, mtime, size)."""
-        assert skill.entry is not None
-        path = str(skill.entry)
-        st = Path(path).stat()
-        hit = self._modules.get(path)
-        if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
-            return hit[2]
-        mod_name = f"skilljobs_skill_{skill.name.replace('-', '_')}_{st.st_mtime_ns:x}"
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        folder = str(Path(path).parent)
-        sys.path.insert(0, folder)  # the skill's own helper modules
-        try:
-            spec.loader.exec_module(module)
-        finally:
-            try:
-                sys.path.remove(folder)
-            except ValueError:
-                pass
-        names = [skill.entry_function] if skill.entry_function else []
-        fn = next(
-            (
-                getattr(module, n)
-                for n in (*names, *ENTRY_NAMES)
-                if callable(getattr(module, n, None))
-            ),
-            None,
-        )
-        if fn is None:
-            raise ImportError(f"{Path(path).name} defines none of {', '.join(ENTRY_NAMES)}")
-        entry = _Entry(fn, inspect.iscoroutinefunction(fn), _required_positional(fn))
-        self._modules[path] = (st.st_mtime_ns, st.st_size, entry)
-        return entry
-
     async def _in_process(
         self, skill: Skill, input_data: dict[str, Any], rc: dict[str, Any], wall: float
     ) -> Any:
-        try:
-            entry = self._entry(skill)
-        except BaseException as exc:  # import-time errors of any kind, SystemExit included
-            if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
-                raise
-            if isinstance(exc, SystemExit):
-                raise _Raised() from exc
-            raise _ImportFailed(f"{type(exc).__name__}: {exc}") from exc
-        args: tuple[Any, ...] = ((), (input_data,))[min(entry.required, 1)]
-        if entry.is_async:
-            if entry.required >= 2:
-                args = (input_data, rc)
-            return await _with_wall(entry.fn(*args), wall)
-        rc["db"] = None  # sync entries get no session (SPEC §2)
-        rc.pop("call_skill", None)  # only async entries can await call_skill
-        if entry.required >= 2:
-            args = (input_data, rc)
-        result = await _in_thread(entry.fn, args, wall, skill.name)
-        if inspect.isawaitable(result):
-            return await _with_wall(result, wall)
-        return result
+        entry = await inprocess.get_entry(self.entries, skill, wall)
+        return await inprocess.run_entry(entry, input_data, rc, wall, skill.name)
 
     # --- subprocesses -----------------------------------------------------------------------
 
@@ -464,7 +410,7 @@ class Executor:
             raise subproc.SetupError(f"cannot start {argv[0]}: {exc}") from exc
         log_text = subproc.log_tail(res.stderr)
         if res.timed_out:
-            raise _WallExpired(timeout)
+            raise inprocess.WallExpired(timeout)
         if res.overflow:
             mb = subproc.OUTPUT_CAP // (1 << 20)
             return failure(
@@ -491,95 +437,6 @@ class Executor:
         if skill.wall_sec:
             return float(skill.wall_sec)
         return wall if skill.is_async else SUBPROCESS_TIMEOUT_SEC
-
-
-class _ImportFailed(Exception):
-    pass
-
-
-def _required_positional(fn: Callable[..., Any]) -> int:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty)
-
-
-async def _with_wall(coro: Any, wall: float) -> Any:
-    """Await ``coro`` as its own task under the wall clock. The skill's exceptions come out
-    wrapped in ``_Raised``; expiry cancels it (a skill that ignores cancellation is
-    abandoned after a grace period) and raises ``_WallExpired``."""
-    task = asyncio.ensure_future(_contained(coro))
-    try:
-        done, _ = await asyncio.wait((task,), timeout=wall)
-    except asyncio.CancelledError:
-        task.cancel()
-        await asyncio.wait((task,), timeout=CANCEL_GRACE_SEC)
-        raise
-    if not done:
-        task.cancel()
-        await asyncio.wait((task,), timeout=CANCEL_GRACE_SEC)
-        raise _WallExpired(wall)
-    if task.cancelled():
-        raise _Raised() from asyncio.CancelledError("the skill cancelled itself")
-    exc = task.exception()
-    if isinstance(exc, _SkillExit):
-        raise _Raised() from exc.__cause__
-    if exc is not None:
-        raise _Raised() from exc
-    return task.result()
-
-
-class _SkillExit(Exception):
-    """SystemExit/KeyboardInterrupt raised by a skill: asyncio would re-raise those into the
-    event loop and stop the whole process, so they travel as an ordinary exception."""
-
-
-async def _contained(coro: Any) -> Any:
-    try:
-        return await coro
-    except (SystemExit, KeyboardInterrupt) as exc:
-        raise _SkillExit(repr(exc)) from exc
-
-
-async def _in_thread(fn: Callable[..., Any], args: tuple[Any, ...], wall: float, name: str) -> Any:
-    """Run a sync entry in a daemon thread: a hung one is abandoned at the wall clock and
-    never blocks shutdown (unlike a thread pool worker)."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[Any] = loop.create_future()
-
-    def settle(ok: bool, value: Any) -> None:
-        if fut.done():
-            return
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
-
-    def work() -> None:
-        try:
-            outcome: tuple[bool, Any] = (True, fn(*args))
-        except BaseException as exc:  # delivered to the awaiting side, never lost
-            outcome = (False, exc)
-        try:
-            loop.call_soon_threadsafe(settle, *outcome)
-        except RuntimeError:
-            pass  # abandoned at its wall clock and the loop is gone: nobody is waiting
-
-    threading.Thread(target=work, name=f"skill-{name}", daemon=True).start()
-    try:
-        done, _ = await asyncio.wait((fut,), timeout=wall)
-    except asyncio.CancelledError:
-        fut.cancel()
-        raise
-    if not done:
-        fut.cancel()
-        raise _WallExpired(wall)
-    exc = fut.exception()
-    if exc is not None:
-        raise _Raised() from exc
-    return fut.result()
 
 
 def log_failure(name: str, outcome: Outcome) -> None:

@@ -11,11 +11,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from jobs.context import background_context
 from jobs.crypto import SecretBox
-from jobs.db import LazySession, create_engine, create_sessionmaker
+from jobs.db import create_engine, create_sessionmaker
 from jobs.executor import Executor, Outcome
 from jobs.loader import load_registry, load_skill
 from jobs.skill import Skill, SkillType
@@ -104,31 +103,18 @@ async def test_background_context_runs_from_json(ex: Executor) -> None:
     assert "team_role" not in r["ctx"]
 
 
-async def test_lazy_session_is_usable_and_closed(ex: Executor, registry) -> None:  # type: ignore[no-untyped-def]
-    seen: dict[str, object] = {}
-
-    folder = FIXTURES / "noop"
-    skill = load_skill(folder)
-
-    async def probe(input_data, ctx):  # type: ignore[no-untyped-def]
-        from sqlalchemy import text
-
-        seen["db"] = ctx["db"]
-        seen["one"] = (await ctx["db"].execute(text("select 1"))).scalar()
-        async with ctx["db_factory"]() as s:
-            seen["two"] = (await s.execute(text("select 2"))).scalar()
-        return {"ok": True}
-
-    from jobs.executor import _Entry
-
-    st = Path(skill.entry).stat()  # type: ignore[arg-type]  # noqa: ASYNC240
-    ex._modules[str(skill.entry)] = (st.st_mtime_ns, st.st_size, _Entry(probe, True, 2))
-    out = await ex.execute(skill, {}, dict(CTX))
-    assert out.status == "succeeded", out.error
-    assert seen["one"] == 1 and seen["two"] == 2
-    db = seen["db"]
-    assert isinstance(db, LazySession) and not db.opened  # closed after the run
-    assert isinstance(ex.sessionmaker, async_sessionmaker)
+async def test_lazy_session_is_usable_and_closed(
+    tmp_path: Path,
+    sqlite_url: str,
+    registry,  # type: ignore[no-untyped-def]
+) -> None:
+    ex, engine = build(tmp_path, sqlite_url, registry)
+    try:
+        out = await ex.execute("db_user", {}, dict(CTX))
+        assert out.result == {"ok": True, "one": 1, "two": 2, "db": "LazySession"}
+        assert engine.pool.checkedout() == 0  # the lazy session was closed after the run
+    finally:
+        await engine.dispose()
 
 
 async def test_sync_entry_runs_in_thread_without_db(ex: Executor) -> None:
@@ -217,6 +203,7 @@ async def test_module_cache_follows_file_changes(ex: Executor, tmp_path: Path) -
     shutil.copytree(FIXTURES / "noop", folder)
     (folder / "SKILL.md").write_text("---\nname: changing\ndescription: x\n---\n")
     skill = load_skill(folder)
+    ex.entries.recheck_sec = 0.0  # look at the file on every run
     assert (await ex.run(skill, {}, {})) == {"ok": True}
     handler = folder / "handler.py"
     handler.write_text("async def execute(input_data, runtime_context):\n    return {'v': 2}\n")
