@@ -241,5 +241,55 @@ async def _scenario(browser: Any, http: httpx.AsyncClient, url: str, settings: A
     assert shown is not None and "<script>window.__pwned=2</script>" in shown
     assert await page.evaluate("window.__pwned") is None
     assert await page.locator("#detail img").count() == 0
+
+    # Schedules: a run stopped by the empty-result guard, and disabling behind a confirm.
+    await _seed_schedule(settings)
+    await page.click("#tabs button[data-tab=schedules]")
+    await page.click("#schedules tbody tr a")
+    await page.wait_for_selector("#runs-list .run")
+    runs_text = await page.text_content("#runs-list") or ""
+    assert "stopped by the empty-result guard" in runs_text and "skipped" in runs_text
+    await page.click("#schedules tbody tr button:has-text('Disable')")
+    await page.wait_for_selector("#schedules tbody tr button:has-text('Enable')")
+    assert any("Disable schedule browser-daily" in d for d in dialogs)
     assert errors == []
     await ctx.close()
+
+
+async def _seed_schedule(settings: Any) -> None:
+    from jobs.models import ChainRun, ChainStep, Schedule
+
+    now = time.time()
+    engine = create_engine(settings.resolved_database_url)
+    try:
+        async with create_sessionmaker(engine)() as s:
+            sched = Schedule(name="browser-daily", cron="0 9 * * *", steps=[], next_fire_at=now)
+            s.add(sched)
+            await s.flush()
+            run = ChainRun(
+                schedule_id=sched.id,
+                fire_key="cron:1",
+                fire_at=now,
+                status="stopped_empty",
+                finished_at=now,
+            )
+            s.add(run)
+            await s.flush()
+            s.add_all(
+                [
+                    ChainStep(
+                        run_id=run.id,
+                        idx=0,
+                        step_id="fetch",
+                        skill="echo",
+                        status="stopped_empty",
+                        output={"rows": []},
+                    ),
+                    ChainStep(
+                        run_id=run.id, idx=1, step_id="report", skill="echo", status="skipped"
+                    ),
+                ]
+            )
+            await s.commit()
+    finally:
+        await engine.dispose()

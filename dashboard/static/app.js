@@ -234,7 +234,7 @@ async function loadOverview() {
 
   fillRows($("#rates tbody"), Object.entries(q.rates).map(([win, r]) => el("tr", {},
     el("td", {}, win), el("td", {}, r.succeeded), el("td", {}, r.failed),
-    el("td", {}, r.timed_out), el("td", {}, r.cancelled), el("td", {}, r.per_min),
+    el("td", {}, r.timed_out), el("td", {}, r.cancelled), el("td", {}, Number(r.per_min).toFixed(1)),
     el("td", { class: r.failure_rate > 0.1 ? "bad" : "" }, pct(r.failure_rate)))), "no data", 7);
 
   fillRows($("#skills tbody"), q.skills.map((s) => el("tr", { dataset: { skill: s.skill } },
