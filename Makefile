@@ -20,7 +20,7 @@ run: install
 	$(BIN)/skilljobs up --port $(PORT)
 
 test: install
-	$(BIN)/pytest -q -ra $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q -ra $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff format --check jobs chains delivery dashboard tests bench

@@ -324,9 +324,12 @@ def test_docker_compose_accepts_the_file(tmp_path: Path) -> None:
     ok = subprocess.run(
         [*cli, "config", "-q"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
-    assert ok.returncode == 0, ok.stderr
+    # The PyPI wrapper of the compose binary does not always pass its exit code on,
+    # so the verdict is read from stderr as well.
+    assert ok.returncode == 0 and "error" not in ok.stderr.lower(), ok.stderr
     (tmp_path / ".env").write_text(f"POSTGRES_PASSWORD=pw\nSKILLJOBS_SECRET_KEY={GOOD_KEY}\n")
     refused = subprocess.run(
         [*cli, "config", "-q"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
-    assert refused.returncode != 0 and "SKILLJOBS_API_TOKEN" in refused.stderr
+    assert refused.returncode != 0 or "error" in refused.stderr.lower()
+    assert "SKILLJOBS_API_TOKEN" in refused.stderr
