@@ -203,6 +203,8 @@ async def _scenario(browser: Any, http: httpx.AsyncClient, url: str, settings: A
     artifacts = await page.locator("#detail-artifacts li").count()
     assert artifacts >= 1
     SCREENSHOT.parent.mkdir(exist_ok=True)
+    # (cropped above the result, whose local paths point into the test's temp dir)
+    await page.set_viewport_size({"width": 1440, "height": 840})
     await page.screenshot(path=str(SCREENSHOT), full_page=False)
 
     # (functions, not expression strings: the page's CSP forbids eval, as it should)
