@@ -87,7 +87,6 @@ class JobRunner:
             return "superseded"  # cancelled, re-enqueued or already running elsewhere
         job, token = claim.job, claim.token
         self.held[job_id] = token
-        await publish_job_event(self.svc, job_id, "running", job.skill)
         try:
             return await self._run_claimed(job, token, claim.attempt)
         finally:
@@ -103,6 +102,8 @@ class JobRunner:
         ctx = svc.box.unseal(job.context or {})
         task = asyncio.create_task(self.executor.execute(job.skill, input_data, ctx))
         self.inner[job_id] = task
+        # Published while the skill starts, not before: the event is for people watching.
+        await publish_job_event(svc, job_id, "running", job.skill)
         try:
             outcome = await task
         except asyncio.CancelledError:
