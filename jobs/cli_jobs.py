@@ -132,8 +132,12 @@ def list_jobs(
                 rows = (await s.scalars(q)).all()
         finally:
             await svc.close()
-        table = Table("id", "skill", "status", "attempts", "channel", "created", "duration",
-                      "error")
+        table = Table()
+        for col in ("id", "skill", "status"):
+            table.add_column(col, no_wrap=True)
+        for col in ("attempts", "channel", "created", "duration"):
+            table.add_column(col)
+        table.add_column("error", overflow="ellipsis", max_width=60)
         for j in rows:
             dur = f"{j.duration_ms / 1000:.2f}s" if j.duration_ms else "-"
             table.add_row(j.id, j.skill, j.status, str(j.attempts), j.channel or "-",
