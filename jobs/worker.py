@@ -253,15 +253,20 @@ class JobRunner:
         for job_id, token in await store.expire_leases(svc.sessionmaker):
             await self._enqueue(job_id, token)
             n += 1
-        for job_id, token, arq_job_id in await store.stale_queued(
-            svc.sessionmaker, older_than=svc.settings.reconcile_stale_sec):
-            aid = arq_job_id or store.arq_id(job_id, token)
-            async with redis.pipeline(transaction=False) as pipe:
+        stale = await store.stale_queued(svc.sessionmaker,
+                                         older_than=svc.settings.reconcile_stale_sec)
+        if not stale:
+            return n
+        async with redis.pipeline(transaction=False) as pipe:
+            for job_id, token, arq_job_id in stale:
+                aid = arq_job_id or store.arq_id(job_id, token)
                 pipe.exists(job_key_prefix + aid)
                 pipe.exists(in_progress_key_prefix + aid)
-                has_job, in_progress = await pipe.execute()
+            found = await pipe.execute()
+        for i, (job_id, token, _) in enumerate(stale):
+            has_job, in_progress = found[2 * i], found[2 * i + 1]
             if has_job and not in_progress:
-                continue
+                continue  # waiting its turn in the queue
             new = await store.bump_queued(svc.sessionmaker, job_id, token)
             if new is not None:
                 log.info("job %s: lost from Redis, re-enqueued", job_id)
