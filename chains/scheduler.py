@@ -28,7 +28,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from chains.cron import CronError, latest_fire, next_fire
-from chains.schedules import QUEUED, arq_job_id, enqueue_number, enqueue_run
+from chains.runs import QUEUED, arq_job_id, enqueue_number, enqueue_run
 from jobs.constants import FN_RUN_CHAIN, WAKE_CHANNEL
 from jobs.models import ChainRun, Schedule
 

@@ -10,24 +10,22 @@ from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy import update as sa_update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from chains.cron import CronError, next_fire, parse
 from chains.refs import StepRefs, static_errors
-from jobs.crypto import redact
-from jobs.models import ChainRun, ChainStep, OpsAction, Schedule
+from jobs.models import OpsAction, Schedule
 from jobs.skill import SkillRegistry, SkillType
 
 if TYPE_CHECKING:
-    from jobs.services import Services
+    pass
 
 Sessions = async_sessionmaker[AsyncSession]
 STEP_ID_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 RECIPIENT_KEYS = ("to", "target", "session_id")
-QUEUED = "queued"
 
 
 class ScheduleError(ValueError):
@@ -362,134 +360,37 @@ async def update_schedule(
 update = update_schedule
 
 
-# --- runs ---------------------------------------------------------------------------------
+# Run functions live in chains.runs; these names are part of this module's interface too.
+from chains.runs import (  # noqa: E402
+    QUEUED,
+    arq_job_id,
+    enqueue_number,
+    enqueue_run,
+    get_run,
+    last_runs,
+    list_runs,
+    run_dict,
+    trigger_manual,
+)
 
-
-def arq_job_id(run_id: str, n: int) -> str:
-    """The arq id of the n-th enqueue of a run (never reused: arq refuses a known id)."""
-    return f"chain:{run_id}:{n}"
-
-
-def enqueue_number(arq_id: str | None) -> int:
-    """``n`` of an id made by :func:`arq_job_id` (-1 when never enqueued)."""
-    if not arq_id:
-        return -1
-    try:
-        return int(arq_id.rsplit(":", 1)[1])
-    except (IndexError, ValueError):
-        return 0
-
-
-async def enqueue_run(services: Services, run_id: str, n: int) -> None:
-    from jobs.constants import FN_RUN_CHAIN
-    from jobs.queue import enqueue
-
-    await enqueue(services, FN_RUN_CHAIN, run_id, job_id=arq_job_id(run_id, n))
-
-
-async def trigger_manual(
-    services: Services, schedule_id: str, *, actor: str | None = None, enqueue: bool = True
-) -> str:
-    """Start an on-demand run now (its own run, fire key ``manual:<uuid>``); the run id.
-    ``enqueue=False`` only records it (the caller runs it in-process)."""
-    row = await _require(services.sessionmaker, schedule_id)
-    now = time.time()
-    run = ChainRun(
-        id=uuid.uuid4().hex,
-        schedule_id=row.id,
-        fire_key=f"manual:{uuid.uuid4().hex}",
-        trigger="manual",
-        fire_at=now,
-        status=QUEUED,
-        created_at=now,
-    )
-    run.arq_job_id = arq_job_id(run.id, 0)
-    async with services.sessionmaker() as s:
-        s.add(run)
-        await s.commit()
-    await _audit(services.sessionmaker, "schedule.run", row.id, actor, run_id=run.id)
-    if enqueue:
-        await enqueue_run(services, run.id, 0)
-    return run.id
-
-
-def _step_dict(step: ChainStep) -> dict[str, Any]:
-    return {
-        "id": step.step_id,
-        "index": step.idx,
-        "skill": step.skill,
-        "status": step.status,
-        "input": redact(step.input) if step.input is not None else None,
-        "output": redact(step.output),
-        "error": step.error,
-        "started_at": step.started_at,
-        "finished_at": step.finished_at,
-        "duration_ms": step.duration_ms,
-    }
-
-
-def run_dict(run: ChainRun, steps: list[ChainStep]) -> dict[str, Any]:
-    """Chain run JSON (SPEC §10)."""
-    return {
-        "id": run.id,
-        "schedule_id": run.schedule_id,
-        "status": run.status,
-        "trigger": run.trigger,
-        "fire_key": run.fire_key,
-        "fire_at": run.fire_at,
-        "created_at": run.created_at,
-        "started_at": run.started_at,
-        "finished_at": run.finished_at,
-        "error": run.error,
-        "result": redact(run.result),
-        "steps": [_step_dict(s) for s in sorted(steps, key=lambda x: x.idx)],
-    }
-
-
-async def list_runs(target: Any, schedule_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
-    """Runs of a schedule, newest first."""
-    sm = _sm(target)
-    row = await _require(sm, schedule_id)
-    async with sm() as s:
-        runs = list(
-            (
-                await s.execute(
-                    select(ChainRun)
-                    .where(ChainRun.schedule_id == row.id)
-                    .order_by(ChainRun.created_at.desc())
-                    .limit(limit)
-                )
-            ).scalars()
-        )
-        steps: dict[str, list[ChainStep]] = {r.id: [] for r in runs}
-        if runs:
-            q = select(ChainStep).where(ChainStep.run_id.in_(list(steps)))
-            for st in (await s.execute(q)).scalars():
-                steps[st.run_id].append(st)
-    return [run_dict(r, steps[r.id]) for r in runs]
-
-
-async def get_run(target: Any, run_id: str) -> dict[str, Any] | None:
-    """Chain run JSON, or None."""
-    async with _sm(target)() as s:
-        run = await s.get(ChainRun, run_id)
-        if run is None:
-            return None
-        q = select(ChainStep).where(ChainStep.run_id == run_id)
-        steps = list((await s.execute(q)).scalars())
-    return run_dict(run, steps)
-
-
-async def last_runs(target: Any) -> dict[str, ChainRun]:
-    """The newest run of every schedule that has one."""
-    async with _sm(target)() as s:
-        newest = (
-            select(ChainRun.schedule_id, func.max(ChainRun.created_at).label("at"))
-            .group_by(ChainRun.schedule_id)
-            .subquery()
-        )
-        q = select(ChainRun).join(
-            newest,
-            (ChainRun.schedule_id == newest.c.schedule_id) & (ChainRun.created_at == newest.c.at),
-        )
-        return {r.schedule_id: r for r in (await s.execute(q)).scalars()}
+__all__ = [
+    "QUEUED",
+    "ScheduleError",
+    "ScheduleSpec",
+    "arq_job_id",
+    "create",
+    "enqueue_number",
+    "enqueue_run",
+    "get",
+    "get_run",
+    "last_runs",
+    "list_runs",
+    "list_schedules",
+    "run_dict",
+    "set_enabled",
+    "spec_of",
+    "to_dict",
+    "trigger_manual",
+    "update",
+    "validate",
+]

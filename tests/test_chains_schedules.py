@@ -337,3 +337,26 @@ async def test_manual_runs_are_each_their_own_run(settings, sessionmaker, redis,
         await _arq_cleanup(redis, [a, b])
     finally:
         await close_services(svc)
+
+
+async def test_run_forever_survives_an_unreachable_database(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Ticks against a database that refuses connections are logged and retried; the loop
+    keeps going until asked to stop."""
+    settings = make_settings(
+        tmp_path,
+        redis_url=None,
+        prefix="sjt-down",
+        database_url="postgresql+asyncpg://postgres@127.0.0.1:1/nowhere",
+        scheduler_interval_sec=0.01,
+    )
+    svc = make_services(settings, None)
+    try:
+        stop = asyncio.Event()
+        task = asyncio.create_task(Scheduler(svc).run_forever(stop))
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        stop.set()
+        await asyncio.wait_for(task, 5)
+    finally:
+        await close_services(svc)
+    assert any("scheduler tick failed" in r.getMessage() for r in caplog.records)

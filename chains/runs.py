@@ -1,0 +1,171 @@
+"""Chain runs: manual triggers, the arq ids of a run's enqueues, the chain run JSON."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
+
+from jobs.crypto import redact
+from jobs.models import ChainRun, ChainStep, OpsAction, Schedule
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+    from jobs.services import Services
+
+QUEUED = "queued"
+
+
+def _sm(target: Any) -> async_sessionmaker[AsyncSession]:
+    """A ``Services`` or a bare sessionmaker → the sessionmaker."""
+    return target.sessionmaker if hasattr(target, "sessionmaker") else target
+
+
+async def _require(sm: Any, id_or_name: str) -> Schedule:
+    async with sm() as s:
+        row = await s.get(Schedule, id_or_name)
+        if row is None:
+            q = select(Schedule).where(Schedule.name == id_or_name)
+            row = (await s.execute(q)).scalar_one_or_none()
+    if row is None:
+        raise LookupError(f"no schedule {id_or_name!r}")
+    return row
+
+
+def arq_job_id(run_id: str, n: int) -> str:
+    """The arq id of the n-th enqueue of a run (never reused: arq refuses a known id)."""
+    return f"chain:{run_id}:{n}"
+
+
+def enqueue_number(arq_id: str | None) -> int:
+    """``n`` of an id made by :func:`arq_job_id` (-1 when never enqueued)."""
+    if not arq_id:
+        return -1
+    try:
+        return int(arq_id.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+async def enqueue_run(services: Services, run_id: str, n: int) -> None:
+    from jobs.constants import FN_RUN_CHAIN
+    from jobs.queue import enqueue
+
+    await enqueue(services, FN_RUN_CHAIN, run_id, job_id=arq_job_id(run_id, n))
+
+
+async def trigger_manual(
+    services: Services, schedule_id: str, *, actor: str | None = None, enqueue: bool = True
+) -> str:
+    """Start an on-demand run now (its own run, fire key ``manual:<uuid>``); the run id.
+    ``enqueue=False`` only records it (the caller runs it in-process)."""
+    row = await _require(services.sessionmaker, schedule_id)
+    now = time.time()
+    run = ChainRun(
+        id=uuid.uuid4().hex,
+        schedule_id=row.id,
+        fire_key=f"manual:{uuid.uuid4().hex}",
+        trigger="manual",
+        fire_at=now,
+        status=QUEUED,
+        created_at=now,
+    )
+    run.arq_job_id = arq_job_id(run.id, 0)
+    async with services.sessionmaker() as s:
+        s.add(run)
+        await s.commit()
+    async with services.sessionmaker() as s:
+        s.add(
+            OpsAction(
+                action="schedule.run", target=row.id, actor=actor or "", details={"run_id": run.id}
+            )
+        )
+        await s.commit()
+    if enqueue:
+        await enqueue_run(services, run.id, 0)
+    return run.id
+
+
+def _step_dict(step: ChainStep) -> dict[str, Any]:
+    return {
+        "id": step.step_id,
+        "index": step.idx,
+        "skill": step.skill,
+        "status": step.status,
+        "input": redact(step.input) if step.input is not None else None,
+        "output": redact(step.output),
+        "error": step.error,
+        "started_at": step.started_at,
+        "finished_at": step.finished_at,
+        "duration_ms": step.duration_ms,
+    }
+
+
+def run_dict(run: ChainRun, steps: list[ChainStep]) -> dict[str, Any]:
+    """Chain run JSON (SPEC §10)."""
+    return {
+        "id": run.id,
+        "schedule_id": run.schedule_id,
+        "status": run.status,
+        "trigger": run.trigger,
+        "fire_key": run.fire_key,
+        "fire_at": run.fire_at,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "error": run.error,
+        "result": redact(run.result),
+        "steps": [_step_dict(s) for s in sorted(steps, key=lambda x: x.idx)],
+    }
+
+
+async def list_runs(target: Any, schedule_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
+    """Runs of a schedule, newest first."""
+    sm = _sm(target)
+    row = await _require(sm, schedule_id)
+    async with sm() as s:
+        runs = list(
+            (
+                await s.execute(
+                    select(ChainRun)
+                    .where(ChainRun.schedule_id == row.id)
+                    .order_by(ChainRun.created_at.desc())
+                    .limit(limit)
+                )
+            ).scalars()
+        )
+        steps: dict[str, list[ChainStep]] = {r.id: [] for r in runs}
+        if runs:
+            q = select(ChainStep).where(ChainStep.run_id.in_(list(steps)))
+            for st in (await s.execute(q)).scalars():
+                steps[st.run_id].append(st)
+    return [run_dict(r, steps[r.id]) for r in runs]
+
+
+async def get_run(target: Any, run_id: str) -> dict[str, Any] | None:
+    """Chain run JSON, or None."""
+    async with _sm(target)() as s:
+        run = await s.get(ChainRun, run_id)
+        if run is None:
+            return None
+        q = select(ChainStep).where(ChainStep.run_id == run_id)
+        steps = list((await s.execute(q)).scalars())
+    return run_dict(run, steps)
+
+
+async def last_runs(target: Any) -> dict[str, ChainRun]:
+    """The newest run of every schedule that has one."""
+    async with _sm(target)() as s:
+        newest = (
+            select(ChainRun.schedule_id, func.max(ChainRun.created_at).label("at"))
+            .group_by(ChainRun.schedule_id)
+            .subquery()
+        )
+        q = select(ChainRun).join(
+            newest,
+            (ChainRun.schedule_id == newest.c.schedule_id) & (ChainRun.created_at == newest.c.at),
+        )
+        return {r.schedule_id: r for r in (await s.execute(q)).scalars()}
