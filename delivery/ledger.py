@@ -29,6 +29,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select, update
@@ -46,6 +47,19 @@ MAX_WAIT = 60.0
 
 Sessions = async_sessionmaker[AsyncSession]
 Fence = Callable[[], Awaitable[bool]]
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """The ledger row a web message is recorded under (same transaction as the message)."""
+
+    key: str
+    recipient: str
+    owner: str
+    kind: str = "text"
+    item: str = ""
+    job_id: str | None = None
+    chain_run_id: str | None = None
 
 
 class LeaseLost(Exception):
@@ -280,3 +294,79 @@ async def deliver_once(
     reason = f"gave up after {tries} tries: {error}"
     await mark_failed(sessionmaker, key, owner, reason, tries)
     return {**base, "status": FAILED, "error": reason}
+
+
+async def record_web_deliveries(
+    s: AsyncSession,
+    keyed: list[tuple[int, str, LedgerEntry]],
+    known_sessions: set[str],
+    now: float,
+) -> set[int]:
+    """Ledger rows for web messages written in the caller's transaction (``keyed``: index,
+    session id, entry). Returns the indexes that were delivered already and must be skipped.
+
+    Because the message and its ledger row commit together, web delivery has no
+    at-most-once window: a row is ``sent`` exactly when its message is stored. Rows that
+    exist as ``pending`` or ``failed`` are taken over (locked first on PostgreSQL); a row
+    inserted concurrently by another transaction makes this one skip the message.
+    """
+    keys = sorted({e.key for _, _, e in keyed})
+    q = select(Delivery.ledger_key, Delivery.status).where(Delivery.ledger_key.in_(keys))
+    if s.get_bind().dialect.name == "postgresql":
+        q = q.order_by(Delivery.ledger_key).with_for_update()
+    existing: dict[str, str] = {row[0]: row[1] for row in (await s.execute(q)).all()}
+    dup: set[int] = set()
+    seen: set[str] = set()
+    new_rows: list[tuple[int, dict[str, Any]]] = []
+    takeover: list[tuple[int, str, dict[str, Any]]] = []
+    for i, session_id, e in keyed:
+        if e.key in seen or existing.get(e.key) == SENT:
+            dup.add(i)
+            continue
+        seen.add(e.key)
+        ok = session_id in known_sessions
+        values = {
+            "status": SENT if ok else FAILED,
+            "error": None if ok else f"unknown session {session_id!r}",
+            "claimed_by": e.owner,
+            "sent_at": now if ok else None,
+            "updated_at": now,
+        }
+        if e.key in existing:
+            takeover.append((i, e.key, values))
+            continue
+        new_rows.append(
+            (
+                i,
+                {
+                    "ledger_key": e.key,
+                    "job_id": e.job_id,
+                    "chain_run_id": e.chain_run_id,
+                    "recipient": e.recipient[:512],
+                    "channel": "web",
+                    "kind": e.kind,
+                    "item": e.item,
+                    "tries": 1,
+                    "created_at": now,
+                    **values,
+                },
+            )
+        )
+    if new_rows:
+        res = await s.execute(
+            _insert(s)
+            .values([r for _, r in new_rows])
+            .on_conflict_do_nothing(index_elements=["ledger_key"])
+            .returning(Delivery.ledger_key)
+        )
+        inserted = set(res.scalars())
+        dup |= {i for i, r in new_rows if r["ledger_key"] not in inserted}
+    for i, key, values in takeover:
+        res = await s.execute(
+            update(Delivery)
+            .where(Delivery.ledger_key == key, Delivery.status != SENT)
+            .values(tries=Delivery.tries + 1, **values)
+        )
+        if res.rowcount != 1:  # type: ignore[attr-defined]
+            dup.add(i)
+    return dup

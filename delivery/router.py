@@ -13,10 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from delivery.channels.base import Channel, DeliveryPermanentError, build_channels, media_kind
+from delivery.channels.base import (
+    Channel,
+    DeliveryPermanentError,
+    DeliveryTransientError,
+    build_channels,
+    media_kind,
+)
 from delivery.channels.telegram import MARKDOWN_IMAGE
-from delivery.channels.web import WEB_CHANNELS, WebChannel
-from delivery.ledger import LeaseLost, deliver_once, ledger_key, owner_id
+from delivery.channels.web import WEB_CHANNELS, Outgoing, WebChannel, attachment_dict
+from delivery.ledger import LeaseLost, LedgerEntry, deliver_once, ledger_key, owner_id
+from delivery.send_message import with_retries
 from jobs.envelope import is_failure
 
 Fence = Callable[[], Awaitable[bool]]
@@ -214,11 +221,81 @@ async def deliver_result(
     out: list[dict[str, Any]] = []
     items = plan(result, artifacts, adapter, skill=job.skill)
     try:
+        if isinstance(adapter, WebChannel):
+            items, out = await _deliver_web(adapter, origin, items, workspace, common, job.id)
         for item in items:
             out.extend(await _send_item(sm, adapter, origin, item, workspace, common, job.id))
     except LeaseLost:
         pass
     return out
+
+
+def _attachable(path: str, kind: str, workspace: Path) -> dict[str, Any] | None:
+    p = Path(path)
+    if not p.is_relative_to(workspace) or not p.is_file():
+        return None
+    return attachment_dict(path, kind)
+
+
+async def _deliver_web(
+    web: WebChannel,
+    origin: Origin,
+    items: list[Item],
+    workspace: Path,
+    common: dict[str, Any],
+    job_id: str,
+) -> tuple[list[Item], list[dict[str, Any]]]:
+    """Web sessions: every item stored together with its ledger row in one transaction
+    (exactly once, no window). Returns the items left for the generic path (files that
+    cannot be attached) and the deliveries made."""
+    rest: list[Item] = []
+    batch: list[tuple[Item, Outgoing]] = []
+    for item in items:
+        attachments: list[dict[str, Any]] = []
+        if item.path is not None:
+            att = _attachable(item.path, item.kind, workspace)
+            if att is None:
+                rest.append(item)  # fails there, with its reason, and keeps the caption
+                continue
+            attachments = [att]
+        entry = LedgerEntry(
+            key=ledger_key(job_id, origin.recipient, item.key),
+            recipient=origin.recipient,
+            owner=common["owner"],
+            kind=item.kind,
+            item=item.path or item.key,
+            job_id=job_id,
+            chain_run_id=common["chain_run_id"],
+        )
+        batch.append((item, Outgoing(origin.contact, item.text or "", attachments, job_id, entry)))
+    if not batch:
+        return rest, []
+    if not await common["fence"]():
+        raise LeaseLost(origin.recipient)
+
+    async def post() -> list[Any]:
+        return await web.batcher.post_many([o for _, o in batch])
+
+    try:
+        results = await with_retries(post, backoff=common["backoff"])
+    except DeliveryTransientError as exc:
+        # nothing was committed: the next run delivers these
+        return rest, [
+            {"recipient": origin.recipient, "kind": i.kind, "status": "failed", "error": exc.reason}
+            for i, _ in batch
+        ]
+    out = []
+    for (item, _), res in zip(batch, results, strict=True):
+        error = res.reason if isinstance(res, DeliveryPermanentError) else None
+        out.append(
+            {
+                "recipient": origin.recipient,
+                "kind": item.kind,
+                "status": "failed" if error else "sent",
+                "error": error,
+            }
+        )
+    return rest, out
 
 
 async def _send_item(

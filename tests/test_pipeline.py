@@ -183,6 +183,18 @@ async def test_web_and_orgdeleg_sessions_get_stored_messages(services, sessionma
     (msg,) = await list_messages(sessionmaker, "s1")
     assert msg["text"] == "Here" and msg["job_id"] == job.id
     assert msg["attachments"][0]["filename"] == "chart.png"
+    # the message and its ledger row commit together: a re-run stores nothing more
+    job.lease_owner, job.lease_token = "w9", 9
+    rerun = await postprocess(
+        services, job, {"message": "Here", "images": ["chart.png"]}, fence=always
+    )
+    assert rerun.deliveries[0]["status"] == "sent"
+    assert len(await list_messages(sessionmaker, "s1")) == 1
+    assert len(await ledger_rows(services)) == 1
+    lost = await postprocess(
+        services, await make_job(services, channel="web"), {"message": "late"}, fence=never
+    )
+    assert lost.deliveries == [] and len(await list_messages(sessionmaker, "s1")) == 1
     # orgdeleg: a third-party channel whose session is delegated goes to the session too
     await ensure_session(sessionmaker, "s2", "r1", "", "feishu", "orgdeleg:o1")
     job2 = await make_job(

@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import exists, insert, literal, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -25,6 +25,7 @@ from delivery.channels.base import (
     file_size,
     guess_mime,
 )
+from delivery.ledger import LedgerEntry, record_web_deliveries
 from jobs.constants import SESSION_EVENTS
 from jobs.models import ChatSession, JSONType, SessionMessage
 from jobs.settings import Settings
@@ -143,6 +144,8 @@ class Outgoing:
     text: str = ""
     attachments: list[Any] = field(default_factory=list)
     job_id: str | None = None
+    #: record the delivery in the ledger in the same transaction (exactly once, no window)
+    ledger: LedgerEntry | None = None
 
 
 async def post_messages(
@@ -150,12 +153,14 @@ async def post_messages(
     redis: Any,
     settings: Settings,
     messages: list[Outgoing],
-) -> list[dict[str, Any] | DeliveryPermanentError]:
+) -> list[dict[str, Any] | DeliveryPermanentError | None]:
     """Store many messages in one transaction and push them in one Redis round trip.
 
-    Returns, per input and in order, the stored message or a
-    :class:`DeliveryPermanentError` (unknown session). Raises
-    :class:`DeliveryTransientError` when the database is unreachable.
+    Returns, per input and in order, the stored message, a :class:`DeliveryPermanentError`
+    (unknown session) or None (a ledger entry says it was delivered already). Messages with a
+    ``ledger`` entry are recorded in the delivery ledger in the same transaction, so a web
+    delivery is stored exactly once. Raises :class:`DeliveryTransientError` when the database
+    is unreachable.
     """
     if sessionmaker is None:
         raise DeliveryPermanentError("web delivery is not configured (no database)")
@@ -172,6 +177,8 @@ async def post_messages(
                     )
                 ).scalars()
             )
+            keyed = [(i, m.session_id, m.ledger) for i, m in enumerate(messages) if m.ledger]
+            dup = await record_web_deliveries(s, keyed, known, now) if keyed else set()
             rows = [
                 {
                     "session_id": m.session_id,
@@ -180,8 +187,8 @@ async def post_messages(
                     "job_id": m.job_id,
                     "created_at": now,
                 }
-                for m in messages
-                if m.session_id in known
+                for i, m in enumerate(messages)
+                if m.session_id in known and i not in dup
             ]
             new_ids: list[int] = []
             if rows:
@@ -195,16 +202,21 @@ async def post_messages(
             await s.commit()
     except (OSError, OperationalError, InterfaceError) as exc:
         raise DeliveryTransientError(f"web: database unreachable ({type(exc).__name__})") from exc
-    out: list[dict[str, Any] | DeliveryPermanentError] = []
+    out: list[dict[str, Any] | DeliveryPermanentError | None] = []
     stored: list[dict[str, Any]] = []
+    pushed: list[Outgoing] = []
     it = iter(new_ids)
-    for m in messages:
+    for i, m in enumerate(messages):
+        if i in dup:
+            out.append(None)
+            continue
         if m.session_id not in known:
             out.append(DeliveryPermanentError(f"unknown session {m.session_id!r}"))
             continue
         msg = message_dict(next(it), m.text or "", list(m.attachments or []), now, m.job_id)
         out.append(msg)
         stored.append(msg)
+        pushed.append(m)
     if redis is not None and stored:
         try:
             async with redis.pipeline(transaction=False) as pipe:
@@ -238,15 +250,33 @@ class MessageBatcher:
         self.redis = redis
         self.settings = settings
         self.max_batch = max_batch
-        self._queue: list[tuple[Outgoing, asyncio.Future[dict[str, Any]]]] = []
+        self._queue: list[tuple[Outgoing, asyncio.Future[Any]]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def post(self, msg: Outgoing) -> dict[str, Any]:
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._queue.append((msg, fut))
+        """Store and push one message; its stored dict (raises on failure)."""
+        (res,) = await self.post_many([msg])
+        if isinstance(res, Exception):
+            raise res
+        if res is None:
+            raise DeliveryPermanentError("already delivered")
+        return res
+
+    async def post_many(
+        self, msgs: list[Outgoing]
+    ) -> list[dict[str, Any] | DeliveryPermanentError | None]:
+        """Messages that go in the same batch, in order; per message what
+        :func:`post_messages` returns. Raises :class:`DeliveryTransientError`."""
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in msgs]
+        self._queue.extend(zip(msgs, futs, strict=True))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._drain())
-        return await fut
+        results = await asyncio.gather(*futs, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, DeliveryPermanentError):
+                raise r
+        return cast("list[dict[str, Any] | DeliveryPermanentError | None]", results)
 
     async def _drain(self) -> None:
         while self._queue:
