@@ -161,6 +161,25 @@ class Executor:
     ) -> Outcome:
         t0 = time.perf_counter()
         name = skill if isinstance(skill, str) else getattr(skill, "name", None) or repr(skill)
+        try:
+            return await self._attempt(skill, name, input_data, ctx, policy_wall_sec, depth, t0)
+        except Exception as exc:  # the one catch-all: whatever happens becomes an envelope
+            log.exception("executor failure while running %s", name)
+            env = failure(
+                f"skill {name!r} could not be run: {type(exc).__name__}: {exc}", skill=name
+            )
+            return self._outcome(env, t0, name=name, exception=type(exc).__name__)
+
+    async def _attempt(
+        self,
+        skill: Skill | str,
+        name: str,
+        input_data: Any,
+        ctx: Mapping[str, Any] | None,
+        policy_wall_sec: float | None,
+        depth: int,
+        t0: float,
+    ) -> Outcome:
         found = self.registry.get(skill) if isinstance(skill, str) else skill
         problem = self._refuse(found, name, input_data, ctx)
         if problem is not None:
@@ -177,7 +196,7 @@ class Executor:
                 skill=name,
                 timed_out=True,
             )
-            return self._outcome(env, t0, name=name, status="timed_out", log=log_text)
+            return self._outcome(env, t0, name=name, status="timed_out", log=expired.log)
         except inprocess.Raised as wrapped:
             raised = wrapped.__cause__ or wrapped
             transient = isinstance(raised, TRANSIENT_EXC)
@@ -319,7 +338,8 @@ class Executor:
 
     def _workspace(self, role_id: Any, session_id: Any) -> str | None:
         """``<root>/<role_id>/<session_id or shared>``, created once, memoized per id pair."""
-        key = (role_id, session_id)
+        key = (str(role_id or ""), str(session_id or ""))
+        role_id, session_id = key
         if key not in self._workspaces:
             path = workspace_dir(self.workspace_root, role_id, session_id)  # type: ignore[arg-type]
             ws = str(path) if path is not None else None
@@ -410,7 +430,7 @@ class Executor:
             raise subproc.SetupError(f"cannot start {argv[0]}: {exc}") from exc
         log_text = subproc.log_tail(res.stderr)
         if res.timed_out:
-            raise inprocess.WallExpired(timeout)
+            raise inprocess.WallExpired(timeout, log_text)
         if res.overflow:
             mb = subproc.OUTPUT_CAP // (1 << 20)
             return failure(

@@ -28,9 +28,10 @@ CANCEL_GRACE_SEC = 1.0  # how long a timed-out or cancelled skill gets to unwind
 
 
 class WallExpired(Exception):
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, log: str = "") -> None:
         super().__init__(seconds)
         self.seconds = seconds
+        self.log = log
 
 
 class Raised(Exception):
@@ -69,9 +70,14 @@ def _import_entry(skill: Skill, path: str, mtime_ns: int) -> Entry:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     folder = str(Path(path).parent)
+    # Registered like any module (dataclasses, typing.get_type_hints and pickle look it up).
+    sys.modules[mod_name] = module
     sys.path.insert(0, folder)  # the skill's own helper modules
     try:
         spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(mod_name, None)
+        raise
     finally:
         try:
             sys.path.remove(folder)
@@ -116,6 +122,9 @@ class EntryCache:
         path = str(skill.entry)
         st = os.stat(path)
         entry = _import_entry(skill, path, st.st_mtime_ns)
+        old = self._entries.get(path)
+        if old is not None and old[0] != st.st_mtime_ns:  # the previous version's module
+            sys.modules.pop(getattr(old[2].fn, "__module__", ""), None)
         self._entries[path] = (st.st_mtime_ns, st.st_size, entry)
         self._checked[path] = time.monotonic()
         return entry

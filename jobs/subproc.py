@@ -136,7 +136,11 @@ def build_args(
         if str(sub) not in skill.cli_commands:
             raise SetupError(f"unknown subcommand {sub!r}; expected one of {skill.cli_commands}")
         args.append(str(sub))
-    props = ((skill.input_schema or {}).get("properties") or {}) if skill.input_schema else {}
+    schema = skill.input_schema or {}
+    sub_schemas = getattr(skill, "cli_command_schemas", None) or {}
+    if sub not in (None, "") and isinstance(sub_schemas.get(str(sub)), dict):
+        schema = sub_schemas[str(sub)]
+    props = schema.get("properties") or {} if isinstance(schema, dict) else {}
     positional = [k for k, p in props.items() if isinstance(p, dict) and p.get("x-cli-positional")]
     for key in positional:
         v = data.pop(key, None)

@@ -429,3 +429,49 @@ async def test_concurrent_runs_share_nothing(ex: Executor) -> None:
 
 def test_unique_marker_helper() -> None:
     assert unique_sleep() != unique_sleep() and uuid.uuid4()
+
+
+async def test_modules_are_registered_while_they_load(ex: Executor) -> None:
+    r = await ex.run("typed", {}, {})
+    assert r == {"ok": True, "hints": ["count", "name"], "row": {"name": "a", "count": 0}}
+
+
+async def test_timed_out_subprocess_keeps_its_log(ex: Executor) -> None:
+    out = await ex.execute("declared_wall", {}, dict(CTX))
+    assert out.status == "timed_out" and "started the long part" in out.log
+
+
+async def test_executor_never_raises_on_odd_context(ex: Executor, tmp_path: Path) -> None:
+    out = await ex.execute("noop", {}, {"role_id": {"not": "a string"}, "session_id": 5})
+    assert out.status == "succeeded"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    ex.workspace_root = blocker  # workspaces cannot be created under a file
+    out = await ex.execute("noop", {}, {"role_id": "r-new"})
+    assert out.status == "failed" and "could not be run" in (out.error or "")
+    assert out.exception in ("NotADirectoryError", "FileExistsError")
+
+
+def test_subprocess_timeout_rule(tmp_path: Path) -> None:
+    assert Executor.subprocess_timeout(Skill(name="a", path=tmp_path), 600) == 60
+    assert Executor.subprocess_timeout(Skill(name="a", path=tmp_path, wall_sec=300), 300) == 300
+    assert Executor.subprocess_timeout(Skill(name="a", path=tmp_path, is_async=True), 900) == 900
+
+
+async def test_http_skill_media_and_server_errors(ex: Executor, tmp_path: Path) -> None:
+    from tests.exec_fixtures.fake_api import PNG, FakeAPI, Running
+
+    folder = tmp_path / "skills" / "http_media"
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text("---\nname: http_media\ndescription: x\n---\n")
+    async with Running(FakeAPI()) as api:
+        (folder / "api.toml").write_text(f'url = "{api.url}/{{what}}"\n')
+        skill = load_skill(folder)
+        assert skill.error is None, skill.error
+        r = await ex.run(skill, {"what": "chart.png"}, dict(CTX))
+        assert r["media"] == "image" and r["filename"].endswith(".png")
+        assert Path(r["local_path"]).parent == ex.workspace_root / "r1" / "s1"
+        assert Path(r["local_path"]).read_bytes() == PNG  # noqa: ASYNC240
+        out = await ex.execute(skill, {"what": "status/503"}, dict(CTX))
+        assert out.status == "failed" and out.error_type == "transient"
+        assert out.error == f"GET {api.url}/status%2F503 answered HTTP 503: nope: 503"

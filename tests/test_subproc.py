@@ -249,3 +249,9 @@ async def test_cancel_kills_group_and_reraises() -> None:
         await task
     await asyncio.sleep(0.1)
     assert procs_with(dur) == []
+
+
+def test_positional_from_subcommand_schema(tmp_path: Path) -> None:
+    sk = _skill(tmp_path, cli_commands=["get"])
+    sk.cli_command_schemas = {"get": {"properties": {"id": {"x-cli-positional": True}}}}
+    assert build_args(sk, {"_subcommand": "get", "id": 7, "v": True}) == ["get", "7", "--v"]
