@@ -41,6 +41,7 @@ async def _cases(http: httpx.AsyncClient, engine: Any) -> list[tuple[str, str]]:
     since = time.time() - 86400
     return [
         ("overview /api/v1/queue", "/api/v1/queue"),
+        ("/api/v1/queue?brief=true (SPEC keys only)", "/api/v1/queue?brief=true"),
         ("/metrics", "/metrics"),
         ("jobs, no filter", "/api/v1/jobs?limit=50"),
         ("jobs status=failed", "/api/v1/jobs?status=failed&limit=50"),

@@ -89,7 +89,10 @@ def worker_dict(w: Any, now: float) -> dict[str, Any]:
 
 
 @router.get("/queue")
-async def queue(request: Request) -> dict[str, Any]:
+async def queue(
+    request: Request,
+    brief: bool = Query(False, description="only the SPEC keys (cheapest, for monitors)"),
+) -> dict[str, Any]:
     """SPEC §11 keys, plus 5m/1h/24h rates, per-skill stats and failing deliveries."""
     now = time.time()
     sm = services_of(request).sessionmaker
@@ -97,6 +100,21 @@ async def queue(request: Request) -> dict[str, Any]:
     async def run(fn: Any, *args: Any) -> Any:
         async with sm() as session:
             return await fn(session, *args)
+
+    if brief:
+        five = {"5m": queries.WINDOWS["5m"]}
+        depth, counts, rows = await asyncio.gather(
+            run(queries.queue_depth, now),
+            run(queries.window_counts, now, five),
+            run(queries.list_workers),
+        )
+        rates = queries.rates_of(counts, five)
+        return {
+            **depth,
+            "succeeded_5m": rates["5m"]["succeeded"],
+            "failed_5m": rates["5m"]["failed"],
+            "workers": sum(1 for w in rows if worker_dict(w, now)["alive"]),
+        }
 
     # Independent reads: one connection each, side by side.
     depth, (counts, pct), live, failing, rows = await asyncio.gather(

@@ -201,15 +201,17 @@ async def queue_depth(session: AsyncSession, now: float) -> dict[str, Any]:
 WINDOWS = {"5m": 300.0, "1h": 3600.0, "24h": 86400.0}
 
 
-async def window_counts(session: AsyncSession, now: float) -> list[tuple[str, str, list[int]]]:
-    """``(skill, status, [n_5m, n_1h, n_24h])`` of jobs finished in each window: one range
-    scan of ``ix_jobs_finished`` serves both the rates and the per-skill table."""
+async def window_counts(
+    session: AsyncSession, now: float, windows: dict[str, float] = WINDOWS
+) -> list[tuple[str, str, list[int]]]:
+    """``(skill, status, [n per window])`` of jobs finished in each window (default 5m,
+    1h, 24h): one range scan of ``ix_jobs_finished``."""
     cols = [
-        func.sum(case((Job.finished_at >= now - secs, 1), else_=0)) for secs in WINDOWS.values()
+        func.sum(case((Job.finished_at >= now - secs, 1), else_=0)) for secs in windows.values()
     ]
     stmt = (
         select(Job.skill, Job.status, *cols)
-        .where(Job.finished_at >= now - max(WINDOWS.values()))
+        .where(Job.finished_at >= now - max(windows.values()))
         .group_by(Job.skill, Job.status)
     )
     return [
@@ -218,15 +220,17 @@ async def window_counts(session: AsyncSession, now: float) -> list[tuple[str, st
     ]
 
 
-def rates_of(counts: list[tuple[str, str, list[int]]]) -> dict[str, dict[str, Any]]:
-    """Jobs finished per outcome in the last 5 minutes, hour and day, with rates."""
-    per: dict[str, dict[str, int]] = {w: dict.fromkeys(FINISHED, 0) for w in WINDOWS}
+def rates_of(
+    counts: list[tuple[str, str, list[int]]], windows: dict[str, float] = WINDOWS
+) -> dict[str, dict[str, Any]]:
+    """Jobs finished per outcome in each window, with throughput and failure rate."""
+    per: dict[str, dict[str, int]] = {w: dict.fromkeys(FINISHED, 0) for w in windows}
     for _skill, status, ns in counts:
         if status in FINISHED:
-            for w, n in zip(WINDOWS, ns, strict=True):
+            for w, n in zip(windows, ns, strict=True):
                 per[w][status] += n
     out: dict[str, dict[str, Any]] = {}
-    for w, secs in WINDOWS.items():
+    for w, secs in windows.items():
         c = per[w]
         failed = c[FAILED] + c[TIMED_OUT]
         done = c[SUCCEEDED] + failed

@@ -304,6 +304,12 @@ async def test_queue_overview_counts_rates_and_percentiles(
     assert q["deliveries_failing"]["by_channel"] == {"feishu": 1}
     assert q["deliveries_failing"]["latest"][0]["error"] == "403 forbidden"
 
+    brief = (await client.get("/api/v1/queue", params={"brief": "true"})).json()
+    age = brief.pop("oldest_queued_age_s")
+    assert abs(age - q["oldest_queued_age_s"]) < 5
+    assert brief == {k: q[k] for k in brief}
+    assert set(brief) == {"queued", "running", "succeeded_5m", "failed_5m", "workers"}
+
     w = (await client.get("/api/v1/workers")).json()["items"]
     assert [x["id"] for x in w] == ["w-alive", "w-dead"]  # newest heartbeat first
     assert w[0]["alive"] is True and w[1]["alive"] is False and w[0]["running"] == ["j1"]
