@@ -18,6 +18,7 @@ from jobs.configs import ConfigStore
 from jobs.context import background_context
 from jobs.executor import Executor
 from jobs.models import ChainRun
+from tests.conftest import make_settings
 from tests.test_chains_helpers import close_services, make_services, write_skill
 
 COUNTER = """
@@ -467,3 +468,78 @@ async def test_async_skills_run_inline_in_a_chain(env, tmp_path: Path) -> None: 
     assert await run_chain(svc, ex, run_id, worker_id="w1") == "succeeded"
     run = await schedules.get_run(svc, run_id)
     assert run["steps"][0]["output"]["ran"] == "inline"  # type: ignore[index]
+
+
+async def test_outcome_to_a_person_and_to_a_notify_alias(  # type: ignore[no-untyped-def]
+    tmp_path, sqlite_url, redis, redis_server_url, redis_prefix, skills_dir
+) -> None:
+    from tests.fakes.sink import FakeSink
+    from tests.fakes.telegram import FakeTelegram
+
+    with FakeTelegram() as tg, FakeSink() as sink:
+        settings = make_settings(
+            tmp_path,
+            redis_url=redis_server_url,
+            prefix=redis_prefix,
+            database_url=sqlite_url,
+            telegram_bot_token=tg.token,
+            telegram_api_base=tg.url,
+            notify_targets=json.dumps({"ops": [f"json://127.0.0.1:{sink.port}/ops"]}),
+        )
+        svc = make_services(
+            settings,
+            redis,
+            extra_skills=skills_dir,
+        )
+        ex = Executor(
+            settings=svc.settings,
+            registry=svc.registry,
+            sessionmaker=svc.sessionmaker,
+            box=svc.box,
+            http=svc.http,
+        )
+        try:
+            to_person = await start_run(
+                svc,
+                chain(
+                    {"skill": "echo", "input": {"message": "3 refunds purged"}},
+                    deliver={"to": "telegram:1001"},
+                ),
+            )
+            assert await run_chain(svc, ex, to_person, worker_id="w1") == "succeeded"
+            assert [m.get("text") for m in tg.sent] == ["3 refunds purged"]
+            run = await schedules.get_run(svc, to_person)
+            assert run["result"]["delivery"] == {
+                "recipient": "telegram:1001",
+                "kind": "text",
+                "status": "sent",
+                "error": None,
+            }  # type: ignore[index]
+
+            to_ops = await start_run(
+                svc,
+                chain(
+                    {"id": "boom", "skill": "fail_step"},
+                    deliver={"target": "ops", "title": "nightly"},
+                ),
+            )
+            assert await run_chain(svc, ex, to_ops, worker_id="w1") == "failed"
+            (call,) = sink.calls("/ops")
+            assert call.json["title"] == "nightly"
+            assert (
+                "did not complete" in call.json["message"]
+                and "upstream said no" in call.json["message"]
+            )
+            assert "Traceback" not in call.json["message"]
+
+            unknown = await start_run(
+                svc,
+                chain({"skill": "echo", "input": {"message": "x"}}, deliver={"to": "telegram:555"}),
+            )
+            assert await run_chain(svc, ex, unknown, worker_id="w1") == "succeeded"
+            run = await schedules.get_run(svc, unknown)
+            assert run["result"]["delivery"]["status"] == "failed"  # type: ignore[index]
+            assert "chat not found" in run["result"]["delivery"]["error"]  # type: ignore[index]
+        finally:
+            await ex.aclose()
+            await close_services(svc)
