@@ -123,7 +123,7 @@ async def main(calls: int, cli_runs: int) -> None:
                 "triggered_at": time.time(),
             },
             skill="bench_noop",
-            configs={"region": "eu", "api_token": "t-123", "limit": 50},
+            configs={"region": "eu", "api_token": "tok-1234567890", "limit": 50},
         )
         print(f"Python {sys.version.split()[0]}, {pin_one_core()}, {calls:,} calls per case")
         for label, ctx in (("minimal context", minimal), ("full chat context", full)):

@@ -257,3 +257,48 @@ def workspace_dir(
 def _segment(value: str | None) -> str:
     s = _str(value).strip().replace("/", "_").replace("\\", "_").replace("\x00", "")
     return "" if s in {"", ".", ".."} else s
+
+
+_SECRET_NAME: dict[str, bool] = {}
+MIN_SCRUB_LEN = 6  # shorter values are too likely to be ordinary words or numbers
+
+
+def _is_secret_name(key: str) -> bool:
+    hit = _SECRET_NAME.get(key)
+    if hit is None:
+        from jobs.crypto import is_secret_key
+
+        hit = key not in VOCABULARY and is_secret_key(key)
+        if len(_SECRET_NAME) < 10_000:
+            _SECRET_NAME[key] = hit
+    return hit
+
+
+def secret_values(ctx: Mapping[str, Any], skill: str) -> list[str]:
+    """The secret config values a run can see (secret-named keys in the four config
+    layers), longest first — what must never come back out in a log or an error."""
+    found: set[str] = set()
+    sc = ctx.get("skill_configs")
+    own = sc.get(skill) if isinstance(sc, Mapping) else None
+    for layer in (ctx, own, sc, ctx.get("skill_args")):
+        if not isinstance(layer, Mapping):
+            continue
+        for key, value in layer.items():
+            if isinstance(value, str) and len(value) >= MIN_SCRUB_LEN and isinstance(key, str):
+                if _is_secret_name(key):
+                    found.add(value)
+    return sorted(found, key=lambda v: (-len(v), v))
+
+
+def scrub(obj: Any, secrets: list[str], mask: str = "••••••") -> Any:
+    """``obj`` with every occurrence of the given secret values replaced by ``mask``."""
+    if isinstance(obj, str):
+        for s in secrets:
+            if s in obj:
+                obj = obj.replace(s, mask)
+        return obj
+    if isinstance(obj, dict):
+        return {k: scrub(v, secrets, mask) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [scrub(v, secrets, mask) for v in obj]
+    return obj

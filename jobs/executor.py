@@ -10,6 +10,7 @@ process group killed) and ``CancelledError`` propagates.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shutil
 import time
@@ -23,7 +24,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from jobs import inprocess, subproc
 from jobs.callskill import bind_call_skill
-from jobs.context import lookup_config, workspace_dir
+from jobs.context import lookup_config, scrub, secret_values, workspace_dir
 from jobs.crypto import redact
 from jobs.db import LazySession
 from jobs.envelope import failure, is_failure, normalize
@@ -96,6 +97,7 @@ class Executor:
         self.config_store = config_store
         self.provider = build_provider(settings, http) if settings is not None else None
         self.llm_env = subprocess_llm_env(settings) if settings is not None else {}
+        self.llm_key = self.llm_env.get("MYINC_LLM_KEY", "")
         self.workspace_root = settings.resolved_workspace_root if settings is not None else None
         # Handler files and workspaces are re-checked at most this often (seconds): an
         # edited handler is picked up, a deleted workspace re-created, without a stat per run.
@@ -162,13 +164,21 @@ class Executor:
         t0 = time.perf_counter()
         name = skill if isinstance(skill, str) else getattr(skill, "name", None) or repr(skill)
         try:
-            return await self._attempt(skill, name, input_data, ctx, policy_wall_sec, depth, t0)
+            out = await self._attempt(skill, name, input_data, ctx, policy_wall_sec, depth, t0)
         except Exception as exc:  # the one catch-all: whatever happens becomes an envelope
             log.exception("executor failure while running %s", name)
             env = failure(
                 f"skill {name!r} could not be run: {type(exc).__name__}: {exc}", skill=name
             )
-            return self._outcome(env, t0, name=name, exception=type(exc).__name__)
+            out = self._outcome(env, t0, name=name, exception=type(exc).__name__)
+        secrets = secret_values(ctx, name) if isinstance(ctx, Mapping) else []
+        if self.llm_key:
+            secrets.append(self.llm_key)
+        if secrets:
+            _scrub_outcome(out, secrets)
+        if out.status != "succeeded":
+            log_outcome(name, out)
+        return out
 
     async def _attempt(
         self,
@@ -309,9 +319,6 @@ class Executor:
             log=log,
             duration_ms=(time.perf_counter() - t0) * 1000.0,
         )
-        if failed:
-            log_fn = log_failure if exception is None else log_exception
-            log_fn(name, outcome)
         return outcome
 
     def _runtime_context(self, ctx: Mapping[str, Any], skill: Skill, depth: int) -> dict[str, Any]:
@@ -459,9 +466,18 @@ class Executor:
         return wall if skill.is_async else SUBPROCESS_TIMEOUT_SEC
 
 
-def log_failure(name: str, outcome: Outcome) -> None:
-    log.info("skill %s failed: %s", name, redact(outcome.result).get("error"))
+def _scrub_outcome(out: Outcome, secrets: list[str]) -> None:
+    """Known secret values never leave a run: not in the log, the error or the result."""
+    out.log = scrub(out.log, secrets)
+    if out.error:
+        out.error = scrub(out.error, secrets)
+    text = json.dumps(out.result, ensure_ascii=False)
+    if any(s in text for s in secrets):
+        out.result = scrub(out.result, secrets)
 
 
-def log_exception(name: str, outcome: Outcome) -> None:
-    log.warning("%s (transient: %s)", outcome.error, outcome.transient)
+def log_outcome(name: str, outcome: Outcome) -> None:
+    if outcome.exception is not None:
+        log.warning("%s (transient: %s)", outcome.error, outcome.transient)
+    else:
+        log.info("skill %s %s: %s", name, outcome.status, redact(outcome.result).get("error"))

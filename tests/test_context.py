@@ -180,3 +180,19 @@ def test_workspace_dir(tmp_path: Path) -> None:
     assert workspace_dir(tmp_path, "", "s1") is None
     escaped = workspace_dir(tmp_path, "../..", "../x")
     assert escaped is not None and escaped.resolve().is_relative_to(tmp_path.resolve())
+
+
+def test_secret_values_and_scrub() -> None:
+    from jobs.context import scrub, secret_values
+
+    ctx = {
+        "actor_key": "ou_123456789",  # vocabulary, not a secret value
+        "api_token": "tok-ABCDEFG",
+        "short_key": "abc",  # too short to scrub safely
+        "skill_configs": {"s": {"db_password": "pw-12345678"}, "other": {"x": 1}},
+        "skill_args": {"client_secret": "sec-long-value"},
+        "region": "eu-west-1",
+    }
+    assert secret_values(ctx, "s") == ["sec-long-value", "pw-12345678", "tok-ABCDEFG"]
+    got = scrub({"a": ["x tok-ABCDEFG y", {"b": "pw-12345678"}], "n": 1}, secret_values(ctx, "s"))
+    assert got == {"a": ["x •••••• y", {"b": "••••••"}], "n": 1}

@@ -383,9 +383,9 @@ async def test_llm_env_for_subprocess(tmp_path: Path, sqlite_url: str, registry)
     try:
         r = await ex.run("cli_py", {"_subcommand": "show"}, dict(CTX))
         assert r["env"] == {
-            "OPENAI_API_KEY": "sk-abc",
+            "OPENAI_API_KEY": "••••••",  # the key reached the skill; echoing it back is masked
             "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
-            "MYINC_LLM_KEY": "sk-abc",
+            "MYINC_LLM_KEY": "••••••",
             "MYINC_LLM_BASE": "http://127.0.0.1:9/v1",
             "MYINC_LLM_MODEL": "m1",
         }
@@ -475,3 +475,18 @@ async def test_http_skill_media_and_server_errors(ex: Executor, tmp_path: Path) 
         out = await ex.execute(skill, {"what": "status/503"}, dict(CTX))
         assert out.status == "failed" and out.error_type == "transient"
         assert out.error == f"GET {api.url}/status%2F503 answered HTTP 503: nope: 503"
+
+
+async def test_known_secrets_never_come_back(
+    ex: Executor, caplog: pytest.LogCaptureFixture
+) -> None:
+    token = "lk-" + uuid.uuid4().hex
+    ctx = dict(CTX, skill_configs={"leaky": {"LEAKY_API_KEY": token}})
+    out = await ex.execute("leaky", {}, ctx)
+    assert out.status == "succeeded" and out.result["len"] == len(token)
+    assert out.result["token"] == "••••••" and out.result["note"] == "used ••••••"
+    assert token not in out.log and "Bearer ••••••" in out.log
+    out = await ex.execute("leaky", {"fail": True}, ctx)
+    assert out.status == "failed" and "auth failed for ••••••" in (out.error or "")
+    assert token not in json.dumps(out.result) and token not in out.log
+    assert token not in caplog.text
