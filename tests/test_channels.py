@@ -124,6 +124,9 @@ async def test_telegram_turns_markdown_images_into_photos(tg, http) -> None:
     assert "![" not in tg.sent[0]["text"] and "Report ready" in tg.sent[0]["text"]
     assert tg.sent[1]["url"] == "https://cdn.example.com/a.png"
     assert split_markdown_images("plain") == ("plain", [])
+    # only public https images become photos; the rest stays text as written
+    local = "![x](http://10.0.0.1/a.png) ![y](https://127.0.0.1/b.png)"
+    assert split_markdown_images(local) == (local, [])
 
 
 async def test_telegram_long_text_is_split_and_long_caption_sent_after(tg, http, files) -> None:

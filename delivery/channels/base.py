@@ -244,7 +244,10 @@ def build_channels(
     out: dict[str, Channel] = {}
     if settings.telegram_bot_token:
         out["telegram"] = TelegramChannel(
-            http, secret(settings.telegram_bot_token), api_base=settings.telegram_api_base
+            http,
+            secret(settings.telegram_bot_token),
+            api_base=settings.telegram_api_base,
+            allow_hosts=settings.allow_hosts,
         )
     if settings.feishu_app_id and settings.feishu_app_secret:
         out["feishu"] = FeishuChannel(

@@ -19,6 +19,7 @@ from delivery.channels.base import (
     read_file_async,
     request,
 )
+from delivery.urlsafety import RefusedURL, check_url
 
 PHOTO_LIMIT = 10 * 1024 * 1024
 UPLOAD_LIMIT = 50 * 1024 * 1024
@@ -35,13 +36,29 @@ _METHODS = {
 }
 
 
-def split_markdown_images(text: str) -> tuple[str, list[str]]:
-    """The text without its Markdown images, and the image URLs (each once, in order)."""
+def _sendable(url: str, allow_hosts: tuple[str, ...]) -> bool:
+    """Only public ``https:`` images become photos (the outbound media rule); anything else
+    stays in the text as written."""
+    try:
+        check_url(url, allow_hosts)
+    except RefusedURL:
+        return False
+    return True
+
+
+def split_markdown_images(text: str, allow_hosts: tuple[str, ...] = ()) -> tuple[str, list[str]]:
+    """The text without its sendable Markdown images, and their URLs (each once, in order)."""
     urls: list[str] = []
-    for m in MARKDOWN_IMAGE.finditer(text):
-        if m.group(2) not in urls:
-            urls.append(m.group(2))
-    rest = MARKDOWN_IMAGE.sub("", text)
+
+    def take(m: re.Match[str]) -> str:
+        url = m.group(2)
+        if not _sendable(url, allow_hosts):
+            return m.group(0)
+        if url not in urls:
+            urls.append(url)
+        return ""
+
+    rest = MARKDOWN_IMAGE.sub(take, text)
     rest = re.sub(r"[ \t]+\n", "\n", rest)
     rest = re.sub(r"\n{3,}", "\n\n", rest).strip()
     return rest, urls
@@ -65,11 +82,17 @@ class TelegramChannel(Channel):
     converts_markdown_images = True
 
     def __init__(
-        self, http: httpx.AsyncClient, token: str, *, api_base: str = "https://api.telegram.org"
+        self,
+        http: httpx.AsyncClient,
+        token: str,
+        *,
+        api_base: str = "https://api.telegram.org",
+        allow_hosts: tuple[str, ...] | list[str] = (),
     ) -> None:
         self._http = http
         self._token = token
         self._base = api_base.rstrip("/")
+        self._allow_hosts = tuple(allow_hosts)
 
     def _url(self, method: str) -> str:
         return f"{self._base}/bot{self._token}/{method}"
@@ -87,13 +110,17 @@ class TelegramChannel(Channel):
         return ""
 
     async def send_text(self, contact: str, text: str) -> str:
-        rest, images = split_markdown_images(text)
+        rest, images = split_markdown_images(text, self._allow_hosts)
         first = ""
         for chunk in _chunks(rest, TEXT_LIMIT):
             mid = await self._call("sendMessage", json={"chat_id": contact, "text": chunk})
             first = first or mid
         for url in images:
-            mid = await self._call("sendPhoto", json={"chat_id": contact, "photo": url})
+            try:
+                mid = await self._call("sendPhoto", json={"chat_id": contact, "photo": url})
+            except DeliveryPermanentError:
+                # Telegram could not fetch it: the link still reaches the reader
+                mid = await self._call("sendMessage", json={"chat_id": contact, "text": url})
             first = first or mid
         if not first and not rest and not images:
             raise DeliveryPermanentError("telegram sendMessage: empty text")
