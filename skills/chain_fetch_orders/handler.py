@@ -9,11 +9,13 @@ from typing import Any
 STATUSES = ("paid", "paid", "paid", "refunded", "cancelled")
 
 
-async def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+async def execute(input_data: dict[str, Any], runtime_context: dict[str, Any]) -> dict[str, Any]:
     day = str(input_data.get("day") or "today")
     if day in ("today", "yesterday"):
         # relative to when the run was triggered (a chain's fire time), in UTC
-        at = float(ctx.get("triggered_at") or time.time()) - (86400 if day == "yesterday" else 0)
+        at = float(runtime_context.get("triggered_at") or time.time()) - (
+            86400 if day == "yesterday" else 0
+        )
         day = time.strftime("%Y-%m-%d", time.gmtime(at))
     seed = int(hashlib.sha256(day.encode()).hexdigest(), 16)
     count = input_data.get("count")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 
-async def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+async def execute(input_data: dict[str, Any], runtime_context: dict[str, Any]) -> dict[str, Any]:
     rows = input_data.get("rows")
     if not isinstance(rows, list):
         return {"ok": False, "error_type": "recoverable", "error": "rows must be a list of objects"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 CONFIRM_ABOVE = 10
-TOKEN_TTL_SEC = 300
+CONFIRM_TTL_SEC = 300
 
 
 def _token(role_id: str, table: str, ids: list[str] | None, window: int) -> str:
@@ -17,12 +18,22 @@ def _token(role_id: str, table: str, ids: list[str] | None, window: int) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
+def _write_backup(folder: Path, name: str, data: Any) -> bool:
+    """Every deleted row is kept first; a failed backup never blocks the deletion."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    except OSError:
+        return False
+    return True
+
+
 def _valid(token: str, role_id: str, table: str, ids: list[str] | None) -> bool:
-    now = int(time.time()) // TOKEN_TTL_SEC
+    now = int(time.time()) // CONFIRM_TTL_SEC
     return token in {_token(role_id, table, ids, w) for w in (now, now - 1)}
 
 
-def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+async def execute(input_data: dict[str, Any], runtime_context: dict[str, Any]) -> dict[str, Any]:
     table = str(input_data.get("table") or "orders")
     rows = input_data.get("rows")
     ids: list[str] | None
@@ -45,12 +56,12 @@ def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
             "error": "no rows selected; refusing to delete everything",
         }
 
-    role_id = str(ctx.get("role_id") or "")
+    role_id = str(runtime_context.get("role_id") or "")
     needs_confirm = ids is None or len(ids) > CONFIRM_ABOVE
-    if ctx.get("chat_mode") and needs_confirm:
+    if runtime_context.get("chat_mode") and needs_confirm:
         token = str(input_data.get("confirm_token") or "")
         if not token or not _valid(token, role_id, table, ids):
-            window = int(time.time()) // TOKEN_TTL_SEC
+            window = int(time.time()) // CONFIRM_TTL_SEC
             count = "an unknown number of" if ids is None else str(len(ids))
             return {
                 "ok": True,
@@ -63,19 +74,12 @@ def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
             }
 
     backup = None
-    workspace = ctx.get("workspace_dir")
+    workspace = runtime_context.get("workspace_dir")
     if workspace:
-        try:
-            Path(workspace).mkdir(parents=True, exist_ok=True)
-            backup = f"del_backup_{table}_{time.strftime('%Y%m%d%H%M%S')}.json"
-            (Path(workspace) / backup).write_text(
-                json.dumps(
-                    rows if rows is not None else {"filters": input_data.get("filters")},
-                    ensure_ascii=False,
-                )
-            )
-        except OSError:
-            backup = None  # a failed backup is logged by the platform, never blocks the deletion
+        name = f"del_backup_{table}_{time.strftime('%Y%m%d%H%M%S')}.json"
+        kept = rows if rows is not None else {"filters": input_data.get("filters")}
+        if await asyncio.to_thread(_write_backup, Path(workspace), name, kept):
+            backup = name
     return {
         "deleted": len(ids) if ids is not None else "all matching",
         "ids": ids or [],
