@@ -308,6 +308,9 @@ async def test_purge_completes_in_a_chain_but_asks_in_chat(env) -> None:  # type
         "chain_purge_rows", {"rows": rows, "confirm_token": asked["confirm_token"]}, ctx
     )
     assert done["deleted"] == 12
+    # an unknown count (deletion by filter) asks too
+    unknown = await ex.run("chain_purge_rows", {"filters": {"status": "refunded"}}, ctx)
+    assert unknown["confirm_required"] is True and unknown["would_delete"] is None
     # ten rows or fewer never ask
     few = await ex.run("chain_purge_rows", {"rows": rows[:10]}, ctx)
     assert few["deleted"] == 10
