@@ -8,6 +8,7 @@ the contact is the chat ``session_id``. Fire-and-forget: nothing waits for repli
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from delivery.channels.base import (
     media_kind,
 )
 
+_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 KNOWN_CHANNELS = ("feishu", "wecom", "dingtalk", "telegram", "web", "web_admin")
 TRIES = 3
 MAX_WAIT = 30.0
@@ -44,6 +46,15 @@ def parse_recipients(
             prefix, sep, rest = text.partition(":")
             if sep and prefix.lower() in KNOWN_CHANNELS:
                 ch, contact = prefix.lower(), rest.strip()
+            elif sep and default is None and _PREFIX.match(prefix):
+                bad.append(
+                    {
+                        "target": text,
+                        "error": f"unknown channel {prefix!r} (one of: "
+                        f"{', '.join(KNOWN_CHANNELS)})",
+                    }
+                )
+                continue
             else:
                 ch, contact = default, text
             label = f"{ch}:{contact}" if ch else text

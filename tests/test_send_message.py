@@ -106,7 +106,7 @@ async def test_partial_failure_unknown_and_unconfigured_channels(channels, tg) -
     assert r["ok"] is False and r["sent"] == ["telegram:1001"]
     errors = {f["target"]: f["error"] for f in r["failed"]}
     assert errors["wecom:zhangsan"] == "channel 'wecom' is not configured"
-    assert "names no channel" in errors["sms:123"]  # 'sms' is not a channel prefix
+    assert errors["sms:123"].startswith("unknown channel 'sms'")
     assert "chat not found" in errors["telegram:555"]
     assert len(tg.sent) == 1
 
