@@ -302,3 +302,52 @@ def scrub(obj: Any, secrets: list[str], mask: str = "••••••") -> Any
     if isinstance(obj, list):
         return [scrub(v, secrets, mask) for v in obj]
     return obj
+
+
+# File parameters (skill spec §3.3): values of these fields are resolved against the
+# session workspace before the skill runs.
+FILE_FIELDS = frozenset(
+    "input output file path video audio image src dst inputs files videos images clips "
+    "sources paths bgm input_file file_path".split()
+)
+OUTPUT_FIELDS = frozenset({"output", "dst", "output_path", "out"})
+
+
+def _resolve_one(value: Any, ws: Path, output: bool) -> Any:
+    if not isinstance(value, str) or not value.strip() or "://" in value:
+        return value
+    s = value.strip()
+    if os.path.isabs(s) or s.startswith("~"):
+        return value  # absolute paths are kept as they are
+    name = os.path.basename(s.replace("\\", "/").rstrip("/"))
+    if not name or name in {".", ".."}:
+        return value
+    if output:
+        # a file to be written: always lands in the workspace (only file-like values, so
+        # an "output": "json" format switch is left alone)
+        return str(ws / name) if ("." in name or "/" in s) else value
+    candidate = ws / name
+    return str(candidate) if candidate.is_file() else value  # missing: keep (clearer error)
+
+
+def resolve_file_params(input_data: dict[str, Any], workspace: str | None) -> dict[str, Any]:
+    """A copy of ``input_data`` with conventional file fields resolved into the workspace:
+    absolute paths kept; relative ones reduced to their basename under the workspace
+    (output fields unconditionally, others when that file exists)."""
+    if not workspace or not any(k in FILE_FIELDS or k in OUTPUT_FIELDS for k in input_data):
+        return input_data
+    ws = Path(workspace)
+    out = dict(input_data)
+    for key, value in input_data.items():
+        if key not in FILE_FIELDS and key not in OUTPUT_FIELDS:
+            continue
+        is_out = key in OUTPUT_FIELDS
+        if isinstance(value, list):
+            seen: list[Any] = []
+            for v in (_resolve_one(x, ws, is_out) for x in value):
+                if v not in seen:  # list fields are de-duplicated
+                    seen.append(v)
+            out[key] = seen
+        else:
+            out[key] = _resolve_one(value, ws, is_out)
+    return out

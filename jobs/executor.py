@@ -24,7 +24,13 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from jobs import inprocess, subproc
 from jobs.callskill import bind_call_skill
-from jobs.context import lookup_config, scrub, secret_values, workspace_dir
+from jobs.context import (
+    lookup_config,
+    resolve_file_params,
+    scrub,
+    secret_values,
+    workspace_dir,
+)
 from jobs.crypto import redact
 from jobs.db import LazySession
 from jobs.envelope import failure, is_failure, normalize
@@ -199,7 +205,10 @@ class Executor:
         wall = found.effective_wall_sec(policy_wall_sec)
         log_text = ""
         try:
-            raw, log_text = await self._dispatch(found, input_data or {}, rc, wall)
+            data = input_data or {}
+            if found.exec_type is not ExecType.HTTP:
+                data = resolve_file_params(data, rc.get("workspace_dir"))
+            raw, log_text = await self._dispatch(found, data, rc, wall)
         except inprocess.WallExpired as expired:
             env = failure(
                 f"skill ran over {_secs(expired.seconds)} s and was stopped",

@@ -196,3 +196,33 @@ def test_secret_values_and_scrub() -> None:
     assert secret_values(ctx, "s") == ["sec-long-value", "pw-12345678", "tok-ABCDEFG"]
     got = scrub({"a": ["x tok-ABCDEFG y", {"b": "pw-12345678"}], "n": 1}, secret_values(ctx, "s"))
     assert got == {"a": ["x •••••• y", {"b": "••••••"}], "n": 1}
+
+
+def test_resolve_file_params(tmp_path: Path) -> None:
+    from jobs.context import resolve_file_params
+
+    (tmp_path / "in.csv").write_text("a,b\n")
+    (tmp_path / "b.png").write_text("x")
+    data = {
+        "file": "some/dir/in.csv",  # model-built prefix dropped, file exists in the workspace
+        "image": "missing.png",  # does not exist: kept (the skill reports a clearer error)
+        "images": ["b.png", "x/b.png", "/abs/c.png"],
+        "output": "report.xlsx",  # to be written: always in the workspace
+        "dst": "json",  # not file-like: a format switch, left alone
+        "path": "/etc/hosts",
+        "src": "https://example.com/a.png",
+        "title": "in.csv",  # not a file field
+    }
+    got = resolve_file_params(data, str(tmp_path))
+    assert got == {
+        "file": str(tmp_path / "in.csv"),
+        "image": "missing.png",
+        "images": [str(tmp_path / "b.png"), "/abs/c.png"],
+        "output": str(tmp_path / "report.xlsx"),
+        "dst": "json",
+        "path": "/etc/hosts",
+        "src": "https://example.com/a.png",
+        "title": "in.csv",
+    }
+    assert data["file"] == "some/dir/in.csv"  # the caller's dict is untouched
+    assert resolve_file_params({"file": "x"}, None) == {"file": "x"}

@@ -490,3 +490,10 @@ async def test_known_secrets_never_come_back(
     assert out.status == "failed" and "auth failed for ••••••" in (out.error or "")
     assert token not in json.dumps(out.result) and token not in out.log
     assert token not in caplog.text
+
+
+async def test_file_params_resolved_into_workspace(ex: Executor) -> None:
+    r = await ex.run("shell_echo", {"output": "dir/report.txt", "title": "x.txt"}, dict(CTX))
+    ws = ex.workspace_root / "r1" / "s1"
+    assert r["args"] == f"--output {ws / 'report.txt'} --title x.txt"
+    assert r["input"]["output"] == str(ws / "report.txt")

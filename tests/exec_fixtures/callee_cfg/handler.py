@@ -3,6 +3,7 @@ async def execute(input_data, runtime_context):
         "ok": True,
         "input": input_data,
         "api_key": runtime_context.get("api_key"),
+        "api_key_len": len(runtime_context.get("api_key") or ""),
         "region": runtime_context.get("region"),
         "configs_for": sorted(
             k
