@@ -383,14 +383,20 @@ async def worker_heartbeat(
 async def ensure_session(
     s: AsyncSession, session_id: str, *, role_id: str, org_id: str, channel: str, external_id: str
 ) -> None:
-    """Record the chat session a job came from (web delivery goes back to it)."""
+    """Record the chat session a job came from (web delivery goes back to it). Safe under
+    concurrent dispatches for the same new session: an existing row is left as it is."""
     now = time.time()
-    existing = await s.get(ChatSession, session_id)
-    if existing is None:
-        s.add(ChatSession(session_id=session_id, role_id=role_id, org_id=org_id, channel=channel,
-                          external_id=external_id, created_at=now, updated_at=now))
+    values = {"session_id": session_id, "role_id": role_id, "org_id": org_id, "channel": channel,
+                  "external_id": external_id, "created_at": now, "updated_at": now}
+    if s.bind.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        stmt: Any = pg_insert(ChatSession).values(**values).on_conflict_do_nothing()
     else:
-        existing.updated_at = now
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        stmt = sqlite_insert(ChatSession).values(**values).on_conflict_do_nothing()
+    await s.execute(stmt)
 
 
 async def mark_failed_unqueued(s: AsyncSession, job_id: str, reason: str) -> None:

@@ -207,3 +207,16 @@ async def test_enqueue_failure_is_never_a_receipt(job_settings, tmp_path):
     finally:
         server.stop()
         await svc.close()
+
+
+async def test_concurrent_dispatches_from_one_new_session(services):
+    """Many jobs at once from a session nobody has seen yet: all recorded, one session row."""
+    import asyncio
+
+    ctx = {"channel": "web", "session_id": "burst-session", "role_id": "r1"}
+    results = await asyncio.gather(*(
+        Dispatcher(services).dispatch("bg_sleep", {}, ctx, "orgdeleg:burst") for _ in range(20)))
+    assert [r.status_code for r in results] == [202] * 20
+    async with services.sessionmaker() as s:
+        assert len((await s.scalars(select(ChatSession))).all()) == 1
+        assert len((await s.scalars(select(Job))).all()) == 20
