@@ -435,13 +435,12 @@ class Executor:
 
             skill = replace(skill, exec_type=ExecType.PYTHON_CLI)
         ws = str(rc.get("workspace_dir") or "")
-        argv = subproc.build_command(skill, input_data, workspace=ws, skill_dir=str(skill.path))
+        skill_dir = subproc.skill_dir(skill)
+        argv = subproc.build_command(skill, input_data, workspace=ws, skill_dir=skill_dir)
         env = subproc.build_env(skill, rc, input_data, workspace=ws, llm_env=self.llm_env)
         timeout = min(self.subprocess_timeout(skill, wall), wall)
         try:
-            res = await subproc.run_process(
-                argv, env=env, cwd=ws or str(skill.path), timeout=timeout
-            )
+            res = await subproc.run_process(argv, env=env, cwd=ws or skill_dir, timeout=timeout)
         except OSError as exc:
             raise subproc.SetupError(f"cannot start {argv[0]}: {exc}") from exc
         log_text = subproc.log_tail(res.stderr)

@@ -89,7 +89,7 @@ def interpreter(skill: Skill) -> list[str]:
     entry = skill.entry
     if entry is None or not Path(entry).is_file():
         raise SetupError(f"the skill's script {str(entry or '(none)')!r} does not exist")
-    e = str(entry)
+    e = str(Path(entry).resolve())  # the process runs in the workspace, not here
     if et is ExecType.PYTHON_CLI or (et is ExecType.PYTHON):
         return [sys.executable, e]
     if et is ExecType.SHELL:
@@ -105,6 +105,11 @@ def interpreter(skill: Skill) -> list[str]:
             return [e]
         raise SetupError(f"go skill entry {e!r} is neither a .go file nor an executable")
     raise SetupError(f"exec type {et!s} is not run as a subprocess")
+
+
+def skill_dir(skill: Skill) -> str:
+    """The skill folder as an absolute path (the process runs in the workspace)."""
+    return str(Path(skill.path).resolve())
 
 
 def _flag(key: str) -> str:
@@ -242,7 +247,7 @@ def build_env(
     env["SKILL_INPUT"] = json.dumps(input_data, ensure_ascii=False, default=str)
     env["SKILL_CONTEXT"] = json.dumps(subprocess_context(ctx, skill.name), ensure_ascii=False)
     env["SKILL_WORKSPACE"] = workspace
-    env["SKILL_DIR"] = str(skill.path)
+    env["SKILL_DIR"] = skill_dir(skill)
     env.setdefault("PYTHONIOENCODING", "utf-8")
     return env
 

@@ -497,3 +497,14 @@ async def test_file_params_resolved_into_workspace(ex: Executor) -> None:
     ws = ex.workspace_root / "r1" / "s1"
     assert r["args"] == f"--output {ws / 'report.txt'} --title x.txt"
     assert r["input"]["output"] == str(ws / "report.txt")
+
+
+async def test_relative_skill_folder(
+    ex: Executor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copytree(FIXTURES / "shell_echo", tmp_path / "rel" / "shell_echo")
+    monkeypatch.chdir(tmp_path)
+    skill = load_skill(Path("rel/shell_echo"))
+    assert skill.error is None
+    r = await ex.run(skill, {"a": 1}, dict(CTX))  # runs with cwd = the workspace
+    assert r["ok"] is True and r["args"] == "--a 1"
