@@ -236,8 +236,6 @@ def background_context(
         team_id="",
         abort_signal=None,
     )
-    if "allow_sql" in origin and origin["allow_sql"] is not None:
-        ctx["allow_sql"] = _truthy(origin["allow_sql"])
     return ctx
 
 

@@ -145,6 +145,7 @@ def test_background_context_exact_shape() -> None:
         "actor_key": "12345",
         "emp_no": "E1",
         "chat_mode": False,
+        "allow_sql": False,  # not part of the background context (never injected today)
     }
     ctx = background_context(origin, skill="gen", configs={"api_key": "k", "style": "x"})
     assert ctx["role_id"] == "r1" and ctx["org_id"] == "o1" and ctx["session_id"] == "s1"
