@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+from pathlib import Path
 
 import httpx
 import pytest
@@ -282,3 +284,61 @@ async def test_too_big_media_failure_keeps_the_text(services, tg) -> None:
     ]
     assert "file too large for telegram" in post.deliveries[0]["error"]
     assert tg.sent[0]["text"] == "video ready"
+
+
+# --- through the real worker ------------------------------------------------------------
+
+
+async def test_worker_delivers_a_background_result_to_telegram(
+    tmp_path, database_url, redis_server_url, redis_prefix, tg
+) -> None:
+    from jobs.dispatcher import Dispatcher
+    from jobs.worker import build_worker
+
+    s = make_settings(
+        tmp_path,
+        redis_url=redis_server_url,
+        prefix=redis_prefix,
+        database_url=database_url,
+        skills_path=str(Path(__file__).parent / "fakes" / "skills"),
+        telegram_bot_token=tg.token,
+        telegram_api_base=tg.url,
+    )
+    svc = await Services.open(s)
+    try:
+        origin = {
+            "channel": "telegram",
+            "actor_key": "1001",
+            "role_id": "r1",
+            "session_id": "chat-7",
+            "org_id": "o1",
+        }
+        res = await Dispatcher(svc).dispatch("bg_report", {"message": "Sales for Monday"}, origin)
+        assert res.status_code == 202, res.body
+        job_id = res.body["job_id"]
+        w = build_worker(svc, burst=True, handle_signals=False, scheduler=False)
+        try:
+            await asyncio.wait_for(w.async_run(), 60)
+        finally:
+            await w.close()
+        (doc,) = tg.sent
+        assert doc["method"] == "sendDocument" and doc["chat_id"] == "1001"
+        assert doc["filename"] == "report.csv" and doc["content"] == b"day,sales\nmon,10\n"
+        assert doc["caption"] == "Sales for Monday"
+        async with svc.sessionmaker() as sess:
+            job = await sess.get(Job, job_id)
+            rows = (
+                (await sess.execute(select(Delivery).where(Delivery.job_id == job_id)))
+                .scalars()
+                .all()
+            )
+        assert job is not None and job.status == "succeeded"
+        assert [(r.recipient, r.kind, r.status) for r in rows] == [
+            ("telegram:1001", "file", "sent")
+        ]
+    finally:
+        if svc.redis is not None:
+            keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*")]
+            if keys:
+                await svc.redis.delete(*keys)
+        await svc.close()
