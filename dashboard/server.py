@@ -42,6 +42,8 @@ def build_config(settings: Settings, host: str = "127.0.0.1", port: int = 8000):
         port=port,
         log_level=settings.log_level.lower(),
         proxy_headers=False,
+        # Event-stream URLs may carry ?token=: request lines are never logged.
+        access_log=False,
         # Open event streams would otherwise hold shutdown forever.
         timeout_graceful_shutdown=5,
     )

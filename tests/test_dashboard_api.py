@@ -93,6 +93,8 @@ async def test_job_list_filters(client: httpx.AsyncClient, services) -> None:
     assert bad.json()["ok"] is False and "status must be one of" in bad.json()["error"]
     bad = await client.get("/api/v1/jobs", params={"cursor": "%%%not-a-cursor"})
     assert bad.status_code == 400 and "cursor" in bad.json()["error"]
+    bad = await client.get("/api/v1/jobs", params={"since": "nan"})
+    assert bad.status_code in (400, 422) and bad.json()["ok"] is False
     bad = await client.get("/api/v1/jobs", params={"limit": 0})
     assert bad.status_code == 422 and bad.json()["ok"] is False
 

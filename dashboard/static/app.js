@@ -297,6 +297,10 @@ function readFilters() {
   }
   const range = form.elements.range.value;
   if (range) out.since = String(Date.now() / 1000 - Number(range));
+  const until = form.elements.until.value; // local time, as the browser shows it
+  if (until && !Number.isNaN(new Date(until).getTime())) {
+    out.until = String(new Date(until).getTime() / 1000);
+  }
   return out;
 }
 
