@@ -106,9 +106,9 @@ async def list_jobs(
     """One page of jobs, newest first, and the cursor of the next page (or None)."""
     if flt.status and flt.status not in JOB_STATUSES:
         raise BadQuery(f"status must be one of {', '.join(JOB_STATUSES)}")
-    for name, value in (("since", flt.since), ("until", flt.until)):
-        if value is not None and not math.isfinite(value):
-            raise BadQuery(f"{name} must be a time in epoch seconds")
+    for label, bound in (("since", flt.since), ("until", flt.until)):
+        if bound is not None and not math.isfinite(bound):
+            raise BadQuery(f"{label} must be a time in epoch seconds")
     limit = max(1, min(int(limit), MAX_PAGE))
     conds: list[Any] = []
     for column, value in (
