@@ -230,7 +230,6 @@ class Executor:
                 name=name,
                 exception=type(raised).__name__,
                 transient=transient,
-                log=str(wrapped.args[0]) if wrapped.args else "",
             )
         finally:
             db = rc.get("db")
@@ -480,7 +479,8 @@ def _scrub_outcome(out: Outcome, secrets: list[str]) -> None:
     if out.error:
         out.error = scrub(out.error, secrets)
     text = json.dumps(out.result, ensure_ascii=False)
-    if any(s in text for s in secrets):
+    # compare in JSON form: a secret with quotes or backslashes is escaped in ``text``
+    if any(json.dumps(s, ensure_ascii=False)[1:-1] in text for s in secrets):
         out.result = scrub(out.result, secrets)
 
 

@@ -480,7 +480,7 @@ async def test_http_skill_media_and_server_errors(ex: Executor, tmp_path: Path) 
 async def test_known_secrets_never_come_back(
     ex: Executor, caplog: pytest.LogCaptureFixture
 ) -> None:
-    token = "lk-" + uuid.uuid4().hex
+    token = 'lk-"quoted\\' + uuid.uuid4().hex  # characters JSON escapes
     ctx = dict(CTX, skill_configs={"leaky": {"LEAKY_API_KEY": token}})
     out = await ex.execute("leaky", {}, ctx)
     assert out.status == "succeeded" and out.result["len"] == len(token)

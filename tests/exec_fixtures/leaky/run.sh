@@ -4,4 +4,4 @@ if [ "$1" = "--fail" ]; then
   echo "auth failed for $LEAKY_API_KEY" >&2
   exit 1
 fi
-printf '{"ok": true, "token": "%s", "note": "used %s", "len": %d}\n' "$LEAKY_API_KEY" "$LEAKY_API_KEY" "${#LEAKY_API_KEY}"
+python3 -c 'import json, os; t = os.environ["LEAKY_API_KEY"]; print(json.dumps({"ok": True, "token": t, "note": "used " + t, "len": len(t)}))'
