@@ -15,11 +15,14 @@ How exactly-once is approached:
 * The owner is ``"<worker id>#<lease token>"``; the part before ``#`` is looked up in the
   ``workers`` table for liveness.
 
-The honest limit (at-most-once window): between the channel accepting a send and
-``mark_sent`` committing, the only record is the ``pending`` row. If the worker dies exactly
-then — or a timed-out request was in fact delivered — the item is picked up again and the
-recipient may see it twice. Everything else (re-runs, retries, lost leases, concurrent
-workers) sends each item once.
+The honest limit (at-most-once window) for third-party channels: between the channel
+accepting a send and ``mark_sent`` committing, the only record is the ``pending`` row. If the
+worker dies exactly then — or a request that timed out was in fact delivered — the item is
+picked up again and the recipient may see it twice. Everything else (re-runs, retries, lost
+leases, concurrent workers) sends each item once.
+
+Web sessions have no such window: the message and its ledger row are written in one
+transaction (:func:`record_web_deliveries`), so a stored message is exactly a ``sent`` row.
 """
 
 from __future__ import annotations

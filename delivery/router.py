@@ -82,6 +82,8 @@ def job_text(result: dict[str, Any]) -> str:
         value = result.get(key)
         if isinstance(value, str) and value.strip():
             return value.strip()
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)  # a skill that returned a bare number
     return ""
 
 

@@ -342,3 +342,13 @@ async def test_worker_delivers_a_background_result_to_telegram(
             if keys:
                 await svc.redis.delete(*keys)
         await svc.close()
+
+
+def test_job_text_precedence() -> None:
+    from delivery.router import job_text
+
+    assert job_text({"message": "m", "result": "r", "text": "t"}) == "m"
+    assert job_text({"result": 42}) == "42"
+    assert job_text({"result": {"rows": []}, "text": " t "}) == "t"
+    assert job_text({"display_md": "# md"}) == "# md"
+    assert job_text({"ok": True}) == ""
