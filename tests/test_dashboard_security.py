@@ -225,6 +225,12 @@ async def test_job_event_stream_takes_query_token(services) -> None:
             channel, json.dumps({"id": "j1", "status": "succeeded", "skill": "d", "x": "<b>"})
         )
         events = await asyncio.wait_for(reader, 10)
+        # the client went away: the stream's subscription is released
+        for _ in range(100):
+            if (await services.redis.pubsub_numsub(channel))[0][1] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert (await services.redis.pubsub_numsub(channel))[0][1] == 0
     assert events == [
         ("job", {"id": "j1", "status": "running"}),
         ("job", {"id": "j1", "status": "succeeded", "skill": "d"}),
