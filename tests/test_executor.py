@@ -437,7 +437,7 @@ async def test_modules_are_registered_while_they_load(ex: Executor) -> None:
 
 
 async def test_timed_out_subprocess_keeps_its_log(ex: Executor) -> None:
-    out = await ex.execute("declared_wall", {}, dict(CTX))
+    out = await ex.execute("slow_logger", {}, dict(CTX), policy_wall_sec=2)
     assert out.status == "timed_out" and "started the long part" in out.log
 
 

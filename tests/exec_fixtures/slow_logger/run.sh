@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+echo "started the long part" >&2
+sleep 30
