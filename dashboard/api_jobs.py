@@ -195,7 +195,7 @@ async def list_jobs(
 @router.get("/jobs/{job_id}")
 async def get_job(job_id: str, request: Request) -> dict[str, Any]:
     async with services_of(request).sessionmaker() as session:
-        job = await session.get(Job, job_id)
+        job = await queries.get_job(session, job_id)
         if job is None:
             raise not_found(f"job {job_id}")
         arts, dels = await queries.job_children(session, [job_id])

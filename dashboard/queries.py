@@ -167,6 +167,10 @@ async def job_children(
     return arts, dels
 
 
+async def get_job(session: AsyncSession, job_id: str) -> Job | None:
+    return await session.get(Job, job_id)
+
+
 async def job_attempts(session: AsyncSession, job_id: str) -> list[JobAttempt]:
     stmt = select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.number)
     return list((await session.execute(stmt)).scalars())
