@@ -210,3 +210,45 @@ async def test_notify_skill(repo_root, monkeypatch, tmp_path) -> None:
         assert body["message"] == "hi" and body["attachments"][0]["filename"] == "r.txt"
         r = await handler.execute({"message": "hi", "target": "nobody"}, {})
         assert r["ok"] is False and "unknown notify target" in r["error"]
+
+
+async def test_skills_reachable_through_call_skill(
+    repo_root, monkeypatch, tg, sessionmaker, tmp_path
+) -> None:
+    """A business skill calls send_message and notify via call_skill on the real executor."""
+    import os as _os
+
+    from jobs.crypto import SecretBox, load_or_create_key
+    from jobs.executor import Executor
+    from jobs.loader import load_registry
+
+    with FakeSink() as sink:
+        monkeypatch.setenv("SKILLJOBS_TELEGRAM_BOT_TOKEN", tg.token)
+        monkeypatch.setenv("SKILLJOBS_TELEGRAM_API_BASE", tg.url)
+        monkeypatch.setenv("SKILLJOBS_DATA_DIR", str(tmp_path / "data"))
+        monkeypatch.setenv(
+            "SKILLJOBS_NOTIFY_TARGETS", json.dumps({"ops": f"json://127.0.0.1:{sink.port}/ops"})
+        )
+        monkeypatch.delenv("SKILLJOBS_REDIS_URL", raising=False)
+        skills = _os.pathsep.join(
+            [str(repo_root / "skills"), str(repo_root / "tests/fakes/skills")]
+        )
+        settings = make_settings(tmp_path, redis_url=None, prefix="p", skills_path=skills)
+        registry = load_registry(settings.skill_dirs)
+        ex = Executor(
+            settings=settings,
+            registry=registry,
+            sessionmaker=sessionmaker,
+            box=SecretBox(load_or_create_key(tmp_path, None)),
+        )
+        try:
+            ctx = {"role_id": "r1", "session_id": "s1", "channel": "feishu", "actor_key": "ou_now"}
+            out = await ex.run(
+                "relay", {"message": "ticket 3 fixed", "to": "telegram:1001", "target": "ops"}, ctx
+            )
+        finally:
+            await ex.aclose()
+    assert out["send_message"]["sent"] == ["telegram:1001"], out
+    assert out["notify"]["ok"] is True, out
+    assert tg.sent[0]["text"] == "ticket 3 fixed"
+    assert sink.calls("/ops")[0].json["title"] == "relay"
