@@ -270,7 +270,8 @@ class MessageBatcher:
         loop = asyncio.get_running_loop()
         futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in msgs]
         self._queue.extend(zip(msgs, futs, strict=True))
-        if self._task is None or self._task.done():
+        task = self._task
+        if task is None or task.done() or task.get_loop() is not loop:
             self._task = asyncio.create_task(self._drain())
         results = await asyncio.gather(*futs, return_exceptions=True)
         for r in results:
