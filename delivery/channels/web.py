@@ -269,9 +269,13 @@ class MessageBatcher:
         :func:`post_messages` returns. Raises :class:`DeliveryTransientError`."""
         loop = asyncio.get_running_loop()
         futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in msgs]
-        self._queue.extend(zip(msgs, futs, strict=True))
         task = self._task
-        if task is None or task.done() or task.get_loop() is not loop:
+        if task is not None and task.get_loop() is not loop:
+            # left over from an event loop that is gone: nobody waits for those any more
+            self._queue = [(m, f) for m, f in self._queue if f.get_loop() is loop]
+            task = None
+        self._queue.extend(zip(msgs, futs, strict=True))
+        if task is None or task.done():
             self._task = asyncio.create_task(self._drain())
         results = await asyncio.gather(*futs, return_exceptions=True)
         for r in results:
