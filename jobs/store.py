@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from jobs.models import (
     CANCELLED,
@@ -38,11 +38,71 @@ def arq_id(job_id: str, token: int) -> str:
 
 @dataclass
 class Claim:
-    """A job claimed by this worker: ``token`` fences every write of this attempt."""
+    """A job claimed by this worker: ``token`` fences every write of this attempt.
+    ``job`` is the claimed row (read-only attribute access, like a ``Job``)."""
 
-    job: Job
+    job: Any
     token: int
     attempt: int
+
+
+# The hot path (claim → finish) runs on plain connections with statements built once:
+# building ORM statements and sessions per job costs more CPU than the queries themselves.
+_jobs = Job.__table__
+_attempts = JobAttempt.__table__
+
+_CLAIM = (
+    update(_jobs)
+    .where(_jobs.c.id == bindparam("jid"), _jobs.c.status == QUEUED,
+           _jobs.c.lease_token == bindparam("tok"))
+    .values(
+        status=RUNNING,
+        lease_token=bindparam("new_tok"),
+        lease_owner=bindparam("owner"),
+        lease_expires_at=bindparam("expires"),
+        attempts=_jobs.c.attempts + 1,
+        started_at=func.coalesce(_jobs.c.started_at, bindparam("now")),
+        updated_at=bindparam("now"),
+    )
+    .returning(*_jobs.c)
+)
+_NEW_ATTEMPT = insert(_attempts).values(
+    job_id=bindparam("jid"), number=bindparam("number"), worker_id=bindparam("owner"),
+    lease_token=bindparam("new_tok"), started_at=bindparam("now"), outcome=RUNNING,
+)
+_FINISH = (
+    update(_jobs)
+    .where(_jobs.c.id == bindparam("jid"), _jobs.c.lease_token == bindparam("tok"),
+           _jobs.c.status == RUNNING)
+    .values(
+        status=bindparam("status"),
+        result=bindparam("result", type_=Job.result.type),
+        error=bindparam("error"),
+        error_type=bindparam("error_type"),
+        finished_at=bindparam("now"),
+        duration_ms=(bindparam("now") - _jobs.c.started_at) * 1000.0,
+        lease_owner=None,
+        lease_expires_at=None,
+        updated_at=bindparam("now"),
+    )
+)
+_FINISH_WITH_FETCHES = _FINISH.values(fetches=bindparam("fetches", type_=Job.fetches.type))
+_CLOSE_ATTEMPT = (
+    update(_attempts)
+    .where(_attempts.c.job_id == bindparam("jid"), _attempts.c.lease_token == bindparam("tok"),
+           _attempts.c.finished_at.is_(None))
+    .values(
+        finished_at=bindparam("now"),
+        outcome=bindparam("outcome"),
+        error=bindparam("aerror"),
+        error_type=bindparam("error_type"),
+        duration_ms=(bindparam("now") - _attempts.c.started_at) * 1000.0,
+    )
+)
+
+
+def _engine(sm: Sessions) -> AsyncEngine:
+    return sm.kw["bind"]  # type: ignore[no-any-return]
 
 
 async def claim(
@@ -54,38 +114,18 @@ async def claim(
     enqueue (an old arq entry re-run by arq after its in-progress key expired).
     """
     now = time.time()
-    token = enqueue_token + 1
-    async with sm() as s:
-        res = await s.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status == QUEUED, Job.lease_token == enqueue_token)
-            .values(
-                status=RUNNING,
-                lease_token=token,
-                lease_owner=worker_id,
-                lease_expires_at=now + lease_sec,
-                attempts=Job.attempts + 1,
-                started_at=func.coalesce(Job.started_at, now),
-                updated_at=now,
-            )
-            .returning(Job)
-        )
-        job = res.scalar_one_or_none()
-        if job is None:
-            await s.rollback()
+    params = {"jid": job_id, "tok": enqueue_token, "new_tok": enqueue_token + 1,
+              "owner": worker_id, "expires": now + lease_sec, "now": now}
+    async with _engine(sm).begin() as conn:
+        row = (await conn.execute(_CLAIM, params)).first()
+        if row is None:
             return None
-        s.add(
-            JobAttempt(
-                job_id=job_id, number=job.attempts, worker_id=worker_id, lease_token=token,
-                started_at=now,
-            )
-        )
-        await s.commit()
-        return Claim(job=job, token=token, attempt=job.attempts)
+        await conn.execute(_NEW_ATTEMPT, {**params, "number": row.attempts})
+    return Claim(job=row, token=enqueue_token + 1, attempt=row.attempts)
 
 
 async def holds_lease(sm: Sessions, job_id: str, token: int) -> bool:
-    """The fence: does the attempt holding ``token`` still own the job?"""
+    """The fence, asked of the database: does the attempt holding ``token`` still own the job?"""
     async with sm() as s:
         found = await s.scalar(
             select(Job.id).where(Job.id == job_id, Job.lease_token == token, Job.status == RUNNING)
@@ -104,34 +144,24 @@ async def finish(
     error_type: str | None,
     attempt_outcome: str | None = None,
     attempt_error: str | None = None,
-    extra: dict[str, Any] | None = None,
+    fetches: list[Any] | None = None,
 ) -> bool:
     """Record the final outcome of the attempt holding ``token``. False = lease lost."""
     now = time.time()
-    async with sm() as s:
-        res = await s.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.lease_token == token, Job.status == RUNNING)
-            .values(
-                status=status,
-                result=result,
-                error=error,
-                error_type=error_type,
-                finished_at=now,
-                duration_ms=(now - Job.started_at) * 1000.0,
-                lease_owner=None,
-                lease_expires_at=None,
-                updated_at=now,
-                **(extra or {}),
-            )
-        )
+    err = attempt_error or error
+    async with _engine(sm).begin() as conn:
+        res = await conn.execute(_FINISH if fetches is None else _FINISH_WITH_FETCHES, {
+            "jid": job_id, "tok": token, "status": status, "result": result, "error": error,
+            "error_type": error_type, "fetches": fetches, "now": now,
+        })
         if res.rowcount != 1:
-            await s.rollback()
+            await conn.rollback()
             return False
-        await _close_attempt(s, job_id, token, attempt_outcome or status, attempt_error or error,
-                             error_type, now)
-        await s.commit()
-        return True
+        await conn.execute(_CLOSE_ATTEMPT, {
+            "jid": job_id, "tok": token, "now": now, "outcome": attempt_outcome or status,
+            "aerror": err[:2000] if err else None, "error_type": error_type,
+        })
+    return True
 
 
 async def requeue(
@@ -176,18 +206,10 @@ async def _close_attempt(
     s: AsyncSession, job_id: str, token: int, outcome: str, error: str | None,
     error_type: str | None, now: float,
 ) -> None:
-    await s.execute(
-        update(JobAttempt)
-        .where(JobAttempt.job_id == job_id, JobAttempt.lease_token == token,
-               JobAttempt.finished_at.is_(None))
-        .values(
-            finished_at=now,
-            outcome=outcome,
-            error=(error or None) and error[:2000],
-            error_type=error_type,
-            duration_ms=(now - JobAttempt.started_at) * 1000.0,
-        )
-    )
+    await s.execute(_CLOSE_ATTEMPT, {
+        "jid": job_id, "tok": token, "now": now, "outcome": outcome,
+        "aerror": error[:2000] if error else None, "error_type": error_type,
+    })
 
 
 async def renew_leases(

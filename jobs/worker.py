@@ -76,21 +76,26 @@ class JobRunner:
         self.inner: dict[str, asyncio.Task[Any]] = {}  # job id → running executor task
         self.cancel_asked: set[str] = set()
         self.lost: set[str] = set()
+        # job id → until when our lease is certainly ours (as of the last claim/renewal).
+        self.lease_until: dict[str, float] = {}
 
     # --- the job function ----------------------------------------------------------------
 
     async def run(self, job_id: str, enqueue_token: int) -> str:
         s = self.svc.settings
+        asked_at = time.time()
         claim = await retry_db("claim", store.claim, self.svc.sessionmaker, job_id, enqueue_token,
                                self.worker_id, s.worker_lease_sec)
         if claim is None:
             return "superseded"  # cancelled, re-enqueued or already running elsewhere
         job, token = claim.job, claim.token
         self.held[job_id] = token
+        self.lease_until[job_id] = asked_at + s.worker_lease_sec
         try:
             return await self._run_claimed(job, token, claim.attempt)
         finally:
             self.held.pop(job_id, None)
+            self.lease_until.pop(job_id, None)
             self.inner.pop(job_id, None)
             self.cancel_asked.discard(job_id)
             self.lost.discard(job_id)
@@ -146,10 +151,8 @@ class JobRunner:
             log.exception("job %s: post-processing failed", job_id)
             result = dict(result)
             result.setdefault("postprocess_error", f"{exc.__class__.__name__}: {exc}")
-        extra: dict[str, Any] = {}
-        if post is not None and getattr(post, "fetches", None) is not None:
-            extra["fetches"] = post.fetches
-        await self._record(job, token, status, result, outcome.error, outcome.error_type, extra)
+        fetches = getattr(post, "fetches", None)
+        await self._record(job, token, status, result, outcome.error, outcome.error_type, fetches)
         return status
 
     async def _postprocess(self, job: Any, token: int, result: dict[str, Any]) -> Any:
@@ -158,19 +161,26 @@ class JobRunner:
         except ImportError:
             return _Stored(result)
 
+        margin = self.svc.settings.worker_lease_sec / 3  # room for clock skew between hosts
+
         async def fence() -> bool:
-            return job.id not in self.lost and await store.holds_lease(
-                self.svc.sessionmaker, job.id, token)
+            # Nobody can take a lease before it expires, so while ours is comfortably
+            # unexpired the answer is known without asking the database.
+            if job.id in self.lost:
+                return False
+            if time.time() < self.lease_until.get(job.id, 0.0) - margin:
+                return True
+            return await store.holds_lease(self.svc.sessionmaker, job.id, token)
 
         return await postprocess(self.svc, job, result, fence=fence)
 
     async def _record(self, job: Any, token: int, status: str, result: dict[str, Any] | None,
                       error: str | None, error_type: str | None,
-                      extra: dict[str, Any] | None = None) -> None:
+                      fetches: list[Any] | None = None) -> None:
         stored = self._for_storage(job, result)
         ok = await retry_db("finish", store.finish, self.svc.sessionmaker, job.id, token,
                             status=status, result=stored, error=error, error_type=error_type,
-                            extra=extra)
+                            fetches=fetches)
         if ok:
             await publish_job_event(self.svc, job.id, status, job.skill)
         else:
@@ -219,8 +229,12 @@ class JobRunner:
     async def heartbeat_once(self) -> None:
         s = self.svc.settings
         held = dict(self.held)
+        asked_at = time.time()
         still, cancel = await store.renew_leases(self.svc.sessionmaker, self.worker_id, held,
                                                  s.worker_lease_sec)
+        for job_id in still:
+            if job_id in self.lease_until:
+                self.lease_until[job_id] = asked_at + s.worker_lease_sec
         for job_id in held:
             if job_id not in still and job_id in self.held and self.held[job_id] == held[job_id]:
                 # Someone else owns it now (we were presumed dead): stop, record nothing.
