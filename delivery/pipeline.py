@@ -92,7 +92,11 @@ async def postprocess(
         post.artifacts = await acollect(env, workspace, post.problems)
         if not await fence():
             return post
-        await store_artifacts(services.sessionmaker, job.id, post.artifacts)
+        if post.artifacts or getattr(job, "attempts", 1) > 1:
+            # (a first attempt without files has no rows to write or replace)
+            await store_artifacts(services.sessionmaker, job.id, post.artifacts)
+        if post.problems:
+            post.result = env = {**env, "artifact_problems": post.problems}
     if deliver:
         post.deliveries = await deliver_result(services, job, env, post.artifacts, fence=fence)
     return post
