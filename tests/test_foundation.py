@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from jobs.crypto import REDACTED, SecretBox, is_secret_key, load_or_create_key, normalize_key, redact
+from jobs.crypto import (
+    REDACTED,
+    SecretBox,
+    is_secret_key,
+    load_or_create_key,
+    normalize_key,
+    redact,
+)
 from jobs.migrate import head_revision, is_current
 from jobs.models import Job
 from jobs.settings import Settings
