@@ -10,6 +10,7 @@ process group killed) and ``CancelledError`` propagates.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import shutil
@@ -441,6 +442,14 @@ class Executor:
         try:
             res = await subproc.run_process(argv, env=env, cwd=ws or skill_dir, timeout=timeout)
         except OSError as exc:
+            if exc.errno == errno.E2BIG:
+                sizes = {k: len(env[k]) for k in ("SKILL_INPUT", "SKILL_CONTEXT")}
+                raise subproc.SetupError(
+                    f"the input is too large to hand to a subprocess (SKILL_INPUT "
+                    f"{sizes['SKILL_INPUT']:,} bytes, SKILL_CONTEXT {sizes['SKILL_CONTEXT']:,} "
+                    "bytes, argv included; one value may be at most 128 KiB): pass a file "
+                    "in the workspace instead"
+                ) from exc
             raise subproc.SetupError(f"cannot start {argv[0]}: {exc}") from exc
         log_text = subproc.log_tail(res.stderr)
         if res.timed_out:

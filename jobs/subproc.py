@@ -259,22 +259,22 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pid, sig)
 
 
-async def _read(stream: asyncio.StreamReader, cap: int, name: str) -> bytes:
-    buf = bytearray()
+async def _read(stream: asyncio.StreamReader, buf: bytearray, cap: int, name: str) -> None:
+    """Append ``stream`` to ``buf`` until EOF; what was read survives a cancellation."""
     while True:
         chunk = await stream.read(1 << 16)
         if not chunk:
-            return bytes(buf)
+            return
         buf += chunk
         if len(buf) > cap:
-            raise _Overflow(name, bytes(buf[:cap]))
+            del buf[cap:]
+            raise _Overflow(name)
 
 
 class _Overflow(Exception):
-    def __init__(self, stream: str, data: bytes) -> None:
+    def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self.stream = stream
-        self.data = data
 
 
 class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
@@ -330,8 +330,9 @@ async def run_process(
     proc = asyncio.subprocess.Process(transport, protocol, loop)
     assert proc.stdout is not None and proc.stderr is not None
     exited = protocol.exited
-    out_t = asyncio.ensure_future(_read(proc.stdout, cap, "stdout"))
-    err_t = asyncio.ensure_future(_read(proc.stderr, cap, "stderr"))
+    out_buf, err_buf = bytearray(), bytearray()
+    out_t = asyncio.ensure_future(_read(proc.stdout, out_buf, cap, "stdout"))
+    err_t = asyncio.ensure_future(_read(proc.stderr, err_buf, cap, "stderr"))
     timed_out = False
     overflow: _Overflow | None = None
     deadline = loop.time() + timeout
@@ -371,6 +372,8 @@ async def run_process(
         raise
     if timed_out or overflow is not None:
         await _terminate(proc, exited)
+        # the group is dead: let the readers take what is still in the pipes
+        await asyncio.wait((out_t, err_t), timeout=KILL_GRACE_SEC)
     else:
         kill_group(proc.pid)
     for t in (out_t, err_t):
@@ -380,17 +383,8 @@ async def run_process(
     transport.close()
     return ProcessResult(
         returncode=transport.get_returncode(),
-        stdout=_collected(out_t),
-        stderr=_collected(err_t),
+        stdout=bytes(out_buf),
+        stderr=bytes(err_buf),
         timed_out=timed_out,
         overflow=overflow.stream if overflow else None,
     )
-
-
-def _collected(t: asyncio.Future[bytes]) -> bytes:
-    if t.cancelled():
-        return b""
-    exc = t.exception()
-    if isinstance(exc, _Overflow):
-        return exc.data
-    return t.result() if exc is None else b""

@@ -366,7 +366,7 @@ async def test_non_utf8_output(ex: Executor) -> None:
 async def test_media_lines(ex: Executor) -> None:
     r = await ex.run("media_line", {}, dict(CTX))
     assert r["media"] == "image" and r["filename"] == "chart.png"
-    assert Path(r["local_path"]).read_bytes() == b"PNGDATA"  # noqa: ASYNC240
+    assert Path(r["local_path"]).read_bytes() == b"PNGDATA"
     assert r["urls"] == ["https://cdn.example.com/clip.mp4"] and r["output"] == "chart ready"
 
 
@@ -471,7 +471,7 @@ async def test_http_skill_media_and_server_errors(ex: Executor, tmp_path: Path) 
         r = await ex.run(skill, {"what": "chart.png"}, dict(CTX))
         assert r["media"] == "image" and r["filename"].endswith(".png")
         assert Path(r["local_path"]).parent == ex.workspace_root / "r1" / "s1"
-        assert Path(r["local_path"]).read_bytes() == PNG  # noqa: ASYNC240
+        assert Path(r["local_path"]).read_bytes() == PNG
         out = await ex.execute(skill, {"what": "status/503"}, dict(CTX))
         assert out.status == "failed" and out.error_type == "transient"
         assert out.error == f"GET {api.url}/status%2F503 answered HTTP 503: nope: 503"
@@ -508,3 +508,9 @@ async def test_relative_skill_folder(
     assert skill.error is None
     r = await ex.run(skill, {"a": 1}, dict(CTX))  # runs with cwd = the workspace
     assert r["ok"] is True and r["args"] == "--a 1"
+
+
+async def test_input_too_large_for_a_subprocess(ex: Executor) -> None:
+    out = await ex.execute("shell_echo", {"text": "x" * 200_000}, dict(CTX))
+    assert out.status == "failed" and out.error_type == "config"
+    assert "too large to hand to a subprocess" in (out.error or "")

@@ -255,3 +255,10 @@ def test_positional_from_subcommand_schema(tmp_path: Path) -> None:
     sk = _skill(tmp_path, cli_commands=["get"])
     sk.cli_command_schemas = {"get": {"properties": {"id": {"x-cli-positional": True}}}}
     assert build_args(sk, {"_subcommand": "get", "id": 7, "v": True}) == ["get", "7", "--v"]
+
+
+async def test_output_before_a_timeout_is_kept() -> None:
+    script = "echo early-err >&2; echo early-out; sleep 30"
+    r = await run_process(["bash", "-c", script], env=base_environ(), cwd=None, timeout=1.5)
+    assert r.timed_out
+    assert r.stderr == b"early-err\n" and r.stdout == b"early-out\n"

@@ -17,6 +17,6 @@ async def execute(input_data, runtime_context):
         "input": input_data,
         "live": live,
         "ctx": plain,
-        "workspace_exists": bool(ws) and os.path.isdir(ws),  # noqa: ASYNC240
+        "workspace_exists": bool(ws) and os.path.isdir(ws),
         "call_depth": getattr(ctx.get("call_skill"), "depth", None),
     }
