@@ -137,7 +137,9 @@ async def get_entry(cache: EntryCache, skill: Skill, wall: float) -> Entry:
     if entry is not None:
         return entry
     try:
-        return await in_thread(cache.load, (skill,), wall, skill.name)  # type: ignore[no-any-return]
+        return await in_thread(  # type: ignore[no-any-return]
+            cache.load, (skill,), wall, skill.name, bind_loop=True
+        )
     except Raised as wrapped:
         exc = wrapped.__cause__
         if isinstance(exc, SystemExit):
@@ -218,9 +220,18 @@ async def with_wall(coro: Any, wall: float) -> Any:
     return task.result()
 
 
-async def in_thread(fn: Callable[..., Any], args: tuple[Any, ...], wall: float, name: str) -> Any:
+async def in_thread(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    wall: float,
+    name: str,
+    *,
+    bind_loop: bool = False,
+) -> Any:
     """Run ``fn`` in a daemon thread: a hung one is abandoned at the wall clock and never
-    blocks shutdown (unlike a thread-pool worker). Errors come out wrapped in ``Raised``."""
+    blocks shutdown (unlike a thread-pool worker). Errors come out wrapped in ``Raised``.
+    ``bind_loop`` makes the service's loop that thread's event loop (module-level code that
+    calls ``asyncio.get_event_loop()`` gets the loop it would have got in-line)."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
 
@@ -233,6 +244,8 @@ async def in_thread(fn: Callable[..., Any], args: tuple[Any, ...], wall: float, 
             fut.set_exception(value)
 
     def work() -> None:
+        if bind_loop:
+            asyncio.set_event_loop(loop)
         try:
             outcome: tuple[bool, Any] = (True, fn(*args))
         except BaseException as exc:  # delivered to the awaiting side, never lost

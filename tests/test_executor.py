@@ -514,3 +514,7 @@ async def test_input_too_large_for_a_subprocess(ex: Executor) -> None:
     out = await ex.execute("shell_echo", {"text": "x" * 200_000}, dict(CTX))
     assert out.status == "failed" and out.error_type == "config"
     assert "too large to hand to a subprocess" in (out.error or "")
+
+
+async def test_handler_touching_the_loop_at_import(ex: Executor) -> None:
+    assert (await ex.run("old_style", {}, {})) == {"ok": True, "same_loop": True}
