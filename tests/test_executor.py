@@ -518,3 +518,23 @@ async def test_input_too_large_for_a_subprocess(ex: Executor) -> None:
 
 async def test_handler_touching_the_loop_at_import(ex: Executor) -> None:
     assert (await ex.run("old_style", {}, {})) == {"ok": True, "same_loop": True}
+
+
+async def test_go_skill_with_a_built_binary(ex: Executor, tmp_path: Path) -> None:
+    folder = tmp_path / "skills" / "go_tool"
+    (folder / "bin").mkdir(parents=True)
+    (folder / "SKILL.md").write_text(
+        "---\nname: go_tool\ndescription: x\nexec:\n  primary: {type: go, entry: bin/tool}\n---\n"
+    )
+    tool = folder / "bin" / "tool"  # stands in for a compiled Go program
+    tool.write_text('#!/bin/sh\necho "{\\"ok\\": true, \\"argv\\": \\"$*\\"}"\n')
+    tool.chmod(0o755)
+    skill = load_skill(folder)
+    assert skill.error is None, skill.error
+    assert (await ex.run(skill, {"n": 1}, dict(CTX))) == {"ok": True, "argv": "--n 1"}
+    (folder / "bin" / "main.go").write_text("package main\nfunc main() {}\n")
+    src = load_skill(folder)
+    src.entry = folder / "bin" / "main.go"
+    if not shutil.which("go"):
+        out = await ex.execute(src, {}, dict(CTX))
+        assert out.status == "failed" and "'go' runtime is not installed" in (out.error or "")
