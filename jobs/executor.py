@@ -342,12 +342,15 @@ class Executor:
         elif ws and ws not in self._made_dirs:
             Path(ws).mkdir(parents=True, exist_ok=True)
             self._made_dirs.add(ws)
+        # A caller's own objects are kept; anything else under these names (e.g. a string in
+        # a JSON context) is replaced, so a skill never calls into garbage.
         if self.sessionmaker is not None:
-            if rc.get("db_factory") is None:
+            if not callable(rc.get("db_factory")):
                 rc["db_factory"] = self.sessionmaker
-            if rc.get("db") is None:
+            db = rc.get("db")
+            if not isinstance(db, LazySession) and not hasattr(db, "execute"):
                 rc["db"] = LazySession(self.sessionmaker)
-        if rc.get("provider") is None:
+        if not hasattr(rc.get("provider"), "complete"):
             rc["provider"] = self.provider_for(str(rc.get("role_id") or ""))
         rc["call_skill"] = bind_call_skill(self, rc, skill.name, depth)
         return rc

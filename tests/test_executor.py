@@ -538,3 +538,14 @@ async def test_go_skill_with_a_built_binary(ex: Executor, tmp_path: Path) -> Non
     if not shutil.which("go"):
         out = await ex.execute(src, {}, dict(CTX))
         assert out.status == "failed" and "'go' runtime is not installed" in (out.error or "")
+
+
+async def test_json_context_cannot_fake_live_objects(ex: Executor) -> None:
+    ctx = dict(CTX, db="x", db_factory="y", provider={"complete": 1}, call_skill="z")
+    r = (await ex.execute("echo_ctx", {}, ctx)).result
+    assert r["live"] == {
+        "db": "LazySession",
+        "db_factory": "async_sessionmaker",
+        "provider": "NoneType",
+        "call_skill": "function",
+    }
