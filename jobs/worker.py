@@ -297,18 +297,19 @@ class _Stored:
         self.fetches = None
 
 
-# Marks each due, not-yet-running job of the batch as in progress (arq's own key, so arq's
-# bookkeeping stays valid) and returns [id, score, id, score, ...] of those it claimed.
+# Reads the due part of the queue, marks up to ARGV[3] jobs not already running as in
+# progress (arq's own key, so arq's bookkeeping stays valid) and returns
+# [number read, id, score, id, score, ...] of those it claimed.
 _CLAIM_LUA = """
-local out = {}
-for i = 3, #ARGV do
-  local id = ARGV[i]
-  local score = redis.call('ZSCORE', KEYS[1], id)
-  if score and tonumber(score) <= tonumber(ARGV[1]) then
-    if redis.call('SET', '""" + in_progress_key_prefix + """' .. id, '1', 'NX', 'PX', ARGV[2]) then
-      out[#out + 1] = id
-      out[#out + 1] = score
-    end
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, ARGV[4])
+local out = {#due / 2}
+local want = tonumber(ARGV[3])
+for i = 1, #due, 2 do
+  if (#out - 1) / 2 >= want then break end
+  local id = due[i]
+  if redis.call('SET', '""" + in_progress_key_prefix + """' .. id, '1', 'NX', 'PX', ARGV[2]) then
+    out[#out + 1] = id
+    out[#out + 1] = due[i + 1]
   end
 end
 return out
@@ -334,27 +335,32 @@ class SkillJobsWorker(Worker):
         if self._last_read:
             self._wake.set()  # a slot freed while work may be waiting
 
-    async def start_jobs(self, job_ids: list[bytes]) -> None:
-        """Claim a batch of due jobs in one Redis round trip (arq does a WATCH/MULTI
-        transaction per job), then start them."""
-        self._last_read = len(job_ids)
+    async def _poll_iteration(self) -> None:
+        """Find and claim due jobs in one Redis round trip (arq reads the queue, then runs a
+        WATCH/MULTI transaction per job), start them, and tidy finished tasks."""
         free = self.max_jobs - self.job_counter
-        if free <= 0 or not job_ids:
-            return
-        if self._claim_script is None:
-            self._claim_script = self.pool.register_script(_CLAIM_LUA)
-        claimed = await self._claim_script(
-            keys=[self.queue_name],
-            args=[timestamp_ms(), int(self.in_progress_timeout_s * 1000),
-                  *(j.decode() for j in job_ids[:free])],
-        )
-        for i in range(0, len(claimed), 2):
-            job_id = claimed[i].decode() if isinstance(claimed[i], bytes) else str(claimed[i])
-            await self.sem.acquire()
-            self.job_counter += 1
-            t = self.loop.create_task(self.run_job(job_id, int(float(claimed[i + 1]))))
-            t.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
-            self.tasks[job_id] = t
+        if self.allow_pick_jobs and free > 0:
+            if self._claim_script is None:
+                self._claim_script = self.pool.register_script(_CLAIM_LUA)
+            claimed = await self._claim_script(
+                keys=[self.queue_name],
+                args=[timestamp_ms(), int(self.in_progress_timeout_s * 1000), free,
+                      self.queue_read_limit],
+            )
+            self._last_read = int(claimed[0])
+            for i in range(1, len(claimed), 2):
+                raw = claimed[i]
+                job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+                await self.sem.acquire()
+                self.job_counter += 1
+                t = self.loop.create_task(self.run_job(job_id, int(float(claimed[i + 1]))))
+                t.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+                self.tasks[job_id] = t
+        for job_id, t in list(self.tasks.items()):
+            if t.done():
+                del self.tasks[job_id]
+                t.result()  # surface errors of run_job itself
+        await self.heart_beat()
 
     async def main(self) -> None:
         from arq.connections import create_pool
