@@ -58,6 +58,9 @@ SUBPROCESS_TYPES = frozenset(
 )
 NO_BINS_CHECK = frozenset({"shell", "runtime"})
 WORKSPACE_MEMO = 4096
+ROLE_LLM_NAME = "@llm"  # where a role's own model binding is configured
+ROLE_LLM_TTL_SEC = 30.0
+ROLE_LLM_LOOKUP_SEC = 5.0
 
 
 @dataclass
@@ -89,7 +92,7 @@ class Executor:
         http: httpx.AsyncClient | None = None,
         config_store: Any | None = None,
     ) -> None:
-        from jobs.provider import build_provider, subprocess_llm_env
+        from jobs.provider import llm_env, llm_values, provider_from
 
         self.settings = settings
         self.registry = registry
@@ -102,9 +105,13 @@ class Executor:
 
             config_store = ConfigStore(sessionmaker, box)
         self.config_store = config_store
-        self.provider = build_provider(settings, http) if settings is not None else None
-        self.llm_env = subprocess_llm_env(settings) if settings is not None else {}
-        self.llm_key = self.llm_env.get("MYINC_LLM_KEY", "")
+        self.llm_default = llm_values(settings) if settings is not None else {}
+        self.provider = provider_from(self.llm_default, http)
+        self.llm_env = llm_env(self.llm_default)
+        # role_id → (valid until, provider, subprocess env): a role's own model binding
+        self.role_llm_ttl = ROLE_LLM_TTL_SEC
+        self._role_llm: dict[str, tuple[float, Any, dict[str, str]]] = {}
+        self._role_providers: list[Any] = []
         self.workspace_root = settings.resolved_workspace_root if settings is not None else None
         # Handler files and workspaces are re-checked at most this often (seconds): an
         # edited handler is picked up, a deleted workspace re-created, without a stat per run.
@@ -128,8 +135,9 @@ class Executor:
         if self._own_http is not None:
             await self._own_http.aclose()
             self._own_http = None
-        if self.provider is not None:
-            await self.provider.aclose()
+        for p in (self.provider, *self._role_providers):
+            if p is not None:
+                await p.aclose()
 
     # --- public API ---------------------------------------------------------------------
 
@@ -153,9 +161,36 @@ class Executor:
     ) -> Outcome:
         return await self._execute(skill, input_data, ctx, policy_wall_sec, depth=0)
 
-    def provider_for(self, role_id: str) -> Any:
-        """The LLM provider bound to ``role_id`` (the deployment default), or None."""
-        return self.provider
+    async def llm_for(self, role_id: str) -> tuple[Any, dict[str, str]]:
+        """(provider, subprocess LLM env) for the role: its own binding (configuration under
+        ``@llm``: provider, base, key, model) over the ``SKILLJOBS_LLM_*`` default. Looked
+        up at most every ``role_llm_ttl`` seconds; a failed lookup means the default."""
+        if not role_id or self.config_store is None:
+            return self.provider, self.llm_env
+        now = time.monotonic()
+        hit = self._role_llm.get(role_id)
+        if hit is not None and hit[0] > now:
+            return hit[1], hit[2]
+        from jobs.provider import llm_env, provider_from, role_llm_values
+
+        try:
+            role_config = await asyncio.wait_for(
+                self.config_store.get(role_id, ROLE_LLM_NAME), ROLE_LLM_LOOKUP_SEC
+            )
+        except Exception as exc:  # no database, no table: the default model still works
+            log.debug("role %s: model binding not readable: %s", role_id, type(exc).__name__)
+            role_config = {}
+        values = role_llm_values(self.llm_default, role_config)
+        if values is self.llm_default:
+            provider, env = self.provider, self.llm_env
+        else:
+            provider, env = provider_from(values, self._http), llm_env(values)
+            if provider is not None:
+                self._role_providers.append(provider)
+        if len(self._role_llm) >= WORKSPACE_MEMO:
+            self._role_llm.clear()
+        self._role_llm[role_id] = (now + self.role_llm_ttl, provider, env)
+        return provider, env
 
     # --- the run ------------------------------------------------------------------------
 
@@ -179,8 +214,9 @@ class Executor:
             )
             out = self._outcome(env, t0, name=name, exception=type(exc).__name__)
         secrets = secret_values(ctx, name) if isinstance(ctx, Mapping) else []
-        if self.llm_key:
-            secrets.append(self.llm_key)
+        for env in (self.llm_env, self._role_llm.get(_role_of(ctx), (0, None, {}))[2]):
+            if env.get("MYINC_LLM_KEY"):
+                secrets.append(env["MYINC_LLM_KEY"])
         if secrets:
             _scrub_outcome(out, secrets)
         if out.status != "succeeded":
@@ -202,14 +238,15 @@ class Executor:
         if problem is not None:
             return self._outcome(problem, t0, name=name)
         assert isinstance(found, Skill) and isinstance(ctx, Mapping)
-        rc = self._runtime_context(ctx, found, depth)
+        provider, llm = await self.llm_for(_role_of(ctx))
+        rc = self._runtime_context(ctx, found, depth, provider)
         wall = found.effective_wall_sec(policy_wall_sec)
         log_text = ""
         try:
             data = input_data or {}
             if found.exec_type is not ExecType.HTTP:
                 data = resolve_file_params(data, rc.get("workspace_dir"))
-            raw, log_text = await self._dispatch(found, data, rc, wall)
+            raw, log_text = await self._dispatch(found, data, rc, wall, llm)
         except inprocess.WallExpired as expired:
             env = failure(
                 f"skill ran over {_secs(expired.seconds)} s and was stopped",
@@ -330,7 +367,9 @@ class Executor:
         )
         return outcome
 
-    def _runtime_context(self, ctx: Mapping[str, Any], skill: Skill, depth: int) -> dict[str, Any]:
+    def _runtime_context(
+        self, ctx: Mapping[str, Any], skill: Skill, depth: int, provider: Any = None
+    ) -> dict[str, Any]:
         """The context the skill sees: the caller's keys + workspace_dir, db, db_factory,
         provider (setdefault) and call_skill bound to this call depth."""
         rc = dict(ctx)
@@ -351,7 +390,7 @@ class Executor:
             if not isinstance(db, LazySession) and not hasattr(db, "execute"):
                 rc["db"] = LazySession(self.sessionmaker)
         if not hasattr(rc.get("provider"), "complete"):
-            rc["provider"] = self.provider_for(str(rc.get("role_id") or ""))
+            rc["provider"] = provider
         rc["call_skill"] = bind_call_skill(self, rc, skill.name, depth)
         return rc
 
@@ -379,7 +418,12 @@ class Executor:
         return ws
 
     async def _dispatch(
-        self, skill: Skill, input_data: dict[str, Any], rc: dict[str, Any], wall: float
+        self,
+        skill: Skill,
+        input_data: dict[str, Any],
+        rc: dict[str, Any],
+        wall: float,
+        llm: dict[str, str],
     ) -> tuple[Any, str]:
         et = skill.exec_type
         try:
@@ -390,9 +434,9 @@ class Executor:
                     if not isinstance(wrapped.__cause__, SystemExit):
                         raise
                 # An entry that raises SystemExit is a command-line script (SPEC §2).
-                return await self._subprocess(skill, input_data, rc, wall, cli=True)
+                return await self._subprocess(skill, input_data, rc, wall, llm, cli=True)
             if et in SUBPROCESS_TYPES:
-                return await self._subprocess(skill, input_data, rc, wall)
+                return await self._subprocess(skill, input_data, rc, wall, llm)
             if et is ExecType.HTTP:
                 from jobs.http_skill import run_http
 
@@ -430,6 +474,7 @@ class Executor:
         input_data: dict[str, Any],
         rc: dict[str, Any],
         wall: float,
+        llm: dict[str, str],
         *,
         cli: bool = False,
     ) -> tuple[Any, str]:
@@ -440,7 +485,7 @@ class Executor:
         ws = str(rc.get("workspace_dir") or "")
         skill_dir = subproc.skill_dir(skill)
         argv = subproc.build_command(skill, input_data, workspace=ws, skill_dir=skill_dir)
-        env = subproc.build_env(skill, rc, input_data, workspace=ws, llm_env=self.llm_env)
+        env = subproc.build_env(skill, rc, input_data, workspace=ws, llm_env=llm)
         timeout = min(self.subprocess_timeout(skill, wall), wall)
         try:
             res = await subproc.run_process(argv, env=env, cwd=ws or skill_dir, timeout=timeout)
@@ -483,6 +528,11 @@ class Executor:
         if skill.wall_sec:
             return float(skill.wall_sec)
         return wall if skill.is_async else SUBPROCESS_TIMEOUT_SEC
+
+
+def _role_of(ctx: Any) -> str:
+    role = ctx.get("role_id") if isinstance(ctx, Mapping) else None
+    return role if isinstance(role, str) else str(role or "")
 
 
 def _scrub_outcome(out: Outcome, secrets: list[str]) -> None:

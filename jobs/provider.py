@@ -64,16 +64,48 @@ def _kind(provider: str | None) -> str:
     return "anthropic" if (provider or "").strip().lower() == "anthropic" else "openai"
 
 
-def subprocess_llm_env(settings: Settings) -> dict[str, str]:
+LLMValues = dict[str, str]  # provider, base, key, model
+
+
+def llm_values(settings: Settings) -> LLMValues:
+    """The deployment default model from ``SKILLJOBS_LLM_*``."""
+    return {
+        "provider": settings.llm_provider or "",
+        "base": settings.llm_base or "",
+        "key": settings.llm_key.get_secret_value() if settings.llm_key else "",
+        "model": settings.llm_model or "",
+    }
+
+
+def role_llm_values(default: LLMValues, role_config: dict[str, Any]) -> LLMValues:
+    """A role's binding (``provider``, ``base``, ``key``/``api_key``, ``model`` configured
+    under the reserved name ``@llm``) over the default. Binding another provider without
+    its own key or base does not inherit the default's: they belong to the other service."""
+    role = {k: str(v).strip() for k, v in role_config.items() if v not in (None, "")}
+    if "api_key" in role and "key" not in role:
+        role["key"] = role["api_key"]
+    if not any(k in role for k in ("provider", "base", "key", "model")):
+        return default
+    values = dict(default)
+    if (
+        role.get("provider")
+        and role["provider"].lower() != (default["provider"] or "openai").lower()
+    ):
+        values.update(base="", key="")
+    values.update({k: role[k] for k in ("provider", "base", "key", "model") if k in role})
+    return values
+
+
+def llm_env(values: LLMValues) -> dict[str, str]:
     """``OPENAI_*`` (base + ``/v1``) or ``ANTHROPIC_*`` (bare base) plus ``MYINC_LLM_KEY``,
     ``MYINC_LLM_BASE`` (openai branch with ``/v1``, anthropic bare) and ``MYINC_LLM_MODEL``.
     A model with no key injects nothing."""
-    key = settings.llm_key.get_secret_value() if settings.llm_key else ""
+    key = values.get("key") or ""
     if not key:
         return {}
-    base = (settings.llm_base or "").strip()
+    base = (values.get("base") or "").strip()
     env: dict[str, str] = {"MYINC_LLM_KEY": key}
-    if _kind(settings.llm_provider) == "anthropic":
+    if _kind(values.get("provider")) == "anthropic":
         env["ANTHROPIC_API_KEY"] = key
         if base:
             bare = base.rstrip("/")
@@ -83,9 +115,14 @@ def subprocess_llm_env(settings: Settings) -> dict[str, str]:
         env["OPENAI_API_KEY"] = key
         if base:
             env["OPENAI_BASE_URL"] = env["MYINC_LLM_BASE"] = _with_v1(base)
-    if settings.llm_model:
-        env["MYINC_LLM_MODEL"] = settings.llm_model
+    if values.get("model"):
+        env["MYINC_LLM_MODEL"] = values["model"]
     return env
+
+
+def subprocess_llm_env(settings: Settings) -> dict[str, str]:
+    """The LLM variables a subprocess skill gets for the deployment default model."""
+    return llm_env(llm_values(settings))
 
 
 def _message(m: Any) -> dict[str, Any]:
@@ -262,15 +299,19 @@ class Provider:
         return result
 
 
-def build_provider(settings: Settings, http: httpx.AsyncClient | None = None) -> Provider | None:
-    """The default provider from ``SKILLJOBS_LLM_*``; None when no model is configured."""
-    key = settings.llm_key.get_secret_value() if settings.llm_key else ""
-    if not (settings.llm_provider or settings.llm_base or key or settings.llm_model):
+def provider_from(values: LLMValues, http: httpx.AsyncClient | None = None) -> Provider | None:
+    """A provider for these values; None when nothing is configured."""
+    if not any(values.get(k) for k in ("provider", "base", "key", "model")):
         return None
     return Provider(
-        provider=settings.llm_provider or "openai",
-        base=settings.llm_base or "",
-        key=key,
-        model=settings.llm_model or "",
+        provider=values.get("provider") or "openai",
+        base=values.get("base") or "",
+        key=values.get("key") or "",
+        model=values.get("model") or "",
         http=http,
     )
+
+
+def build_provider(settings: Settings, http: httpx.AsyncClient | None = None) -> Provider | None:
+    """The default provider from ``SKILLJOBS_LLM_*``; None when no model is configured."""
+    return provider_from(llm_values(settings), http)

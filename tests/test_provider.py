@@ -216,3 +216,78 @@ async def test_in_process_skill_uses_provider(tmp_path: Path, sqlite_url: str, k
     )
     out = await ex.execute("llm_user", {"prompt": "x"}, {"role_id": "r1"})
     assert out.status == "failed" and out.error_type == "config"
+
+
+def test_role_binding_values() -> None:
+    from jobs.provider import role_llm_values
+
+    default = {"provider": "openai", "base": "https://a", "key": "k-default", "model": "m0"}
+    assert role_llm_values(default, {}) is default
+    assert role_llm_values(default, {"unrelated": 1}) is default
+    # same provider: only the model changes, base and key are inherited
+    assert role_llm_values(default, {"model": "m1"}) == {**default, "model": "m1"}
+    # another provider never inherits the default's key or base
+    assert role_llm_values(default, {"provider": "anthropic", "model": "c"}) == {
+        "provider": "anthropic",
+        "base": "",
+        "key": "",
+        "model": "c",
+    }
+    got = role_llm_values(default, {"provider": "anthropic", "api_key": "k2", "base": "https://b"})
+    assert got == {"provider": "anthropic", "base": "https://b", "key": "k2", "model": "m0"}
+
+
+async def test_role_bound_model(tmp_path: Path, sqlite_url: str) -> None:
+    from jobs.configs import ConfigStore
+
+    key = b"t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q="
+    async with Running(FakeAPI()) as api, httpx.AsyncClient() as http:
+        s = settings_for(
+            tmp_path, llm_provider="openai", llm_base=api.url, llm_key=api.key, llm_model="gpt-d"
+        )
+        engine = create_engine(sqlite_url)
+        sm = create_sessionmaker(engine)
+        store = ConfigStore(sm, SecretBox(key))
+        await store.replace(
+            "r2",
+            "@llm",
+            {"provider": "anthropic", "base": api.url, "key": api.key, "model": "claude-r2"},
+        )
+        ex = Executor(
+            settings=s,
+            registry=load_registry([FIXTURES]),
+            sessionmaker=sm,
+            box=SecretBox(key),
+            http=http,
+        )
+        ex.role_llm_ttl = 0  # look the binding up on every run
+        try:
+            r1 = await ex.run("llm_user", {"prompt": "a"}, {"role_id": "r1"})
+            r2 = await ex.run("llm_user", {"prompt": "b"}, {"role_id": "r2"})
+            assert r1["text"] == "openai says: a" and r2["text"] == "claude says: b"
+            assert api.requests[-1]["body"]["model"] == "claude-r2"
+            env = (await ex.run("cli_py", {"_subcommand": "show"}, {"role_id": "r2"}))["env"]
+            assert env == {
+                "ANTHROPIC_API_KEY": "••••••",
+                "ANTHROPIC_BASE_URL": api.url,
+                "MYINC_LLM_KEY": "••••••",
+                "MYINC_LLM_BASE": api.url,
+                "MYINC_LLM_MODEL": "claude-r2",
+            }
+            # a changed binding is picked up once the cached one expires (here: at once)
+            await store.replace("r2", "@llm", {"model": "gpt-r2"})
+            r2 = await ex.run("llm_user", {"prompt": "c"}, {"role_id": "r2"})
+            assert r2["text"] == "openai says: c" and api.requests[-1]["body"]["model"] == "gpt-r2"
+            # call_skill re-resolves the provider for the callee's role
+            got = (
+                await ex.execute(
+                    "caller", {"target": "llm_user", "args": {"prompt": "d"}}, {"role_id": "r1"}
+                )
+            ).result
+            assert (
+                got["got"]["text"] == "openai says: d"
+                and api.requests[-1]["body"]["model"] == "gpt-d"
+            )
+        finally:
+            await ex.aclose()
+            await engine.dispose()
