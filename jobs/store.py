@@ -8,11 +8,23 @@ never record a result, start a delivery or requeue the job.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import (
+    Float,
+    Integer,
+    String,
+    bindparam,
+    func,
+    insert,
+    literal_column,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from jobs.models import (
@@ -51,16 +63,23 @@ class Claim:
 _jobs = Job.__table__
 _attempts = JobAttempt.__table__
 
+# Constants are rendered into the SQL (no anonymous parameters), which keeps these
+# statements valid inside the PostgreSQL CTE forms below.
+_RUNNING = literal_column(f"'{RUNNING}'")
+_QUEUED = literal_column(f"'{QUEUED}'")
+_NULL = literal_column("NULL")
+_MS = literal_column("1000.0")
+
 _CLAIM = (
     update(_jobs)
-    .where(_jobs.c.id == bindparam("jid"), _jobs.c.status == QUEUED,
+    .where(_jobs.c.id == bindparam("jid"), _jobs.c.status == _QUEUED,
            _jobs.c.lease_token == bindparam("tok"))
     .values(
-        status=RUNNING,
+        status=_RUNNING,
         lease_token=bindparam("new_tok"),
         lease_owner=bindparam("owner"),
         lease_expires_at=bindparam("expires"),
-        attempts=_jobs.c.attempts + 1,
+        attempts=_jobs.c.attempts + literal_column("1"),
         started_at=func.coalesce(_jobs.c.started_at, bindparam("now")),
         updated_at=bindparam("now"),
     )
@@ -68,25 +87,34 @@ _CLAIM = (
 )
 _NEW_ATTEMPT = insert(_attempts).values(
     job_id=bindparam("jid"), number=bindparam("number"), worker_id=bindparam("owner"),
-    lease_token=bindparam("new_tok"), started_at=bindparam("now"), outcome=RUNNING,
+    lease_token=bindparam("new_tok"), started_at=bindparam("now"), outcome=_RUNNING,
 )
-_FINISH = (
-    update(_jobs)
-    .where(_jobs.c.id == bindparam("jid"), _jobs.c.lease_token == bindparam("tok"),
-           _jobs.c.status == RUNNING)
-    .values(
-        status=bindparam("status"),
-        result=bindparam("result", type_=Job.result.type),
-        error=bindparam("error"),
-        error_type=bindparam("error_type"),
-        finished_at=bindparam("now"),
-        duration_ms=(bindparam("now") - _jobs.c.started_at) * 1000.0,
-        lease_owner=None,
-        lease_expires_at=None,
-        updated_at=bindparam("now"),
+def _finish_stmt(*, with_fetches: bool) -> Any:
+    values: dict[str, Any] = {
+        "status": bindparam("status"),
+        "result": bindparam("result", type_=Job.result.type),
+        "error": bindparam("error"),
+        "error_type": bindparam("error_type"),
+        "finished_at": bindparam("now"),
+        "duration_ms": (bindparam("now") - _jobs.c.started_at) * _MS,
+        "lease_owner": _NULL,
+        "lease_expires_at": _NULL,
+        "updated_at": bindparam("now"),
+    }
+    if with_fetches:
+        values["fetches"] = bindparam("fetches", type_=Job.fetches.type)
+    return (
+        update(_jobs)
+        .where(_jobs.c.id == bindparam("jid"), _jobs.c.lease_token == bindparam("tok"),
+               _jobs.c.status == _RUNNING)
+        .values(**values)
     )
-)
-_FINISH_WITH_FETCHES = _FINISH.values(fetches=bindparam("fetches", type_=Job.fetches.type))
+
+
+# Two separate statements, not one derived from the other: ``.values()`` on a copy would
+# share (and extend) the original's SET list.
+_FINISH = _finish_stmt(with_fetches=False)
+_FINISH_WITH_FETCHES = _finish_stmt(with_fetches=True)
 _CLOSE_ATTEMPT = (
     update(_attempts)
     .where(_attempts.c.job_id == bindparam("jid"), _attempts.c.lease_token == bindparam("tok"),
@@ -96,13 +124,94 @@ _CLOSE_ATTEMPT = (
         outcome=bindparam("outcome"),
         error=bindparam("aerror"),
         error_type=bindparam("error_type"),
-        duration_ms=(bindparam("now") - _attempts.c.started_at) * 1000.0,
+        duration_ms=(bindparam("now") - _attempts.c.started_at) * _MS,
     )
 )
 
 
 def _engine(sm: Sessions) -> AsyncEngine:
     return sm.kw["bind"]  # type: ignore[no-any-return]
+
+
+# On PostgreSQL, claim and finish are each ONE autocommitted statement (data-modifying
+# CTEs): one round trip instead of BEGIN, two statements and COMMIT. Written as SQL text:
+# SQLAlchemy's statement cache mixes up DML CTEs that differ only in their SET lists.
+_PG_CLAIM = (
+    text(
+        """
+WITH j AS (
+  UPDATE jobs SET status = 'running', lease_token = :new_tok, lease_owner = :owner,
+    lease_expires_at = :expires, attempts = attempts + 1,
+    started_at = COALESCE(started_at, :now), updated_at = :now
+  WHERE id = :jid AND status = 'queued' AND lease_token = :tok
+  RETURNING *
+), a AS (
+  INSERT INTO job_attempts (job_id, number, worker_id, lease_token, started_at, outcome)
+  SELECT id, attempts, :owner, :new_tok, :now, 'running' FROM j
+  RETURNING id
+)
+SELECT * FROM j"""
+    )
+    .bindparams(
+        bindparam("jid", type_=String), bindparam("tok", type_=Integer),
+        bindparam("new_tok", type_=Integer), bindparam("owner", type_=String),
+        bindparam("expires", type_=Float), bindparam("now", type_=Float),
+    )
+    .columns(*_jobs.c)
+)
+
+
+def _pg_finish_sql(*, with_fetches: bool) -> Any:
+    fetches = "fetches = CAST(:fetches AS JSONB)," if with_fetches else ""
+    stmt = text(
+        f"""
+WITH f AS (
+  UPDATE jobs SET status = :status, result = CAST(:result AS JSONB), error = :error,
+    error_type = :error_type, {fetches} finished_at = :now,
+    duration_ms = (:now - started_at) * 1000.0, lease_owner = NULL,
+    lease_expires_at = NULL, updated_at = :now
+  WHERE id = :jid AND lease_token = :tok AND status = 'running'
+  RETURNING id
+), c AS (
+  UPDATE job_attempts SET finished_at = :now, outcome = :outcome, error = :aerror,
+    error_type = :error_type, duration_ms = (:now - started_at) * 1000.0
+  WHERE job_id IN (SELECT id FROM f) AND lease_token = :tok AND finished_at IS NULL
+  RETURNING id
+)
+SELECT count(*) FROM f"""
+    )
+    params = [
+        bindparam("jid", type_=String), bindparam("tok", type_=Integer),
+        bindparam("status", type_=String), bindparam("result", type_=String),
+        bindparam("error", type_=String), bindparam("error_type", type_=String),
+        bindparam("now", type_=Float), bindparam("outcome", type_=String),
+        bindparam("aerror", type_=String),
+    ]
+    if with_fetches:
+        params.append(bindparam("fetches", type_=String))
+    return stmt.bindparams(*params)
+
+
+_PG_FINISH = _pg_finish_sql(with_fetches=False)
+_PG_FINISH_WITH_FETCHES = _pg_finish_sql(with_fetches=True)
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+_autocommit: dict[int, AsyncEngine] = {}
+
+
+def _pg(sm: Sessions) -> AsyncEngine | None:
+    """An autocommit view of the engine when it is PostgreSQL (same connection pool)."""
+    engine = _engine(sm)
+    if engine.dialect.name != "postgresql":
+        return None
+    ac = _autocommit.get(id(engine))
+    if ac is None or ac.sync_engine.pool is not engine.sync_engine.pool:
+        ac = _autocommit[id(engine)] = engine.execution_options(isolation_level="AUTOCOMMIT")
+    return ac
 
 
 async def claim(
@@ -116,6 +225,13 @@ async def claim(
     now = time.time()
     params = {"jid": job_id, "tok": enqueue_token, "new_tok": enqueue_token + 1,
               "owner": worker_id, "expires": now + lease_sec, "now": now}
+    pg = _pg(sm)
+    if pg is not None:
+        async with pg.connect() as conn:
+            row = (await conn.execute(_PG_CLAIM, params)).first()
+        if row is None:
+            return None
+        return Claim(job=row, token=enqueue_token + 1, attempt=row.attempts)
     async with _engine(sm).begin() as conn:
         row = (await conn.execute(_CLAIM, params)).first()
         if row is None:
@@ -149,18 +265,27 @@ async def finish(
     """Record the final outcome of the attempt holding ``token``. False = lease lost."""
     now = time.time()
     err = attempt_error or error
+    job_params = {"jid": job_id, "tok": token, "status": status, "result": result,
+                  "error": error, "error_type": error_type, "fetches": fetches, "now": now}
+    attempt_params = {"outcome": attempt_outcome or status,
+                      "aerror": err[:2000] if err else None}
+    pg = _pg(sm)
+    if pg is not None:
+        stmt = _PG_FINISH if fetches is None else _PG_FINISH_WITH_FETCHES
+        pg_params = {**job_params, **attempt_params, "result": _json(result),
+                     "fetches": _json(fetches)}
+        if fetches is None:
+            del pg_params["fetches"]
+        async with pg.connect() as conn:
+            n = (await conn.execute(stmt, pg_params)).scalar_one()
+        return n == 1
     async with _engine(sm).begin() as conn:
-        res = await conn.execute(_FINISH if fetches is None else _FINISH_WITH_FETCHES, {
-            "jid": job_id, "tok": token, "status": status, "result": result, "error": error,
-            "error_type": error_type, "fetches": fetches, "now": now,
-        })
+        res = await conn.execute(_FINISH if fetches is None else _FINISH_WITH_FETCHES,
+                                 job_params)
         if res.rowcount != 1:
             await conn.rollback()
             return False
-        await conn.execute(_CLOSE_ATTEMPT, {
-            "jid": job_id, "tok": token, "now": now, "outcome": attempt_outcome or status,
-            "aerror": err[:2000] if err else None, "error_type": error_type,
-        })
+        await conn.execute(_CLOSE_ATTEMPT, {**job_params, **attempt_params})
     return True
 
 
