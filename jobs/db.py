@@ -34,9 +34,9 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
             cur.close()
 
         return engine
-    return create_async_engine(
-        url, echo=echo, pool_size=10, max_overflow=20, pool_pre_ping=True, pool_recycle=1800
-    )
+    # No pre-ping (a round trip per checkout): a connection broken by a server restart
+    # fails once, SQLAlchemy then invalidates the pool, and callers retry (jobs.worker).
+    return create_async_engine(url, echo=echo, pool_size=10, max_overflow=20, pool_recycle=1800)
 
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

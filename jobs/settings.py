@@ -82,7 +82,7 @@ class Settings(BaseSettings):
             return self.database_url
         return f"sqlite+aiosqlite:///{(self.data_dir / 'skilljobs.db').resolve()}"
 
-    @property
+    @cached_property
     def resolved_workspace_root(self) -> Path:
         return (self.workspace_root or self.data_dir / "workspaces").resolve()
 
