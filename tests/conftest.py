@@ -55,13 +55,18 @@ def _need(service: str, url: str, port: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
-    if _skipped:
-        what = ", ".join(f"{k} ({v})" for k, v in _skipped.items())
-        terminalreporter.write_line(
-            f"SKIPPED service tests: {what} unreachable — start it or set "
-            "SKILLJOBS_TEST_DATABASE_URL / SKILLJOBS_TEST_REDIS_URL to run them.",
-            yellow=True,
-        )
+    if not _skipped:
+        return
+    parts = []
+    if "PostgreSQL" in _skipped:
+        n = sum(1 for r in terminalreporter.stats.get("skipped", [])
+                if "PostgreSQL not reachable" in str(getattr(r, "longrepr", "")))
+        parts.append(f"skipped {n} PostgreSQL tests (nothing at {_skipped['PostgreSQL']}; "
+                     "start PostgreSQL or set SKILLJOBS_TEST_DATABASE_URL)")
+    if "Redis" in _skipped:
+        parts.append(f"Redis tests ran on the bundled redis-server (nothing at "
+                     f"{_skipped['Redis']}; set SKILLJOBS_TEST_REDIS_URL to use a Redis server)")
+    terminalreporter.write_line("SERVICES: " + "; ".join(parts) + ".", yellow=True)
 
 
 # --- PostgreSQL -------------------------------------------------------------------------
@@ -176,7 +181,7 @@ def redis_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     if IN_CI:
         pytest.fail(f"CI=true but Redis at {REDIS_URL} is unreachable", pytrace=False)
-    _skipped["Redis server"] = f"{REDIS_URL} (used the bundled redis-server instead)"
+    _skipped["Redis"] = REDIS_URL
     with EmbeddedRedis(tmp_path_factory.mktemp("redis"), persist=False) as server:
         yield server.url
 
