@@ -32,7 +32,9 @@ from jobs.services import Services
 from jobs.settings import Settings
 from jobs.worker import build_worker
 
-PG = os.environ.get("SKILLJOBS_BENCH_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres")
+PG = os.environ.get(
+    "SKILLJOBS_BENCH_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
+)
 REDIS = os.environ.get("SKILLJOBS_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 SKILLS = Path(__file__).resolve().parent / "skills"
 CTX = {"channel": "web", "role_id": "bench", "session_id": "bench-session"}
@@ -68,9 +70,16 @@ async def drop_db(name: str) -> None:
 
 
 def settings_for(db_url: str, data: Path, prefix: str) -> Settings:
-    return Settings(_env_file=None, database_url=db_url, redis_url=REDIS, data_dir=data,  # type: ignore[call-arg]
-                    skills_path=str(SKILLS), redis_prefix=prefix, queue_name=f"{prefix}:queue",
-                    secret_key="t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q=")
+    return Settings(
+        _env_file=None,
+        database_url=db_url,
+        redis_url=REDIS,
+        data_dir=data,  # type: ignore[call-arg]
+        skills_path=str(SKILLS),
+        redis_prefix=prefix,
+        queue_name=f"{prefix}:queue",
+        secret_key="t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q=",
+    )
 
 
 async def bench_receipts(svc: Services, n: int = 2000) -> dict[str, float]:
@@ -94,12 +103,20 @@ def _proc_cpu(pid: int) -> float:
 
 async def bench_wakeup(svc: Services, db_url: str, data: Path, n: int = 300) -> dict[str, float]:
     s = svc.settings
-    env = {**os.environ, "SKILLJOBS_DATABASE_URL": db_url, "SKILLJOBS_REDIS_URL": REDIS,
-           "SKILLJOBS_DATA_DIR": str(data), "SKILLJOBS_SKILLS_PATH": str(SKILLS),
-           "SKILLJOBS_REDIS_PREFIX": s.redis_prefix, "SKILLJOBS_QUEUE_NAME": s.queue_name,
-           "SKILLJOBS_SECRET_KEY": s.secret_key.get_secret_value(), "SKILLJOBS_LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "SKILLJOBS_DATABASE_URL": db_url,
+        "SKILLJOBS_REDIS_URL": REDIS,
+        "SKILLJOBS_DATA_DIR": str(data),
+        "SKILLJOBS_SKILLS_PATH": str(SKILLS),
+        "SKILLJOBS_REDIS_PREFIX": s.redis_prefix,
+        "SKILLJOBS_QUEUE_NAME": s.queue_name,
+        "SKILLJOBS_SECRET_KEY": s.secret_key.get_secret_value(),
+        "SKILLJOBS_LOG_LEVEL": "WARNING",
+    }
     proc = subprocess.Popen(  # noqa: ASYNC220 - a plain child process we only signal
-        [sys.executable, "-m", "jobs.cli", "worker", "--no-scheduler"], env=env)
+        [sys.executable, "-m", "jobs.cli", "worker", "--no-scheduler"], env=env
+    )
     try:
         await asyncio.sleep(3)
         cpu0, t0 = _proc_cpu(proc.pid), time.monotonic()
@@ -127,10 +144,11 @@ async def bench_wakeup(svc: Services, db_url: str, data: Path, n: int = 300) -> 
         proc.wait(30)
     # The enqueue happens inside dispatch, after the job row is committed: the true
     # enqueue → start latency lies between these two measures.
-    return {"dispatch_start_to_skill_start": {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)},
-            "receipt_to_skill_start": {"p50_ms": pct(lat_receipt, 50),
-                                       "p99_ms": pct(lat_receipt, 99)},
-            "idle_cpu_pct": idle_cpu}
+    return {
+        "dispatch_start_to_skill_start": {"p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)},
+        "receipt_to_skill_start": {"p50_ms": pct(lat_receipt, 50), "p99_ms": pct(lat_receipt, 99)},
+        "idle_cpu_pct": idle_cpu,
+    }
 
 
 async def _noop(ctx: dict, *args: object) -> None:
@@ -145,9 +163,20 @@ async def raw_arq_drain(n: int, fn: str, max_jobs: int) -> float:
     queue = f"bench-raw-{uuid.uuid4().hex[:6]}"
     pool = await create_pool(RedisSettings.from_dsn(REDIS), default_queue_name=queue)
     for i in range(0, n, 500):
-        await asyncio.gather(*(pool.enqueue_job(fn, _queue_name=queue) for _ in range(min(500, n - i))))
-    w = Worker([_noop, _sleep100], redis_pool=pool, queue_name=queue, burst=True, max_jobs=max_jobs,
-               poll_delay=0.01, keep_result=0, handle_signals=False, log_results=False)
+        await asyncio.gather(
+            *(pool.enqueue_job(fn, _queue_name=queue) for _ in range(min(500, n - i)))
+        )
+    w = Worker(
+        [_noop, _sleep100],
+        redis_pool=pool,
+        queue_name=queue,
+        burst=True,
+        max_jobs=max_jobs,
+        poll_delay=0.01,
+        keep_result=0,
+        handle_signals=False,
+        log_results=False,
+    )
     t0 = time.perf_counter()
     await w.async_run()
     elapsed = time.perf_counter() - t0
@@ -166,8 +195,11 @@ async def ours_drain(svc: Services, n: int, skill: str, max_jobs: int) -> float:
     elapsed = time.perf_counter() - t0
     await w.close()
     async with svc.sessionmaker() as sess:
-        done = await sess.scalar(select(func.count()).select_from(Job).where(
-            Job.skill == skill, Job.status == "succeeded"))
+        done = await sess.scalar(
+            select(func.count())
+            .select_from(Job)
+            .where(Job.skill == skill, Job.status == "succeeded")
+        )
     assert done >= n, f"only {done} of {n} succeeded"
     return n / elapsed
 
@@ -195,8 +227,12 @@ async def main() -> None:
         if not args.only or "sleep" in args.only:
             raw = await raw_arq_drain(args.sleep_jobs, "_sleep100", 100)
             ours = await ours_drain(svc, args.sleep_jobs, "sleep100", 100)
-            out["sleep100"] = {"raw_arq_jobs_s": raw, "ours_jobs_s": ours,
-                               "ours_pct_of_ideal": ours / 1000 * 100, "raw_pct_of_ideal": raw / 1000 * 100}
+            out["sleep100"] = {
+                "raw_arq_jobs_s": raw,
+                "ours_jobs_s": ours,
+                "ours_pct_of_ideal": ours / 1000 * 100,
+                "raw_pct_of_ideal": raw / 1000 * 100,
+            }
     finally:
         await svc.close()
         await drop_db(name)

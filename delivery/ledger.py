@@ -239,26 +239,44 @@ async def deliver_once(
     backoff: float = 1.0,
     dead_after: float = 60.0,
     stale_after: float = 900.0,
+    wait: float = 0.0,
 ) -> dict[str, Any]:
     """Claim → send (transient failures retried with backoff, ``retry_after`` honoured) →
     record. Returns the delivery dict; raises :class:`LeaseLost` when ``fence`` says this
-    attempt no longer owns the job (nothing is sent then)."""
+    attempt no longer owns the job (nothing is sent then).
+
+    ``wait``: how long to keep trying when another claimant that still looks alive holds
+    the item — a re-run of a job whose worker was killed mid-delivery waits until that
+    worker is known dead instead of leaving the item pending forever."""
     base = {"recipient": recipient, "kind": kind}
     if fence is not None and not await fence():
         raise LeaseLost(recipient)
-    row = await claim(
-        sessionmaker,
-        key,
-        recipient=recipient,
-        owner=owner,
-        kind=kind,
-        item=item,
-        channel=channel,
-        job_id=job_id,
-        chain_run_id=chain_run_id,
-        dead_after=dead_after,
-        stale_after=stale_after,
-    )
+
+    async def _claim() -> Delivery | None:
+        return await claim(
+            sessionmaker,
+            key,
+            recipient=recipient,
+            owner=owner,
+            kind=kind,
+            item=item,
+            channel=channel,
+            job_id=job_id,
+            chain_run_id=chain_run_id,
+            dead_after=dead_after,
+            stale_after=stale_after,
+        )
+
+    row = await _claim()
+    deadline = time.monotonic() + wait
+    while row is None and time.monotonic() < deadline:
+        held = await get(sessionmaker, key)
+        if held is None or held.status != PENDING or held.claimed_by == owner:
+            break
+        if fence is not None and not await fence():
+            raise LeaseLost(recipient)
+        await asyncio.sleep(min(1.0, max(dead_after / 4, 0.05)))
+        row = await _claim()
     if row is None:
         existing = await get(sessionmaker, key)
         status = existing.status if existing is not None else PENDING

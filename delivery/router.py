@@ -192,6 +192,8 @@ async def deliver_result(
         "fence": fence,
         "backoff": backoff,
         "dead_after": float(settings.worker_lease_sec) * 2,
+        # A re-run after a worker died mid-delivery waits for that worker to be known dead.
+        "wait": float(settings.worker_lease_sec) * 2 + 5,
     }
     sm = services.sessionmaker
     problem = origin.error or (

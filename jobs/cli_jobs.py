@@ -43,13 +43,21 @@ def dispatch(
     external_id: str = typer.Option("", "--external-id", help="Session external id (orgdeleg:…)."),
     role: str = typer.Option("", "--role", help="Role id (selects skill configs, workspace)."),
     org: str = typer.Option("", "--org", help="Org id."),
-    wait: bool = typer.Option(False, "--wait", help="For a background job: wait and print the outcome."),
+    wait: bool = typer.Option(
+        False, "--wait", help="For a background job: wait and print the outcome."
+    ),
     timeout: float = typer.Option(1800.0, "--timeout", help="How long --wait waits (seconds)."),
 ) -> None:
     """Call a skill the way the chat layer does: a receipt for background jobs, the result otherwise."""
     data = _parse_json(input, "--input")
-    context = {"channel": channel, "session_id": session, "actor_key": actor_key,
-               "role_id": role, "org_id": org, "triggered_at": time.time()}
+    context = {
+        "channel": channel,
+        "session_id": session,
+        "actor_key": actor_key,
+        "role_id": role,
+        "org_id": org,
+        "triggered_at": time.time(),
+    }
     settings = load_settings()
 
     async def _go() -> int:
@@ -81,6 +89,7 @@ async def _wait(svc: Any, job_id: str, limit: float) -> int:
             job = await get_job(svc.sessionmaker, job_id)
             if job is None:
                 fail(f"job {job_id} disappeared")
+                return 1
             if job.status != last:
                 last = job.status
                 status.update(f"job {job_id}: {job.status} (attempt {job.attempts})")
@@ -89,6 +98,7 @@ async def _wait(svc: Any, job_id: str, limit: float) -> int:
             await asyncio.sleep(0.2)
         else:
             fail(f"gave up waiting after {limit:.0f}s; the job is still {last}")
+            return 1
     _print_job(svc, job)
     return 0 if job.status == "succeeded" else 1
 
@@ -97,10 +107,14 @@ def _print_job(svc: Any, job: Any) -> None:
     from jobs.crypto import redact
 
     console.print(f"[bold]{job.id}[/]  {job.skill}  [bold]{job.status}[/]  attempts={job.attempts}")
-    console.print(f"origin: channel={job.channel or '-'} session={job.session_id or '-'} "
-                  f"actor_key={job.actor_key or '-'} role={job.role_id or '-'}")
-    console.print(f"created {_ts(job.created_at)}  started {_ts(job.started_at)}  "
-                  f"finished {_ts(job.finished_at)}")
+    console.print(
+        f"origin: channel={job.channel or '-'} session={job.session_id or '-'} "
+        f"actor_key={job.actor_key or '-'} role={job.role_id or '-'}"
+    )
+    console.print(
+        f"created {_ts(job.created_at)}  started {_ts(job.started_at)}  "
+        f"finished {_ts(job.finished_at)}"
+    )
     if job.error:
         console.print(f"[red]error[/] ({job.error_type or '-'}): {job.error}")
     if job.result is not None:
@@ -140,8 +154,16 @@ def list_jobs(
         table.add_column("error", overflow="ellipsis", max_width=60)
         for j in rows:
             dur = f"{j.duration_ms / 1000:.2f}s" if j.duration_ms else "-"
-            table.add_row(j.id, j.skill, j.status, str(j.attempts), j.channel or "-",
-                          _ts(j.created_at), dur, (j.error or "")[:60])
+            table.add_row(
+                j.id,
+                j.skill,
+                j.status,
+                str(j.attempts),
+                j.channel or "-",
+                _ts(j.created_at),
+                dur,
+                (j.error or "")[:60],
+            )
         console.print(table)
 
     run_async(_go)
@@ -164,13 +186,24 @@ def show_job(job_id: str) -> None:
             if job is None:
                 fail(f"no job {job_id}")
             async with svc.sessionmaker() as s:
-                attempts = (await s.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id)
-                                            .order_by(JobAttempt.number))).all()
+                attempts = (
+                    await s.scalars(
+                        select(JobAttempt)
+                        .where(JobAttempt.job_id == job_id)
+                        .order_by(JobAttempt.number)
+                    )
+                ).all()
             _print_job(svc, job)
             table = Table("#", "worker", "started", "finished", "outcome", "error")
             for a in attempts:
-                table.add_row(str(a.number), a.worker_id, _ts(a.started_at), _ts(a.finished_at),
-                              a.outcome, (a.error or "")[:60])
+                table.add_row(
+                    str(a.number),
+                    a.worker_id,
+                    _ts(a.started_at),
+                    _ts(a.finished_at),
+                    a.outcome,
+                    (a.error or "")[:60],
+                )
             console.print(table)
         finally:
             await svc.close()

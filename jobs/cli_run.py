@@ -22,16 +22,22 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 def worker(
-    max_jobs: int = typer.Option(0, "--max-jobs", help="Concurrent jobs (default SKILLJOBS_WORKER_MAX_JOBS)."),
+    max_jobs: int = typer.Option(
+        0, "--max-jobs", help="Concurrent jobs (default SKILLJOBS_WORKER_MAX_JOBS)."
+    ),
     burst: bool = typer.Option(False, "--burst", help="Drain the queue, then exit."),
-    no_scheduler: bool = typer.Option(False, "--no-scheduler", help="Do not run the chain scheduler here."),
+    no_scheduler: bool = typer.Option(
+        False, "--no-scheduler", help="Do not run the chain scheduler here."
+    ),
 ) -> None:
     """Run an arq worker (and the chain scheduler) against SKILLJOBS_REDIS_URL."""
     settings = load_settings()
     setup_logging(settings)
     if not settings.redis_url and not embedded_url_file(settings).exists():
-        fail("SKILLJOBS_REDIS_URL is not set: point workers at your Redis "
-             "(or use `skilljobs up`, which starts an embedded one)")
+        fail(
+            "SKILLJOBS_REDIS_URL is not set: point workers at your Redis "
+            "(or use `skilljobs up`, which starts an embedded one)"
+        )
 
     async def _go() -> None:
         from jobs.services import Services
@@ -39,8 +45,9 @@ def worker(
 
         svc = await _open(settings)
         try:
-            w = build_worker(svc, burst=burst, max_jobs=max_jobs or None,
-                             scheduler=not no_scheduler)
+            w = build_worker(
+                svc, burst=burst, max_jobs=max_jobs or None, scheduler=not no_scheduler
+            )
             with contextlib.suppress(asyncio.CancelledError):
                 await w.async_run()
             await w.close()
@@ -85,11 +92,17 @@ def up(
 
         embedded = EmbeddedRedis(settings.data_dir / "redis", persist=True)
         try:
-            settings.redis_url = embedded.start()
+            url = embedded.start()
         except RuntimeError as exc:
             fail(str(exc))
-        embedded_url_file(settings).write_text(settings.redis_url)
-    token = settings.api_token.get_secret_value() if settings.api_token else ensure_local_token(settings)
+            raise
+        settings.redis_url = url
+        embedded_url_file(settings).write_text(url)
+    token = (
+        settings.api_token.get_secret_value()
+        if settings.api_token
+        else ensure_local_token(settings)
+    )
     if not settings.api_token:
         from pydantic import SecretStr
 
@@ -119,10 +132,13 @@ def up(
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
             stop_waiter = asyncio.create_task(stop.wait())
-            await asyncio.wait({web_task, worker_task, stop_waiter},
-                               return_when=asyncio.FIRST_COMPLETED)
-            typer.echo("\nstopping: running jobs get "
-                       f"{settings.worker_grace_sec:.0f}s to finish, the rest are handed back…")
+            await asyncio.wait(
+                {web_task, worker_task, stop_waiter}, return_when=asyncio.FIRST_COMPLETED
+            )
+            typer.echo(
+                "\nstopping: running jobs get "
+                f"{settings.worker_grace_sec:.0f}s to finish, the rest are handed back…"
+            )
             stop_waiter.cancel()
             server.should_exit = True
             if not worker_task.done():
@@ -166,8 +182,10 @@ def ensure_local_token(settings: Settings) -> str:
 
 def check_bind(settings: Settings, host: str) -> None:
     if host not in LOOPBACK and not settings.api_token:
-        fail(f"refusing to listen on {host} without SKILLJOBS_API_TOKEN: anyone who can reach "
-             "it could dispatch skills and read results. Set a token or bind 127.0.0.1")
+        fail(
+            f"refusing to listen on {host} without SKILLJOBS_API_TOKEN: anyone who can reach "
+            "it could dispatch skills and read results. Set a token or bind 127.0.0.1"
+        )
 
 
 async def _open(settings: Settings) -> Any:
@@ -185,24 +203,15 @@ def _web_server(svc: Any, host: str, port: int) -> Any:
     from dashboard.app import create_app
 
     app = create_app(svc.settings, services=svc)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
-                            access_log=False)
-    server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    return server
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="on", access_log=False
+    )
+    return uvicorn.Server(config)
 
 
 async def _serve_web(svc: Any, host: str, port: int) -> None:
-    server = _web_server(svc, host, port)
-    server.install_signal_handlers = uvicorn_signals(server)  # type: ignore[method-assign]
-    await server.serve()
-
-
-def uvicorn_signals(server: Any) -> Any:
-    """uvicorn's own SIGINT/SIGTERM handling (graceful), for `skilljobs web`."""
-    import uvicorn
-
-    return lambda: uvicorn.Server.install_signal_handlers(server)
+    # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown).
+    await _web_server(svc, host, port).serve()
 
 
 async def install_demo_schedule(svc: Any) -> None:

@@ -55,13 +55,19 @@ async def cancel_job(svc: Services, job_id: str, *, actor: str = "") -> ActionRe
         if svc.redis is not None:
             await svc.redis.publish(svc.settings.key(CANCEL_CHANNEL), job_id)
         await _audit(svc, "cancel", job_id, actor, was="running")
-        return ActionResult(True, "stopping: its worker cancels it now", job_id=job_id,
-                            status="running")
+        return ActionResult(
+            True, "stopping: its worker cancels it now", job_id=job_id, status="running"
+        )
     found = await store.get_job(svc.sessionmaker, job_id)
     if found is None:
         return ActionResult(False, f"no job {job_id}", 404)
-    return ActionResult(False, f"job {job_id} already finished ({found.status})", 409,
-                        job_id=job_id, status=found.status)
+    return ActionResult(
+        False,
+        f"job {job_id} already finished ({found.status})",
+        409,
+        job_id=job_id,
+        status=found.status,
+    )
 
 
 async def retry_job(svc: Services, job_id: str, *, actor: str = "") -> ActionResult:
@@ -71,9 +77,14 @@ async def retry_job(svc: Services, job_id: str, *, actor: str = "") -> ActionRes
         found = await store.get_job(svc.sessionmaker, job_id)
         if found is None:
             return ActionResult(False, f"no job {job_id}", 404)
-        return ActionResult(False, f"job {job_id} is {found.status}; only finished jobs "
-                            f"({', '.join(sorted(FINAL_STATUSES))}) can be retried", 409,
-                            job_id=job_id, status=found.status)
+        return ActionResult(
+            False,
+            f"job {job_id} is {found.status}; only finished jobs "
+            f"({', '.join(sorted(FINAL_STATUSES))}) can be retried",
+            409,
+            job_id=job_id,
+            status=found.status,
+        )
     job, token = reopened
     await enqueue(svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token))
     await publish_job_event(svc, job_id, "queued", job.skill)

@@ -71,7 +71,12 @@ class SecretBox:
         if isinstance(obj, dict):
             out = {}
             for k, v in obj.items():
-                if isinstance(k, str) and is_secret_key(k) and v not in (None, "") and not _is_sealed(v):
+                if (
+                    isinstance(k, str)
+                    and is_secret_key(k)
+                    and v not in (None, "")
+                    and not _is_sealed(v)
+                ):
                     out[k] = self.encrypt(v)
                 else:
                     out[k] = self.seal(v)
@@ -98,7 +103,11 @@ def redact(obj: Any) -> Any:
     """Copy of ``obj`` fit for logs and the dashboard: secret-named values masked."""
     if isinstance(obj, dict):
         return {
-            k: (REDACTED if isinstance(k, str) and is_secret_key(k) and v not in (None, "") else redact(v))
+            k: (
+                REDACTED
+                if isinstance(k, str) and is_secret_key(k) and v not in (None, "")
+                else redact(v)
+            )
             for k, v in obj.items()
         }
     if isinstance(obj, list):

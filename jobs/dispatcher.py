@@ -56,7 +56,9 @@ def delivers_to_session(channel: str, external_id: str) -> bool:
     return channel in WEB_CHANNELS or external_id.startswith(ORGDELEG_PREFIX)
 
 
-def refusal(status_code: int, error: str, error_type: str = "recoverable", **extra: Any) -> DispatchResult:
+def refusal(
+    status_code: int, error: str, error_type: str = "recoverable", **extra: Any
+) -> DispatchResult:
     return DispatchResult(status_code, failure(error, error_type=error_type, **extra))
 
 
@@ -96,8 +98,11 @@ class Dispatcher:
 
         found = self.services.registry.get(skill)
         if found is None:
-            return refusal(404, f"unknown skill {skill!r}: no skill folder with that name is loaded",
-                           skill=skill)
+            return refusal(
+                404,
+                f"unknown skill {skill!r}: no skill folder with that name is loaded",
+                skill=skill,
+            )
         if found.error:
             return refusal(409, f"skill {skill!r} failed to load: {found.error}", skill=skill)
         if found.skill_type is not SkillType.HANDLER:
@@ -109,8 +114,9 @@ class Dispatcher:
             )
         problem = validate_input(found, input_data)
         if problem:
-            return refusal(422, f"input for {skill!r} is invalid: {problem}", skill=skill,
-                           need_param=True)
+            return refusal(
+                422, f"input for {skill!r} is invalid: {problem}", skill=skill, need_param=True
+            )
 
         from jobs.context import fixed_segment
 
@@ -127,14 +133,20 @@ class Dispatcher:
                     skill=skill,
                 )
             if delivers_to_session(channel, ext) and not ctx.get("session_id"):
-                return refusal(422, f"{skill!r} runs in the background and delivers to the chat "
-                               "session, but the context has no session_id", skill=skill)
+                return refusal(
+                    422,
+                    f"{skill!r} runs in the background and delivers to the chat "
+                    "session, but the context has no session_id",
+                    skill=skill,
+                )
             return await self._enqueue(found, input_data, ctx, ext)
         return await self._run_now(found, input_data, ctx)
 
     # --- sync line ----------------------------------------------------------------------
 
-    async def _run_now(self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any]) -> DispatchResult:
+    async def _run_now(
+        self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any]
+    ) -> DispatchResult:
         from jobs.configs import ConfigStore
         from jobs.context import fixed_segment, flatten_configs
 
@@ -199,8 +211,12 @@ class Dispatcher:
             )
             if new_session:
                 await store.ensure_session(
-                    s, job.session_id, role_id=role_id, org_id=job.org_id,
-                    channel=job.channel, external_id=ext,
+                    s,
+                    job.session_id,
+                    role_id=role_id,
+                    org_id=job.org_id,
+                    channel=job.channel,
+                    external_id=ext,
                 )
             await s.commit()
         if new_session:
@@ -245,4 +261,3 @@ async def publish_job_event(svc: Services, job_id: str, status: str, skill: str)
         await svc.redis.publish(*job_event(svc, job_id, status, skill))
     except Exception as exc:  # pragma: no cover - Redis hiccup
         log.debug("job event not published: %s", exc)
-

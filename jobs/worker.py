@@ -45,8 +45,9 @@ except ImportError:  # pragma: no cover
     pass
 
 
-async def retry_db(what: str, fn: Callable[..., Awaitable[T]], *args: Any, patience: float = 300.0,
-                   **kw: Any) -> T:
+async def retry_db(
+    what: str, fn: Callable[..., Awaitable[T]], *args: Any, patience: float = 300.0, **kw: Any
+) -> T:
     """Run a bookkeeping call, retrying while the database is unreachable.
 
     A PostgreSQL restart must not crash-loop the worker: we wait it out (up to
@@ -59,8 +60,12 @@ async def retry_db(what: str, fn: Callable[..., Awaitable[T]], *args: Any, patie
         except DB_ERRORS as exc:
             if time.monotonic() > deadline:
                 raise
-            log.warning("%s: database unavailable (%s), retrying in %.1fs", what,
-                        exc.__class__.__name__, delay)
+            log.warning(
+                "%s: database unavailable (%s), retrying in %.1fs",
+                what,
+                exc.__class__.__name__,
+                delay,
+            )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -84,8 +89,15 @@ class JobRunner:
     async def run(self, job_id: str, enqueue_token: int) -> str:
         s = self.svc.settings
         asked_at = time.time()
-        claim = await retry_db("claim", store.claim, self.svc.sessionmaker, job_id, enqueue_token,
-                               self.worker_id, s.worker_lease_sec)
+        claim = await retry_db(
+            "claim",
+            store.claim,
+            self.svc.sessionmaker,
+            job_id,
+            enqueue_token,
+            self.worker_id,
+            s.worker_lease_sec,
+        )
         if claim is None:
             return "superseded"  # cancelled, re-enqueued or already running elsewhere
         job, token = claim.job, claim.token
@@ -115,24 +127,35 @@ class JobRunner:
             me = asyncio.current_task()
             if me is not None and me.cancelling():
                 # Worker shutdown (grace period over): hand the job back, nothing recorded.
-                await asyncio.shield(self._hand_back(job, token, "worker stopped before it finished"))
+                await asyncio.shield(
+                    self._hand_back(job, token, "worker stopped before it finished")
+                )
                 raise
             if job_id in self.lost:
                 log.warning("job %s: lease lost, dropping this attempt's outcome", job_id)
                 return "lost"
-            await asyncio.shield(self._record(job, token, CANCELLED, None,
-                                              "cancelled by an operator", None))
+            await asyncio.shield(
+                self._record(job, token, CANCELLED, None, "cancelled by an operator", None)
+            )
             return CANCELLED
 
         if outcome.transient and attempt < MAX_RUNS:
-            failures = await retry_db("breaker", store.recent_failures, svc.sessionmaker,
-                                      job.skill, job.role_id)
+            failures = await retry_db(
+                "breaker", store.recent_failures, svc.sessionmaker, job.skill, job.role_id
+            )
             # The attempt that just failed is not closed yet, so it is not counted here.
             if failures < 2:
                 delay = svc.settings.retry_backoff_sec * 4 ** (attempt - 1)
-                new = await retry_db("requeue", store.requeue, svc.sessionmaker, job_id, token,
-                                     reason=outcome.error or "transient failure",
-                                     error_type="transient", delay=delay)
+                new = await retry_db(
+                    "requeue",
+                    store.requeue,
+                    svc.sessionmaker,
+                    job_id,
+                    token,
+                    reason=outcome.error or "transient failure",
+                    error_type="transient",
+                    delay=delay,
+                )
                 if new is not None:
                     await self._enqueue(job_id, new, defer=delay)
                     await publish_job_event(svc, job_id, "queued", job.skill)
@@ -174,13 +197,29 @@ class JobRunner:
 
         return await postprocess(self.svc, job, result, fence=fence)
 
-    async def _record(self, job: Any, token: int, status: str, result: dict[str, Any] | None,
-                      error: str | None, error_type: str | None,
-                      fetches: list[Any] | None = None) -> None:
+    async def _record(
+        self,
+        job: Any,
+        token: int,
+        status: str,
+        result: dict[str, Any] | None,
+        error: str | None,
+        error_type: str | None,
+        fetches: list[Any] | None = None,
+    ) -> None:
         stored = self._for_storage(job, result)
-        ok = await retry_db("finish", store.finish, self.svc.sessionmaker, job.id, token,
-                            status=status, result=stored, error=error, error_type=error_type,
-                            fetches=fetches)
+        ok = await retry_db(
+            "finish",
+            store.finish,
+            self.svc.sessionmaker,
+            job.id,
+            token,
+            status=status,
+            result=stored,
+            error=error,
+            error_type=error_type,
+            fetches=fetches,
+        )
         if ok:
             await publish_job_event(self.svc, job.id, status, job.skill)
         else:
@@ -192,20 +231,32 @@ class JobRunner:
         from jobs.context import workspace_dir
         from jobs.envelope import offload
 
-        workspace = workspace_dir(self.svc.settings.resolved_workspace_root, job.role_id,
-                                  job.session_id)
+        workspace = workspace_dir(
+            self.svc.settings.resolved_workspace_root, job.role_id, job.session_id
+        )
         try:
             result = offload(result, workspace, job.skill)
         except Exception as exc:  # a full disk must not lose the outcome
             log.warning("job %s: offload failed (%s); storing a summary", job.id, exc)
-            result = {"ok": result.get("ok", True), "error": result.get("error"),
-                      "offload_error": str(exc)}
+            result = {
+                "ok": result.get("ok", True),
+                "error": result.get("error"),
+                "offload_error": str(exc),
+            }
         return self.svc.box.seal(result)
 
     async def _hand_back(self, job: Any, token: int, reason: str) -> None:
-        new = await retry_db("hand back", store.requeue, self.svc.sessionmaker, job.id, token,
-                             reason=reason, error_type="transient", attempt_outcome="requeued",
-                             patience=10.0)
+        new = await retry_db(
+            "hand back",
+            store.requeue,
+            self.svc.sessionmaker,
+            job.id,
+            token,
+            reason=reason,
+            error_type="transient",
+            attempt_outcome="requeued",
+            patience=10.0,
+        )
         if new is not None:
             with contextlib.suppress(Exception):
                 await self._enqueue(job.id, new)
@@ -230,8 +281,9 @@ class JobRunner:
         s = self.svc.settings
         held = dict(self.held)
         asked_at = time.time()
-        still, cancel = await store.renew_leases(self.svc.sessionmaker, self.worker_id, held,
-                                                 s.worker_lease_sec)
+        still, cancel = await store.renew_leases(
+            self.svc.sessionmaker, self.worker_id, held, s.worker_lease_sec
+        )
         for job_id in still:
             if job_id in self.lease_until:
                 self.lease_until[job_id] = asked_at + s.worker_lease_sec
@@ -244,8 +296,13 @@ class JobRunner:
                     task.cancel()
         for job_id in cancel:
             self.cancel_local(job_id)
-        await store.worker_heartbeat(self.svc.sessionmaker, self.worker_id, socket.gethostname(),
-                                     os.getpid(), sorted(self.held))
+        await store.worker_heartbeat(
+            self.svc.sessionmaker,
+            self.worker_id,
+            socket.gethostname(),
+            os.getpid(),
+            sorted(self.held),
+        )
         if self.svc.redis is not None:
             await self.svc.redis.set(
                 s.key(WORKER_HEARTBEAT, self.worker_id),
@@ -267,8 +324,9 @@ class JobRunner:
         for job_id, token in await store.expire_leases(svc.sessionmaker):
             await self._enqueue(job_id, token)
             n += 1
-        stale = await store.stale_queued(svc.sessionmaker,
-                                         older_than=svc.settings.reconcile_stale_sec)
+        stale = await store.stale_queued(
+            svc.sessionmaker, older_than=svc.settings.reconcile_stale_sec
+        )
         if not stale:
             return n
         async with redis.pipeline(transaction=False) as pipe:
@@ -300,20 +358,24 @@ class _Stored:
 # Reads the due part of the queue, marks up to ARGV[3] jobs not already running as in
 # progress (arq's own key, so arq's bookkeeping stays valid) and returns
 # [number read, id, score, id, score, ...] of those it claimed.
-_CLAIM_LUA = """
+_CLAIM_LUA = (
+    """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, ARGV[4])
 local out = {#due / 2}
 local want = tonumber(ARGV[3])
 for i = 1, #due, 2 do
   if (#out - 1) / 2 >= want then break end
   local id = due[i]
-  if redis.call('SET', '""" + in_progress_key_prefix + """' .. id, '1', 'NX', 'PX', ARGV[2]) then
+  if redis.call('SET', '"""
+    + in_progress_key_prefix
+    + """' .. id, '1', 'NX', 'PX', ARGV[2]) then
     out[#out + 1] = id
     out[#out + 1] = due[i + 1]
   end
 end
 return out
 """
+)
 
 
 class SkillJobsWorker(Worker):
@@ -344,8 +406,12 @@ class SkillJobsWorker(Worker):
                 self._claim_script = self.pool.register_script(_CLAIM_LUA)
             claimed = await self._claim_script(
                 keys=[self.queue_name],
-                args=[timestamp_ms(), int(self.in_progress_timeout_s * 1000), free,
-                      self.queue_read_limit],
+                args=[
+                    timestamp_ms(),
+                    int(self.in_progress_timeout_s * 1000),
+                    free,
+                    self.queue_read_limit,
+                ],
             )
             self._last_read = int(claimed[0])
             for i in range(1, len(claimed), 2):
@@ -465,8 +531,13 @@ def build_worker(
     if executor is None:
         from jobs.executor import Executor
 
-        executor = Executor(settings=services.settings, registry=services.registry,
-                            sessionmaker=services.sessionmaker, box=services.box, http=services.http)
+        executor = Executor(
+            settings=services.settings,
+            registry=services.registry,
+            sessionmaker=services.sessionmaker,
+            box=services.box,
+            http=services.http,
+        )
     settings = services.settings
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     runner = JobRunner(services, executor, wid)
@@ -474,12 +545,25 @@ def build_worker(
 
     async def on_startup(ctx: dict[str, Any]) -> None:
         ctx.update(runner=runner, services=services, executor=executor, worker_id=wid)
-        await retry_db("register worker", store.worker_heartbeat, services.sessionmaker, wid,
-                       socket.gethostname(), os.getpid(), [])
-        background.append(asyncio.create_task(
-            _loop("heartbeat", settings.worker_heartbeat_sec, runner.heartbeat_once)))
-        background.append(asyncio.create_task(
-            _loop("reconciler", settings.reconcile_interval_sec, runner.reconcile_once)))
+        await retry_db(
+            "register worker",
+            store.worker_heartbeat,
+            services.sessionmaker,
+            wid,
+            socket.gethostname(),
+            os.getpid(),
+            [],
+        )
+        background.append(
+            asyncio.create_task(
+                _loop("heartbeat", settings.worker_heartbeat_sec, runner.heartbeat_once)
+            )
+        )
+        background.append(
+            asyncio.create_task(
+                _loop("reconciler", settings.reconcile_interval_sec, runner.reconcile_once)
+            )
+        )
         background.append(asyncio.create_task(_listen_cancels(runner)))
         if scheduler:
             with contextlib.suppress(ImportError):
@@ -488,8 +572,12 @@ def build_worker(
                 stop = asyncio.Event()
                 ctx["scheduler_stop"] = stop
                 background.append(asyncio.create_task(Scheduler(services).run_forever(stop)))
-        log.info("worker %s started: queue %s, max_jobs %s", wid, settings.queue_name,
-                 max_jobs or settings.worker_max_jobs)
+        log.info(
+            "worker %s started: queue %s, max_jobs %s",
+            wid,
+            settings.queue_name,
+            max_jobs or settings.worker_max_jobs,
+        )
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
         if "scheduler_stop" in ctx:
@@ -500,8 +588,9 @@ def build_worker(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         with contextlib.suppress(Exception):
-            await store.worker_heartbeat(services.sessionmaker, wid, socket.gethostname(),
-                                         os.getpid(), [], stopped=True)
+            await store.worker_heartbeat(
+                services.sessionmaker, wid, socket.gethostname(), os.getpid(), [], stopped=True
+            )
 
     timeout = MAX_WALL_SEC + 300  # the executor enforces each skill's wall clock itself
     functions = [func(_run_job, name=FN_RUN_JOB, max_tries=1_000_000, timeout=timeout)]

@@ -59,13 +59,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
         return
     parts = []
     if "PostgreSQL" in _skipped:
-        n = sum(1 for r in terminalreporter.stats.get("skipped", [])
-                if "PostgreSQL not reachable" in str(getattr(r, "longrepr", "")))
-        parts.append(f"skipped {n} PostgreSQL tests (nothing at {_skipped['PostgreSQL']}; "
-                     "start PostgreSQL or set SKILLJOBS_TEST_DATABASE_URL)")
+        n = sum(
+            1
+            for r in terminalreporter.stats.get("skipped", [])
+            if "PostgreSQL not reachable" in str(getattr(r, "longrepr", ""))
+        )
+        parts.append(
+            f"skipped {n} PostgreSQL tests (nothing at {_skipped['PostgreSQL']}; "
+            "start PostgreSQL or set SKILLJOBS_TEST_DATABASE_URL)"
+        )
     if "Redis" in _skipped:
-        parts.append(f"Redis tests ran on the bundled redis-server (nothing at "
-                     f"{_skipped['Redis']}; set SKILLJOBS_TEST_REDIS_URL to use a Redis server)")
+        parts.append(
+            f"Redis tests ran on the bundled redis-server (nothing at "
+            f"{_skipped['Redis']}; set SKILLJOBS_TEST_REDIS_URL to use a Redis server)"
+        )
     terminalreporter.write_line("SERVICES: " + "; ".join(parts) + ".", yellow=True)
 
 
@@ -238,13 +245,23 @@ JOB_SKILLS = Path(__file__).resolve().parent / "job_skills"
 
 
 @pytest.fixture
-def job_settings(tmp_path: Path, database_url: str, redis_server_url: str, redis_prefix: str) -> Settings:
+def job_settings(
+    tmp_path: Path, database_url: str, redis_server_url: str, redis_prefix: str
+) -> Settings:
     """Settings on the parametrized backend, with the test skills and fast worker loops."""
     return make_settings(
-        tmp_path, redis_url=redis_server_url, prefix=redis_prefix, database_url=database_url,
-        skills_path=str(JOB_SKILLS), worker_lease_sec=3.0, worker_heartbeat_sec=0.5,
-        reconcile_interval_sec=0.5, reconcile_stale_sec=1.0, retry_backoff_sec=0.05,
-        worker_grace_sec=2.0, scheduler_interval_sec=0.5,
+        tmp_path,
+        redis_url=redis_server_url,
+        prefix=redis_prefix,
+        database_url=database_url,
+        skills_path=str(JOB_SKILLS),
+        worker_lease_sec=3.0,
+        worker_heartbeat_sec=0.5,
+        reconcile_interval_sec=0.5,
+        reconcile_stale_sec=1.0,
+        retry_backoff_sec=0.05,
+        worker_grace_sec=2.0,
+        scheduler_interval_sec=0.5,
     )
 
 

@@ -38,8 +38,19 @@ def test_dispatch_sync_prints_the_result(cli_env):
 
 
 def test_dispatch_async_then_list_show_cancel_retry(cli_env):
-    res = run(cli_env, "dispatch", "bg_sleep", "--input", '{"seconds": 0}', "--channel",
-              "telegram", "--actor-key", "tg-1", "--role", "r1")
+    res = run(
+        cli_env,
+        "dispatch",
+        "bg_sleep",
+        "--input",
+        '{"seconds": 0}',
+        "--channel",
+        "telegram",
+        "--actor-key",
+        "tg-1",
+        "--role",
+        "r1",
+    )
     assert res.exit_code == 0, res.output
     body = json.loads(res.output)
     assert body["async"] is True

@@ -12,8 +12,13 @@ from jobs.configs import ConfigStore
 from jobs.dispatcher import Dispatcher
 from jobs.models import ChatSession, Job
 
-TG = {"channel": "telegram", "actor_key": "tg-4242", "role_id": "r1", "org_id": "o1",
-      "session_id": "s-tg"}
+TG = {
+    "channel": "telegram",
+    "actor_key": "tg-4242",
+    "role_id": "r1",
+    "org_id": "o1",
+    "session_id": "s-tg",
+}
 
 
 async def _job(services, job_id: str) -> Job:
@@ -34,7 +39,9 @@ async def _job(services, job_id: str) -> Job:
         ("web_admin", "orgdeleg:x", True),
     ],
 )
-async def test_async_skill_receipt_or_sync_per_channel(services, channel, external_id, expect_async):
+async def test_async_skill_receipt_or_sync_per_channel(
+    services, channel, external_id, expect_async
+):
     ctx = {"channel": channel, "actor_key": "u1", "role_id": "r1", "session_id": "sess-1"}
     res = await Dispatcher(services).dispatch("bg_sleep", {"seconds": 0}, ctx, external_id or None)
     if expect_async:
@@ -97,33 +104,68 @@ async def test_refusals_are_clear_and_recoverable(services, skill, inp, ctx, cod
 
 
 async def test_zero_and_false_are_values(services):
-    res = await Dispatcher(services).dispatch("needs_name", {"name": "a", "count": 0, "flag": False}, TG)
+    res = await Dispatcher(services).dispatch(
+        "needs_name", {"name": "a", "count": 0, "flag": False}, TG
+    )
     assert res.status_code == 202, res.body
 
 
 async def test_background_context_is_rebuilt_exactly(services):
     await ConfigStore(services.sessionmaker, services.box).replace(
-        "r1", "bg_ctx", {"region": "cn-north", "api_token": "tok-123"})
+        "r1", "bg_ctx", {"region": "cn-north", "api_token": "tok-123"}
+    )
     origin = {
         **TG,
-        "actor_name": "Li Lei", "actor_title": "Lead", "actor_tags": ["vip"], "actor_id": "u-9",
-        "actor_phone": "+86 100", "actor_email": "li@example.com", "actor_emp_no": "E7",
-        "raw_input": "make the report", "triggered_at": 1767225600.0,
-        "team_role": "owner", "request": {"headers": {}}, "channel_registry": {"x": 1},
-        "user_id": "u-1", "team_id": "t-1", "is_admin": False, "not_vocabulary": "dropped",
+        "actor_name": "Li Lei",
+        "actor_title": "Lead",
+        "actor_tags": ["vip"],
+        "actor_id": "u-9",
+        "actor_phone": "+86 100",
+        "actor_email": "li@example.com",
+        "actor_emp_no": "E7",
+        "raw_input": "make the report",
+        "triggered_at": 1767225600.0,
+        "team_role": "owner",
+        "request": {"headers": {}},
+        "channel_registry": {"x": 1},
+        "user_id": "u-1",
+        "team_id": "t-1",
+        "is_admin": False,
+        "not_vocabulary": "dropped",
         "attachments": [{"type": "image", "url": "https://example.com/a.png", "filename": "a.png"}],
     }
     res = await Dispatcher(services).dispatch("bg_ctx", {}, origin)
     job = await _job(services, res.body["job_id"])
     ctx = services.box.unseal(job.context)
     fixed = {
-        "raw_input", "attachments", "actor_name", "actor_emp_no", "actor_department",
-        "actor_department_path", "actor_position", "actor_title", "actor_phone", "actor_email",
-        "actor_tags", "actor_key", "channel", "triggered_at", "triggered_at_str", "actor_id",
+        "raw_input",
+        "attachments",
+        "actor_name",
+        "actor_emp_no",
+        "actor_department",
+        "actor_department_path",
+        "actor_position",
+        "actor_title",
+        "actor_phone",
+        "actor_email",
+        "actor_tags",
+        "actor_key",
+        "channel",
+        "triggered_at",
+        "triggered_at_str",
+        "actor_id",
         "actor_is_admin",
     }
-    identity = {"role_id", "org_id", "chat_mode", "session_id", "is_admin", "user_id",
-                "team_id", "abort_signal"}
+    identity = {
+        "role_id",
+        "org_id",
+        "chat_mode",
+        "session_id",
+        "is_admin",
+        "user_id",
+        "team_id",
+        "abort_signal",
+    }
     configs = {"skill_configs", "skill_args", "region", "api_token"}
     assert set(ctx) == fixed | identity | configs
     assert ctx["chat_mode"] is True and ctx["abort_signal"] is None
@@ -133,8 +175,15 @@ async def test_background_context_is_rebuilt_exactly(services):
     assert ctx["actor_name"] == "Li Lei" and ctx["actor_key"] == "tg-4242"
     assert ctx["actor_department"] == "" and ctx["actor_tags"] == ["vip"]
     assert ctx["triggered_at"] == 1767225600.0 and ctx["triggered_at_str"] == "2026-01-01 00:00"
-    assert ctx["attachments"] == [{"type": "image", "att_type": "image", "filename": "a.png",
-                                   "local_path": "", "url": "https://example.com/a.png"}]
+    assert ctx["attachments"] == [
+        {
+            "type": "image",
+            "att_type": "image",
+            "filename": "a.png",
+            "local_path": "",
+            "url": "https://example.com/a.png",
+        }
+    ]
     # configs prefetched and flattened four ways
     assert ctx["skill_configs"]["bg_ctx"] == {"region": "cn-north", "api_token": "tok-123"}
     assert ctx["skill_configs"]["region"] == "cn-north"
@@ -145,13 +194,24 @@ async def test_background_context_is_rebuilt_exactly(services):
 
 
 async def test_admin_proxy_fill_in_background_context(services):
-    origin = {**TG, "actor_is_admin": True, "actor_name": "Admin", "actor_phone": "1",
-              "actor_email": "a@x", "actor_title": "T", "actor_tags": ["x"], "actor_id": "9",
-              "actor_emp_no": "E"}
-    res = await Dispatcher(services).dispatch("bg_ctx", {}, {**origin, "channel": "web"},
-                                              "orgdeleg:z")
+    origin = {
+        **TG,
+        "actor_is_admin": True,
+        "actor_name": "Admin",
+        "actor_phone": "1",
+        "actor_email": "a@x",
+        "actor_title": "T",
+        "actor_tags": ["x"],
+        "actor_id": "9",
+        "actor_emp_no": "E",
+    }
+    res = await Dispatcher(services).dispatch(
+        "bg_ctx", {}, {**origin, "channel": "web"}, "orgdeleg:z"
+    )
     ctx = services.box.unseal((await _job(services, res.body["job_id"])).context)
-    assert ctx["actor_name"] == "Admin" and ctx["actor_phone"] == "1" and ctx["actor_email"] == "a@x"
+    assert (
+        ctx["actor_name"] == "Admin" and ctx["actor_phone"] == "1" and ctx["actor_email"] == "a@x"
+    )
     for cleared in ("actor_title", "actor_key", "actor_id", "actor_emp_no", "actor_department"):
         assert ctx[cleared] == ""
     assert ctx["actor_tags"] == []
@@ -160,8 +220,7 @@ async def test_admin_proxy_fill_in_background_context(services):
 async def test_no_secret_in_plaintext_in_redis_or_rows(services):
     secret = "sk-live-9f8e7d6c5b4a-do-not-leak"
     await ConfigStore(services.sessionmaker, services.box).set("r1", "bg_ctx", "api_key", secret)
-    res = await Dispatcher(services).dispatch(
-        "bg_ctx", {"note": "x", "password": secret}, TG)
+    res = await Dispatcher(services).dispatch("bg_ctx", {"note": "x", "password": secret}, TG)
     assert res.status_code == 202
     # every Redis key this deployment and arq wrote
     blobs = []
@@ -214,8 +273,9 @@ async def test_concurrent_dispatches_from_one_new_session(services):
     import asyncio
 
     ctx = {"channel": "web", "session_id": "burst-session", "role_id": "r1"}
-    results = await asyncio.gather(*(
-        Dispatcher(services).dispatch("bg_sleep", {}, ctx, "orgdeleg:burst") for _ in range(20)))
+    results = await asyncio.gather(
+        *(Dispatcher(services).dispatch("bg_sleep", {}, ctx, "orgdeleg:burst") for _ in range(20))
+    )
     assert [r.status_code for r in results] == [202] * 20
     async with services.sessionmaker() as s:
         assert len((await s.scalars(select(ChatSession))).all()) == 1

@@ -27,9 +27,16 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def pg_settings(tmp_path, pg_url, redis_server_url, redis_prefix):
     return make_settings(
-        tmp_path, redis_url=redis_server_url, prefix=redis_prefix, database_url=pg_url,
-        skills_path=str(JOB_SKILLS), worker_lease_sec=3.0, worker_heartbeat_sec=0.5,
-        reconcile_interval_sec=0.5, reconcile_stale_sec=2.0, worker_grace_sec=2.0,
+        tmp_path,
+        redis_url=redis_server_url,
+        prefix=redis_prefix,
+        database_url=pg_url,
+        skills_path=str(JOB_SKILLS),
+        worker_lease_sec=3.0,
+        worker_heartbeat_sec=0.5,
+        reconcile_interval_sec=0.5,
+        reconcile_stale_sec=2.0,
+        worker_grace_sec=2.0,
     )
 
 
@@ -45,25 +52,30 @@ class WorkerProcess:
 
     def __init__(self, settings, log: Path, **overrides: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SKILLJOBS_")}
-        env.update({
-            "SKILLJOBS_DATABASE_URL": settings.database_url,
-            "SKILLJOBS_REDIS_URL": settings.redis_url,
-            "SKILLJOBS_REDIS_PREFIX": settings.redis_prefix,
-            "SKILLJOBS_QUEUE_NAME": settings.queue_name,
-            "SKILLJOBS_SKILLS_PATH": settings.skills_path,
-            "SKILLJOBS_DATA_DIR": str(settings.data_dir),
-            "SKILLJOBS_SECRET_KEY": settings.secret_key.get_secret_value(),
-            "SKILLJOBS_WORKER_LEASE_SEC": str(settings.worker_lease_sec),
-            "SKILLJOBS_WORKER_HEARTBEAT_SEC": str(settings.worker_heartbeat_sec),
-            "SKILLJOBS_RECONCILE_INTERVAL_SEC": str(settings.reconcile_interval_sec),
-            "SKILLJOBS_RECONCILE_STALE_SEC": str(settings.reconcile_stale_sec),
-            "SKILLJOBS_WORKER_GRACE_SEC": str(settings.worker_grace_sec),
-        })
+        env.update(
+            {
+                "SKILLJOBS_DATABASE_URL": settings.database_url,
+                "SKILLJOBS_REDIS_URL": settings.redis_url,
+                "SKILLJOBS_REDIS_PREFIX": settings.redis_prefix,
+                "SKILLJOBS_QUEUE_NAME": settings.queue_name,
+                "SKILLJOBS_SKILLS_PATH": settings.skills_path,
+                "SKILLJOBS_DATA_DIR": str(settings.data_dir),
+                "SKILLJOBS_SECRET_KEY": settings.secret_key.get_secret_value(),
+                "SKILLJOBS_WORKER_LEASE_SEC": str(settings.worker_lease_sec),
+                "SKILLJOBS_WORKER_HEARTBEAT_SEC": str(settings.worker_heartbeat_sec),
+                "SKILLJOBS_RECONCILE_INTERVAL_SEC": str(settings.reconcile_interval_sec),
+                "SKILLJOBS_RECONCILE_STALE_SEC": str(settings.reconcile_stale_sec),
+                "SKILLJOBS_WORKER_GRACE_SEC": str(settings.worker_grace_sec),
+            }
+        )
         env.update(overrides)
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jobs.cli", "worker", "--no-scheduler"],
-            env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+            env=env,
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             cwd=str(Path(__file__).resolve().parent.parent),
         )
 
@@ -101,8 +113,11 @@ async def holder(svc, job_id: str, limit: float = 30.0) -> JobAttempt:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         async with svc.sessionmaker() as s:
-            a = await s.scalar(select(JobAttempt).where(JobAttempt.job_id == job_id,
-                                                        JobAttempt.finished_at.is_(None)))
+            a = await s.scalar(
+                select(JobAttempt).where(
+                    JobAttempt.job_id == job_id, JobAttempt.finished_at.is_(None)
+                )
+            )
         if a is not None:
             return a
         await asyncio.sleep(0.05)
@@ -241,3 +256,62 @@ async def test_database_outage_mid_job_does_not_crash_the_worker(svc, pg_setting
         assert (await wait_status(svc, nxt, {"succeeded"}, limit=30)).attempts == 1
     finally:
         await proxy.close()
+
+
+async def test_worker_killed_mid_delivery_sends_each_item_once(
+    pg_settings, workers, redis_server_url
+):
+    """The first item reached the chat, the worker died sending the second: the re-run
+    sends only the second, once."""
+    from tests.fakes.server import Request, Response
+    from tests.fakes.telegram import FakeTelegram
+
+    class StallingTelegram(FakeTelegram):
+        """Hangs the first sendDocument forever without delivering it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.stalled = asyncio.Event()
+            self._stall_once = True
+
+        async def _handle(self, req: Request) -> Response:
+            if req.path.endswith("/sendDocument") and self._stall_once:
+                self._stall_once = False
+                self.stalled.set()
+                await asyncio.sleep(3600)
+            return await super()._handle(req)
+
+    tg = StallingTelegram().start()
+    try:
+        pg_settings.skills_path = str(Path(__file__).parent / "fakes" / "skills")
+        env = {"SKILLJOBS_TELEGRAM_BOT_TOKEN": tg.token, "SKILLJOBS_TELEGRAM_API_BASE": tg.url}
+        first = workers(pg_settings, **env)
+        s = await Services.open(pg_settings)
+        try:
+            origin = {**TG, "actor_key": "1001"}
+            job_id = (await Dispatcher(s).dispatch("two_files", {}, origin)).body["job_id"]
+            deadline = time.monotonic() + 30
+            while not tg.stalled.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert tg.stalled.is_set(), first.log.read_text()[-2000:]
+            assert [m["method"] for m in tg.sent] == ["sendPhoto"]
+            first.signal(signal.SIGKILL)
+            workers(pg_settings, **env)
+            job = await wait_status(s, job_id, {"succeeded", "failed"}, limit=90)
+            assert job.status == "succeeded"
+            deadline = time.monotonic() + 30
+            while len(tg.sent) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1)
+            assert [m["method"] for m in tg.sent] == ["sendPhoto", "sendDocument"]
+            assert tg.sent[0]["caption"] == "Weekly numbers"
+            assert tg.sent[1]["filename"] == "data.csv"
+            from jobs.models import Delivery
+
+            async with s.sessionmaker() as sess:
+                rows = (await sess.scalars(select(Delivery).where(Delivery.job_id == job_id))).all()
+            assert sorted((r.kind, r.status) for r in rows) == [("file", "sent"), ("image", "sent")]
+        finally:
+            await s.close()
+    finally:
+        tg.stop()

@@ -31,7 +31,10 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def _start(tmp_path: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "jobs.cli", "up", "--port", str(port)],
-        cwd=tmp_path, env=_env(tmp_path), stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
     )
 
 
@@ -76,12 +79,14 @@ def test_up_runs_the_demo_and_stops_without_leftovers(tmp_path):
         # The ready command from the banner, run as printed (CLI → embedded Redis).
         cmd = re.search(r"^\s+(skilljobs dispatch .+)$", banner, re.M).group(1)
         args = [sys.executable, "-m", "jobs.cli", *_split(cmd)[1:]]
-        done = subprocess.run(args, cwd=tmp_path, env=_env(tmp_path), capture_output=True,
-                              text=True, timeout=120)
+        done = subprocess.run(
+            args, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         assert "succeeded" in done.stdout
-        msgs = httpx.get(f"{base}/api/v1/sessions/demo/messages",
-                         headers={"Authorization": f"Bearer {token}"}).json()["items"]
+        msgs = httpx.get(
+            f"{base}/api/v1/sessions/demo/messages", headers={"Authorization": f"Bearer {token}"}
+        ).json()["items"]
         assert any("Sales report" in m["text"] for m in msgs)
         assert any(a["filename"].endswith(".png") for m in msgs for a in m["attachments"])
     finally:
@@ -95,17 +100,23 @@ def test_up_runs_the_demo_and_stops_without_leftovers(tmp_path):
     proc = _start(tmp_path, port, log2)
     try:
         assert _wait_ready(proc, log2, port) == token
-        jobs = httpx.get(f"http://127.0.0.1:{port}/api/v1/jobs",
-                         headers={"Authorization": f"Bearer {token}"}).json()["items"]
+        jobs = httpx.get(
+            f"http://127.0.0.1:{port}/api/v1/jobs", headers={"Authorization": f"Bearer {token}"}
+        ).json()["items"]
         assert [j["status"] for j in jobs if j["skill"] == "sales_report"] == ["succeeded"]
     finally:
         assert _stop(proc) == 0
 
 
 def test_up_refuses_a_public_bind_without_a_token(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "jobs.cli", "web", "--host", "0.0.0.0"],
-                          cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "web", "--host", "0.0.0.0"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0
     assert "refusing to listen on 0.0.0.0 without SKILLJOBS_API_TOKEN" in done.stderr
 

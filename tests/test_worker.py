@@ -16,8 +16,13 @@ from jobs.embedded import EmbeddedRedis
 from jobs.models import Job, JobAttempt
 from jobs.worker import build_worker
 
-TG = {"channel": "telegram", "actor_key": "tg-1", "role_id": "r1", "org_id": "o1",
-      "session_id": "s-tg"}
+TG = {
+    "channel": "telegram",
+    "actor_key": "tg-1",
+    "role_id": "r1",
+    "org_id": "o1",
+    "session_id": "s-tg",
+}
 
 
 async def dispatch(services, skill: str, inp: dict | None = None, ctx: dict | None = None) -> str:
@@ -37,8 +42,11 @@ async def drain(services) -> None:
 async def job_and_attempts(services, job_id: str) -> tuple[Job, list[JobAttempt]]:
     async with services.sessionmaker() as s:
         job = await s.get(Job, job_id)
-        attempts = (await s.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id)
-                                    .order_by(JobAttempt.number))).all()
+        attempts = (
+            await s.scalars(
+                select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.number)
+            )
+        ).all()
     return job, list(attempts)
 
 
@@ -94,13 +102,19 @@ async def test_circuit_breaker_runs_once_after_two_recent_failures(services, tmp
     first = await dispatch(services, "bg_flaky", {"counter": str(tmp_path / "a"), "fail_times": 99})
     await drain(services)
     assert (await store.get_job(services.sessionmaker, first)).attempts == 3
-    second = await dispatch(services, "bg_flaky", {"counter": str(tmp_path / "b"), "fail_times": 99})
+    second = await dispatch(
+        services, "bg_flaky", {"counter": str(tmp_path / "b"), "fail_times": 99}
+    )
     await drain(services)
     job, _ = await job_and_attempts(services, second)
     assert job.status == "failed" and job.attempts == 1
     # another role is not affected by this role's breaker
-    other = await dispatch(services, "bg_flaky", {"counter": str(tmp_path / "c"), "fail_times": 1},
-                           {**TG, "role_id": "r2"})
+    other = await dispatch(
+        services,
+        "bg_flaky",
+        {"counter": str(tmp_path / "c"), "fail_times": 1},
+        {**TG, "role_id": "r2"},
+    )
     await drain(services)
     assert (await store.get_job(services.sessionmaker, other)).status == "succeeded"
 
@@ -176,7 +190,9 @@ async def test_a_dead_attempt_cannot_record(services):
     assert claim is not None and claim.token == 1
     assert await store.claim(services.sessionmaker, job_id, 0, "worker-x", 30) is None
     async with services.sessionmaker() as s:
-        await s.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=time.time() - 1))
+        await s.execute(
+            update(Job).where(Job.id == job_id).values(lease_expires_at=time.time() - 1)
+        )
         await s.commit()
     [(jid, new_token)] = await store.expire_leases(services.sessionmaker)
     assert jid == job_id and new_token == 2
@@ -184,11 +200,25 @@ async def test_a_dead_attempt_cannot_record(services):
     assert second is not None and second.token == 3
     # worker-a wakes up: nothing it does sticks
     assert not await store.holds_lease(services.sessionmaker, job_id, claim.token)
-    assert not await store.finish(services.sessionmaker, job_id, claim.token, status="succeeded",
-                                  result={"ok": True, "who": "a"}, error=None, error_type=None)
+    assert not await store.finish(
+        services.sessionmaker,
+        job_id,
+        claim.token,
+        status="succeeded",
+        result={"ok": True, "who": "a"},
+        error=None,
+        error_type=None,
+    )
     assert await store.requeue(services.sessionmaker, job_id, claim.token, reason="x") is None
-    assert await store.finish(services.sessionmaker, job_id, second.token, status="succeeded",
-                              result={"ok": True, "who": "b"}, error=None, error_type=None)
+    assert await store.finish(
+        services.sessionmaker,
+        job_id,
+        second.token,
+        status="succeeded",
+        result={"ok": True, "who": "b"},
+        error=None,
+        error_type=None,
+    )
     job, attempts = await job_and_attempts(services, job_id)
     assert job.result == {"ok": True, "who": "b"} and job.attempts == 2
     assert [a.outcome for a in attempts] == ["lost", "succeeded"]
