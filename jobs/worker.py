@@ -70,6 +70,21 @@ async def retry_db(
             delay = min(delay * 2, 5.0)
 
 
+try:
+    from redis.exceptions import ConnectionError as _RedisConnectionError
+    from redis.exceptions import TimeoutError as _RedisTimeoutError
+
+    REDIS_ERRORS: tuple[type[BaseException], ...] = (
+        _RedisConnectionError,
+        _RedisTimeoutError,
+        ConnectionError,
+        OSError,
+        TimeoutError,
+    )
+except ImportError:  # pragma: no cover
+    REDIS_ERRORS = (ConnectionError, OSError, TimeoutError)
+
+
 class JobRunner:
     """Per-process state shared by the job functions and the background loops."""
 
@@ -425,7 +440,9 @@ class SkillJobsWorker(Worker):
         for job_id, t in list(self.tasks.items()):
             if t.done():
                 del self.tasks[job_id]
-                t.result()  # surface errors of run_job itself
+                exc = None if t.cancelled() else t.exception()
+                if exc is not None:  # arq's own bookkeeping failed (e.g. Redis went away)
+                    log.warning("arq job %s: %s: %s", job_id, type(exc).__name__, exc)
         await self.heart_beat()
 
     async def main(self) -> None:
@@ -440,7 +457,14 @@ class SkillJobsWorker(Worker):
         try:
             while True:
                 self._wake.clear()
-                await self._poll_iteration()
+                try:
+                    await self._poll_iteration()
+                except REDIS_ERRORS as exc:
+                    # Redis restarting or unreachable: keep the process, try again shortly.
+                    # Whatever Redis lost, the reconciler re-enqueues from the database.
+                    log.warning("queue poll failed (%s: %s); retrying", type(exc).__name__, exc)
+                    await asyncio.sleep(1.0)
+                    continue
                 if self.burst:
                     if 0 <= self.max_burst_jobs <= self._jobs_started():
                         await asyncio.gather(*self.tasks.values())

@@ -247,3 +247,34 @@ async def test_jobs_lost_by_redis_are_reenqueued(job_settings, tmp_path):
                 await w.close()
         finally:
             await svc.close()
+
+
+async def test_worker_survives_a_redis_restart(job_settings, tmp_path):
+    """Redis goes away and comes back empty: the worker keeps running and picks up new work
+    (jobs Redis lost are covered by test_jobs_lost_by_redis_are_reenqueued)."""
+    from jobs.embedded import free_port
+    from jobs.services import Services
+
+    port = free_port()
+    server = EmbeddedRedis(tmp_path / "r1", port=port, persist=False)
+    job_settings.redis_url = server.start()
+    svc = await Services.open(job_settings)
+    w = build_worker(svc, handle_signals=False, scheduler=False)
+    task = asyncio.create_task(w.async_run())
+    try:
+        first = await dispatch(svc, "bg_sleep", {"seconds": 0})
+        await wait_status(svc, first, {"succeeded"})
+        server.stop()
+        await asyncio.sleep(2.5)  # polls fail meanwhile
+        assert not task.done()
+        server = EmbeddedRedis(tmp_path / "r2", port=port, persist=False)
+        server.start()
+        later = await dispatch(svc, "bg_sleep", {"seconds": 0})
+        job = await wait_status(svc, later, {"succeeded"}, limit=30)
+        assert job.attempts == 1 and not task.done()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await w.close()
+        await svc.close()
+        server.stop()
