@@ -345,7 +345,8 @@ class Scheduler:
                 if failures
                 else (settings.scheduler_interval_sec)
             )
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=delay)
+            try:  # asyncio.timeout: wait_for (3.11) can swallow a concurrent cancellation
+                async with asyncio.timeout(delay):
+                    await stop.wait()
             except TimeoutError:
                 pass

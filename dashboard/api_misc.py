@@ -232,8 +232,9 @@ async def _with_pings(source: AsyncIterator[str]) -> AsyncIterator[str]:
     try:
         yield "retry: 3000\n\n"
         while True:
-            try:
-                chunk = await asyncio.wait_for(queue.get(), SSE_PING_S)
+            try:  # asyncio.timeout: wait_for (3.11) can swallow a concurrent cancellation
+                async with asyncio.timeout(SSE_PING_S):
+                    chunk = await queue.get()
             except TimeoutError:
                 yield ": ping\n\n"
                 continue

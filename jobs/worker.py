@@ -474,8 +474,11 @@ class SkillJobsWorker(Worker):
                         if await self.pool.zcard(self.queue_name) == 0:
                             return
                         continue
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+                # that arrives just as the wake-up does, and the worker would never stop.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_delay_s)
+                    async with asyncio.timeout(self.poll_delay_s):
+                        await self._wake.wait()
         finally:
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -267,7 +267,7 @@ async def test_worker_killed_mid_delivery_sends_each_item_once(
     from tests.fakes.telegram import FakeTelegram
 
     class StallingTelegram(FakeTelegram):
-        """Hangs the first sendDocument forever without delivering it."""
+        """Holds the first sendDocument (undelivered) until the worker is killed."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -278,7 +278,7 @@ async def test_worker_killed_mid_delivery_sends_each_item_once(
             if req.path.endswith("/sendDocument") and self._stall_once:
                 self._stall_once = False
                 self.stalled.set()
-                await asyncio.sleep(3600)
+                await asyncio.sleep(30)  # the worker is killed long before
             return await super()._handle(req)
 
     tg = StallingTelegram().start()
