@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -228,7 +229,11 @@ async def install_demo_schedule(svc: Any) -> None:
 
 def _print_banner(settings: Settings, host: str, port: int, token: str) -> None:
     base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    exe = "skilljobs"
+    # The command as the user can paste it (`make run` starts `.venv/bin/skilljobs up`).
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0].endswith("skilljobs") else "skilljobs"
+    exe = os.path.relpath(argv0) if os.path.isabs(argv0) else argv0
+    if exe.startswith(".."):
+        exe = argv0
     lines = [
         "",
         "skilljobs is up.",

@@ -77,7 +77,7 @@ def test_up_runs_the_demo_and_stops_without_leftovers(tmp_path):
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/api/v1/jobs").status_code == 401
         # The ready command from the banner, run as printed (CLI → embedded Redis).
-        cmd = re.search(r"^\s+(skilljobs dispatch .+)$", banner, re.M).group(1)
+        cmd = re.search(r"^\s+(\S*skilljobs dispatch .+)$", banner, re.M).group(1)
         args = [sys.executable, "-m", "jobs.cli", *_split(cmd)[1:]]
         done = subprocess.run(
             args, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=120
