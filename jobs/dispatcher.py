@@ -90,10 +90,10 @@ class Dispatcher:
         context: dict[str, Any] | None = None,
         external_id: str | None = None,
     ) -> DispatchResult:
+        if not isinstance(input or {}, dict) or not isinstance(context or {}, dict):
+            return refusal(400, "input and context must be JSON objects")
         input_data = dict(input or {})
         ctx = dict(context or {})
-        if not isinstance(input_data, dict) or not isinstance(ctx, dict):
-            return refusal(400, "input and context must be JSON objects")
         ext = str(external_id if external_id is not None else ctx.get("external_id") or "")
 
         found = self.services.registry.get(skill)

@@ -280,3 +280,9 @@ async def test_concurrent_dispatches_from_one_new_session(services):
     async with services.sessionmaker() as s:
         assert len((await s.scalars(select(ChatSession))).all()) == 1
         assert len((await s.scalars(select(Job))).all()) == 20
+
+
+@pytest.mark.parametrize(("inp", "ctx"), [([1, 2], {}), ("text", {}), ({}, ["channel"])])
+async def test_input_and_context_must_be_objects(services, inp, ctx):
+    res = await Dispatcher(services).dispatch("sync_echo", inp, ctx)
+    assert res.status_code == 400 and "must be JSON objects" in res.body["error"]
