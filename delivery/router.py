@@ -75,13 +75,18 @@ def workspace_of(settings: Any, job: Any) -> Path:
     )
 
 
+TEXT_CAP = 4000  # a chat message, not a data dump: the full result stays with the job
+TRUNCATED_NOTE = "\n… (cut here; the full result is kept with the job)"
+
+
 def job_text(result: dict[str, Any]) -> str:
     """The user-facing text of a result: ``message`` / ``result`` / ``text`` (then
-    ``display_md``)."""
+    ``display_md``), cut to :data:`TEXT_CAP` characters."""
     for key in TEXT_KEYS:
         value = result.get(key)
         if isinstance(value, str) and value.strip():
-            return value.strip()
+            text = value.strip()
+            return text if len(text) <= TEXT_CAP else text[:TEXT_CAP] + TRUNCATED_NOTE
         if isinstance(value, int | float) and not isinstance(value, bool):
             return str(value)  # a skill that returned a bare number
     return ""

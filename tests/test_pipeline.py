@@ -352,3 +352,21 @@ def test_job_text_precedence() -> None:
     assert job_text({"result": {"rows": []}, "text": " t "}) == "t"
     assert job_text({"display_md": "# md"}) == "# md"
     assert job_text({"ok": True}) == ""
+
+
+def test_long_text_is_cut_for_chat() -> None:
+    from delivery.router import TEXT_CAP, job_text
+
+    text = job_text({"message": "x" * (TEXT_CAP + 500)})
+    assert text.startswith("x" * TEXT_CAP) and len(text) < TEXT_CAP + 100
+    assert "full result is kept with the job" in text
+    assert job_text({"message": "short"}) == "short"
+
+
+def test_wecom_text_chunks_respect_its_byte_limit() -> None:
+    from delivery.channels.wecom import byte_chunks
+
+    text = "销售报告" * 400 + "done"  # 3-byte characters
+    chunks = byte_chunks(text, 2000)
+    assert "".join(chunks) == text
+    assert all(len(c.encode()) <= 2000 for c in chunks) and len(chunks) == 3

@@ -26,6 +26,26 @@ VIDEO_LIMIT = 10 * 1024 * 1024
 FILE_LIMIT = 20 * 1024 * 1024
 
 
+TEXT_BYTES = 2000
+
+
+def byte_chunks(text: str, limit: int) -> list[str]:
+    """``text`` in pieces of at most ``limit`` UTF-8 bytes, never splitting a character."""
+    out: list[str] = []
+    cur: list[str] = []
+    size = 0
+    for ch in text:
+        n = len(ch.encode())
+        if size + n > limit and cur:
+            out.append("".join(cur))
+            cur, size = [], 0
+        cur.append(ch)
+        size += n
+    if cur:
+        out.append("".join(cur))
+    return out
+
+
 class _InvalidToken(Exception):
     pass
 
@@ -125,7 +145,11 @@ class WeComChannel(Channel):
     async def send_text(self, contact: str, text: str) -> str:
         if not text.strip():
             raise DeliveryPermanentError("wecom message send: empty text")
-        return await self._send(contact, "text", {"content": text})
+        first = ""
+        for chunk in byte_chunks(text, TEXT_BYTES):  # WeCom caps text at 2048 bytes
+            mid = await self._send(contact, "text", {"content": chunk})
+            first = first or mid
+        return first
 
     async def send_image(self, contact: str, path: str, caption: str | None = None) -> str:
         if file_size(path) > IMAGE_LIMIT:
