@@ -12,12 +12,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from jobs.context import config_key
 from jobs.crypto import ENC_TAG, REDACTED, SecretBox, is_secret_key
+from jobs.db import autocommit, engine_of
 from jobs.models import SkillConfig
 
 MAX_ID = 128
@@ -51,6 +52,14 @@ def _check_value(key: str, value: Any) -> None:
         raise ValueError(f"config {key!r}: value must be JSON data ({exc})") from None
     if len(text) > MAX_VALUE_CHARS:
         raise ValueError(f"config {key!r}: value is longer than {MAX_VALUE_CHARS} characters")
+
+
+_cfg = SkillConfig.__table__
+_GET = (
+    select(_cfg.c.key, _cfg.c.value, _cfg.c.value_enc, _cfg.c.is_secret)
+    .where(_cfg.c.role_id == bindparam("role"), _cfg.c.skill == bindparam("skill"))
+    .order_by(_cfg.c.key)
+)
 
 
 class ConfigStore:
@@ -148,7 +157,7 @@ class ConfigStore:
         async with self.sessionmaker() as s:
             return list(await s.scalars(q.order_by(SkillConfig.skill, SkillConfig.key)))
 
-    def _plain(self, row: SkillConfig) -> Any:
+    def _plain(self, row: Any) -> Any:
         if row.is_secret and row.value_enc is not None:
             return self.box.decrypt({ENC_TAG: row.value_enc})
         return row.value
@@ -157,7 +166,12 @@ class ConfigStore:
         """The skill's configuration for the role, secrets decrypted (for execution only)."""
         if not role_id or not skill:
             return {}
-        return {r.key: self._plain(r) for r in await self._rows(role_id, skill)}
+        # On the dispatch hot path: a plain statement, one round trip on PostgreSQL.
+        engine = engine_of(self.sessionmaker)
+        params = {"role": role_id, "skill": skill}
+        async with (autocommit(engine) or engine).connect() as conn:
+            rows = (await conn.execute(_GET, params)).all()
+        return {r.key: self._plain(r) for r in rows}
 
     async def masked(self, role_id: str, skill: str | None = None) -> dict[str, dict[str, Any]]:
         """``{skill: {key: value}}`` for people: secrets shown as ``••••••``."""

@@ -39,6 +39,24 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     return create_async_engine(url, echo=echo, pool_size=10, max_overflow=20, pool_recycle=1800)
 
 
+_autocommit: dict[int, AsyncEngine] = {}
+
+
+def autocommit(engine: AsyncEngine) -> AsyncEngine | None:
+    """On PostgreSQL, a view of ``engine`` (same pool) whose connections autocommit: a
+    single statement is one round trip (no BEGIN/COMMIT). None on other backends."""
+    if engine.dialect.name != "postgresql":
+        return None
+    ac = _autocommit.get(id(engine))
+    if ac is None or ac.sync_engine.pool is not engine.sync_engine.pool:
+        ac = _autocommit[id(engine)] = engine.execution_options(isolation_level="AUTOCOMMIT")
+    return ac
+
+
+def engine_of(sm: async_sessionmaker[AsyncSession]) -> AsyncEngine:
+    return sm.kw["bind"]  # type: ignore[no-any-return]
+
+
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
 

@@ -16,7 +16,7 @@ from typing import Any
 from jobs import store
 from jobs.constants import FN_RUN_JOB, JOB_EVENTS
 from jobs.envelope import failure
-from jobs.models import Job, new_id
+from jobs.models import new_id
 from jobs.queue import enqueue
 from jobs.services import Services
 from jobs.skill import Skill, SkillType
@@ -181,44 +181,46 @@ class Dispatcher:
         bg = background_context(ctx, skill=skill.name, configs=configs)
         job_id = new_id()
         now = time.time()
-        job = Job(
-            id=job_id,
-            skill=skill.name,
-            status="queued",
-            attempts=0,
-            input=svc.box.seal(input_data),
-            context=svc.box.seal(bg),
-            channel=bg.get("channel", ""),
-            session_id=str(bg.get("session_id") or ""),
-            external_id=ext,
-            actor_key=bg.get("actor_key", ""),
-            role_id=role_id,
-            org_id=str(bg.get("org_id") or ""),
-            wall_sec=skill.effective_wall_sec(),
-            lease_token=0,
-            arq_job_id=store.arq_id(job_id, 0),
-            created_at=now,
-            queued_at=now,
-            updated_at=now,
+        values = {
+            "id": job_id,
+            "skill": skill.name,
+            "status": "queued",
+            "attempts": 0,
+            "input": svc.box.seal(input_data),
+            "context": svc.box.seal(bg),
+            "fetches": [],
+            "channel": bg.get("channel", ""),
+            "session_id": str(bg.get("session_id") or ""),
+            "external_id": ext,
+            "actor_key": bg.get("actor_key", ""),
+            "role_id": role_id,
+            "org_id": str(bg.get("org_id") or ""),
+            "wall_sec": skill.effective_wall_sec(),
+            "lease_token": 0,
+            "cancel_requested": False,
+            "arq_job_id": store.arq_id(job_id, 0),
+            "created_at": now,
+            "queued_at": now,
+            "updated_at": now,
+        }
+        session_key = (values["session_id"], role_id, ext)
+        new_session = (
+            bool(values["session_id"])
+            and delivers_to_session(values["channel"], ext)
+            and session_key not in svc.known_sessions
         )
-        async with svc.sessionmaker() as s:
-            s.add(job)
-            session_key = (job.session_id, role_id, ext)
-            new_session = (
-                job.session_id
-                and delivers_to_session(job.channel, ext)
-                and session_key not in svc.known_sessions
-            )
-            if new_session:
-                await store.ensure_session(
-                    s,
-                    job.session_id,
-                    role_id=role_id,
-                    org_id=job.org_id,
-                    channel=job.channel,
-                    external_id=ext,
-                )
-            await s.commit()
+        origin_session = (
+            {
+                "session_id": values["session_id"],
+                "role_id": role_id,
+                "org_id": values["org_id"],
+                "channel": values["channel"],
+                "external_id": ext,
+            }
+            if new_session
+            else None
+        )
+        await store.record_job(svc.sessionmaker, values, origin_session)
         if new_session:
             svc.known_sessions.add(session_key)
         try:

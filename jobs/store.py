@@ -27,6 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from jobs.db import autocommit
 from jobs.models import (
     CANCELLED,
     FAILED,
@@ -222,18 +223,9 @@ def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
-_autocommit: dict[int, AsyncEngine] = {}
-
-
 def _pg(sm: Sessions) -> AsyncEngine | None:
     """An autocommit view of the engine when it is PostgreSQL (same connection pool)."""
-    engine = _engine(sm)
-    if engine.dialect.name != "postgresql":
-        return None
-    ac = _autocommit.get(id(engine))
-    if ac is None or ac.sync_engine.pool is not engine.sync_engine.pool:
-        ac = _autocommit[id(engine)] = engine.execution_options(isolation_level="AUTOCOMMIT")
-    return ac
+    return autocommit(_engine(sm))
 
 
 async def claim(
@@ -616,10 +608,11 @@ async def worker_heartbeat(
 
 
 async def ensure_session(
-    s: AsyncSession, session_id: str, *, role_id: str, org_id: str, channel: str, external_id: str
+    conn: Any, session_id: str, *, role_id: str, org_id: str, channel: str, external_id: str
 ) -> None:
     """Record the chat session a job came from (web delivery goes back to it). Safe under
-    concurrent dispatches for the same new session: an existing row is left as it is."""
+    concurrent dispatches for the same new session: an existing row is left as it is.
+    ``conn`` is an ``AsyncConnection`` or an ``AsyncSession``."""
     now = time.time()
     values = {
         "session_id": session_id,
@@ -630,7 +623,8 @@ async def ensure_session(
         "created_at": now,
         "updated_at": now,
     }
-    if s.get_bind().dialect.name == "postgresql":
+    dialect = conn.dialect if hasattr(conn, "dialect") else conn.get_bind().dialect
+    if dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
         stmt: Any = pg_insert(ChatSession).values(**values).on_conflict_do_nothing()
@@ -638,7 +632,22 @@ async def ensure_session(
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
         stmt = sqlite_insert(ChatSession).values(**values).on_conflict_do_nothing()
-    await s.execute(stmt)
+    await conn.execute(stmt)
+
+
+async def record_job(sm: Sessions, values: dict[str, Any], session: dict[str, Any] | None) -> None:
+    """Write a new job row (and its origin chat session) — one round trip on PostgreSQL."""
+    pg = _pg(sm)
+    if pg is not None:
+        async with pg.connect() as conn:
+            if session is not None:
+                await ensure_session(conn, **session)
+            await conn.execute(insert(_jobs), values)
+        return
+    async with _engine(sm).begin() as conn:
+        if session is not None:
+            await ensure_session(conn, **session)
+        await conn.execute(insert(_jobs), values)
 
 
 async def mark_failed_unqueued(s: AsyncSession, job_id: str, reason: str) -> None:
