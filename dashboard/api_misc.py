@@ -52,13 +52,15 @@ async def readyz(request: Request) -> JSONResponse:
         if svc.redis is None:
             checks["redis"] = "no connection"
         else:
-            await asyncio.wait_for(svc.redis.ping(), 3.0)
+            async with asyncio.timeout(3.0):
+                await svc.redis.ping()
             checks["redis"] = "ok"
     except Exception as exc:
         checks["redis"] = f"{type(exc).__name__}: {exc}"
     try:
         async with svc.engine.connect() as conn:
-            await asyncio.wait_for(conn.execute(text("SELECT 1")), 3.0)
+            async with asyncio.timeout(3.0):
+                await conn.execute(text("SELECT 1"))
         checks["database"] = "ok"
         current = await is_current(svc.engine)
         checks["schema"] = (

@@ -499,9 +499,8 @@ class SafeFetcher:
             ips: list[str] = [str(target.ip)]
         else:
             try:
-                answers = await asyncio.wait_for(
-                    self._resolver(target.host, target.port), self.timeout
-                )
+                async with asyncio.timeout(self.timeout):
+                    answers = await self._resolver(target.host, target.port)
             except TimeoutError as exc:
                 raise FetchError(f"resolving {target.host} timed out") from exc
             except OSError as exc:

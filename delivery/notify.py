@@ -109,9 +109,8 @@ async def _send_one(
     url: str, body: str, title: str, paths: list[str], send_timeout: float
 ) -> tuple[bool, str]:
     try:
-        return await asyncio.wait_for(
-            asyncio.to_thread(_send_blocking, url, body, title, paths), send_timeout
-        )
+        async with asyncio.timeout(send_timeout):
+            return await asyncio.to_thread(_send_blocking, url, body, title, paths)
     except TimeoutError:
         return False, f"timed out after {send_timeout:g} s"
     except Exception as exc:  # Apprise plugins raise anything; one target must not sink others

@@ -174,9 +174,8 @@ class Executor:
         from jobs.provider import llm_env, provider_from, role_llm_values
 
         try:
-            role_config = await asyncio.wait_for(
-                self.config_store.get(role_id, ROLE_LLM_NAME), ROLE_LLM_LOOKUP_SEC
-            )
+            async with asyncio.timeout(ROLE_LLM_LOOKUP_SEC):
+                role_config = await self.config_store.get(role_id, ROLE_LLM_NAME)
         except Exception as exc:  # no database, no table: the default model still works
             log.debug("role %s: model binding not readable: %s", role_id, type(exc).__name__)
             role_config = {}

@@ -295,7 +295,8 @@ async def _terminate(proc: asyncio.subprocess.Process, exited: asyncio.Future[No
     """SIGTERM the group, SIGKILL it after a grace period, wait for the leader to be reaped."""
     kill_group(proc.pid, signal.SIGTERM)
     try:
-        await asyncio.wait_for(asyncio.shield(exited), KILL_GRACE_SEC)
+        async with asyncio.timeout(KILL_GRACE_SEC):
+            await asyncio.shield(exited)
     except TimeoutError:
         pass
     kill_group(proc.pid, signal.SIGKILL)
