@@ -19,7 +19,6 @@ from jobs.logs import setup_logging
 from jobs.settings import Settings
 
 log = logging.getLogger("skilljobs")
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 def worker(
@@ -182,11 +181,14 @@ def ensure_local_token(settings: Settings) -> str:
 
 
 def check_bind(settings: Settings, host: str) -> None:
-    if host not in LOOPBACK and not settings.api_token:
-        fail(
-            f"refusing to listen on {host} without SKILLJOBS_API_TOKEN: anyone who can reach "
-            "it could dispatch skills and read results. Set a token or bind 127.0.0.1"
-        )
+    """The dashboard's bind rule (no public address without a token), as a one-line exit."""
+    from dashboard.server import UnsafeBind
+    from dashboard.server import check_bind as dashboard_check_bind
+
+    try:
+        dashboard_check_bind(settings, host)
+    except UnsafeBind as exc:
+        fail(str(exc))
 
 
 async def _open(settings: Settings) -> Any:

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from jobs.db import autocommit
+from jobs.db import autocommit, engine_of
 from jobs.models import (
     CANCELLED,
     FAILED,
@@ -145,10 +145,6 @@ _CLOSE_ATTEMPT = (
 )
 
 
-def _engine(sm: Sessions) -> AsyncEngine:
-    return sm.kw["bind"]  # type: ignore[no-any-return]
-
-
 # On PostgreSQL, claim and finish are each ONE autocommitted statement (data-modifying
 # CTEs): one round trip instead of BEGIN, two statements and COMMIT. Written as SQL text:
 # SQLAlchemy's statement cache mixes up DML CTEs that differ only in their SET lists.
@@ -225,7 +221,7 @@ def _json(value: Any) -> str | None:
 
 def _pg(sm: Sessions) -> AsyncEngine | None:
     """An autocommit view of the engine when it is PostgreSQL (same connection pool)."""
-    return autocommit(_engine(sm))
+    return autocommit(engine_of(sm))
 
 
 async def claim(
@@ -252,7 +248,7 @@ async def claim(
         if row is None:
             return None
         return Claim(job=row, token=enqueue_token + 1, attempt=row.attempts)
-    async with _engine(sm).begin() as conn:
+    async with engine_of(sm).begin() as conn:
         row = (await conn.execute(_CLAIM, params)).first()
         if row is None:
             return None
@@ -310,7 +306,7 @@ async def finish(
         async with pg.connect() as conn:
             n = (await conn.execute(stmt, pg_params)).scalar_one()
         return n == 1
-    async with _engine(sm).begin() as conn:
+    async with engine_of(sm).begin() as conn:
         res = await conn.execute(_FINISH if fetches is None else _FINISH_WITH_FETCHES, job_params)
         if res.rowcount != 1:
             await conn.rollback()
@@ -644,7 +640,7 @@ async def record_job(sm: Sessions, values: dict[str, Any], session: dict[str, An
                 await ensure_session(conn, **session)
             await conn.execute(insert(_jobs), values)
         return
-    async with _engine(sm).begin() as conn:
+    async with engine_of(sm).begin() as conn:
         if session is not None:
             await ensure_session(conn, **session)
         await conn.execute(insert(_jobs), values)

@@ -194,10 +194,7 @@ class JobRunner:
         return status
 
     async def _postprocess(self, job: Any, token: int, result: dict[str, Any]) -> Any:
-        try:
-            from delivery.pipeline import postprocess
-        except ImportError:
-            return _Stored(result)
+        from delivery.pipeline import postprocess
 
         margin = self.svc.settings.worker_lease_sec / 3  # room for clock skew between hosts
 
@@ -360,14 +357,6 @@ class JobRunner:
                 await self._enqueue(job_id, new)
                 n += 1
         return n
-
-
-class _Stored:
-    """Post-processing result when the delivery package is not installed."""
-
-    def __init__(self, result: dict[str, Any]) -> None:
-        self.result = result
-        self.fetches = None
 
 
 # Reads the due part of the queue, marks up to ARGV[3] jobs not already running as in

@@ -118,7 +118,7 @@ def test_up_refuses_a_public_bind_without_a_token(tmp_path):
         timeout=60,
     )
     assert done.returncode != 0
-    assert "refusing to listen on 0.0.0.0 without SKILLJOBS_API_TOKEN" in done.stderr
+    assert "refusing to listen on 0.0.0.0: set SKILLJOBS_API_TOKEN first" in done.stderr
 
 
 def _split(cmd: str) -> list[str]:
