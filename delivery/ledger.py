@@ -374,11 +374,13 @@ async def record_web_deliveries(
             )
         )
     if new_rows:
+        # executemany form: one cached statement whatever the batch size (a multi-row
+        # VALUES list would be compiled again for every new length)
         res = await s.execute(
             _insert(s)
-            .values([r for _, r in new_rows])
             .on_conflict_do_nothing(index_elements=["ledger_key"])
-            .returning(Delivery.ledger_key)
+            .returning(Delivery.ledger_key),
+            [r for _, r in new_rows],
         )
         inserted = set(res.scalars())
         dup |= {i for i, r in new_rows if r["ledger_key"] not in inserted}

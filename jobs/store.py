@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    ARRAY,
     Float,
     Integer,
     String,
@@ -146,28 +147,32 @@ _CLOSE_ATTEMPT = (
 
 
 # On PostgreSQL, claim and finish are each ONE autocommitted statement (data-modifying
-# CTEs): one round trip instead of BEGIN, two statements and COMMIT. Written as SQL text:
+# CTEs) for a whole batch of jobs: one round trip instead of BEGIN, two statements per job
+# and COMMIT. The batch arrives as parallel arrays (``unnest``), so the statement text is
+# the same for any batch size and is prepared once per connection. Written as SQL text:
 # SQLAlchemy's statement cache mixes up DML CTEs that differ only in their SET lists.
 _PG_CLAIM = (
     text(
         """
-WITH j AS (
-  UPDATE jobs SET status = 'running', lease_token = :new_tok, lease_owner = :owner,
-    lease_expires_at = :expires, attempts = attempts + 1,
-    started_at = COALESCE(started_at, :now), updated_at = :now
-  WHERE id = :jid AND status = 'queued' AND lease_token = :tok
-  RETURNING *
+WITH req AS (
+  SELECT * FROM unnest(CAST(:jids AS TEXT[]), CAST(:toks AS INTEGER[])) AS r(jid, tok)
+), j AS (
+  UPDATE jobs SET status = 'running', lease_token = req.tok + 1, lease_owner = :owner,
+    lease_expires_at = :expires, attempts = jobs.attempts + 1,
+    started_at = COALESCE(jobs.started_at, :now), updated_at = :now
+  FROM req
+  WHERE jobs.id = req.jid AND jobs.status = 'queued' AND jobs.lease_token = req.tok
+  RETURNING jobs.*
 ), a AS (
   INSERT INTO job_attempts (job_id, number, worker_id, lease_token, started_at, outcome)
-  SELECT id, attempts, :owner, :new_tok, :now, 'running' FROM j
+  SELECT id, attempts, :owner, lease_token, :now, 'running' FROM j
   RETURNING id
 )
 SELECT * FROM j"""
     )
     .bindparams(
-        bindparam("jid", type_=String),
-        bindparam("tok", type_=Integer),
-        bindparam("new_tok", type_=Integer),
+        bindparam("jids", type_=ARRAY(String)),
+        bindparam("toks", type_=ARRAY(Integer)),
         bindparam("owner", type_=String),
         bindparam("expires", type_=Float),
         bindparam("now", type_=Float),
@@ -175,44 +180,50 @@ SELECT * FROM j"""
     .columns(*_jobs.c)
 )
 
-
-def _pg_finish_sql(*, with_fetches: bool) -> Any:
-    fetches = "fetches = CAST(:fetches AS JSONB)," if with_fetches else ""
-    stmt = text(
-        f"""
-WITH f AS (
-  UPDATE jobs SET status = :status, result = CAST(:result AS JSONB), error = :error,
-    error_type = :error_type, {fetches} finished_at = :now,
-    duration_ms = (:now - started_at) * 1000.0, lease_owner = NULL,
-    lease_expires_at = NULL, updated_at = :now
-  WHERE id = :jid AND lease_token = :tok AND status = 'running'
-  RETURNING id
+_PG_FINISH = text(
+    """
+WITH req AS (
+  SELECT * FROM unnest(
+    CAST(:jids AS TEXT[]), CAST(:toks AS INTEGER[]), CAST(:statuses AS TEXT[]),
+    CAST(:results AS TEXT[]), CAST(:errors AS TEXT[]), CAST(:error_types AS TEXT[]),
+    CAST(:fetches AS TEXT[]), CAST(:outcomes AS TEXT[]), CAST(:aerrors AS TEXT[])
+  ) AS r(jid, tok, status, result, error, error_type, fetches, outcome, aerror)
+), f AS (
+  UPDATE jobs SET status = req.status, result = CAST(req.result AS JSONB),
+    error = req.error, error_type = req.error_type,
+    fetches = CASE WHEN req.fetches IS NULL THEN jobs.fetches
+                   ELSE CAST(req.fetches AS JSONB) END,
+    finished_at = :now, duration_ms = (:now - jobs.started_at) * 1000.0,
+    lease_owner = NULL, lease_expires_at = NULL, updated_at = :now
+  FROM req
+  WHERE jobs.id = req.jid AND jobs.lease_token = req.tok AND jobs.status = 'running'
+  RETURNING jobs.id, req.tok, req.outcome, req.aerror, req.error_type
 ), c AS (
-  UPDATE job_attempts SET finished_at = :now, outcome = :outcome, error = :aerror,
-    error_type = :error_type, duration_ms = (:now - started_at) * 1000.0
-  WHERE job_id IN (SELECT id FROM f) AND lease_token = :tok AND finished_at IS NULL
-  RETURNING id
+  UPDATE job_attempts SET finished_at = :now, outcome = f.outcome, error = f.aerror,
+    error_type = f.error_type, duration_ms = (:now - job_attempts.started_at) * 1000.0
+  FROM f
+  WHERE job_attempts.job_id = f.id AND job_attempts.lease_token = f.tok
+    AND job_attempts.finished_at IS NULL
+  RETURNING job_attempts.id
 )
-SELECT count(*) FROM f"""
-    )
-    params: list[Any] = [
-        bindparam("jid", type_=String),
-        bindparam("tok", type_=Integer),
-        bindparam("status", type_=String),
-        bindparam("result", type_=String),
-        bindparam("error", type_=String),
-        bindparam("error_type", type_=String),
-        bindparam("now", type_=Float),
-        bindparam("outcome", type_=String),
-        bindparam("aerror", type_=String),
-    ]
-    if with_fetches:
-        params.append(bindparam("fetches", type_=String))
-    return stmt.bindparams(*params)
-
-
-_PG_FINISH = _pg_finish_sql(with_fetches=False)
-_PG_FINISH_WITH_FETCHES = _pg_finish_sql(with_fetches=True)
+SELECT id, tok FROM f"""
+).bindparams(
+    *(
+        bindparam(name, type_=ARRAY(Integer) if name == "toks" else ARRAY(String))
+        for name in (
+            "jids",
+            "toks",
+            "statuses",
+            "results",
+            "errors",
+            "error_types",
+            "fetches",
+            "outcomes",
+            "aerrors",
+        )
+    ),
+    bindparam("now", type_=Float),
+)
 
 
 def _json(value: Any) -> str | None:
@@ -232,28 +243,39 @@ async def claim(
     Returns None when the job is gone, cancelled, already claimed or superseded by a later
     enqueue (an old arq entry re-run by arq after its in-progress key expired).
     """
+    (found,) = await claim_many(sm, [(job_id, enqueue_token)], worker_id, lease_sec)
+    return found
+
+
+async def claim_many(
+    sm: Sessions, wanted: list[tuple[str, int]], worker_id: str, lease_sec: float
+) -> list[Claim | None]:
+    """:func:`claim` for several ``(job id, enqueue token)`` pairs in one transaction;
+    per pair, in order, its claim or None."""
+    if not wanted:
+        return []
     now = time.time()
-    params = {
-        "jid": job_id,
-        "tok": enqueue_token,
-        "new_tok": enqueue_token + 1,
-        "owner": worker_id,
-        "expires": now + lease_sec,
-        "now": now,
-    }
+    common = {"owner": worker_id, "expires": now + lease_sec, "now": now}
+    rows: dict[tuple[str, int], Any] = {}
     pg = _pg(sm)
     if pg is not None:
+        params = {**common, "jids": [j for j, _ in wanted], "toks": [t for _, t in wanted]}
         async with pg.connect() as conn:
-            row = (await conn.execute(_PG_CLAIM, params)).first()
-        if row is None:
-            return None
-        return Claim(job=row, token=enqueue_token + 1, attempt=row.attempts)
-    async with engine_of(sm).begin() as conn:
-        row = (await conn.execute(_CLAIM, params)).first()
-        if row is None:
-            return None
-        await conn.execute(_NEW_ATTEMPT, {**params, "number": row.attempts})
-    return Claim(job=row, token=enqueue_token + 1, attempt=row.attempts)
+            for row in await conn.execute(_PG_CLAIM, params):
+                rows[(row.id, row.lease_token - 1)] = row
+    else:
+        async with engine_of(sm).begin() as conn:
+            for job_id, tok in wanted:
+                params = {**common, "jid": job_id, "tok": tok, "new_tok": tok + 1}
+                row = (await conn.execute(_CLAIM, params)).first()
+                if row is not None:
+                    await conn.execute(_NEW_ATTEMPT, {**params, "number": row.attempts})
+                    rows[(job_id, tok)] = row
+    out: list[Claim | None] = []
+    for key in wanted:
+        row = rows.pop(key, None)  # pop: a pair asked twice is claimed once
+        out.append(None if row is None else Claim(job=row, token=key[1] + 1, attempt=row.attempts))
+    return out
 
 
 async def holds_lease(sm: Sessions, job_id: str, token: int) -> bool:
@@ -263,6 +285,21 @@ async def holds_lease(sm: Sessions, job_id: str, token: int) -> bool:
             select(Job.id).where(Job.id == job_id, Job.lease_token == token, Job.status == RUNNING)
         )
         return found is not None
+
+
+@dataclass
+class Outcome:
+    """The final record of one attempt, for :func:`finish_many`."""
+
+    job_id: str
+    token: int
+    status: str
+    result: dict[str, Any] | None
+    error: str | None
+    error_type: str | None
+    attempt_outcome: str | None = None
+    attempt_error: str | None = None
+    fetches: list[Any] | None = None
 
 
 async def finish(
@@ -279,40 +316,73 @@ async def finish(
     fetches: list[Any] | None = None,
 ) -> bool:
     """Record the final outcome of the attempt holding ``token``. False = lease lost."""
+    (ok,) = await finish_many(
+        sm,
+        [
+            Outcome(
+                job_id,
+                token,
+                status,
+                result,
+                error,
+                error_type,
+                attempt_outcome,
+                attempt_error,
+                fetches,
+            )
+        ],
+    )
+    return ok
+
+
+async def finish_many(sm: Sessions, outcomes: list[Outcome]) -> list[bool]:
+    """:func:`finish` for several attempts in one transaction; per outcome, in order,
+    whether it was recorded (False = that attempt no longer holds the lease)."""
+    if not outcomes:
+        return []
     now = time.time()
-    err = attempt_error or error
-    job_params = {
-        "jid": job_id,
-        "tok": token,
-        "status": status,
-        "result": result,
-        "error": error,
-        "error_type": error_type,
-        "fetches": fetches,
-        "now": now,
-    }
-    attempt_params = {"outcome": attempt_outcome or status, "aerror": err[:2000] if err else None}
+    done: set[tuple[str, int]] = set()
     pg = _pg(sm)
     if pg is not None:
-        stmt = _PG_FINISH if fetches is None else _PG_FINISH_WITH_FETCHES
-        pg_params = {
-            **job_params,
-            **attempt_params,
-            "result": _json(result),
-            "fetches": _json(fetches),
+        params: dict[str, Any] = {
+            "now": now,
+            "jids": [o.job_id for o in outcomes],
+            "toks": [o.token for o in outcomes],
+            "statuses": [o.status for o in outcomes],
+            "results": [_json(o.result) for o in outcomes],
+            "errors": [o.error for o in outcomes],
+            "error_types": [o.error_type for o in outcomes],
+            "fetches": [_json(o.fetches) for o in outcomes],
+            "outcomes": [o.attempt_outcome or o.status for o in outcomes],
+            "aerrors": [_attempt_error(o) for o in outcomes],
         }
-        if fetches is None:
-            del pg_params["fetches"]
         async with pg.connect() as conn:
-            n = (await conn.execute(stmt, pg_params)).scalar_one()
-        return n == 1
+            done = {(r[0], r[1]) for r in await conn.execute(_PG_FINISH, params)}
+        return [(o.job_id, o.token) in done for o in outcomes]
     async with engine_of(sm).begin() as conn:
-        res = await conn.execute(_FINISH if fetches is None else _FINISH_WITH_FETCHES, job_params)
-        if res.rowcount != 1:
-            await conn.rollback()
-            return False
-        await conn.execute(_CLOSE_ATTEMPT, {**job_params, **attempt_params})
-    return True
+        for o in outcomes:
+            job_params = {
+                "jid": o.job_id,
+                "tok": o.token,
+                "status": o.status,
+                "result": o.result,
+                "error": o.error,
+                "error_type": o.error_type,
+                "fetches": o.fetches,
+                "now": now,
+            }
+            stmt = _FINISH if o.fetches is None else _FINISH_WITH_FETCHES
+            if (await conn.execute(stmt, job_params)).rowcount != 1:
+                continue  # this attempt lost its lease: nothing was written for it
+            attempt = {"outcome": o.attempt_outcome or o.status, "aerror": _attempt_error(o)}
+            await conn.execute(_CLOSE_ATTEMPT, {**job_params, **attempt})
+            done.add((o.job_id, o.token))
+    return [(o.job_id, o.token) in done for o in outcomes]
+
+
+def _attempt_error(o: Outcome) -> str | None:
+    err = o.attempt_error or o.error
+    return err[:2000] if err else None
 
 
 async def requeue(

@@ -25,8 +25,9 @@ from arq.utils import timestamp_ms
 from arq.worker import func
 
 from jobs import store
+from jobs.batching import Batcher
 from jobs.constants import CANCEL_CHANNEL, FN_RUN_CHAIN, FN_RUN_JOB, WAKE_CHANNEL, WORKER_HEARTBEAT
-from jobs.dispatcher import publish_job_event
+from jobs.dispatcher import job_event
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT
 from jobs.queue import enqueue
 from jobs.services import Services
@@ -98,21 +99,26 @@ class JobRunner:
         self.lost: set[str] = set()
         # job id → until when our lease is certainly ours (as of the last claim/renewal).
         self.lease_until: dict[str, float] = {}
+        # Group commit: the claims, outcomes and live events of concurrent jobs travel
+        # together, one statement (or one Redis round trip) per batch.
+        sm, s = services.sessionmaker, services.settings
+        self.claims: Batcher[tuple[str, int], store.Claim | None] = Batcher(
+            lambda wanted: store.claim_many(sm, wanted, worker_id, s.worker_lease_sec),
+            name="claim",
+        )
+        self.outcomes: Batcher[store.Outcome, bool] = Batcher(
+            lambda outcomes: store.finish_many(sm, outcomes), name="finish"
+        )
+        self.events: Batcher[tuple[str, str, str], None] = Batcher(
+            self._publish_events, name="events"
+        )
 
     # --- the job function ----------------------------------------------------------------
 
     async def run(self, job_id: str, enqueue_token: int) -> str:
         s = self.svc.settings
         asked_at = time.time()
-        claim = await retry_db(
-            "claim",
-            store.claim,
-            self.svc.sessionmaker,
-            job_id,
-            enqueue_token,
-            self.worker_id,
-            s.worker_lease_sec,
-        )
+        claim = await retry_db("claim", self.claims.submit, (job_id, enqueue_token))
         if claim is None:
             return "superseded"  # cancelled, re-enqueued or already running elsewhere
         job, token = claim.job, claim.token
@@ -135,7 +141,7 @@ class JobRunner:
         task = asyncio.create_task(self.executor.execute(job.skill, input_data, ctx))
         self.inner[job_id] = task
         # Published while the skill starts, not before: the event is for people watching.
-        await publish_job_event(svc, job_id, "running", job.skill)
+        await self.event(job_id, "running", job.skill)
         try:
             outcome = await task
         except asyncio.CancelledError:
@@ -173,7 +179,7 @@ class JobRunner:
                 )
                 if new is not None:
                     await self._enqueue(job_id, new, defer=delay)
-                    await publish_job_event(svc, job_id, "queued", job.skill)
+                    await self.event(job_id, "queued", job.skill)
                     return "retrying"
                 return "lost"
 
@@ -220,20 +226,10 @@ class JobRunner:
         fetches: list[Any] | None = None,
     ) -> None:
         stored = self._for_storage(job, result)
-        ok = await retry_db(
-            "finish",
-            store.finish,
-            self.svc.sessionmaker,
-            job.id,
-            token,
-            status=status,
-            result=stored,
-            error=error,
-            error_type=error_type,
-            fetches=fetches,
-        )
+        outcome = store.Outcome(job.id, token, status, stored, error, error_type, fetches=fetches)
+        ok = await retry_db("finish", self.outcomes.submit, outcome)
         if ok:
-            await publish_job_event(self.svc, job.id, status, job.skill)
+            await self.event(job.id, status, job.skill)
         else:
             log.warning("job %s: not recorded, this attempt no longer holds the lease", job.id)
 
@@ -272,7 +268,23 @@ class JobRunner:
         if new is not None:
             with contextlib.suppress(Exception):
                 await self._enqueue(job.id, new)
-                await publish_job_event(self.svc, job.id, "queued", job.skill)
+                await self.event(job.id, "queued", job.skill)
+
+    async def event(self, job_id: str, status: str, skill: str) -> None:
+        """Tell live dashboards (best effort: the row is the record)."""
+        if self.svc.redis is None:
+            return
+        try:
+            await self.events.submit((job_id, status, skill))
+        except Exception as exc:  # Redis hiccup
+            log.debug("job event not published: %s", exc)
+
+    async def _publish_events(self, events: list[tuple[str, str, str]]) -> list[None]:
+        async with self.svc.redis.pipeline(transaction=False) as pipe:
+            for job_id, status, skill in events:
+                pipe.publish(*job_event(self.svc, job_id, status, skill))
+            await pipe.execute()
+        return [None] * len(events)
 
     async def _enqueue(self, job_id: str, token: int, defer: float = 0.0) -> None:
         await enqueue(

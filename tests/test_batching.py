@@ -1,0 +1,144 @@
+"""Group commit: the Batcher's coalescing and error handling, and the batched claim/finish
+statements on SQLite and PostgreSQL (mixed batches: superseded, duplicate, lost leases)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import select
+
+from jobs import store
+from jobs.batching import Batcher
+from jobs.dispatcher import Dispatcher
+from jobs.models import Job, JobAttempt
+
+TG = {"channel": "telegram", "actor_key": "tg-1", "role_id": "r1", "session_id": "s-tg"}
+
+
+async def test_concurrent_submits_share_flushes_and_keep_their_results():
+    seen: list[list[int]] = []
+
+    async def flush(items: list[int]) -> list[int]:
+        seen.append(items)
+        await asyncio.sleep(0.01)  # a round trip: more callers arrive meanwhile
+        return [i * 10 for i in items]
+
+    b: Batcher[int, int] = Batcher(flush, max_batch=30)
+    results = await asyncio.gather(*(b.submit(i) for i in range(100)))
+    assert results == [i * 10 for i in range(100)]
+    assert sorted(i for batch in seen for i in batch) == list(range(100))
+    assert max(len(batch) for batch in seen) == 30  # capped
+    assert len(seen) <= 5 and b.flushes == len(seen) and b.items == 100
+    # idle: a lone call is flushed at once, alone
+    assert await b.submit(7) == 70 and seen[-1] == [7]
+
+
+async def test_a_failed_flush_fails_its_batch_only():
+    calls = 0
+
+    async def flush(items: list[str]) -> list[str]:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.01)
+        if calls == 1:
+            raise ConnectionError("database went away")
+        return [s.upper() for s in items]
+
+    b: Batcher[str, str] = Batcher(flush)
+    first = asyncio.ensure_future(b.submit("a"))
+    await asyncio.sleep(0)  # the first batch is in flight
+    later = [asyncio.ensure_future(b.submit(s)) for s in "bc"]
+    with pytest.raises(ConnectionError):
+        await first
+    assert await asyncio.gather(*later) == ["B", "C"]
+
+
+async def test_a_wrong_result_count_is_an_error_not_a_mismatch():
+    async def flush(items: list[int]) -> list[int]:
+        return items[:-1]
+
+    b: Batcher[int, int] = Batcher(flush)
+    res = await asyncio.gather(b.submit(1), b.submit(2), return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) and "2 items" in str(r) for r in res)
+
+
+async def test_a_cancelled_waiter_does_not_disturb_the_others():
+    gate = asyncio.Event()
+    flushed: list[list[int]] = []
+
+    async def flush(items: list[int]) -> list[int]:
+        flushed.append(items)
+        await gate.wait()
+        return items
+
+    b: Batcher[int, int] = Batcher(flush)
+    first = asyncio.ensure_future(b.submit(0))
+    await asyncio.sleep(0)
+    queued = [asyncio.ensure_future(b.submit(i)) for i in (1, 2, 3)]
+    await asyncio.sleep(0)
+    queued[1].cancel()  # withdrawn before its batch starts: never written
+    gate.set()
+    assert await first == 0
+    assert await queued[0] == 1 and await queued[2] == 3
+    assert flushed == [[0], [1, 3]]
+
+
+async def _queued_jobs(services, n: int) -> list[str]:
+    d = Dispatcher(services)
+    out = []
+    for _ in range(n):
+        res = await d.dispatch("bg_sleep", {}, TG)
+        assert res.status_code == 202
+        out.append(res.body["job_id"])
+    return out
+
+
+async def test_claim_many_mixed_batch(services):
+    a, b, c = await _queued_jobs(services, 3)
+    sm = services.sessionmaker
+    # b is taken by another worker first; c is asked with a stale token; a is asked twice
+    assert await store.claim(sm, b, 0, "other", 30) is not None
+    got = await store.claim_many(sm, [(a, 0), (b, 0), (c, 5), (a, 0)], "w1", 30)
+    assert got[0] is not None and got[0].token == 1 and got[0].attempt == 1
+    assert got[0].job.id == a and got[0].job.lease_owner == "w1"
+    assert got[1:] == [None, None, None]
+    async with sm() as s:
+        jobs = {j.id: j for j in await s.scalars(select(Job).where(Job.id.in_([a, b, c])))}
+        attempts = (await s.scalars(select(JobAttempt).where(JobAttempt.job_id == a))).all()
+    assert jobs[a].status == "running" and jobs[a].lease_owner == "w1"
+    assert jobs[b].lease_owner == "other" and jobs[c].status == "queued"
+    assert [(x.number, x.worker_id, x.lease_token) for x in attempts] == [(1, "w1", 1)]
+
+
+async def test_finish_many_records_only_the_attempts_holding_the_lease(services):
+    a, b, c = await _queued_jobs(services, 3)
+    sm = services.sessionmaker
+    claims = await store.claim_many(sm, [(a, 0), (b, 0), (c, 0)], "w1", 30)
+    assert all(claims)
+    ok = await store.finish_many(
+        sm,
+        [
+            store.Outcome(a, 1, "succeeded", {"ok": True, "n": 1}, None, None),
+            store.Outcome(b, 7, "succeeded", {"ok": True, "n": 2}, None, None),  # lost lease
+            store.Outcome(
+                c, 1, "failed", {"ok": False}, "boom", "permanent", fetches=[{"url": "u"}]
+            ),
+        ],
+    )
+    assert ok == [True, False, True]
+    async with sm() as s:
+        jobs = {j.id: j for j in await s.scalars(select(Job).where(Job.id.in_([a, b, c])))}
+        closed = {
+            x.job_id: (x.outcome, x.error)
+            for x in await s.scalars(select(JobAttempt).where(JobAttempt.job_id.in_([a, b, c])))
+        }
+    assert jobs[a].status == "succeeded" and jobs[a].result == {"ok": True, "n": 1}
+    assert jobs[a].duration_ms is not None and jobs[a].lease_owner is None
+    assert jobs[b].status == "running" and jobs[b].result is None
+    assert jobs[c].status == "failed" and jobs[c].error == "boom"
+    assert jobs[c].fetches == [{"url": "u"}] and jobs[a].fetches in (None, [])
+    assert closed == {a: ("succeeded", None), b: ("running", None), c: ("failed", "boom")}
+    # finishing again (a retried flush after a lost reply) records nothing twice
+    again = await store.finish_many(sm, [store.Outcome(a, 1, "failed", None, "late", None)])
+    assert again == [False]
