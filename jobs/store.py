@@ -267,10 +267,10 @@ async def claim_many(
         async with engine_of(sm).begin() as conn:
             for job_id, tok in wanted:
                 params = {**common, "jid": job_id, "tok": tok, "new_tok": tok + 1}
-                row = (await conn.execute(_CLAIM, params)).first()
-                if row is not None:
-                    await conn.execute(_NEW_ATTEMPT, {**params, "number": row.attempts})
-                    rows[(job_id, tok)] = row
+                got = (await conn.execute(_CLAIM, params)).first()
+                if got is not None:
+                    await conn.execute(_NEW_ATTEMPT, {**params, "number": got.attempts})
+                    rows[(job_id, tok)] = got
     out: list[Claim | None] = []
     for key in wanted:
         row = rows.pop(key, None)  # pop: a pair asked twice is claimed once

@@ -280,6 +280,7 @@ class JobRunner:
             log.debug("job event not published: %s", exc)
 
     async def _publish_events(self, events: list[tuple[str, str, str]]) -> list[None]:
+        assert self.svc.redis is not None
         async with self.svc.redis.pipeline(transaction=False) as pipe:
             for job_id, status, skill in events:
                 pipe.publish(*job_event(self.svc, job_id, status, skill))
