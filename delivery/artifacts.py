@@ -186,31 +186,48 @@ def collect(
     Refused or missing files are left out and appended to ``problems`` as
     ``{"path", "field", "reason"}`` (and logged).
     """
+    return describe_all(candidates(result, workspace), workspace, problems)
+
+
+def candidates(result: dict[str, Any], workspace: Path) -> list[_Declared]:
+    """The files a result declares plus the backfill (a listing of the workspace, no reads)."""
+    workspace = Path(workspace)
+    found = declared_files(result)
+    found += [_Declared(str(p), "backfill", None) for p in backfill(result, workspace)]
+    return found
+
+
+def describe_all(
+    declared: list[_Declared], workspace: Path, problems: list[dict[str, Any]] | None = None
+) -> list[ArtifactInfo]:
     workspace = Path(workspace)
     seen: set[Path] = set()
     artifacts: list[ArtifactInfo] = []
-    candidates = declared_files(result)
-    candidates += [_Declared(str(p), "backfill", None) for p in backfill(result, workspace)]
-    for declared in candidates:
+    for d in declared:
         try:
-            real = resolve_inside(declared.raw, workspace)
+            real = resolve_inside(d.raw, workspace)
             if real in seen:
                 continue
             seen.add(real)
-            artifacts.append(_describe(real, declared))
+            artifacts.append(_describe(real, d))
         except (ArtifactRefused, OSError) as exc:
             reason = exc.reason if isinstance(exc, ArtifactRefused) else f"unreadable: {exc}"
-            log.warning("artifact %s (%s) not collected: %s", declared.raw, declared.where, reason)
+            log.warning("artifact %s (%s) not collected: %s", d.raw, d.where, reason)
             if problems is not None:
-                problems.append({"path": declared.raw, "field": declared.where, "reason": reason})
+                problems.append({"path": d.raw, "field": d.where, "reason": reason})
     return artifacts
 
 
 async def acollect(
     result: dict[str, Any], workspace: Path, problems: list[dict[str, Any]] | None = None
 ) -> list[ArtifactInfo]:
-    """``collect`` in a worker thread (it hashes files; keep that off the event loop)."""
-    return await asyncio.to_thread(collect, result, workspace, problems)
+    """``collect`` for async code: the listing runs inline (a directory read), the file
+    reads (sniffing, SHA-256) in a worker thread, and only when there are files. A hop to a
+    thread costs milliseconds on a busy loop, which most results never need."""
+    found = candidates(result, workspace)
+    if not found:
+        return []
+    return await asyncio.to_thread(describe_all, found, workspace, problems)
 
 
 def _describe(real: Path, declared: _Declared) -> ArtifactInfo:

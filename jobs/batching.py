@@ -28,28 +28,63 @@ class Batcher(Generic[I, R]):
 
     ``flush`` returns one result per item, in order. When it raises, every item of that
     batch gets the exception (callers retry as they would a single statement). At most
-    one flush is in flight, so a batcher holds at most one database connection.
+    ``concurrency`` flushes are in flight (default one, so a batcher holds at most one
+    database connection).
     A caller cancelled while waiting does not withdraw its item once the batch has
     started: the write happens, as a single statement already sent would.
     """
 
-    def __init__(self, flush: Flush[I, R], *, max_batch: int = 256, name: str = "batch") -> None:
+    def __init__(
+        self,
+        flush: Flush[I, R],
+        *,
+        max_batch: int = 256,
+        concurrency: int = 1,
+        name: str = "batch",
+    ) -> None:
         self._flush = flush
         self.max_batch = max_batch
+        self.concurrency = concurrency
         self.name = name
         self._pending: list[tuple[I, asyncio.Future[R]]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         #: batches flushed and items carried (for metrics and the benchmark)
         self.flushes = 0
         self.items = 0
 
     async def submit(self, item: I) -> R:
+        """Add ``item`` to the next batch and wait for its result."""
+        return await self._add(item)
+
+    def push(self, item: I) -> asyncio.Future[R]:
+        """Add ``item`` to the next batch without waiting (best-effort writes: live events,
+        tidying). A failure is logged, not raised; :meth:`flush` waits for what was pushed."""
+        fut = self._add(item)
+        fut.add_done_callback(self._log_failure)
+        return fut
+
+    async def flush(self) -> None:
+        """Wait until everything added so far has been written (or has failed)."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    def _add(self, item: I) -> asyncio.Future[R]:
         loop = asyncio.get_running_loop()
+        if any(t.get_loop() is not loop for t in self._tasks):
+            # left over from an event loop that is gone: nobody waits for those any more
+            self._tasks = {t for t in self._tasks if t.get_loop() is loop}
+            self._pending = [(i, f) for i, f in self._pending if f.get_loop() is loop]
         fut: asyncio.Future[R] = loop.create_future()
         self._pending.append((item, fut))
-        if self._task is None or self._task.done():
-            self._task = loop.create_task(self._drain(), name=f"batcher:{self.name}")
-        return await fut
+        if len(self._tasks) < self.concurrency:
+            task = loop.create_task(self._drain(), name=f"batcher:{self.name}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return fut
+
+    def _log_failure(self, fut: asyncio.Future[R]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            log.warning("%s: a pushed write failed: %r", self.name, fut.exception())
 
     async def _drain(self) -> None:
         while self._pending:

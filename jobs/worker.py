@@ -20,7 +20,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from arq import Worker
-from arq.constants import in_progress_key_prefix, job_key_prefix
+from arq.constants import (
+    abort_jobs_ss,
+    in_progress_key_prefix,
+    job_key_prefix,
+    retry_key_prefix,
+)
+from arq.jobs import SerializationError, deserialize_job_raw
 from arq.utils import timestamp_ms
 from arq.worker import func
 
@@ -274,10 +280,7 @@ class JobRunner:
         """Tell live dashboards (best effort: the row is the record)."""
         if self.svc.redis is None:
             return
-        try:
-            await self.events.submit((job_id, status, skill))
-        except Exception as exc:  # Redis hiccup
-            log.debug("job event not published: %s", exc)
+        self.events.push((job_id, status, skill))  # nobody waits for a live event
 
     async def _publish_events(self, events: list[tuple[str, str, str]]) -> list[None]:
         assert self.svc.redis is not None
@@ -374,20 +377,24 @@ class JobRunner:
 
 # Reads the due part of the queue, marks up to ARGV[3] jobs not already running as in
 # progress (arq's own key, so arq's bookkeeping stays valid) and returns
-# [number read, id, score, id, score, ...] of those it claimed.
+# [number read, id, score, payload, id, score, payload, ...] of those it claimed
+# (payload: the arq job record, false when it has expired).
 _CLAIM_LUA = (
     """
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, ARGV[4])
 local out = {#due / 2}
 local want = tonumber(ARGV[3])
 for i = 1, #due, 2 do
-  if (#out - 1) / 2 >= want then break end
+  if (#out - 1) / 3 >= want then break end
   local id = due[i]
   if redis.call('SET', '"""
     + in_progress_key_prefix
     + """' .. id, '1', 'NX', 'PX', ARGV[2]) then
     out[#out + 1] = id
     out[#out + 1] = due[i + 1]
+    out[#out + 1] = redis.call('GET', '"""
+    + job_key_prefix
+    + """' .. id)
   end
 end
 return out
@@ -405,6 +412,66 @@ class SkillJobsWorker(Worker):
         self._wake_channel = wake_channel
         self._last_read = 0
         self._claim_script: Any = None
+        self._cleanup: Batcher[tuple[str, bool], None] = Batcher(self._cleanup_many, name="arq")
+
+    # --- running one arq job ---------------------------------------------------------------
+    #
+    # arq's own run_job costs two Redis transactions per job (read + retry counter, then
+    # finish) around a task and a wait_for. The record of a job lives in the database, so
+    # here the payload arrives with the claim (one Lua call for many jobs) and the arq keys
+    # of finished jobs are removed in batches. arq's retry counter is not kept: our
+    # functions decide re-runs from the database, and a counter must never fail a job
+    # that the policy would run.
+
+    async def run_job(self, job_id: str, score: int, payload: bytes | None = None) -> None:
+        if payload is None:
+            payload = await self.pool.get(job_key_prefix + job_id)
+        if not payload:
+            log.warning("arq job %s: record expired or missing, dropped", job_id)
+            self.jobs_failed += 1
+            await self._cleanup.submit((job_id, True))
+            return
+        try:
+            name, args, kwargs, _, _ = deserialize_job_raw(
+                payload, deserializer=self.job_deserializer
+            )
+            function = self.functions[name]
+        except (SerializationError, KeyError) as exc:
+            log.error("arq job %s: unusable (%s: %s), dropped", job_id, type(exc).__name__, exc)
+            self.jobs_failed += 1
+            await self._cleanup.submit((job_id, True))
+            return
+        ctx = {**self.ctx, "job_id": job_id, "job_try": 1, "score": score}
+        try:
+            async with asyncio.timeout(function.timeout_s or self.job_timeout_s):
+                await function.coroutine(ctx, *args, **kwargs)
+        except asyncio.CancelledError:
+            # Worker stopping: the entry stays queued for the next worker (the function
+            # has handed its job back, or the reconciler will), only "in progress" goes.
+            self.jobs_retried += 1
+            self._cleanup.push((job_id, False))
+            raise
+        except Exception:
+            log.exception("arq job %s (%s) failed", job_id, name)
+            self.jobs_failed += 1
+        else:
+            self.jobs_complete += 1
+        # Not waited for: the in-progress key keeps the entry from running twice meanwhile,
+        # and close() flushes what is left.
+        self._cleanup.push((job_id, True))
+
+    async def _cleanup_many(self, items: list[tuple[str, bool]]) -> list[None]:
+        done = [job_id for job_id, finished in items if finished]
+        keys = [in_progress_key_prefix + job_id for job_id, _ in items]
+        for job_id in done:
+            keys += [job_key_prefix + job_id, retry_key_prefix + job_id]
+        async with self.pool.pipeline(transaction=True) as tr:
+            tr.delete(*keys)
+            if done:
+                tr.zrem(self.queue_name, *done)
+                tr.zrem(abort_jobs_ss, *done)
+            await tr.execute()
+        return [None] * len(items)
 
     def wake(self) -> None:
         self._wake.set()
@@ -427,16 +494,18 @@ class SkillJobsWorker(Worker):
                     timestamp_ms(),
                     int(self.in_progress_timeout_s * 1000),
                     free,
-                    self.queue_read_limit,
+                    # entries running here are still in the queue: read past them
+                    self.queue_read_limit + self.job_counter,
                 ],
             )
             self._last_read = int(claimed[0])
-            for i in range(1, len(claimed), 2):
+            for i in range(1, len(claimed), 3):
                 raw = claimed[i]
                 job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+                score, payload = int(float(claimed[i + 1])), claimed[i + 2] or None
                 await self.sem.acquire()
                 self.job_counter += 1
-                t = self.loop.create_task(self.run_job(job_id, int(float(claimed[i + 1]))))
+                t = self.loop.create_task(self.run_job(job_id, score, payload))
                 t.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
                 self.tasks[job_id] = t
         for job_id, t in list(self.tasks.items()):
@@ -473,6 +542,7 @@ class SkillJobsWorker(Worker):
                         return
                     if await self.pool.zcard(self.queue_name) == 0:
                         await asyncio.gather(*self.tasks.values())
+                        await self._cleanup.flush()
                         if await self.pool.zcard(self.queue_name) == 0:
                             return
                         continue
@@ -491,6 +561,7 @@ class SkillJobsWorker(Worker):
         if not self._handle_signals:
             self.handle_sig(signal.SIGUSR1)
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        await self._cleanup.flush()
         with contextlib.suppress(Exception):
             await self.pool.delete(self.health_check_key)
         if self.on_shutdown:

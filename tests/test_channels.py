@@ -392,3 +392,61 @@ async def test_web_batching_keeps_each_result_separate(sessionmaker, redis, sett
     b1 = await list_messages(sessionmaker, "b1")
     assert [m["text"] for m in b1] == [f"m{i}" for i in range(0, 60, 3)]
     assert [m["job_id"] for m in b1] == [f"j{i}" for i in range(0, 60, 3)]
+
+
+async def test_web_ledger_rules_in_one_batch(sessionmaker, redis, settings) -> None:
+    """The exactly-once rules of web delivery, as one batch (one statement on PostgreSQL):
+    a key already sent is skipped, a pending or failed row is taken over, a key twice in
+    the batch is stored once, an unknown session records a failed row."""
+    from sqlalchemy import select
+
+    from delivery.channels.web import Outgoing, post_messages
+    from delivery.ledger import LedgerEntry
+    from jobs.models import Delivery
+
+    await ensure_session(sessionmaker, "L1")
+    async with sessionmaker() as s:
+        for key, status in (("k-sent", "sent"), ("k-pending", "pending"), ("k-failed", "failed")):
+            s.add(Delivery(ledger_key=key, recipient="web:L1", channel="web", status=status))
+        await s.commit()
+
+    def out(key: str | None, session: str = "L1", text: str = "") -> Outgoing:
+        entry = None if key is None else LedgerEntry(key=key, recipient="web:L1", owner="w9")
+        return Outgoing(session, text or f"t-{key}", [], "job-x", entry)
+
+    msgs = [
+        out("k-sent"),
+        out("k-pending"),
+        out("k-new"),
+        out("k-new", text="again"),
+        out(None, text="no ledger"),
+        out("k-ghost", session="ghost"),
+        out("k-failed"),
+    ]
+    res = await post_messages(sessionmaker, redis, settings, msgs)
+    assert res[0] is None and res[3] is None  # sent before / twice in the batch
+    assert [r["text"] for r in (res[1], res[2], res[4], res[6])] == [  # type: ignore[index]
+        "t-k-pending",
+        "t-k-new",
+        "no ledger",
+        "t-k-failed",
+    ]
+    assert isinstance(res[5], DeliveryPermanentError) and "ghost" in str(res[5])
+    stored = await list_messages(sessionmaker, "L1")
+    assert [m["text"] for m in stored] == ["t-k-pending", "t-k-new", "no ledger", "t-k-failed"]
+    assert [m["id"] for m in stored] == [r["id"] for r in (res[1], res[2], res[4], res[6])]  # type: ignore[index]
+    async with sessionmaker() as s:
+        rows = {d.ledger_key: d for d in await s.scalars(select(Delivery))}
+    assert {k: rows[k].status for k in rows} == {
+        "k-sent": "sent",
+        "k-pending": "sent",
+        "k-failed": "sent",
+        "k-new": "sent",
+        "k-ghost": "failed",
+    }
+    assert rows["k-pending"].tries == 1 and rows["k-pending"].claimed_by == "w9"
+    assert rows["k-ghost"].error == "unknown session 'ghost'" and rows["k-new"].sent_at
+    # the same batch again: everything was delivered, nothing is stored twice
+    again = await post_messages(sessionmaker, redis, settings, msgs)
+    assert [r for r in again if isinstance(r, dict)] == [again[4]]  # only the ledger-less one
+    assert len(await list_messages(sessionmaker, "L1")) == 5

@@ -4,16 +4,26 @@ there and sends ``event: message`` with the stored message JSON)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import exists, insert, literal, select
+from sqlalchemy import (
+    ARRAY,
+    Float,
+    Integer,
+    String,
+    bindparam,
+    exists,
+    insert,
+    literal,
+    select,
+    text,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -26,7 +36,9 @@ from delivery.channels.base import (
     guess_mime,
 )
 from delivery.ledger import LedgerEntry, record_web_deliveries
+from jobs.batching import Batcher
 from jobs.constants import SESSION_EVENTS
+from jobs.db import autocommit, engine_of
 from jobs.models import ChatSession, JSONType, SessionMessage
 from jobs.settings import Settings
 
@@ -167,41 +179,171 @@ async def post_messages(
     if not messages:
         return []
     now = time.time()
-    ids = sorted({m.session_id for m in messages if m.session_id})
+    pg = autocommit(engine_of(sessionmaker))
     try:
-        async with sessionmaker() as s:
-            known = set(
-                (
-                    await s.execute(
-                        select(ChatSession.session_id).where(ChatSession.session_id.in_(ids))
-                    )
-                ).scalars()
-            )
-            keyed = [(i, m.session_id, m.ledger) for i, m in enumerate(messages) if m.ledger]
-            dup = await record_web_deliveries(s, keyed, known, now) if keyed else set()
-            rows = [
-                {
-                    "session_id": m.session_id,
-                    "text": m.text or "",
-                    "attachments": list(m.attachments or []),
-                    "job_id": m.job_id,
-                    "created_at": now,
-                }
-                for i, m in enumerate(messages)
-                if m.session_id in known and i not in dup
-            ]
-            new_ids: list[int] = []
-            if rows:
-                res = await s.execute(
-                    insert(SessionMessage).returning(
-                        SessionMessage.id, sort_by_parameter_order=True
-                    ),
-                    rows,
-                )
-                new_ids = list(res.scalars())
-            await s.commit()
+        if pg is not None:
+            known, dup, new_ids = await _pg_store(pg, messages, now)
+        else:
+            known, dup, new_ids = await _store(sessionmaker, messages, now)
     except (OSError, OperationalError, InterfaceError) as exc:
         raise DeliveryTransientError(f"web: database unreachable ({type(exc).__name__})") from exc
+    return await _push(redis, settings, messages, known, dup, new_ids, now)
+
+
+async def _store(
+    sessionmaker: async_sessionmaker[AsyncSession],
+    messages: list[Outgoing],
+    now: float,
+) -> tuple[set[str], set[int], list[int]]:
+    """Sessions that exist, indexes delivered already, ids of the stored messages (in order)."""
+    ids = sorted({m.session_id for m in messages if m.session_id})
+    async with sessionmaker() as s:
+        known = set(
+            (
+                await s.execute(
+                    select(ChatSession.session_id).where(ChatSession.session_id.in_(ids))
+                )
+            ).scalars()
+        )
+        keyed = [(i, m.session_id, m.ledger) for i, m in enumerate(messages) if m.ledger]
+        dup = await record_web_deliveries(s, keyed, known, now) if keyed else set()
+        rows = [
+            {
+                "session_id": m.session_id,
+                "text": m.text or "",
+                "attachments": list(m.attachments or []),
+                "job_id": m.job_id,
+                "created_at": now,
+            }
+            for i, m in enumerate(messages)
+            if m.session_id in known and i not in dup
+        ]
+        new_ids: list[int] = []
+        if rows:
+            res = await s.execute(
+                insert(SessionMessage).returning(SessionMessage.id, sort_by_parameter_order=True),
+                rows,
+            )
+            new_ids = list(res.scalars())
+        await s.commit()
+    return known, dup, new_ids
+
+
+async def _pg_store(
+    pg: Any, messages: list[Outgoing], now: float
+) -> tuple[set[str], set[int], list[int]]:
+    """:func:`_store` on PostgreSQL: one autocommitted statement for the whole batch."""
+    led = [m.ledger for m in messages]
+    params = {
+        "now": now,
+        "idx": list(range(len(messages))),
+        "sessions": [m.session_id or "" for m in messages],
+        "texts": [m.text or "" for m in messages],
+        "atts": [json.dumps(list(m.attachments or []), ensure_ascii=False) for m in messages],
+        "job_ids": [m.job_id for m in messages],
+        "lkeys": [e.key if e else None for e in led],
+        "ljobs": [e.job_id if e else None for e in led],
+        "lchains": [e.chain_run_id if e else None for e in led],
+        "lrecips": [e.recipient[:512] if e else None for e in led],
+        "lkinds": [e.kind if e else None for e in led],
+        "litems": [e.item if e else None for e in led],
+        "lowners": [e.owner if e else None for e in led],
+    }
+    async with pg.connect() as conn:
+        rows = (await conn.execute(_PG_STORE, params)).all()
+    known: set[str] = set()
+    dup: set[int] = set()
+    new_ids: list[int] = []
+    for idx, ok, fresh, new_id in sorted(rows):
+        if ok:
+            known.add(messages[idx].session_id)
+        if not fresh:
+            dup.add(idx)
+        elif new_id is not None:
+            new_ids.append(new_id)
+    return known, dup, new_ids
+
+
+# The ledger rule of ``record_web_deliveries`` as one statement: the first message of each
+# ledger key inserts its row or takes over a pending/failed one (ON CONFLICT locks it, like
+# FOR UPDATE); a key already sent, or sent by a concurrent transaction, skips its message.
+# Message ids are drawn up front so each input row learns its own.
+_PG_STORE = text(
+    """
+WITH req AS (
+  SELECT * FROM unnest(
+    CAST(:idx AS INTEGER[]), CAST(:sessions AS TEXT[]), CAST(:texts AS TEXT[]),
+    CAST(:atts AS TEXT[]), CAST(:job_ids AS TEXT[]), CAST(:lkeys AS TEXT[]),
+    CAST(:ljobs AS TEXT[]), CAST(:lchains AS TEXT[]), CAST(:lrecips AS TEXT[]),
+    CAST(:lkinds AS TEXT[]), CAST(:litems AS TEXT[]), CAST(:lowners AS TEXT[])
+  ) AS r(idx, session_id, text, attachments, job_id, lkey, ljob, lchain, lrecip, lkind,
+         litem, lowner)
+), known AS (
+  SELECT req.*,
+    EXISTS (SELECT 1 FROM chat_sessions cs WHERE cs.session_id = req.session_id) AS ok,
+    row_number() OVER (PARTITION BY lkey ORDER BY idx) AS nth
+  FROM req
+), led AS (
+  INSERT INTO deliveries AS d (ledger_key, job_id, chain_run_id, recipient, channel, kind,
+    item, status, error, tries, claimed_by, created_at, updated_at, sent_at)
+  SELECT lkey, ljob, lchain, lrecip, 'web', lkind, litem,
+    CASE WHEN ok THEN 'sent' ELSE 'failed' END,
+    CASE WHEN ok THEN NULL ELSE 'unknown session ' || quote_literal(session_id) END,
+    1, lowner, :now, :now, CASE WHEN ok THEN CAST(:now AS DOUBLE PRECISION) END
+  FROM known WHERE lkey IS NOT NULL AND nth = 1
+  ORDER BY lkey
+  ON CONFLICT (ledger_key) DO UPDATE SET status = EXCLUDED.status, error = EXCLUDED.error,
+    claimed_by = EXCLUDED.claimed_by, sent_at = EXCLUDED.sent_at,
+    updated_at = EXCLUDED.updated_at, tries = d.tries + 1
+  WHERE d.status <> 'sent'
+  RETURNING ledger_key
+), judged AS (
+  SELECT known.*,
+    (lkey IS NULL OR (nth = 1 AND lkey IN (SELECT ledger_key FROM led))) AS fresh
+  FROM known
+), keep AS (
+  SELECT idx, session_id, text, attachments, job_id,
+    nextval(pg_get_serial_sequence('session_messages', 'id')) AS new_id
+  FROM (SELECT * FROM judged WHERE ok AND fresh ORDER BY idx) AS ordered
+), msg AS (
+  INSERT INTO session_messages (id, session_id, text, attachments, job_id, created_at)
+  SELECT new_id, session_id, text, CAST(attachments AS JSONB), job_id, :now
+  FROM keep ORDER BY idx
+  RETURNING id
+)
+SELECT judged.idx, judged.ok, judged.fresh, keep.new_id
+FROM judged LEFT JOIN keep ON keep.idx = judged.idx"""
+).bindparams(
+    *(
+        bindparam(n, type_=ARRAY(Integer) if n == "idx" else ARRAY(String))
+        for n in (
+            "idx",
+            "sessions",
+            "texts",
+            "atts",
+            "job_ids",
+            "lkeys",
+            "ljobs",
+            "lchains",
+            "lrecips",
+            "lkinds",
+            "litems",
+            "lowners",
+        )
+    ),
+    bindparam("now", type_=Float),
+)
+
+
+async def _push(
+    redis: Any,
+    settings: Settings,
+    messages: list[Outgoing],
+    known: set[str],
+    dup: set[int],
+    new_ids: list[int],
+    now: float,
+) -> list[dict[str, Any] | DeliveryPermanentError | None]:
     out: list[dict[str, Any] | DeliveryPermanentError | None] = []
     stored: list[dict[str, Any]] = []
     pushed: list[Outgoing] = []
@@ -234,9 +376,10 @@ async def post_messages(
 
 
 class MessageBatcher:
-    """Coalesces concurrent web deliveries: while one batch is being written, new messages
-    queue up and go together in the next one. No added latency when idle; under load, one
-    transaction and one Redis round trip carry up to ``max_batch`` messages."""
+    """Coalesces concurrent web deliveries (group commit, :class:`jobs.batching.Batcher`):
+    while a batch is being written, new messages queue up and go together in the next one.
+    No added latency when idle; under load, one transaction and one Redis round trip carry
+    up to ``max_batch`` messages, with two batches in flight."""
 
     def __init__(
         self,
@@ -249,9 +392,10 @@ class MessageBatcher:
         self.sessionmaker = sessionmaker
         self.redis = redis
         self.settings = settings
-        self.max_batch = max_batch
-        self._queue: list[tuple[Outgoing, asyncio.Future[Any]]] = []
-        self._task: asyncio.Task[None] | None = None
+        # an item is the messages of one post_many call: they always share a batch
+        self._batcher: Batcher[list[Outgoing], list[Any]] = Batcher(
+            self._flush, max_batch=max_batch, concurrency=2, name="web-messages"
+        )
 
     async def post(self, msg: Outgoing) -> dict[str, Any]:
         """Store and push one message; its stored dict (raises on failure)."""
@@ -267,41 +411,16 @@ class MessageBatcher:
     ) -> list[dict[str, Any] | DeliveryPermanentError | None]:
         """Messages that go in the same batch, in order; per message what
         :func:`post_messages` returns. Raises :class:`DeliveryTransientError`."""
-        loop = asyncio.get_running_loop()
-        futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in msgs]
-        task = self._task
-        if task is not None and task.get_loop() is not loop:
-            # left over from an event loop that is gone: nobody waits for those any more
-            self._queue = [(m, f) for m, f in self._queue if f.get_loop() is loop]
-            task = None
-        self._queue.extend(zip(msgs, futs, strict=True))
-        if task is None or task.done():
-            self._task = asyncio.create_task(self._drain())
-        results = await asyncio.gather(*futs, return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException) and not isinstance(r, DeliveryPermanentError):
-                raise r
-        return cast("list[dict[str, Any] | DeliveryPermanentError | None]", results)
+        return await self._batcher.submit(msgs)
 
-    async def _drain(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
-            try:
-                results = await post_messages(
-                    self.sessionmaker, self.redis, self.settings, [m for m, _ in batch]
-                )
-            except Exception as exc:
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
-            for (_, fut), res in zip(batch, results, strict=True):
-                if fut.done():
-                    continue
-                if isinstance(res, Exception):
-                    fut.set_exception(res)
-                else:
-                    fut.set_result(res)
+    async def _flush(self, groups: list[list[Outgoing]]) -> list[list[Any]]:
+        flat = [m for group in groups for m in group]
+        results = await post_messages(self.sessionmaker, self.redis, self.settings, flat)
+        out, i = [], 0
+        for group in groups:
+            out.append(results[i : i + len(group)])
+            i += len(group)
+        return out
 
 
 async def list_messages(
