@@ -278,3 +278,23 @@ async def test_worker_survives_a_redis_restart(job_settings, tmp_path):
         await w.close()
         await svc.close()
         server.stop()
+
+
+async def test_unusable_arq_entries_are_dropped_and_tidied(services):
+    """arq entries the worker cannot run (record expired, unknown function, undecodable)
+    are logged and removed from Redis; the jobs around them run normally."""
+    from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
+
+    redis, queue = services.redis, services.settings.queue_name
+    good = await dispatch(services, "bg_sleep", {"seconds": 0.01})
+    await redis.enqueue_job("no_such_function", _job_id="unknown-fn", _queue_name=queue)
+    await redis.zadd(queue, {"expired": 1})  # in the queue, its record gone
+    await redis.set(job_key_prefix + "garbage", b"\x00not a pickle")
+    await redis.zadd(queue, {"garbage": 1})
+    await drain(services)
+    job, _ = await job_and_attempts(services, good)
+    assert job.status == "succeeded"
+    assert await redis.zcard(queue) == 0
+    for arq_id in ("unknown-fn", "expired", "garbage"):
+        for prefix in (job_key_prefix, in_progress_key_prefix, retry_key_prefix):
+            assert not await redis.exists(prefix + arq_id)
