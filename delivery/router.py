@@ -7,6 +7,7 @@ live); third-party channels get it at the job's ``actor_key``.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -70,9 +71,12 @@ def origin_of(job: Any) -> Origin:
 
 
 def workspace_of(settings: Any, job: Any) -> Path:
-    return (
-        Path(settings.resolved_workspace_root) / (job.role_id or "") / (job.session_id or "shared")
-    )
+    return _workspace(str(settings.resolved_workspace_root), job.role_id, job.session_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _workspace(root: str, role_id: str | None, session_id: str | None) -> Path:
+    return Path(root) / (role_id or "") / (session_id or "shared")
 
 
 TEXT_CAP = 4000  # a chat message, not a data dump: the full result stays with the job
@@ -226,7 +230,9 @@ async def deliver_result(
         except LeaseLost:
             return []
 
-    workspace = workspace_of(settings, job).resolve()
+    workspace = workspace_of(settings, job)
+    if artifacts:  # files are attached only from inside the real workspace
+        workspace = workspace.resolve()
     out: list[dict[str, Any]] = []
     items = plan(result, artifacts, adapter, skill=job.skill)
     try:

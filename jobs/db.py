@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -51,6 +53,45 @@ def autocommit(engine: AsyncEngine) -> AsyncEngine | None:
     if ac is None or ac.sync_engine.pool is not engine.sync_engine.pool:
         ac = _autocommit[id(engine)] = engine.execution_options(isolation_level="AUTOCOMMIT")
     return ac
+
+
+# asyncpg errors that mean "this connection is gone" (server restart, network, shutdown)
+def _lost_errors() -> tuple[type[BaseException], ...]:
+    try:
+        import asyncpg
+    except ImportError:  # pragma: no cover - SQLite-only installs
+        return (OSError, TimeoutError)
+    return (
+        OSError,
+        TimeoutError,
+        asyncpg.InterfaceError,
+        asyncpg.PostgresConnectionError,
+        asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, cannot connect now
+    )
+
+
+_LOST: tuple[type[BaseException], ...] | None = None
+
+
+async def raw_fetch(engine: AsyncEngine, sql: str, *args: Any) -> list[Any]:
+    """Run one statement straight on the pooled asyncpg connection (PostgreSQL hot paths).
+
+    For statements that carry a whole batch, SQLAlchemy's per-row result processing costs
+    more than the database does. ``engine`` should be the :func:`autocommit` view: the
+    statement commits on its own. asyncpg prepares and caches the statement per
+    connection. A lost connection is invalidated and reported as SQLAlchemy's
+    ``OperationalError``, like every other database outage (callers retry those).
+    JSON/JSONB columns come back decoded (the dialect registers the codecs).
+    """
+    global _LOST
+    lost = _LOST or (_LOST := _lost_errors())
+    async with engine.connect() as conn:
+        fairy = await conn.get_raw_connection()
+        try:
+            return await fairy.driver_connection.fetch(sql, *args)  # type: ignore[union-attr]
+        except lost as exc:
+            await conn.invalidate(exc if isinstance(exc, Exception) else None)
+            raise OperationalError(sql, args, exc, hide_parameters=True) from exc
 
 
 def engine_of(sm: async_sessionmaker[AsyncSession]) -> AsyncEngine:

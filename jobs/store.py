@@ -14,21 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
-    ARRAY,
-    Float,
-    Integer,
-    String,
     bindparam,
     func,
     insert,
     literal_column,
     select,
-    text,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from jobs.db import autocommit, engine_of
+from jobs.db import autocommit, engine_of, raw_fetch
 from jobs.models import (
     CANCELLED,
     FAILED,
@@ -149,81 +144,70 @@ _CLOSE_ATTEMPT = (
 # On PostgreSQL, claim and finish are each ONE autocommitted statement (data-modifying
 # CTEs) for a whole batch of jobs: one round trip instead of BEGIN, two statements per job
 # and COMMIT. The batch arrives as parallel arrays (``unnest``), so the statement text is
-# the same for any batch size and is prepared once per connection. Written as SQL text:
-# SQLAlchemy's statement cache mixes up DML CTEs that differ only in their SET lists.
-_PG_CLAIM = (
-    text(
-        """
+# the same for any batch size and is prepared once per connection; it runs on the asyncpg
+# driver directly (``db.raw_fetch``): per-row result processing would cost more than the
+# database does.
+# ``(status = …) IS TRUE`` keeps the planner on primary-key lookups: with a plain
+# ``status = 'queued'`` it may read every queued job through the status index (stale
+# statistics say there are few) and hash them, a cost that grows with the queue.
+_PG_CLAIM = """
 WITH req AS (
-  SELECT * FROM unnest(CAST(:jids AS TEXT[]), CAST(:toks AS INTEGER[])) AS r(jid, tok)
+  SELECT * FROM unnest($1::text[], $2::int[]) AS r(jid, tok)
 ), j AS (
-  UPDATE jobs SET status = 'running', lease_token = req.tok + 1, lease_owner = :owner,
-    lease_expires_at = :expires, attempts = jobs.attempts + 1,
-    started_at = COALESCE(jobs.started_at, :now), updated_at = :now
+  UPDATE jobs SET status = 'running', lease_token = req.tok + 1, lease_owner = $3::text,
+    lease_expires_at = $4::float8, attempts = jobs.attempts + 1,
+    started_at = COALESCE(jobs.started_at, $5::float8), updated_at = $5::float8
   FROM req
-  WHERE jobs.id = req.jid AND jobs.status = 'queued' AND jobs.lease_token = req.tok
+  WHERE jobs.id = req.jid AND (jobs.status = 'queued') IS TRUE AND jobs.lease_token = req.tok
   RETURNING jobs.*
 ), a AS (
   INSERT INTO job_attempts (job_id, number, worker_id, lease_token, started_at, outcome)
-  SELECT id, attempts, :owner, lease_token, :now, 'running' FROM j
+  SELECT id, attempts, $3::text, lease_token, $5::float8, 'running' FROM j
   RETURNING id
 )
 SELECT * FROM j"""
-    )
-    .bindparams(
-        bindparam("jids", type_=ARRAY(String)),
-        bindparam("toks", type_=ARRAY(Integer)),
-        bindparam("owner", type_=String),
-        bindparam("expires", type_=Float),
-        bindparam("now", type_=Float),
-    )
-    .columns(*_jobs.c)
-)
 
-_PG_FINISH = text(
-    """
+_PG_FINISH = """
 WITH req AS (
   SELECT * FROM unnest(
-    CAST(:jids AS TEXT[]), CAST(:toks AS INTEGER[]), CAST(:statuses AS TEXT[]),
-    CAST(:results AS TEXT[]), CAST(:errors AS TEXT[]), CAST(:error_types AS TEXT[]),
-    CAST(:fetches AS TEXT[]), CAST(:outcomes AS TEXT[]), CAST(:aerrors AS TEXT[])
+    $1::text[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+    $8::text[], $9::text[]
   ) AS r(jid, tok, status, result, error, error_type, fetches, outcome, aerror)
 ), f AS (
   UPDATE jobs SET status = req.status, result = CAST(req.result AS JSONB),
     error = req.error, error_type = req.error_type,
     fetches = CASE WHEN req.fetches IS NULL THEN jobs.fetches
                    ELSE CAST(req.fetches AS JSONB) END,
-    finished_at = :now, duration_ms = (:now - jobs.started_at) * 1000.0,
-    lease_owner = NULL, lease_expires_at = NULL, updated_at = :now
+    finished_at = $10::float8, duration_ms = ($10::float8 - jobs.started_at) * 1000.0,
+    lease_owner = NULL, lease_expires_at = NULL, updated_at = $10::float8
   FROM req
-  WHERE jobs.id = req.jid AND jobs.lease_token = req.tok AND jobs.status = 'running'
+  WHERE jobs.id = req.jid AND jobs.lease_token = req.tok AND (jobs.status = 'running') IS TRUE
   RETURNING jobs.id, req.tok, req.outcome, req.aerror, req.error_type
 ), c AS (
-  UPDATE job_attempts SET finished_at = :now, outcome = f.outcome, error = f.aerror,
-    error_type = f.error_type, duration_ms = (:now - job_attempts.started_at) * 1000.0
+  UPDATE job_attempts SET finished_at = $10::float8, outcome = f.outcome, error = f.aerror,
+    error_type = f.error_type,
+    duration_ms = ($10::float8 - job_attempts.started_at) * 1000.0
   FROM f
   WHERE job_attempts.job_id = f.id AND job_attempts.lease_token = f.tok
     AND job_attempts.finished_at IS NULL
   RETURNING job_attempts.id
 )
 SELECT id, tok FROM f"""
-).bindparams(
-    *(
-        bindparam(name, type_=ARRAY(Integer) if name == "toks" else ARRAY(String))
-        for name in (
-            "jids",
-            "toks",
-            "statuses",
-            "results",
-            "errors",
-            "error_types",
-            "fetches",
-            "outcomes",
-            "aerrors",
-        )
-    ),
-    bindparam("now", type_=Float),
-)
+
+
+class RowView:
+    """Attribute access to a driver record, like a SQLAlchemy row (``row.skill``)."""
+
+    __slots__ = ("_record",)
+
+    def __init__(self, record: Any) -> None:
+        self._record = record
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._record[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 def _json(value: Any) -> str | None:
@@ -259,10 +243,17 @@ async def claim_many(
     rows: dict[tuple[str, int], Any] = {}
     pg = _pg(sm)
     if pg is not None:
-        params = {**common, "jids": [j for j, _ in wanted], "toks": [t for _, t in wanted]}
-        async with pg.connect() as conn:
-            for row in await conn.execute(_PG_CLAIM, params):
-                rows[(row.id, row.lease_token - 1)] = row
+        records = await raw_fetch(
+            pg,
+            _PG_CLAIM,
+            [j for j, _ in wanted],
+            [t for _, t in wanted],
+            worker_id,
+            common["expires"],
+            now,
+        )
+        for rec in records:
+            rows[(rec["id"], rec["lease_token"] - 1)] = RowView(rec)
     else:
         async with engine_of(sm).begin() as conn:
             for job_id, tok in wanted:
@@ -344,20 +335,21 @@ async def finish_many(sm: Sessions, outcomes: list[Outcome]) -> list[bool]:
     done: set[tuple[str, int]] = set()
     pg = _pg(sm)
     if pg is not None:
-        params: dict[str, Any] = {
-            "now": now,
-            "jids": [o.job_id for o in outcomes],
-            "toks": [o.token for o in outcomes],
-            "statuses": [o.status for o in outcomes],
-            "results": [_json(o.result) for o in outcomes],
-            "errors": [o.error for o in outcomes],
-            "error_types": [o.error_type for o in outcomes],
-            "fetches": [_json(o.fetches) for o in outcomes],
-            "outcomes": [o.attempt_outcome or o.status for o in outcomes],
-            "aerrors": [_attempt_error(o) for o in outcomes],
-        }
-        async with pg.connect() as conn:
-            done = {(r[0], r[1]) for r in await conn.execute(_PG_FINISH, params)}
+        records = await raw_fetch(
+            pg,
+            _PG_FINISH,
+            [o.job_id for o in outcomes],
+            [o.token for o in outcomes],
+            [o.status for o in outcomes],
+            [_json(o.result) for o in outcomes],
+            [o.error for o in outcomes],
+            [o.error_type for o in outcomes],
+            [_json(o.fetches) for o in outcomes],
+            [o.attempt_outcome or o.status for o in outcomes],
+            [_attempt_error(o) for o in outcomes],
+            now,
+        )
+        done = {(r["id"], r["tok"]) for r in records}
         return [(o.job_id, o.token) in done for o in outcomes]
     async with engine_of(sm).begin() as conn:
         for o in outcomes:

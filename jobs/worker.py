@@ -110,10 +110,11 @@ class JobRunner:
         sm, s = services.sessionmaker, services.settings
         self.claims: Batcher[tuple[str, int], store.Claim | None] = Batcher(
             lambda wanted: store.claim_many(sm, wanted, worker_id, s.worker_lease_sec),
+            concurrency=2,
             name="claim",
         )
         self.outcomes: Batcher[store.Outcome, bool] = Batcher(
-            lambda outcomes: store.finish_many(sm, outcomes), name="finish"
+            lambda outcomes: store.finish_many(sm, outcomes), concurrency=2, name="finish"
         )
         self.events: Batcher[tuple[str, str, str], None] = Batcher(
             self._publish_events, name="events"

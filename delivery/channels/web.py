@@ -13,16 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
-    ARRAY,
-    Float,
-    Integer,
-    String,
-    bindparam,
     exists,
     insert,
     literal,
     select,
-    text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -38,7 +32,7 @@ from delivery.channels.base import (
 from delivery.ledger import LedgerEntry, record_web_deliveries
 from jobs.batching import Batcher
 from jobs.constants import SESSION_EVENTS
-from jobs.db import autocommit, engine_of
+from jobs.db import autocommit, engine_of, raw_fetch
 from jobs.models import ChatSession, JSONType, SessionMessage
 from jobs.settings import Settings
 
@@ -234,27 +228,27 @@ async def _pg_store(
 ) -> tuple[set[str], set[int], list[int]]:
     """:func:`_store` on PostgreSQL: one autocommitted statement for the whole batch."""
     led = [m.ledger for m in messages]
-    params = {
-        "now": now,
-        "idx": list(range(len(messages))),
-        "sessions": [m.session_id or "" for m in messages],
-        "texts": [m.text or "" for m in messages],
-        "atts": [json.dumps(list(m.attachments or []), ensure_ascii=False) for m in messages],
-        "job_ids": [m.job_id for m in messages],
-        "lkeys": [e.key if e else None for e in led],
-        "ljobs": [e.job_id if e else None for e in led],
-        "lchains": [e.chain_run_id if e else None for e in led],
-        "lrecips": [e.recipient[:512] if e else None for e in led],
-        "lkinds": [e.kind if e else None for e in led],
-        "litems": [e.item if e else None for e in led],
-        "lowners": [e.owner if e else None for e in led],
-    }
-    async with pg.connect() as conn:
-        rows = (await conn.execute(_PG_STORE, params)).all()
+    rows = await raw_fetch(
+        pg,
+        _PG_STORE,
+        list(range(len(messages))),
+        [m.session_id or "" for m in messages],
+        [m.text or "" for m in messages],
+        [json.dumps(list(m.attachments or []), ensure_ascii=False) for m in messages],
+        [m.job_id for m in messages],
+        [e.key if e else None for e in led],
+        [e.job_id if e else None for e in led],
+        [e.chain_run_id if e else None for e in led],
+        [e.recipient[:512] if e else None for e in led],
+        [e.kind if e else None for e in led],
+        [e.item if e else None for e in led],
+        [e.owner if e else None for e in led],
+        now,
+    )
     known: set[str] = set()
     dup: set[int] = set()
     new_ids: list[int] = []
-    for idx, ok, fresh, new_id in sorted(rows):
+    for idx, ok, fresh, new_id in sorted(tuple(r) for r in rows):
         if ok:
             known.add(messages[idx].session_id)
         if not fresh:
@@ -268,14 +262,13 @@ async def _pg_store(
 # ledger key inserts its row or takes over a pending/failed one (ON CONFLICT locks it, like
 # FOR UPDATE); a key already sent, or sent by a concurrent transaction, skips its message.
 # Message ids are drawn up front so each input row learns its own.
-_PG_STORE = text(
-    """
+_PG_STORE = """
 WITH req AS (
   SELECT * FROM unnest(
-    CAST(:idx AS INTEGER[]), CAST(:sessions AS TEXT[]), CAST(:texts AS TEXT[]),
-    CAST(:atts AS TEXT[]), CAST(:job_ids AS TEXT[]), CAST(:lkeys AS TEXT[]),
-    CAST(:ljobs AS TEXT[]), CAST(:lchains AS TEXT[]), CAST(:lrecips AS TEXT[]),
-    CAST(:lkinds AS TEXT[]), CAST(:litems AS TEXT[]), CAST(:lowners AS TEXT[])
+    $1::int[], $2::text[], $3::text[],
+    $4::text[], $5::text[], $6::text[],
+    $7::text[], $8::text[], $9::text[],
+    $10::text[], $11::text[], $12::text[]
   ) AS r(idx, session_id, text, attachments, job_id, lkey, ljob, lchain, lrecip, lkind,
          litem, lowner)
 ), known AS (
@@ -289,7 +282,7 @@ WITH req AS (
   SELECT lkey, ljob, lchain, lrecip, 'web', lkind, litem,
     CASE WHEN ok THEN 'sent' ELSE 'failed' END,
     CASE WHEN ok THEN NULL ELSE 'unknown session ' || quote_literal(session_id) END,
-    1, lowner, :now, :now, CASE WHEN ok THEN CAST(:now AS DOUBLE PRECISION) END
+    1, lowner, $13::float8, $13::float8, CASE WHEN ok THEN $13::float8 END
   FROM known WHERE lkey IS NOT NULL AND nth = 1
   ORDER BY lkey
   ON CONFLICT (ledger_key) DO UPDATE SET status = EXCLUDED.status, error = EXCLUDED.error,
@@ -307,32 +300,12 @@ WITH req AS (
   FROM (SELECT * FROM judged WHERE ok AND fresh ORDER BY idx) AS ordered
 ), msg AS (
   INSERT INTO session_messages (id, session_id, text, attachments, job_id, created_at)
-  SELECT new_id, session_id, text, CAST(attachments AS JSONB), job_id, :now
+  SELECT new_id, session_id, text, CAST(attachments AS JSONB), job_id, $13::float8
   FROM keep ORDER BY idx
   RETURNING id
 )
 SELECT judged.idx, judged.ok, judged.fresh, keep.new_id
 FROM judged LEFT JOIN keep ON keep.idx = judged.idx"""
-).bindparams(
-    *(
-        bindparam(n, type_=ARRAY(Integer) if n == "idx" else ARRAY(String))
-        for n in (
-            "idx",
-            "sessions",
-            "texts",
-            "atts",
-            "job_ids",
-            "lkeys",
-            "ljobs",
-            "lchains",
-            "lrecips",
-            "lkinds",
-            "litems",
-            "lowners",
-        )
-    ),
-    bindparam("now", type_=Float),
-)
 
 
 async def _push(
