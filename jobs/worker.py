@@ -95,7 +95,9 @@ except ImportError:  # pragma: no cover
 class JobRunner:
     """Per-process state shared by the job functions and the background loops."""
 
-    def __init__(self, services: Services, executor: Any, worker_id: str) -> None:
+    def __init__(
+        self, services: Services, executor: Any, worker_id: str, *, max_finishing: int = 100
+    ) -> None:
         self.svc = services
         self.executor = executor
         self.worker_id = worker_id
@@ -103,6 +105,11 @@ class JobRunner:
         self.inner: dict[str, asyncio.Task[Any]] = {}  # job id → running executor task
         self.cancel_asked: set[str] = set()
         self.lost: set[str] = set()
+        # Jobs whose skill has finished, being post-processed and delivered. They no longer
+        # hold a worker slot (max_jobs bounds running skills); at most ``max_finishing``.
+        self.finishing: set[asyncio.Task[Any]] = set()
+        self.max_finishing = max_finishing
+        self._gate: asyncio.Semaphore | None = None
         # job id → until when our lease is certainly ours (as of the last claim/renewal).
         self.lease_until: dict[str, float] = {}
         # Group commit: the claims, outcomes and live events of concurrent jobs travel
@@ -131,16 +138,50 @@ class JobRunner:
         job, token = claim.job, claim.token
         self.held[job_id] = token
         self.lease_until[job_id] = asked_at + s.worker_lease_sec
+        handed_off = False
         try:
-            return await self._run_claimed(job, token, claim.attempt)
+            done = await self._run_claimed(job, token, claim.attempt)
+            if isinstance(done, str):
+                return done
+            # The skill has finished: its post-processing and delivery go on in the
+            # finishing stage, and this slot takes the next job.
+            await self._finish_gate().acquire()
+            task = asyncio.create_task(self._finish(job, token, done))
+            self.finishing.add(task)
+            task.add_done_callback(self._finished)
+            handed_off = True
+            return "finishing"
         finally:
-            self.held.pop(job_id, None)
-            self.lease_until.pop(job_id, None)
-            self.inner.pop(job_id, None)
-            self.cancel_asked.discard(job_id)
-            self.lost.discard(job_id)
+            if not handed_off:
+                self._release(job_id)
 
-    async def _run_claimed(self, job: Any, token: int, attempt: int) -> str:
+    def _release(self, job_id: str) -> None:
+        self.held.pop(job_id, None)
+        self.lease_until.pop(job_id, None)
+        self.inner.pop(job_id, None)
+        self.cancel_asked.discard(job_id)
+        self.lost.discard(job_id)
+
+    def _finish_gate(self) -> asyncio.Semaphore:
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(self.max_finishing)
+        return self._gate
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self.finishing.discard(task)
+        if self._gate is not None:
+            self._gate.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("finishing stage failed: %r", task.exception())
+
+    async def wait_finishing(self) -> None:
+        """Wait until every handed-off job is post-processed, delivered and recorded."""
+        while self.finishing:
+            await asyncio.wait(list(self.finishing))
+
+    async def _run_claimed(self, job: Any, token: int, attempt: int) -> Any:
+        """Run the skill; a str when the job is settled here (cancelled, lost, re-queued),
+        else the skill's outcome for the finishing stage."""
         svc = self.svc
         job_id = job.id
         input_data = svc.box.unseal(job.input or {})
@@ -190,21 +231,36 @@ class JobRunner:
                     return "retrying"
                 return "lost"
 
+        return outcome
+
+    async def _finish(self, job: Any, token: int, outcome: Any) -> str:
+        """The finishing stage of one job: post-processing, delivery, the fenced record."""
+        job_id = job.id
         status = outcome.status if outcome.status in (SUCCEEDED, FAILED, TIMED_OUT) else FAILED
         result = outcome.result
         post: Any = None
         try:
-            post = await self._postprocess(job, token, result)
-            result = post.result
+            try:
+                post = await self._postprocess(job, token, result)
+                result = post.result
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # post-processing never loses the skill's result
+                log.exception("job %s: post-processing failed", job_id)
+                result = dict(result)
+                result.setdefault("postprocess_error", f"{exc.__class__.__name__}: {exc}")
+            fetches = getattr(post, "fetches", None)
+            await self._record(
+                job, token, status, result, outcome.error, outcome.error_type, fetches
+            )
+            return status
         except asyncio.CancelledError:
+            # Worker shutdown (grace period over) mid-delivery: hand the job back; the
+            # delivery ledger keeps the next attempt from sending anything twice.
+            await asyncio.shield(self._hand_back(job, token, "worker stopped before it finished"))
             raise
-        except Exception as exc:  # post-processing never loses the skill's result
-            log.exception("job %s: post-processing failed", job_id)
-            result = dict(result)
-            result.setdefault("postprocess_error", f"{exc.__class__.__name__}: {exc}")
-        fetches = getattr(post, "fetches", None)
-        await self._record(job, token, status, result, outcome.error, outcome.error_type, fetches)
-        return status
+        finally:
+            self._release(job_id)
 
     async def _postprocess(self, job: Any, token: int, result: dict[str, Any]) -> Any:
         from delivery.pipeline import postprocess
@@ -407,8 +463,16 @@ class SkillJobsWorker(Worker):
     """arq's worker, woken by a pub/sub message the moment work is enqueued instead of
     polling every 0.5 s (the idle poll stays as a safety net for delayed retries)."""
 
-    def __init__(self, *args: Any, idle_poll: float = 0.5, wake_channel: str, **kw: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        idle_poll: float = 0.5,
+        wake_channel: str,
+        runner: JobRunner | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(*args, poll_delay=idle_poll, **kw)
+        self.runner = runner
         self._wake = asyncio.Event()
         self._wake_channel = wake_channel
         self._last_read = 0
@@ -540,9 +604,13 @@ class SkillJobsWorker(Worker):
                 if self.burst:
                     if 0 <= self.max_burst_jobs <= self._jobs_started():
                         await asyncio.gather(*self.tasks.values())
+                        if self.runner is not None:
+                            await self.runner.wait_finishing()
                         return
                     if await self.pool.zcard(self.queue_name) == 0:
                         await asyncio.gather(*self.tasks.values())
+                        if self.runner is not None:
+                            await self.runner.wait_finishing()
                         await self._cleanup.flush()
                         if await self.pool.zcard(self.queue_name) == 0:
                             return
@@ -557,11 +625,38 @@ class SkillJobsWorker(Worker):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await listener
 
+    # --- stopping: jobs in the finishing stage count as running ----------------------------
+
+    def _finishing(self) -> set[asyncio.Task[Any]]:
+        return self.runner.finishing if self.runner is not None else set()
+
+    async def _sleep_until_tasks_complete(self) -> None:
+        while pending := [t for t in [*self.tasks.values(), *self._finishing()] if not t.done()]:
+            await asyncio.wait(pending)
+
+    async def _wait_for_tasks_to_complete(self, signum: signal.Signals) -> None:
+        """SIGTERM: running skills and deliveries get the grace period, then whatever is
+        left is cancelled (and handed back to the queue by the job function)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._job_completion_wait):
+                await self._sleep_until_tasks_complete()
+        self._cancel_all()
+        if self.main_task:
+            self.main_task.cancel()
+        if self.on_stop:
+            self.on_stop(signum)
+
+    def _cancel_all(self) -> None:
+        for t in [*self.tasks.values(), *self._finishing()]:
+            if not t.done():
+                t.cancel()
+
     async def close(self) -> None:
         """Stop running jobs and background loops; the Redis pool belongs to ``Services``."""
         if not self._handle_signals:
             self.handle_sig(signal.SIGUSR1)
-        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        self._cancel_all()
+        await asyncio.gather(*self.tasks.values(), *self._finishing(), return_exceptions=True)
         await self._cleanup.flush()
         with contextlib.suppress(Exception):
             await self.pool.delete(self.health_check_key)
@@ -641,7 +736,9 @@ def build_worker(
         )
     settings = services.settings
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-    runner = JobRunner(services, executor, wid)
+    runner = JobRunner(
+        services, executor, wid, max_finishing=max_jobs or services.settings.worker_max_jobs
+    )
     background: list[asyncio.Task[Any]] = []
 
     async def on_startup(ctx: dict[str, Any]) -> None:
@@ -706,6 +803,7 @@ def build_worker(
         redis_pool=services.redis,
         queue_name=settings.queue_name,
         wake_channel=settings.key(WAKE_CHANNEL),
+        runner=runner,
         burst=burst,
         max_jobs=max_jobs or settings.worker_max_jobs,
         keep_result=0,

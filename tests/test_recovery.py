@@ -19,6 +19,8 @@ from jobs.dispatcher import Dispatcher
 from jobs.models import JobAttempt
 from jobs.services import Services
 from tests.conftest import JOB_SKILLS, make_settings
+from tests.fakes.server import Request, Response
+from tests.fakes.telegram import FakeTelegram
 from tests.test_worker import TG, job_and_attempts, wait_status
 
 pytestmark = pytest.mark.slow
@@ -258,29 +260,27 @@ async def test_database_outage_mid_job_does_not_crash_the_worker(svc, pg_setting
         await proxy.close()
 
 
+class StallingTelegram(FakeTelegram):
+    """Holds the first sendDocument (undelivered) until the worker is stopped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled = asyncio.Event()
+        self._stall_once = True
+
+    async def _handle(self, req: Request) -> Response:
+        if req.path.endswith("/sendDocument") and self._stall_once:
+            self._stall_once = False
+            self.stalled.set()
+            await asyncio.sleep(30)  # the worker is stopped long before
+        return await super()._handle(req)
+
+
 async def test_worker_killed_mid_delivery_sends_each_item_once(
     pg_settings, workers, redis_server_url
 ):
     """The first item reached the chat, the worker died sending the second: the re-run
     sends only the second, once."""
-    from tests.fakes.server import Request, Response
-    from tests.fakes.telegram import FakeTelegram
-
-    class StallingTelegram(FakeTelegram):
-        """Holds the first sendDocument (undelivered) until the worker is killed."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.stalled = asyncio.Event()
-            self._stall_once = True
-
-        async def _handle(self, req: Request) -> Response:
-            if req.path.endswith("/sendDocument") and self._stall_once:
-                self._stall_once = False
-                self.stalled.set()
-                await asyncio.sleep(30)  # the worker is killed long before
-            return await super()._handle(req)
-
     tg = StallingTelegram().start()
     try:
         pg_settings.skills_path = str(Path(__file__).parent / "fakes" / "skills")
@@ -311,6 +311,44 @@ async def test_worker_killed_mid_delivery_sends_each_item_once(
             async with s.sessionmaker() as sess:
                 rows = (await sess.scalars(select(Delivery).where(Delivery.job_id == job_id))).all()
             assert sorted((r.kind, r.status) for r in rows) == [("file", "sent"), ("image", "sent")]
+        finally:
+            await s.close()
+    finally:
+        tg.stop()
+
+
+async def test_sigterm_mid_delivery_hands_the_job_back(pg_settings, workers):
+    """A job whose skill has finished but whose delivery hangs when SIGTERM arrives: the
+    worker waits out the grace period, hands the job back and exits; the next worker
+    delivers what is missing, once."""
+    tg = StallingTelegram().start()
+    try:
+        pg_settings.skills_path = str(Path(__file__).parent / "fakes" / "skills")
+        env = {"SKILLJOBS_TELEGRAM_BOT_TOKEN": tg.token, "SKILLJOBS_TELEGRAM_API_BASE": tg.url}
+        first = workers(pg_settings, **env)
+        s = await Services.open(pg_settings)
+        try:
+            origin = {**TG, "actor_key": "1001"}
+            job_id = (await Dispatcher(s).dispatch("two_files", {}, origin)).body["job_id"]
+            deadline = time.monotonic() + 30
+            while not tg.stalled.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert tg.stalled.is_set(), first.log.read_text()[-2000:]
+            t0 = time.monotonic()
+            first.signal(signal.SIGTERM)
+            assert await asyncio.to_thread(first.proc.wait, 30) is not None
+            assert time.monotonic() - t0 < 15  # the 2 s grace, not the 30 s stall
+            job, attempts = await job_and_attempts(s, job_id)
+            assert job.status == "queued" and job.result is None
+            assert [a.outcome for a in attempts] == ["requeued"]
+            workers(pg_settings, **env)
+            job = await wait_status(s, job_id, {"succeeded", "failed"}, limit=90)
+            assert job.status == "succeeded" and job.attempts == 2
+            deadline = time.monotonic() + 30
+            while len(tg.sent) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1)
+            assert [m["method"] for m in tg.sent] == ["sendPhoto", "sendDocument"]
         finally:
             await s.close()
     finally:
