@@ -65,8 +65,8 @@ class Batcher(Generic[I, R]):
 
     async def flush(self) -> None:
         """Wait until everything added so far has been written (or has failed)."""
-        while self._tasks:
-            await asyncio.wait(list(self._tasks))
+        while pending := [t for t in self._tasks if not t.done()]:
+            await asyncio.wait(pending)
 
     def _add(self, item: I) -> asyncio.Future[R]:
         loop = asyncio.get_running_loop()
@@ -76,7 +76,8 @@ class Batcher(Generic[I, R]):
             self._pending = [(i, f) for i, f in self._pending if f.get_loop() is loop]
         fut: asyncio.Future[R] = loop.create_future()
         self._pending.append((item, fut))
-        if len(self._tasks) < self.concurrency:
+        # (a drain that has just returned stays in the set until its done-callback runs)
+        if sum(not t.done() for t in self._tasks) < self.concurrency:
             task = loop.create_task(self._drain(), name=f"batcher:{self.name}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

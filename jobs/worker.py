@@ -96,7 +96,13 @@ class JobRunner:
     """Per-process state shared by the job functions and the background loops."""
 
     def __init__(
-        self, services: Services, executor: Any, worker_id: str, *, max_finishing: int = 100
+        self,
+        services: Services,
+        executor: Any,
+        worker_id: str,
+        *,
+        max_finishing: int = 200,
+        linger: float = 0.01,
     ) -> None:
         self.svc = services
         self.executor = executor
@@ -106,10 +112,13 @@ class JobRunner:
         self.cancel_asked: set[str] = set()
         self.lost: set[str] = set()
         # Jobs whose skill has finished, being post-processed and delivered. They no longer
-        # hold a worker slot (max_jobs bounds running skills); at most ``max_finishing``.
+        # hold a worker slot (max_jobs bounds running skills); at most ``max_finishing``
+        # (twice max_jobs: the stage lingers ``linger`` seconds before each batch).
         self.finishing: set[asyncio.Task[Any]] = set()
         self.max_finishing = max_finishing
         self._gate: asyncio.Semaphore | None = None
+        self.linger = linger
+        self._linger_fut: asyncio.Future[None] | None = None
         # job id → until when our lease is certainly ours (as of the last claim/renewal).
         self.lease_until: dict[str, float] = {}
         # Group commit: the claims, outcomes and live events of concurrent jobs travel
@@ -154,6 +163,17 @@ class JobRunner:
         finally:
             if not handed_off:
                 self._release(job_id)
+
+    def _linger(self) -> asyncio.Future[None]:
+        """The finishing stage lingers a moment (one shared timer, not one per job): the
+        jobs whose skills finish together are post-processed and recorded together, in
+        bigger batches, after the slots they left have taken their next jobs."""
+        fut = self._linger_fut
+        if fut is None or fut.done():
+            loop = asyncio.get_running_loop()
+            fut = self._linger_fut = loop.create_future()
+            loop.call_later(self.linger, _resolve, fut)
+        return fut
 
     def _release(self, job_id: str) -> None:
         self.held.pop(job_id, None)
@@ -240,6 +260,7 @@ class JobRunner:
         result = outcome.result
         post: Any = None
         try:
+            await self._linger()
             try:
                 post = await self._postprocess(job, token, result)
                 result = post.result
@@ -679,6 +700,11 @@ class SkillJobsWorker(Worker):
                 await asyncio.sleep(1.0)
 
 
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 async def _run_job(ctx: dict[str, Any], job_id: str, enqueue_token: int) -> str:
     runner: JobRunner = ctx["runner"]
     return await runner.run(job_id, int(enqueue_token))
@@ -737,7 +763,7 @@ def build_worker(
     settings = services.settings
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     runner = JobRunner(
-        services, executor, wid, max_finishing=max_jobs or services.settings.worker_max_jobs
+        services, executor, wid, max_finishing=2 * (max_jobs or services.settings.worker_max_jobs)
     )
     background: list[asyncio.Task[Any]] = []
 

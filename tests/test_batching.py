@@ -142,3 +142,18 @@ async def test_finish_many_records_only_the_attempts_holding_the_lease(services)
     # finishing again (a retried flush after a lost reply) records nothing twice
     again = await store.finish_many(sm, [store.Outcome(a, 1, "failed", None, "late", None)])
     assert again == [False]
+
+
+async def test_an_item_added_as_the_drain_ends_is_not_stranded():
+    """A drain that has just returned is still in the batcher's task set until its
+    done-callback runs; an item added in that window must start a new drain."""
+
+    async def flush(items: list[int]) -> list[int]:
+        return items  # no await: the drain ends right after resolving its waiters
+
+    for concurrency in (1, 2):
+        b: Batcher[int, int] = Batcher(flush, concurrency=concurrency)
+        async with asyncio.timeout(5):  # (wait_for would run submit in a new task)
+            for i in range(20):
+                assert await b.submit(i) == i
+        await b.flush()
