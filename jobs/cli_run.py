@@ -23,7 +23,7 @@ log = logging.getLogger("skilljobs")
 
 def worker(
     max_jobs: int = typer.Option(
-        0, "--max-jobs", help="Concurrent jobs (default SKILLJOBS_WORKER_MAX_JOBS)."
+        0, "--max-jobs", help="Skills run at once (default SKILLJOBS_WORKER_MAX_JOBS)."
     ),
     burst: bool = typer.Option(False, "--burst", help="Drain the queue, then exit."),
     no_scheduler: bool = typer.Option(
