@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -276,11 +277,29 @@ class StallingTelegram(FakeTelegram):
         return await super()._handle(req)
 
 
-async def test_worker_killed_mid_delivery_sends_each_item_once(
-    pg_settings, workers, redis_server_url
-):
-    """The first item reached the chat, the worker died sending the second: the re-run
-    sends only the second, once."""
+@dataclass
+class StalledDelivery:
+    """A `two_files` job whose first item reached the chat and whose second hangs."""
+
+    tg: StallingTelegram
+    env: dict[str, str]
+    first: WorkerProcess
+    svc: Services
+    job_id: str
+
+    async def wait_for_the_rest(self) -> list[str]:
+        """Once the job is re-run: the methods the chat received, in order."""
+        job = await wait_status(self.svc, self.job_id, {"succeeded", "failed"}, limit=90)
+        assert job.status == "succeeded"
+        deadline = time.monotonic() + 30
+        while len(self.tg.sent) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1)
+        return [m["method"] for m in self.tg.sent]
+
+
+@pytest.fixture
+async def stalled(pg_settings, workers):
     tg = StallingTelegram().start()
     try:
         pg_settings.skills_path = str(Path(__file__).parent / "fakes" / "skills")
@@ -295,61 +314,41 @@ async def test_worker_killed_mid_delivery_sends_each_item_once(
                 await asyncio.sleep(0.05)
             assert tg.stalled.is_set(), first.log.read_text()[-2000:]
             assert [m["method"] for m in tg.sent] == ["sendPhoto"]
-            first.signal(signal.SIGKILL)
-            workers(pg_settings, **env)
-            job = await wait_status(s, job_id, {"succeeded", "failed"}, limit=90)
-            assert job.status == "succeeded"
-            deadline = time.monotonic() + 30
-            while len(tg.sent) < 2 and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(1)
-            assert [m["method"] for m in tg.sent] == ["sendPhoto", "sendDocument"]
-            assert tg.sent[0]["caption"] == "Weekly numbers"
-            assert tg.sent[1]["filename"] == "data.csv"
-            from jobs.models import Delivery
-
-            async with s.sessionmaker() as sess:
-                rows = (await sess.scalars(select(Delivery).where(Delivery.job_id == job_id))).all()
-            assert sorted((r.kind, r.status) for r in rows) == [("file", "sent"), ("image", "sent")]
+            yield StalledDelivery(tg, env, first, s, job_id)
         finally:
             await s.close()
     finally:
         tg.stop()
 
 
-async def test_sigterm_mid_delivery_hands_the_job_back(pg_settings, workers):
+async def test_worker_killed_mid_delivery_sends_each_item_once(stalled, pg_settings, workers):
+    """The first item reached the chat, the worker died sending the second: the re-run
+    sends only the second, once."""
+    stalled.first.signal(signal.SIGKILL)
+    workers(pg_settings, **stalled.env)
+    assert await stalled.wait_for_the_rest() == ["sendPhoto", "sendDocument"]
+    tg = stalled.tg
+    assert tg.sent[0]["caption"] == "Weekly numbers"
+    assert tg.sent[1]["filename"] == "data.csv"
+    from jobs.models import Delivery
+
+    async with stalled.svc.sessionmaker() as sess:
+        rows = (await sess.scalars(select(Delivery).where(Delivery.job_id == stalled.job_id))).all()
+    assert sorted((r.kind, r.status) for r in rows) == [("file", "sent"), ("image", "sent")]
+
+
+async def test_sigterm_mid_delivery_hands_the_job_back(stalled, pg_settings, workers):
     """A job whose skill has finished but whose delivery hangs when SIGTERM arrives: the
     worker waits out the grace period, hands the job back and exits; the next worker
     delivers what is missing, once."""
-    tg = StallingTelegram().start()
-    try:
-        pg_settings.skills_path = str(Path(__file__).parent / "fakes" / "skills")
-        env = {"SKILLJOBS_TELEGRAM_BOT_TOKEN": tg.token, "SKILLJOBS_TELEGRAM_API_BASE": tg.url}
-        first = workers(pg_settings, **env)
-        s = await Services.open(pg_settings)
-        try:
-            origin = {**TG, "actor_key": "1001"}
-            job_id = (await Dispatcher(s).dispatch("two_files", {}, origin)).body["job_id"]
-            deadline = time.monotonic() + 30
-            while not tg.stalled.is_set() and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            assert tg.stalled.is_set(), first.log.read_text()[-2000:]
-            t0 = time.monotonic()
-            first.signal(signal.SIGTERM)
-            assert await asyncio.to_thread(first.proc.wait, 30) is not None
-            assert time.monotonic() - t0 < 15  # the 2 s grace, not the 30 s stall
-            job, attempts = await job_and_attempts(s, job_id)
-            assert job.status == "queued" and job.result is None
-            assert [a.outcome for a in attempts] == ["requeued"]
-            workers(pg_settings, **env)
-            job = await wait_status(s, job_id, {"succeeded", "failed"}, limit=90)
-            assert job.status == "succeeded" and job.attempts == 2
-            deadline = time.monotonic() + 30
-            while len(tg.sent) < 2 and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(1)
-            assert [m["method"] for m in tg.sent] == ["sendPhoto", "sendDocument"]
-        finally:
-            await s.close()
-    finally:
-        tg.stop()
+    t0 = time.monotonic()
+    stalled.first.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(stalled.first.proc.wait, 30) is not None
+    assert time.monotonic() - t0 < 15  # the 2 s grace, not the 30 s stall
+    job, attempts = await job_and_attempts(stalled.svc, stalled.job_id)
+    assert job.status == "queued" and job.result is None
+    assert [a.outcome for a in attempts] == ["requeued"]
+    workers(pg_settings, **stalled.env)
+    assert await stalled.wait_for_the_rest() == ["sendPhoto", "sendDocument"]
+    job, _ = await job_and_attempts(stalled.svc, stalled.job_id)
+    assert job.attempts == 2
