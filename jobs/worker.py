@@ -1,23 +1,22 @@
 """The arq worker: runs queued jobs through the shared executor, post-processes and delivers
 their results, and keeps the queue honest (leases, heartbeats, reconciliation).
 
-Wiring lives here; the rules live in ``jobs.store`` (fenced state changes), the executor,
-``delivery.pipeline`` and ``chains``. Nothing imports this module.
+Wiring lives here; the rules live in ``jobs.runner`` (a job from claim to record),
+``jobs.store`` (fenced state changes), the executor, ``delivery.pipeline`` and ``chains``.
+Nothing imports this module.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
 import socket
-import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from arq import Worker
 from arq.constants import (
@@ -32,50 +31,12 @@ from arq.worker import func
 
 from jobs import store
 from jobs.batching import Batcher
-from jobs.constants import CANCEL_CHANNEL, FN_RUN_CHAIN, FN_RUN_JOB, WAKE_CHANNEL, WORKER_HEARTBEAT
-from jobs.dispatcher import job_event
-from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT
-from jobs.queue import enqueue
+from jobs.constants import CANCEL_CHANNEL, FN_RUN_CHAIN, FN_RUN_JOB, WAKE_CHANNEL
+from jobs.runner import JobRunner, retry_db
 from jobs.services import Services
 from jobs.skill import MAX_WALL_SEC
 
 log = logging.getLogger("skilljobs.worker")
-T = TypeVar("T")
-
-MAX_RUNS = 3  # SPEC §7: a transient failure is re-run, at most 3 runs in all
-DB_ERRORS: tuple[type[BaseException], ...] = (OSError, ConnectionError, TimeoutError)
-try:  # SQLAlchemy's connection-level errors also mean "the database went away"
-    from sqlalchemy.exc import InterfaceError, OperationalError
-
-    DB_ERRORS = (*DB_ERRORS, OperationalError, InterfaceError)
-except ImportError:  # pragma: no cover
-    pass
-
-
-async def retry_db(
-    what: str, fn: Callable[..., Awaitable[T]], *args: Any, patience: float = 300.0, **kw: Any
-) -> T:
-    """Run a bookkeeping call, retrying while the database is unreachable.
-
-    A PostgreSQL restart must not crash-loop the worker: we wait it out (up to
-    ``patience`` seconds) instead of losing the outcome of a finished skill.
-    """
-    delay, deadline = 0.2, time.monotonic() + patience
-    while True:
-        try:
-            return await fn(*args, **kw)
-        except DB_ERRORS as exc:
-            if time.monotonic() > deadline:
-                raise
-            log.warning(
-                "%s: database unavailable (%s), retrying in %.1fs",
-                what,
-                exc.__class__.__name__,
-                delay,
-            )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-
 
 try:
     from redis.exceptions import ConnectionError as _RedisConnectionError
@@ -90,367 +51,6 @@ try:
     )
 except ImportError:  # pragma: no cover
     REDIS_ERRORS = (ConnectionError, OSError, TimeoutError)
-
-
-class JobRunner:
-    """Per-process state shared by the job functions and the background loops."""
-
-    def __init__(
-        self,
-        services: Services,
-        executor: Any,
-        worker_id: str,
-        *,
-        max_finishing: int = 200,
-        linger: float = 0.01,
-    ) -> None:
-        self.svc = services
-        self.executor = executor
-        self.worker_id = worker_id
-        self.held: dict[str, int] = {}  # job id → lease token
-        self.inner: dict[str, asyncio.Task[Any]] = {}  # job id → running executor task
-        self.cancel_asked: set[str] = set()
-        self.lost: set[str] = set()
-        # Jobs whose skill has finished, being post-processed and delivered. They no longer
-        # hold a worker slot (max_jobs bounds running skills); at most ``max_finishing``
-        # (twice max_jobs: the stage lingers ``linger`` seconds before each batch).
-        self.finishing: set[asyncio.Task[Any]] = set()
-        self.max_finishing = max_finishing
-        self._gate: asyncio.Semaphore | None = None
-        self.linger = linger
-        self._linger_fut: asyncio.Future[None] | None = None
-        # job id → until when our lease is certainly ours (as of the last claim/renewal).
-        self.lease_until: dict[str, float] = {}
-        # Group commit: the claims, outcomes and live events of concurrent jobs travel
-        # together, one statement (or one Redis round trip) per batch.
-        sm, s = services.sessionmaker, services.settings
-        self.claims: Batcher[tuple[str, int], store.Claim | None] = Batcher(
-            lambda wanted: store.claim_many(sm, wanted, worker_id, s.worker_lease_sec),
-            concurrency=2,
-            name="claim",
-        )
-        self.outcomes: Batcher[store.Outcome, bool] = Batcher(
-            lambda outcomes: store.finish_many(sm, outcomes), concurrency=2, name="finish"
-        )
-        self.events: Batcher[tuple[str, str, str], None] = Batcher(
-            self._publish_events, name="events"
-        )
-
-    # --- the job function ----------------------------------------------------------------
-
-    async def run(self, job_id: str, enqueue_token: int) -> str:
-        s = self.svc.settings
-        asked_at = time.time()
-        claim = await retry_db("claim", self.claims.submit, (job_id, enqueue_token))
-        if claim is None:
-            return "superseded"  # cancelled, re-enqueued or already running elsewhere
-        job, token = claim.job, claim.token
-        self.held[job_id] = token
-        self.lease_until[job_id] = asked_at + s.worker_lease_sec
-        handed_off = False
-        try:
-            done = await self._run_claimed(job, token, claim.attempt)
-            if isinstance(done, str):
-                return done
-            # The skill has finished: its post-processing and delivery go on in the
-            # finishing stage, and this slot takes the next job.
-            await self._finish_gate().acquire()
-            task = asyncio.create_task(self._finish(job, token, done))
-            self.finishing.add(task)
-            task.add_done_callback(self._finished)
-            handed_off = True
-            return "finishing"
-        finally:
-            if not handed_off:
-                self._release(job_id)
-
-    def _linger(self) -> asyncio.Future[None]:
-        """The finishing stage lingers a moment (one shared timer, not one per job): the
-        jobs whose skills finish together are post-processed and recorded together, in
-        bigger batches, after the slots they left have taken their next jobs."""
-        fut = self._linger_fut
-        if fut is None or fut.done():
-            loop = asyncio.get_running_loop()
-            fut = self._linger_fut = loop.create_future()
-            loop.call_later(self.linger, _resolve, fut)
-        return fut
-
-    def _release(self, job_id: str) -> None:
-        self.held.pop(job_id, None)
-        self.lease_until.pop(job_id, None)
-        self.inner.pop(job_id, None)
-        self.cancel_asked.discard(job_id)
-        self.lost.discard(job_id)
-
-    def _finish_gate(self) -> asyncio.Semaphore:
-        if self._gate is None:
-            self._gate = asyncio.Semaphore(self.max_finishing)
-        return self._gate
-
-    def _finished(self, task: asyncio.Task[Any]) -> None:
-        self.finishing.discard(task)
-        if self._gate is not None:
-            self._gate.release()
-        if not task.cancelled() and task.exception() is not None:
-            log.error("finishing stage failed: %r", task.exception())
-
-    async def wait_finishing(self) -> None:
-        """Wait until every handed-off job is post-processed, delivered and recorded."""
-        while self.finishing:
-            await asyncio.wait(list(self.finishing))
-
-    async def _run_claimed(self, job: Any, token: int, attempt: int) -> Any:
-        """Run the skill; a str when the job is settled here (cancelled, lost, re-queued),
-        else the skill's outcome for the finishing stage."""
-        svc = self.svc
-        job_id = job.id
-        input_data = svc.box.unseal(job.input or {})
-        ctx = svc.box.unseal(job.context or {})
-        task = asyncio.create_task(self.executor.execute(job.skill, input_data, ctx))
-        self.inner[job_id] = task
-        # Published while the skill starts, not before: the event is for people watching.
-        await self.event(job_id, "running", job.skill)
-        try:
-            outcome = await task
-        except asyncio.CancelledError:
-            me = asyncio.current_task()
-            if me is not None and me.cancelling():
-                # Worker shutdown (grace period over): hand the job back, nothing recorded.
-                await asyncio.shield(
-                    self._hand_back(job, token, "worker stopped before it finished")
-                )
-                raise
-            if job_id in self.lost:
-                log.warning("job %s: lease lost, dropping this attempt's outcome", job_id)
-                return "lost"
-            await asyncio.shield(
-                self._record(job, token, CANCELLED, None, "cancelled by an operator", None)
-            )
-            return CANCELLED
-
-        if outcome.transient and attempt < MAX_RUNS:
-            failures = await retry_db(
-                "breaker", store.recent_failures, svc.sessionmaker, job.skill, job.role_id
-            )
-            # The attempt that just failed is not closed yet, so it is not counted here.
-            if failures < 2:
-                delay = svc.settings.retry_backoff_sec * 4 ** (attempt - 1)
-                new = await retry_db(
-                    "requeue",
-                    store.requeue,
-                    svc.sessionmaker,
-                    job_id,
-                    token,
-                    reason=outcome.error or "transient failure",
-                    error_type="transient",
-                    delay=delay,
-                )
-                if new is not None:
-                    await self._enqueue(job_id, new, defer=delay)
-                    await self.event(job_id, "queued", job.skill)
-                    return "retrying"
-                return "lost"
-
-        return outcome
-
-    async def _finish(self, job: Any, token: int, outcome: Any) -> str:
-        """The finishing stage of one job: post-processing, delivery, the fenced record."""
-        job_id = job.id
-        status = outcome.status if outcome.status in (SUCCEEDED, FAILED, TIMED_OUT) else FAILED
-        result = outcome.result
-        post: Any = None
-        try:
-            await self._linger()
-            try:
-                post = await self._postprocess(job, token, result)
-                result = post.result
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # post-processing never loses the skill's result
-                log.exception("job %s: post-processing failed", job_id)
-                result = dict(result)
-                result.setdefault("postprocess_error", f"{exc.__class__.__name__}: {exc}")
-            fetches = getattr(post, "fetches", None)
-            await self._record(
-                job, token, status, result, outcome.error, outcome.error_type, fetches
-            )
-            return status
-        except asyncio.CancelledError:
-            # Worker shutdown (grace period over) mid-delivery: hand the job back; the
-            # delivery ledger keeps the next attempt from sending anything twice.
-            await asyncio.shield(self._hand_back(job, token, "worker stopped before it finished"))
-            raise
-        finally:
-            self._release(job_id)
-
-    async def _postprocess(self, job: Any, token: int, result: dict[str, Any]) -> Any:
-        from delivery.pipeline import postprocess
-
-        margin = self.svc.settings.worker_lease_sec / 3  # room for clock skew between hosts
-
-        async def fence() -> bool:
-            # Nobody can take a lease before it expires, so while ours is comfortably
-            # unexpired the answer is known without asking the database.
-            if job.id in self.lost:
-                return False
-            if time.time() < self.lease_until.get(job.id, 0.0) - margin:
-                return True
-            return await store.holds_lease(self.svc.sessionmaker, job.id, token)
-
-        return await postprocess(self.svc, job, result, fence=fence)
-
-    async def _record(
-        self,
-        job: Any,
-        token: int,
-        status: str,
-        result: dict[str, Any] | None,
-        error: str | None,
-        error_type: str | None,
-        fetches: list[Any] | None = None,
-    ) -> None:
-        stored = self._for_storage(job, result)
-        outcome = store.Outcome(job.id, token, status, stored, error, error_type, fetches=fetches)
-        ok = await retry_db("finish", self.outcomes.submit, outcome)
-        if ok:
-            await self.event(job.id, status, job.skill)
-        else:
-            log.warning("job %s: not recorded, this attempt no longer holds the lease", job.id)
-
-    def _for_storage(self, job: Any, result: dict[str, Any] | None) -> dict[str, Any] | None:
-        if result is None:
-            return None
-        from jobs.context import workspace_dir
-        from jobs.envelope import offload
-
-        workspace = workspace_dir(
-            self.svc.settings.resolved_workspace_root, job.role_id, job.session_id
-        )
-        try:
-            result = offload(result, workspace, job.skill)
-        except Exception as exc:  # a full disk must not lose the outcome
-            log.warning("job %s: offload failed (%s); storing a summary", job.id, exc)
-            result = {
-                "ok": result.get("ok", True),
-                "error": result.get("error"),
-                "offload_error": str(exc),
-            }
-        return self.svc.box.seal(result)
-
-    async def _hand_back(self, job: Any, token: int, reason: str) -> None:
-        new = await retry_db(
-            "hand back",
-            store.requeue,
-            self.svc.sessionmaker,
-            job.id,
-            token,
-            reason=reason,
-            error_type="transient",
-            attempt_outcome="requeued",
-            patience=10.0,
-        )
-        if new is not None:
-            with contextlib.suppress(Exception):
-                await self._enqueue(job.id, new)
-                await self.event(job.id, "queued", job.skill)
-
-    async def event(self, job_id: str, status: str, skill: str) -> None:
-        """Tell live dashboards (best effort: the row is the record)."""
-        if self.svc.redis is None:
-            return
-        self.events.push((job_id, status, skill))  # nobody waits for a live event
-
-    async def _publish_events(self, events: list[tuple[str, str, str]]) -> list[None]:
-        assert self.svc.redis is not None
-        async with self.svc.redis.pipeline(transaction=False) as pipe:
-            for job_id, status, skill in events:
-                pipe.publish(*job_event(self.svc, job_id, status, skill))
-            await pipe.execute()
-        return [None] * len(events)
-
-    async def _enqueue(self, job_id: str, token: int, defer: float = 0.0) -> None:
-        await enqueue(
-            self.svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token), defer=defer
-        )
-
-    # --- background loops ----------------------------------------------------------------
-
-    def cancel_local(self, job_id: str) -> bool:
-        task = self.inner.get(job_id)
-        if task is None or task.done():
-            return False
-        self.cancel_asked.add(job_id)
-        task.cancel()
-        return True
-
-    async def heartbeat_once(self) -> None:
-        s = self.svc.settings
-        held = dict(self.held)
-        asked_at = time.time()
-        still, cancel = await store.renew_leases(
-            self.svc.sessionmaker, self.worker_id, held, s.worker_lease_sec
-        )
-        for job_id in still:
-            if job_id in self.lease_until:
-                self.lease_until[job_id] = asked_at + s.worker_lease_sec
-        for job_id in held:
-            if job_id not in still and job_id in self.held and self.held[job_id] == held[job_id]:
-                # Someone else owns it now (we were presumed dead): stop, record nothing.
-                self.lost.add(job_id)
-                task = self.inner.get(job_id)
-                if task and not task.done():
-                    task.cancel()
-        for job_id in cancel:
-            self.cancel_local(job_id)
-        await store.worker_heartbeat(
-            self.svc.sessionmaker,
-            self.worker_id,
-            socket.gethostname(),
-            os.getpid(),
-            sorted(self.held),
-        )
-        if self.svc.redis is not None:
-            await self.svc.redis.set(
-                s.key(WORKER_HEARTBEAT, self.worker_id),
-                json.dumps({"id": self.worker_id, "running": sorted(self.held), "at": time.time()}),
-                ex=max(int(s.worker_lease_sec), 10),
-            )
-
-    async def reconcile_once(self) -> int:
-        """Re-enqueue what the database says must run but Redis no longer has.
-
-        * running jobs whose lease expired (their worker died, e.g. ``kill -9``);
-        * queued jobs whose arq entry is missing (Redis flushed or restarted without
-          persistence) or stuck in-progress on a worker that died before claiming it.
-        """
-        svc = self.svc
-        redis = svc.redis
-        assert redis is not None
-        n = 0
-        for job_id, token in await store.expire_leases(svc.sessionmaker):
-            await self._enqueue(job_id, token)
-            n += 1
-        stale = await store.stale_queued(
-            svc.sessionmaker, older_than=svc.settings.reconcile_stale_sec
-        )
-        if not stale:
-            return n
-        async with redis.pipeline(transaction=False) as pipe:
-            for job_id, token, arq_job_id in stale:
-                aid = arq_job_id or store.arq_id(job_id, token)
-                pipe.exists(job_key_prefix + aid)
-                pipe.exists(in_progress_key_prefix + aid)
-            found = await pipe.execute()
-        for i, (job_id, token, _) in enumerate(stale):
-            has_job, in_progress = found[2 * i], found[2 * i + 1]
-            if has_job and not in_progress:
-                continue  # waiting its turn in the queue
-            new = await store.bump_queued(svc.sessionmaker, job_id, token)
-            if new is not None:
-                log.info("job %s: lost from Redis, re-enqueued", job_id)
-                await self._enqueue(job_id, new)
-                n += 1
-        return n
 
 
 # Reads the due part of the queue, marks up to ARGV[3] jobs not already running as in
@@ -700,11 +300,6 @@ class SkillJobsWorker(Worker):
                 await asyncio.sleep(1.0)
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
 async def _run_job(ctx: dict[str, Any], job_id: str, enqueue_token: int) -> str:
     runner: JobRunner = ctx["runner"]
     return await runner.run(job_id, int(enqueue_token))
@@ -842,4 +437,4 @@ def build_worker(
     )
 
 
-__all__ = ["JobRunner", "SkillJobsWorker", "build_worker", "retry_db"]
+__all__ = ["SkillJobsWorker", "build_worker"]

@@ -450,3 +450,34 @@ async def test_web_ledger_rules_in_one_batch(sessionmaker, redis, settings) -> N
     again = await post_messages(sessionmaker, redis, settings, msgs)
     assert [r for r in again if isinstance(r, dict)] == [again[4]]  # only the ledger-less one
     assert len(await list_messages(sessionmaker, "L1")) == 5
+
+
+async def test_web_batch_with_a_duplicate_still_pushes_the_rest(sessionmaker, redis, settings):
+    """A message skipped as delivered already must not cost the others their live push."""
+    from delivery.channels.web import Outgoing, post_messages
+    from delivery.ledger import LedgerEntry
+
+    await ensure_session(sessionmaker, "P1")
+    entry = LedgerEntry(key="k-once", recipient="web:P1", owner="w1")
+    await post_messages(sessionmaker, redis, settings, [Outgoing("P1", "first", [], "j", entry)])
+    received: list[dict] = []
+
+    async def consume() -> None:
+        async for msg in listen(redis, settings, "P1"):
+            received.append(msg)
+            return
+
+    task = asyncio.create_task(consume())
+    channel = settings.key("session", "P1")
+    for _ in range(200):
+        if (await redis.pubsub_numsub(channel))[0][1] > 0:
+            break
+        await asyncio.sleep(0.01)
+    again = Outgoing("P1", "first", [], "j", entry)
+    fresh = Outgoing(
+        "P1", "fresh", [], "j2", LedgerEntry(key="k-new", recipient="web:P1", owner="w1")
+    )
+    res = await post_messages(sessionmaker, redis, settings, [again, fresh])
+    assert res[0] is None and res[1]["text"] == "fresh"  # type: ignore[index]
+    await asyncio.wait_for(task, 10)
+    assert received == [res[1]]
