@@ -157,3 +157,19 @@ async def test_an_item_added_as_the_drain_ends_is_not_stranded():
             for i in range(20):
                 assert await b.submit(i) == i
         await b.flush()
+
+
+async def test_concurrency_bounds_the_flushes_in_flight():
+    in_flight = peak = 0
+
+    async def flush(items: list[int]) -> list[int]:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return items
+
+    b: Batcher[int, int] = Batcher(flush, max_batch=5, concurrency=2)
+    assert await asyncio.gather(*(b.submit(i) for i in range(40))) == list(range(40))
+    assert peak == 2 and b.items == 40
