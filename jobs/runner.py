@@ -129,7 +129,13 @@ class JobRunner:
                 return done
             # The skill has finished: its post-processing and delivery go on in the
             # finishing stage, and this slot takes the next job.
-            await self._finish_gate().acquire()
+            try:
+                await self._finish_gate().acquire()
+            except asyncio.CancelledError:  # stopping while the finishing stage is full
+                await asyncio.shield(
+                    self._hand_back(job, token, "worker stopped before it finished")
+                )
+                raise
             task = asyncio.create_task(self._finish(job, token, done))
             self.finishing.add(task)
             task.add_done_callback(self._finished)

@@ -4,6 +4,7 @@ re-runs and the breaker, cancellation, manual retry, fencing and Redis loss."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -298,3 +299,56 @@ async def test_unusable_arq_entries_are_dropped_and_tidied(services):
     for arq_id in ("unknown-fn", "expired", "garbage"):
         for prefix in (job_key_prefix, in_progress_key_prefix, retry_key_prefix):
             assert not await redis.exists(prefix + arq_id)
+
+
+async def test_stopping_with_a_full_finishing_stage_hands_every_job_back(job_settings):
+    """One slot, a finishing stage of two, deliveries that hang: two jobs wait in delivery
+    and a third at the finishing stage's door. Stopping hands all three back (queued, the
+    attempt closed as requeued); the fourth was never claimed."""
+    from pydantic import SecretStr
+
+    from jobs.services import Services
+    from tests.fakes.telegram import FakeTelegram
+
+    class HangingTelegram(FakeTelegram):
+        released = False
+
+        async def _handle(self, req):  # type: ignore[no-untyped-def]
+            while not self.released:  # hangs until the test is over
+                await asyncio.sleep(0.05)
+            return await super()._handle(req)
+
+    tg = HangingTelegram().start()
+    try:
+        job_settings.telegram_bot_token = SecretStr(tg.token)
+        job_settings.telegram_api_base = tg.url
+        svc = await Services.open(job_settings)
+        try:
+            origin = {**TG, "actor_key": "1001"}
+            ids = [await dispatch(svc, "bg_sleep", {"seconds": 0}, origin) for _ in range(4)]
+            w = build_worker(svc, handle_signals=False, scheduler=False, max_jobs=1)
+            assert w.runner is not None and w.runner.max_finishing == 2
+            run = asyncio.create_task(w.async_run())
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                jobs = [await store.get_job(svc.sessionmaker, j) for j in ids]
+                if sum(j.status == "running" for j in jobs) == 3:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(w.runner.finishing) == 2
+            await w.close()
+            run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
+            outcomes = []
+            for j in ids:
+                job, attempts = await job_and_attempts(svc, j)
+                assert job.status == "queued" and job.result is None
+                outcomes.append([a.outcome for a in attempts])
+            assert sorted(outcomes) == [[], ["requeued"], ["requeued"], ["requeued"]]
+            assert tg.sent == []
+        finally:
+            await svc.close()
+    finally:
+        tg.released = True
+        tg.stop()
