@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
     create_async_engine,
 )
+
+T = TypeVar("T")
 
 
 def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
@@ -91,7 +94,26 @@ async def raw_fetch(engine: AsyncEngine, sql: str, *args: Any) -> list[Any]:
             return await fairy.driver_connection.fetch(sql, *args)  # type: ignore[union-attr]
         except lost as exc:
             await conn.invalidate(exc if isinstance(exc, Exception) else None)
-            raise OperationalError(sql, args, exc, hide_parameters=True) from exc
+            raise OperationalError(
+                sql, args, exc, hide_parameters=True, connection_invalidated=True
+            ) from exc
+
+
+async def once_more_if_disconnected(fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
+    """Run ``fn``; if it failed because its pooled connection was dead (PostgreSQL restarted
+    since it was opened), run it once more on a fresh one.
+
+    There is no pre-ping (a round trip on every checkout): the first statement after a
+    restart finds the dead connection, SQLAlchemy invalidates the pool, and this one retry
+    keeps that from reaching a caller. Only for idempotent calls, or writes that fail
+    before reaching the server (a dead socket is found on send).
+    """
+    try:
+        return await fn(*args, **kw)
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        return await fn(*args, **kw)
 
 
 def engine_of(sm: async_sessionmaker[AsyncSession]) -> AsyncEngine:

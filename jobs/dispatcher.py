@@ -15,6 +15,7 @@ from typing import Any
 
 from jobs import store
 from jobs.constants import FN_RUN_JOB, JOB_EVENTS
+from jobs.db import once_more_if_disconnected
 from jobs.envelope import failure
 from jobs.models import new_id
 from jobs.queue import enqueue
@@ -174,7 +175,9 @@ class Dispatcher:
         svc = self.services
         role_id = str(ctx.get("role_id") or "")
         configs = (
-            await ConfigStore(svc.sessionmaker, svc.box).prefetch(role_id, skill.name)
+            await once_more_if_disconnected(
+                ConfigStore(svc.sessionmaker, svc.box).prefetch, role_id, skill.name
+            )
             if role_id
             else {}
         )
@@ -220,7 +223,7 @@ class Dispatcher:
             if new_session
             else None
         )
-        await store.record_job(svc.sessionmaker, values, origin_session)
+        await once_more_if_disconnected(store.record_job, svc.sessionmaker, values, origin_session)
         if new_session:
             svc.known_sessions.add(session_key)
         try:

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import select
 
 from jobs.dispatcher import Dispatcher
-from jobs.models import JobAttempt
+from jobs.models import Job, JobAttempt
 from jobs.services import Services
 from tests.conftest import JOB_SKILLS, make_settings
 from tests.fakes.server import Request, Response
@@ -352,3 +352,33 @@ async def test_sigterm_mid_delivery_hands_the_job_back(stalled, pg_settings, wor
     assert await stalled.wait_for_the_rest() == ["sendPhoto", "sendDocument"]
     job, _ = await job_and_attempts(stalled.svc, stalled.job_id)
     assert job.attempts == 2
+
+
+async def test_dispatch_right_after_a_database_restart_is_not_refused(pg_settings):
+    """The pool still holds connections from before PostgreSQL restarted: the first
+    dispatch finds them dead and is retried on fresh ones instead of failing."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(pg_settings.database_url)
+    proxy = FlakyProxy(url.host or "127.0.0.1", url.port or 5432)
+    port = await proxy.start()
+    try:
+        pg_settings.database_url = url.set(port=port, host="127.0.0.1").render_as_string(
+            hide_password=False
+        )
+        s = await Services.open(pg_settings)
+        try:
+            d = Dispatcher(s)
+            ctx = {**TG, "role_id": "r-restart"}  # configs are read: two statements
+            assert (await d.dispatch("bg_sleep", {}, ctx)).status_code == 202
+            proxy.cut()  # "restart": every pooled connection is dead
+            proxy.down = False  # the server is back
+            res = await d.dispatch("bg_sleep", {}, ctx)
+            assert res.status_code == 202, res.body
+            async with s.sessionmaker() as sess:
+                job = await sess.get(Job, res.body["job_id"])
+            assert job is not None and job.status == "queued"
+        finally:
+            await s.close()
+    finally:
+        await proxy.close()
