@@ -22,51 +22,17 @@ from pathlib import Path
 from arq import Worker
 from arq.connections import RedisSettings, create_pool
 from sqlalchemy import delete, func, select
-from sqlalchemy.engine import make_url
 
-from jobs.db import create_engine
+from bench.common import REDIS, drop_db, make_db, pct
 from jobs.dispatcher import Dispatcher
-from jobs.migrate import upgrade
 from jobs.models import Job
 from jobs.services import Services
 from jobs.settings import Settings
 from jobs.worker import build_worker
 
-PG = os.environ.get(
-    "SKILLJOBS_BENCH_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
-)
-REDIS = os.environ.get("SKILLJOBS_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 SKILLS = Path(__file__).resolve().parent / "skills"
 CTX = {"channel": "web", "role_id": "bench", "session_id": "bench-session"}
 EXT = "orgdeleg:bench"  # background + delivered to the web session: the whole pipeline
-
-
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
-
-
-async def make_db() -> tuple[str, str]:
-    import asyncpg
-
-    base = make_url(PG)
-    name = f"skilljobs_bench_{uuid.uuid4().hex[:8]}"
-    conn = await asyncpg.connect(base.set(drivername="postgresql").render_as_string(False))
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    url = base.set(database=name).render_as_string(False)
-    engine = create_engine(url)
-    await upgrade(engine)
-    await engine.dispose()
-    return url, name
-
-
-async def drop_db(name: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(make_url(PG).set(drivername="postgresql").render_as_string(False))
-    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await conn.close()
 
 
 def settings_for(db_url: str, data: Path, prefix: str) -> Settings:

@@ -29,55 +29,22 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select, text, update
-from sqlalchemy.engine import make_url
 
+from bench.common import REDIS, drop_db, make_db, pct
 from chains.cron import next_fire
 from chains.scheduler import Scheduler
 from jobs.crypto import SecretBox, load_or_create_key
 from jobs.db import create_engine, create_sessionmaker
 from jobs.loader import load_registry
-from jobs.migrate import upgrade
 from jobs.models import ChainRun, ChainStep, Schedule
 from jobs.services import Services, connect_redis
 from jobs.settings import BUNDLED_SKILLS, Settings
 
-PG = os.environ.get(
-    "SKILLJOBS_BENCH_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
-)
-REDIS = os.environ.get("SKILLJOBS_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 N_SCHEDULES = 10_000
 MINUTES = 30
 IDLE_TICKS = 5
 LATENCY_RUNS = 60
 STEPS = [{"id": "echo", "skill": "echo", "input": {"message": "tick"}}]
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-async def make_db() -> tuple[str, str]:
-    import asyncpg
-
-    name = f"skilljobs_bench_{uuid.uuid4().hex[:8]}"
-    base = make_url(PG)
-    conn = await asyncpg.connect(base.set(drivername="postgresql").render_as_string(False))
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    url = base.set(database=name).render_as_string(False)
-    engine = create_engine(url)
-    await upgrade(engine)
-    await engine.dispose()
-    return name, url
-
-
-async def drop_db(name: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(make_url(PG).set(drivername="postgresql").render_as_string(False))
-    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await conn.close()
 
 
 async def seed(svc: Services, now: float) -> None:
@@ -232,7 +199,7 @@ async def main() -> None:
     from arq.constants import in_progress_key_prefix, job_key_prefix
     from cryptography.fernet import Fernet
 
-    name, url = await make_db()
+    url, name = await make_db()
     data = Path(tempfile.mkdtemp(prefix="skilljobs-bench-"))
     prefix = f"sjbench{uuid.uuid4().hex[:8]}"
     settings = Settings(  # type: ignore[call-arg]

@@ -25,6 +25,7 @@ from delivery.channels.telegram import MARKDOWN_IMAGE
 from delivery.channels.web import WEB_CHANNELS, Outgoing, WebChannel, attachment_dict
 from delivery.ledger import LeaseLost, LedgerEntry, deliver_once, ledger_key, owner_id
 from delivery.send_message import with_retries
+from jobs.context import results_dir
 from jobs.envelope import is_failure
 
 Fence = Callable[[], Awaitable[bool]]
@@ -71,12 +72,11 @@ def origin_of(job: Any) -> Origin:
 
 
 def workspace_of(settings: Any, job: Any) -> Path:
+    """The job's workspace, the same directory its skill ran in (``jobs.context``)."""
     return _workspace(str(settings.resolved_workspace_root), job.role_id, job.session_id)
 
 
-@functools.lru_cache(maxsize=4096)
-def _workspace(root: str, role_id: str | None, session_id: str | None) -> Path:
-    return Path(root) / (role_id or "") / (session_id or "shared")
+_workspace = functools.lru_cache(maxsize=4096)(results_dir)
 
 
 TEXT_CAP = 4000  # a chat message, not a data dump: the full result stays with the job

@@ -252,6 +252,14 @@ def workspace_dir(
     return Path(root) / role / (_segment(session_id) or "shared")
 
 
+def results_dir(root: str | os.PathLike[str], role_id: str | None, session_id: str | None) -> Path:
+    """Where a job's results are post-processed: its workspace (:func:`workspace_dir`), or
+    ``<root>/<session_id or "shared">`` for a job without a role (it has no workspace)."""
+    return workspace_dir(root, role_id, session_id) or (
+        Path(root) / (_segment(session_id) or "shared")
+    )
+
+
 def _segment(value: str | None) -> str:
     s = _str(value).strip().replace("/", "_").replace("\\", "_").replace("\x00", "")
     return "" if s in {"", ".", ".."} else s

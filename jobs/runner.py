@@ -190,7 +190,7 @@ class JobRunner:
         task = asyncio.create_task(self.executor.execute(job.skill, input_data, ctx))
         self.inner[job_id] = task
         # Published while the skill starts, not before: the event is for people watching.
-        await self.event(job_id, "running", job.skill)
+        self.event(job_id, "running", job.skill)
         try:
             outcome = await task
         except asyncio.CancelledError:
@@ -228,7 +228,7 @@ class JobRunner:
                 )
                 if new is not None:
                     await self._enqueue(job_id, new, defer=delay)
-                    await self.event(job_id, "queued", job.skill)
+                    self.event(job_id, "queued", job.skill)
                     return "retrying"
                 return "lost"
 
@@ -294,7 +294,7 @@ class JobRunner:
         outcome = store.Outcome(job.id, token, status, stored, error, error_type, fetches=fetches)
         ok = await retry_db("finish", self.outcomes.submit, outcome)
         if ok:
-            await self.event(job.id, status, job.skill)
+            self.event(job.id, status, job.skill)
         else:
             log.warning("job %s: not recorded, this attempt no longer holds the lease", job.id)
 
@@ -333,9 +333,9 @@ class JobRunner:
         if new is not None:
             with contextlib.suppress(Exception):
                 await self._enqueue(job.id, new)
-                await self.event(job.id, "queued", job.skill)
+                self.event(job.id, "queued", job.skill)
 
-    async def event(self, job_id: str, status: str, skill: str) -> None:
+    def event(self, job_id: str, status: str, skill: str) -> None:
         """Tell live dashboards (best effort: the row is the record)."""
         if self.svc.redis is None:
             return

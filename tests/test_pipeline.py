@@ -370,3 +370,23 @@ def test_wecom_text_chunks_respect_its_byte_limit() -> None:
     chunks = byte_chunks(text, 2000)
     assert "".join(chunks) == text
     assert all(len(c.encode()) <= 2000 for c in chunks) and len(chunks) == 3
+
+
+def test_results_are_looked_for_where_the_skill_ran(tmp_path) -> None:
+    """Post-processing uses the executor's workspace rule: ids are single path segments,
+    so an odd role or session id neither splits the directory nor escapes the root."""
+    from types import SimpleNamespace
+
+    from delivery.router import workspace_of
+    from jobs.context import workspace_dir
+
+    settings = SimpleNamespace(resolved_workspace_root=tmp_path)
+    root = tmp_path.resolve()
+    for role, session in [("r1", "s1"), ("team/a", "../up"), ("r1", None), ("..", "s")]:
+        job = SimpleNamespace(role_id=role, session_id=session)
+        expected = workspace_dir(tmp_path, role, session)
+        got = workspace_of(settings, job)
+        assert got == (expected or tmp_path / "s")
+        assert got.resolve().is_relative_to(root)
+    roleless = workspace_of(settings, SimpleNamespace(role_id="", session_id="../x"))
+    assert roleless == tmp_path / ".._x" and roleless.resolve().is_relative_to(root)
