@@ -196,8 +196,14 @@ class Provider:
         t = _opt(options, "temperature")
         temperature = t if t is not None else temperature
         if self.kind == "anthropic":
-            return await self._anthropic(msgs, system, model, max_tokens, temperature)
-        return await self._openai(msgs, system, model, max_tokens, temperature)
+            result = await self._anthropic(msgs, system, model, max_tokens, temperature)
+        else:
+            result = await self._openai(msgs, system, model, max_tokens, temperature)
+        self.last_usage = {
+            "input_tokens": result.input_tokens,
+            "output_tokens": result.output_tokens,
+        }
+        return result
 
     async def _post(
         self, path: str, body: dict[str, Any], headers: dict[str, str]
@@ -252,10 +258,6 @@ class Provider:
             model=str(data.get("model") or model),
             raw=data,
         )
-        self.last_usage = {
-            "input_tokens": result.input_tokens,
-            "output_tokens": result.output_tokens,
-        }
         return result
 
     async def _anthropic(
@@ -292,10 +294,6 @@ class Provider:
             model=str(data.get("model") or model),
             raw=data,
         )
-        self.last_usage = {
-            "input_tokens": result.input_tokens,
-            "output_tokens": result.output_tokens,
-        }
         return result
 
 
