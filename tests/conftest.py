@@ -276,3 +276,22 @@ async def services(job_settings: Settings):  # type: ignore[no-untyped-def]
         if keys:
             await svc.redis.delete(*keys)
     await svc.close()
+
+
+# --- fake channel servers (the real API shapes, on loopback) ------------------------------
+
+
+@pytest.fixture
+def tg():  # type: ignore[no-untyped-def]
+    from tests.fakes.telegram import FakeTelegram
+
+    with FakeTelegram() as server:
+        yield server
+
+
+@pytest.fixture
+def fs():  # type: ignore[no-untyped-def]
+    from tests.fakes.feishu import FakeFeishu
+
+    with FakeFeishu() as server:
+        yield server

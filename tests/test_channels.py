@@ -21,9 +21,8 @@ from delivery.channels.web import WebChannel, ensure_session, list_messages, lis
 from delivery.channels.wecom import WeComChannel
 from tests.conftest import make_settings
 from tests.fakes.dingtalk import FakeDingTalk
-from tests.fakes.feishu import FakeFeishu
 from tests.fakes.server import Response
-from tests.fakes.telegram import FakeTelegram, rate_limited
+from tests.fakes.telegram import rate_limited
 from tests.fakes.wecom import FakeWeCom
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
@@ -53,12 +52,6 @@ def sparse(path, size: int) -> str:
 
 
 # --- Telegram ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def tg():
-    with FakeTelegram() as server:
-        yield server
 
 
 async def test_telegram_text_and_photo_with_caption(tg, http, files) -> None:
@@ -140,12 +133,6 @@ async def test_telegram_long_text_is_split_and_long_caption_sent_after(tg, http,
 
 
 # --- Feishu -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fs():
-    with FakeFeishu() as server:
-        yield server
 
 
 def feishu(http, fs) -> FeishuChannel:

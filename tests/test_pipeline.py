@@ -18,24 +18,10 @@ from jobs.models import Artifact, Delivery, Job
 from jobs.services import Services
 from jobs.skill import SkillRegistry
 from tests.conftest import make_settings
-from tests.fakes.feishu import FakeFeishu
 from tests.fakes.sink import FakeFiles
-from tests.fakes.telegram import FakeTelegram
 
 PDF = b"%PDF-1.4\n" + os.urandom(3000)
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + os.urandom(600)
-
-
-@pytest.fixture
-def tg():
-    with FakeTelegram() as server:
-        yield server
-
-
-@pytest.fixture
-def fs():
-    with FakeFeishu() as server:
-        yield server
 
 
 @pytest.fixture

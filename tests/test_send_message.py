@@ -14,23 +14,10 @@ from delivery.channels.base import build_channels
 from delivery.channels.web import ensure_session, list_messages
 from delivery.send_message import parse_recipients, send_message
 from tests.conftest import make_settings
-from tests.fakes.feishu import FakeFeishu
 from tests.fakes.sink import FakeSink
-from tests.fakes.telegram import FakeTelegram, rate_limited
+from tests.fakes.telegram import rate_limited
 
 PNG = b"\x89PNG\r\n\x1a\n" + os.urandom(512)
-
-
-@pytest.fixture
-def tg():
-    with FakeTelegram() as server:
-        yield server
-
-
-@pytest.fixture
-def fs():
-    with FakeFeishu() as server:
-        yield server
 
 
 @pytest.fixture
