@@ -285,6 +285,16 @@ async def test_dingtalk_errors_and_token_refresh(dt, http) -> None:
 # --- web --------------------------------------------------------------------------------
 
 
+async def subscribed(redis, settings, session_id: str) -> None:
+    """Wait until someone listens on the session's live channel (a push before that is lost)."""
+    channel = settings.key("session", session_id)
+    for _ in range(200):
+        if (await redis.pubsub_numsub(channel))[0][1] > 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"nobody subscribed to {channel}")
+
+
 async def test_web_post_list_and_live_push(sessionmaker, redis, settings, files) -> None:
     await ensure_session(sessionmaker, "s1", "r1", "o1", "web", "")
     await ensure_session(sessionmaker, "s1", "other", "", "", "")  # idempotent
@@ -297,11 +307,7 @@ async def test_web_post_list_and_live_push(sessionmaker, redis, settings, files)
                 return
 
     task = asyncio.create_task(consume())
-    channel = settings.key("session", "s1")
-    for _ in range(200):
-        if (await redis.pubsub_numsub(channel))[0][1] > 0:
-            break
-        await asyncio.sleep(0.01)
+    await subscribed(redis, settings, "s1")
     stored = await post_message(sessionmaker, redis, settings, "s1", "first", [], job_id="j1")
     web = WebChannel(sessionmaker, redis, settings).for_job("j2")
     await web.send_image("s1", files["png"], caption="look")
@@ -329,11 +335,7 @@ async def test_listen_with_a_url(sessionmaker, redis, redis_server_url, settings
     await ensure_session(sessionmaker, "s2")
     gen = listen(redis_server_url, settings, "s2")
     first = asyncio.ensure_future(gen.__anext__())
-    channel = settings.key("session", "s2")
-    for _ in range(200):
-        if (await redis.pubsub_numsub(channel))[0][1] > 0:
-            break
-        await asyncio.sleep(0.01)
+    await subscribed(redis, settings, "s2")
     await post_message(sessionmaker, redis, settings, "s2", "via url", [])
     assert (await asyncio.wait_for(first, 10))["text"] == "via url"
     await gen.aclose()
@@ -455,11 +457,7 @@ async def test_web_batch_with_a_duplicate_still_pushes_the_rest(sessionmaker, re
             return
 
     task = asyncio.create_task(consume())
-    channel = settings.key("session", "P1")
-    for _ in range(200):
-        if (await redis.pubsub_numsub(channel))[0][1] > 0:
-            break
-        await asyncio.sleep(0.01)
+    await subscribed(redis, settings, "P1")
     again = Outgoing("P1", "first", [], "j", entry)
     fresh = Outgoing(
         "P1", "fresh", [], "j2", LedgerEntry(key="k-new", recipient="web:P1", owner="w1")
