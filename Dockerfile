@@ -4,9 +4,9 @@
 #   docker build -t skilljobs .
 #   docker run --rm skilljobs doctor
 #
-# The code runs from /app, where its packages sit beside skills/ and migrations/ (the
-# code finds both next to its packages); /opt/venv holds the dependencies and the
-# `skilljobs` console script. Only the runtime stage ends up in the image.
+# The builder turns the checkout into a wheel (migrations, bundled skills and the demo
+# schedule are inside it); the runtime stage installs that wheel, not editable, into
+# /opt/venv, so the image holds no source tree. Only the runtime stage ends up in the image.
 
 # Build tools (apt build-essential, pip/setuptools/wheel) follow the base image's release;
 # the project's own dependencies are bounded in pyproject.toml.
@@ -14,38 +14,34 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
-# --- builder: a virtualenv with every dependency and the project ------------------------
+# --- builder: the wheel ------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS builder
-
-RUN apt-get update \
- && apt-get install -y --no-install-recommends build-essential \
- && rm -rf /var/lib/apt/lists/*
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-RUN python -m venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH
-WORKDIR /app
-
-# Dependencies first, from the project metadata alone: this layer is rebuilt only when
-# pyproject.toml changes, not on every code edit.
+WORKDIR /src
 COPY pyproject.toml README.md ./
-RUN mkdir -p jobs chains delivery dashboard \
- && touch jobs/__init__.py chains/__init__.py delivery/__init__.py dashboard/__init__.py \
- && pip install --upgrade pip setuptools wheel \
- && pip install -e .
-
-# The project itself (the editable install above points at /app).
 COPY jobs ./jobs
 COPY chains ./chains
 COPY delivery ./delivery
 COPY dashboard ./dashboard
 COPY skills ./skills
-COPY migrations ./migrations
-COPY alembic.ini ./
-RUN python -m compileall -q jobs chains delivery dashboard migrations \
- && skilljobs --help >/dev/null
+RUN pip wheel --no-deps -w /dist .
+
+# --- deps: a virtualenv with the wheel and its dependencies -------------------------------
+FROM ${PYTHON_IMAGE} AS deps
+
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential \
+ && rm -rf /var/lib/apt/lists/*
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+COPY --from=builder /dist /dist
+RUN pip install /dist/*.whl \
+ && skilljobs --version
 
 # --- runtime ----------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
@@ -65,10 +61,9 @@ RUN groupadd --system --gid 10001 skilljobs \
  && mkdir -p /data/workspaces \
  && chown -R skilljobs:skilljobs /data
 
-# Code and venv stay owned by root: the service cannot rewrite itself.
-COPY --from=builder /opt/venv /opt/venv
-COPY --from=builder /app /app
-WORKDIR /app
+# The venv stays owned by root: the service cannot rewrite itself.
+COPY --from=deps /opt/venv /opt/venv
+WORKDIR /data
 
 USER 10001:10001
 EXPOSE 8000

@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from jobs.catalog.loader import load_registry
 from jobs.context import background_context
 from jobs.crypto import SecretBox
 from jobs.db import create_engine, create_sessionmaker
-from jobs.executor import Executor
-from jobs.loader import load_registry
+from jobs.execution.executor import Executor
 from jobs.settings import Settings
 
 KEY = b"t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q="

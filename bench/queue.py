@@ -24,11 +24,11 @@ from arq.connections import RedisSettings, create_pool
 from sqlalchemy import delete, func, select
 
 from bench.common import REDIS, drop_db, make_db, pct
-from jobs.dispatcher import Dispatcher
 from jobs.models import Job
+from jobs.queue.dispatcher import Dispatcher
+from jobs.queue.worker import build_worker
 from jobs.services import Services
 from jobs.settings import Settings
-from jobs.worker import build_worker
 
 SKILLS = Path(__file__).resolve().parent / "skills"
 CTX = {"channel": "web", "role_id": "bench", "session_id": "bench-session"}
@@ -86,7 +86,7 @@ async def bench_wakeup(svc: Services, db_url: str, data: Path, n: int = 300) -> 
         "SKILLJOBS_LOG_LEVEL": "WARNING",
     }
     proc = subprocess.Popen(  # noqa: ASYNC220 - a plain child process we only signal
-        [sys.executable, "-m", "jobs.cli", "worker", "--no-scheduler"], env=env
+        [sys.executable, "-m", "jobs.cli.app", "worker", "--no-scheduler"], env=env
     )
     try:
         await asyncio.sleep(3)

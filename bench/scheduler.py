@@ -33,9 +33,9 @@ from sqlalchemy import delete, func, insert, select, text, update
 from bench.common import REDIS, drop_db, make_db, pct
 from chains.cron import next_fire
 from chains.scheduler import Scheduler
+from jobs.catalog.loader import load_registry
 from jobs.crypto import SecretBox, load_or_create_key
 from jobs.db import create_engine, create_sessionmaker
-from jobs.loader import load_registry
 from jobs.models import ChainRun, ChainStep, Schedule
 from jobs.services import Services, connect_redis
 from jobs.settings import BUNDLED_SKILLS, Settings
@@ -118,7 +118,7 @@ async def bench_ticks(svc: Services, start: float) -> dict[str, Any]:
 
 def _start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "jobs.cli", "worker"],
+        [sys.executable, "-m", "jobs.cli.app", "worker"],
         env=env,
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,

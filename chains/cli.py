@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from jobs.cli_common import fail, load_settings, open_services, run_async
+from jobs.cli.common import fail, load_settings, open_services, run_async
 
 console = Console()
 schedules_app = typer.Typer(help="Cron-defined chains of skills.", no_args_is_help=True)
@@ -195,16 +195,9 @@ def run(
             console.print(f"run {run_id} queued")
             return 0
         from chains.runner import run_chain
-        from jobs.executor import Executor
 
         run_id = await schedules.trigger_manual(svc, schedule, actor="cli", enqueue=False)
-        executor = Executor(
-            settings=svc.settings,
-            registry=svc.registry,
-            sessionmaker=svc.sessionmaker,
-            box=svc.box,
-            http=svc.http,
-        )
+        executor = svc.executor
         try:
             with console.status(f"run {run_id}: running"):
                 status = await run_chain(svc, executor, run_id, worker_id=f"cli:{time.time_ns()}")

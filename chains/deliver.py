@@ -133,7 +133,7 @@ async def _send(
     attach: list[str],
     workspace: Path | None,
 ) -> None:
-    from delivery.channels.base import DeliveryPermanentError
+    from delivery.errors import DeliveryPermanentError
 
     if route == "session":
         from delivery.channels.web import post_message
@@ -159,15 +159,10 @@ async def _send(
             attach=attach or None,
         )
     else:
-        from delivery.channels.base import build_channels
+        from delivery.channels.registry import channels_for
         from delivery.send_message import send_message
 
-        channels = build_channels(
-            services.settings,
-            services.http,
-            sessionmaker=services.sessionmaker,
-            redis=services.redis,
-        )
+        channels = channels_for(services)
         result = await send_message(
             channels,
             to=deliver["to"],

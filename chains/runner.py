@@ -26,6 +26,7 @@ from chains.deliver import deliver_outcome
 from chains.guard import is_empty_output
 from chains.refs import UnresolvedReference, resolve_input
 from chains.schedules import ScheduleSpec, spec_of
+from jobs.constants import MAX_RUNS
 from jobs.crypto import redact
 from jobs.envelope import failure, is_failure, is_non_retriable
 from jobs.models import ChainRun, Schedule
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("skilljobs.chains")
 
-MAX_RUNS = 3  # transient failures of a step: at most 3 runs in all
 TRANSIENT_BACKOFF_SEC = 1.0
 
 
@@ -192,7 +192,7 @@ class _ChainRun:
         role_id = str(identity.get("role_id") or "")
         configs: dict[str, Any] = {}
         if role_id:
-            from jobs.configs import ConfigStore
+            from jobs.catalog.configs import ConfigStore
 
             configs = await ConfigStore(self.sm, self.svc.box).get(role_id, skill)
         origin = {

@@ -8,15 +8,17 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 
+from jobs.constants import FN_RUN_CHAIN
 from jobs.crypto import redact
-from jobs.models import ChainRun, ChainStep, OpsAction, Schedule
+from jobs.models import ChainRun, ChainRunStatus, ChainStep, OpsAction, Schedule
+from jobs.queue.broker import enqueue
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
     from jobs.services import Services
 
-QUEUED = "queued"
+QUEUED = ChainRunStatus.QUEUED
 
 
 def _sm(target: Any) -> async_sessionmaker[AsyncSession]:
@@ -51,9 +53,6 @@ def enqueue_number(arq_id: str | None) -> int:
 
 
 async def enqueue_run(services: Services, run_id: str, n: int) -> None:
-    from jobs.constants import FN_RUN_CHAIN
-    from jobs.queue import enqueue
-
     await enqueue(services, FN_RUN_CHAIN, run_id, job_id=arq_job_id(run_id, n))
 
 

@@ -15,12 +15,18 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from jobs.models import ChainRun, ChainStep
+from jobs.models import ChainRun, ChainStep, StepStatus
 
 Sessions = async_sessionmaker[AsyncSession]
 
-PENDING, RUNNING, SUCCEEDED, FAILED = "pending", "running", "succeeded", "failed"
-STOPPED_EMPTY, SKIPPED = "stopped_empty", "skipped"
+# Run and step statuses share these names (jobs.models: ChainRunStatus, StepStatus).
+PENDING, RUNNING, SUCCEEDED, FAILED = (
+    StepStatus.PENDING,
+    StepStatus.RUNNING,
+    StepStatus.SUCCEEDED,
+    StepStatus.FAILED,
+)
+STOPPED_EMPTY, SKIPPED = StepStatus.STOPPED_EMPTY, StepStatus.SKIPPED
 RUN_FINAL = frozenset({SUCCEEDED, FAILED, STOPPED_EMPTY})
 OUTPUT_CAP = 200_000  # characters of a stored step output
 

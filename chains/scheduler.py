@@ -29,15 +29,16 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from chains.cron import CronError, latest_fire, next_fire
 from chains.runs import QUEUED, arq_job_id, enqueue_number, enqueue_run
-from jobs.constants import FN_RUN_CHAIN, WAKE_CHANNEL
-from jobs.models import ChainRun, Schedule
+from jobs.constants import FN_RUN_CHAIN
+from jobs.models import ChainRun, ChainRunStatus, Schedule
+from jobs.queue import broker
 
 if TYPE_CHECKING:
     from jobs.services import Services
 
 log = logging.getLogger("skilljobs.scheduler")
 
-RUNNING = "running"
+RUNNING = ChainRunStatus.RUNNING
 _BATCH = 500
 
 
@@ -104,27 +105,13 @@ class Scheduler:
         """Enqueue the first arq job of each new run and wake idle workers, in one round
         trip: the same job and queue entries ``ArqRedis.enqueue_job`` writes (the ids are
         new, so its duplicate check is replaced by ``NX``)."""
-        from arq.constants import job_key_prefix
-        from arq.jobs import serialize_job
-        from arq.utils import timestamp_ms
-
-        redis = self.svc.redis
-        if redis is None:
+        if self.svc.redis is None:
             log.warning("no Redis connection: %s run(s) stay queued for reconcile", len(run_ids))
             return
-        settings = self.svc.settings
-        at = timestamp_ms()
         try:
-            async with redis.pipeline(transaction=False) as pipe:
-                for run_id in run_ids:
-                    job_id = arq_job_id(run_id, 0)
-                    job = serialize_job(
-                        FN_RUN_CHAIN, (run_id,), {}, None, at, serializer=redis.job_serializer
-                    )
-                    pipe.set(job_key_prefix + job_id, job, px=redis.expires_extra_ms, nx=True)
-                    pipe.zadd(settings.queue_name, {job_id: at}, nx=True)
-                pipe.publish(settings.key(WAKE_CHANNEL), "1")
-                await pipe.execute()
+            await broker.enqueue_many(
+                self.svc, [(arq_job_id(run_id, 0), FN_RUN_CHAIN, (run_id,)) for run_id in run_ids]
+            )
         except Exception as exc:  # the runs stay queued; reconcile() re-enqueues them
             log.warning("enqueue of %s chain run(s) failed: %s", len(run_ids), exc)
 
@@ -312,14 +299,9 @@ class Scheduler:
 
     async def _waiting_in_queue(self, job_id: str | None) -> bool:
         """The run's latest arq job exists and no worker has started it."""
-        from arq.constants import in_progress_key_prefix, job_key_prefix
-
-        redis = self.svc.redis
-        if not job_id or redis is None:
+        if not job_id:
             return False
-        exists = await redis.exists(job_key_prefix + job_id)
-        running = await redis.exists(in_progress_key_prefix + job_id)
-        return bool(exists) and not running
+        return (await broker.waiting(self.svc, [job_id]))[0]
 
     async def run_forever(self, stop: asyncio.Event) -> None:
         """Tick every ``scheduler_interval_sec`` and reconcile every

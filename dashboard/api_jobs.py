@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,8 @@ from dashboard import queries
 from dashboard.errors import ApiError, not_found
 from jobs.crypto import ENC_TAG, REDACTED, redact
 from jobs.models import Artifact, Delivery, Job, JobAttempt
+from jobs.queue import control
+from jobs.queue.dispatcher import Dispatcher
 from jobs.services import Services
 
 router = APIRouter(prefix="/api/v1")
@@ -28,14 +29,6 @@ def actor_of(request: Request) -> str:
     """Who is acting, for the audit trail: an ``X-Actor`` header, else "dashboard"."""
     actor = request.headers.get("x-actor", "").strip()[:100]
     return f"dashboard:{actor}" if actor else "dashboard"
-
-
-def optional(module: str) -> Any:
-    """A module another part of the product provides; 503 while it is absent."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ApiError(503, f"{module} is not available in this installation", "config") from exc
 
 
 # --- shapes (SPEC §10) ---------------------------------------------------------------
@@ -151,8 +144,7 @@ class DispatchBody(BaseModel):
 @router.post("/dispatch")
 async def dispatch(body: DispatchBody, request: Request) -> JSONResponse:
     """Relay to the dispatcher: 202 receipt, 200 result envelope, or a 4xx refusal."""
-    mod = optional("jobs.dispatcher")
-    answer = await mod.Dispatcher(services_of(request)).dispatch(
+    answer = await Dispatcher(services_of(request)).dispatch(
         skill=body.skill, input=body.input, context=body.context, external_id=body.external_id
     )
     return JSONResponse(answer.body, status_code=answer.status_code)
@@ -251,7 +243,6 @@ def _relay(result: Any, ok_status: int = 200) -> JSONResponse:
 
 
 async def _control(request: Request, name: str, *args: Any) -> JSONResponse:
-    control = optional("jobs.control")
     try:
         result = await getattr(control, name)(services_of(request), *args, actor=actor_of(request))
     except LookupError as exc:

@@ -15,9 +15,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import text
 
 from dashboard import queries
-from dashboard.api_jobs import actor_of, optional, safe, services_of
+from dashboard.api_jobs import actor_of, safe, services_of
 from dashboard.auth import require_token_or_query
 from dashboard.errors import ApiError
+from delivery.channels import web
+from jobs.catalog.configs import ConfigStore
 from jobs.constants import JOB_EVENTS
 from jobs.models import OpsAction
 from jobs.services import Services
@@ -154,9 +156,8 @@ async def workers(request: Request) -> dict[str, Any]:
 
 
 def _config_store(request: Request) -> Any:
-    mod = optional("jobs.configs")
     svc = services_of(request)
-    return mod.ConfigStore(svc.sessionmaker, svc.box)
+    return ConfigStore(svc.sessionmaker, svc.box)
 
 
 @router.get("/roles/{role_id}/skills/{skill}/config")
@@ -203,7 +204,6 @@ async def session_messages(
     after_id: int | None = None,
 ) -> dict[str, Any]:
     """The session's stored messages, oldest first."""
-    web = optional("delivery.channels.web")
     items = await web.list_messages(
         services_of(request).sessionmaker, session_id, limit=limit, after_id=after_id
     )
@@ -257,7 +257,6 @@ def _stream(source: AsyncIterator[str]) -> StreamingResponse:
 @stream_router.get("/sessions/{session_id}/events")
 async def session_events(session_id: str, request: Request) -> StreamingResponse:
     """Live pushes of a chat session: ``event: message`` with the stored message JSON."""
-    web = optional("delivery.channels.web")
     svc = services_of(request)
     if svc.redis is None:
         raise ApiError(503, "no Redis connection: live events are unavailable", "transient")

@@ -8,14 +8,11 @@ from typing import Any
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import JSONResponse
 
-from dashboard.api_jobs import actor_of, optional, safe, services_of
+from chains import schedules
+from dashboard.api_jobs import actor_of, safe, services_of
 from dashboard.errors import ApiError, not_found
 
 router = APIRouter(prefix="/api/v1")
-
-
-def _schedules() -> Any:
-    return optional("chains.schedules")
 
 
 async def _call(fn: Any, *args: Any, **kw: Any) -> Any:
@@ -45,13 +42,12 @@ def _last_run(run: Any) -> dict[str, Any] | None:
 
 @router.get("/schedules")
 async def list_schedules(request: Request) -> dict[str, Any]:
-    mod = _schedules()
     sm = services_of(request).sessionmaker
-    rows = await _call(mod.list_schedules, sm)
-    last = await _call(mod.last_runs, sm)
+    rows = await _call(schedules.list_schedules, sm)
+    last = await _call(schedules.last_runs, sm)
     items = []
     for row in rows:
-        item = safe(mod.to_dict(row))
+        item = safe(schedules.to_dict(row))
         item["last_run"] = _last_run(last.get(row.id))
         items.append(item)
     return {"items": items}
@@ -60,25 +56,23 @@ async def list_schedules(request: Request) -> dict[str, Any]:
 @router.post("/schedules", status_code=201)
 async def create_schedule(request: Request, body: Any = Body(...)) -> JSONResponse:
     """Takes the schedule file's shape (SPEC §10); 422 names every problem."""
-    mod = _schedules()
     svc = services_of(request)
     try:
-        spec = mod.validate(body, svc.registry)
+        spec = schedules.validate(body, svc.registry)
     except ValueError as exc:
         raise ApiError(422, str(exc), problems=getattr(exc, "problems", [str(exc)])) from exc
-    row = await _call(mod.create, svc.sessionmaker, spec, actor=actor_of(request))
-    return JSONResponse(safe(mod.to_dict(row)), status_code=201)
+    row = await _call(schedules.create, svc.sessionmaker, spec, actor=actor_of(request))
+    return JSONResponse(safe(schedules.to_dict(row)), status_code=201)
 
 
 @router.get("/schedules/{schedule_id}")
 async def get_schedule(schedule_id: str, request: Request) -> Any:
-    mod = _schedules()
     sm = services_of(request).sessionmaker
-    row = await _call(mod.get, sm, schedule_id)
+    row = await _call(schedules.get, sm, schedule_id)
     if row is None:
         raise not_found(f"schedule {schedule_id}")
-    item = safe(mod.to_dict(row))
-    item["last_run"] = _last_run((await _call(mod.last_runs, sm)).get(row.id))
+    item = safe(schedules.to_dict(row))
+    item["last_run"] = _last_run((await _call(schedules.last_runs, sm)).get(row.id))
     return item
 
 
@@ -87,7 +81,6 @@ async def patch_schedule(
     schedule_id: str, request: Request, body: dict[str, Any] = Body(...)
 ) -> Any:
     """``{"enabled": bool}`` toggles; other schedule-file fields update (re-validated)."""
-    mod = _schedules()
     svc = services_of(request)
     changes = dict(body)
     actor = actor_of(request)
@@ -96,23 +89,22 @@ async def patch_schedule(
         if not isinstance(changes["enabled"], bool):
             raise ApiError(422, "enabled must be true or false")
         row = await _call(
-            mod.set_enabled, svc.sessionmaker, schedule_id, changes["enabled"], actor=actor
+            schedules.set_enabled, svc.sessionmaker, schedule_id, changes["enabled"], actor=actor
         )
     elif changes:
         row = await _call(
-            mod.update, svc.sessionmaker, schedule_id, changes, svc.registry, actor=actor
+            schedules.update, svc.sessionmaker, schedule_id, changes, svc.registry, actor=actor
         )
     else:
         raise ApiError(422, 'nothing to change: send the fields to update, e.g. {"enabled": false}')
-    return safe(mod.to_dict(row))
+    return safe(schedules.to_dict(row))
 
 
 @router.post("/schedules/{schedule_id}/run", status_code=202)
 async def run_schedule(schedule_id: str, request: Request) -> JSONResponse:
     """Start an on-demand run now: 202 ``{"run_id"}``."""
-    mod = _schedules()
     svc = services_of(request)
-    run_id = await _call(mod.trigger_manual, svc, schedule_id, actor=actor_of(request))
+    run_id = await _call(schedules.trigger_manual, svc, schedule_id, actor=actor_of(request))
     return JSONResponse({"run_id": run_id}, status_code=202)
 
 
@@ -120,15 +112,15 @@ async def run_schedule(schedule_id: str, request: Request) -> JSONResponse:
 async def schedule_runs(
     schedule_id: str, request: Request, limit: int = Query(20, ge=1, le=200)
 ) -> dict[str, Any]:
-    mod = _schedules()
-    runs = await _call(mod.list_runs, services_of(request).sessionmaker, schedule_id, limit=limit)
+    runs = await _call(
+        schedules.list_runs, services_of(request).sessionmaker, schedule_id, limit=limit
+    )
     return {"items": [safe(r) for r in runs]}
 
 
 @router.get("/chain-runs/{run_id}")
 async def chain_run(run_id: str, request: Request) -> Any:
-    mod = _schedules()
-    run = await _call(mod.get_run, services_of(request).sessionmaker, run_id)
+    run = await _call(schedules.get_run, services_of(request).sessionmaker, run_id)
     if run is None:
         raise not_found(f"chain run {run_id}")
     return safe(run)

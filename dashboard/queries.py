@@ -31,7 +31,9 @@ from jobs.models import (
     TIMED_OUT,
     Artifact,
     ChainRun,
+    ChainRunStatus,
     Delivery,
+    DeliveryStatus,
     Job,
     JobAttempt,
     Worker,
@@ -39,8 +41,8 @@ from jobs.models import (
 
 FAILURE_STATUSES = (FAILED, TIMED_OUT)
 FINISHED = (SUCCEEDED, FAILED, TIMED_OUT, CANCELLED)
-DELIVERY_STATUSES = ("pending", "sent", "failed")
-CHAIN_RUN_STATUSES = ("queued", "running", "succeeded", "failed", "stopped_empty")
+DELIVERY_STATUSES = tuple(DeliveryStatus)
+CHAIN_RUN_STATUSES = tuple(ChainRunStatus)
 WORKER_ALIVE_S = 30.0
 MAX_PAGE = 200
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from delivery.media import HEAD_BYTES, MEDIA_KINDS, file_digest, media_of, sniff, sniff_bytes
+from jobs.media import HEAD_BYTES, MEDIA_KINDS, file_digest, media_of, sniff, sniff_bytes
 
 log = logging.getLogger(__name__)
 

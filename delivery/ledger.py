@@ -39,7 +39,7 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from delivery.channels.base import DeliveryPermanentError, DeliveryTransientError
+from delivery.errors import DeliveryPermanentError, DeliveryTransientError
 from jobs.models import PENDING, SENT, Delivery, Worker
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from delivery.fetch import MAX_BYTES, FetchError, SafeFetcher
-from delivery.media import mime_from_name, sniff
 from delivery.urlsafety import RefusedURL, check_url
+from jobs.media import mime_from_name, sniff
 
 log = logging.getLogger(__name__)
 

@@ -15,18 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from delivery.channels.base import (
+    MARKDOWN_IMAGE,
     Channel,
     DeliveryPermanentError,
     DeliveryTransientError,
-    build_channels,
-    media_kind,
+    with_retries,
 )
-from delivery.channels.telegram import MARKDOWN_IMAGE
+from delivery.channels.registry import channels_for
 from delivery.channels.web import WEB_CHANNELS, Outgoing, WebChannel, attachment_dict
 from delivery.ledger import LeaseLost, LedgerEntry, deliver_once, ledger_key, owner_id
-from delivery.send_message import with_retries
 from jobs.context import results_dir
 from jobs.envelope import is_failure
+from jobs.media import media_kind
 
 Fence = Callable[[], Awaitable[bool]]
 
@@ -155,20 +155,6 @@ def plan(
         media[0].text = text
         return media
     return ([Item("text", "text", text=text)] if text else []) + media
-
-
-def channels_for(services: Any) -> dict[str, Channel]:
-    """The process's adapters, built once per ``Services`` (token caches live in them)."""
-    cached = getattr(services, "channels", None) or getattr(services, "_delivery_channels", None)
-    if cached is None:
-        cached = build_channels(
-            services.settings,
-            services.http,
-            sessionmaker=services.sessionmaker,
-            redis=services.redis,
-        )
-        services._delivery_channels = cached
-    return dict(cached)
 
 
 async def deliver_result(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,12 @@ from delivery.channels.base import (
     Channel,
     DeliveryPermanentError,
     DeliveryTransientError,
-    media_kind,
+    with_retries,
 )
+from jobs.media import media_kind
 
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 KNOWN_CHANNELS = ("feishu", "wecom", "dingtalk", "telegram", "web", "web_admin")
-TRIES = 3
-MAX_WAIT = 30.0
 
 
 def parse_recipients(
@@ -98,21 +96,6 @@ def _attachment_paths(attachments: Any, workspace: Path | None) -> tuple[list[st
         if str(p) not in out:
             out.append(str(p))
     return out, None
-
-
-async def with_retries(
-    send: Callable[[], Awaitable[Any]], tries: int = TRIES, backoff: float = 1.0
-) -> Any:
-    """Call ``send``; transient failures are retried (``retry_after`` honoured)."""
-    for attempt in range(1, tries + 1):
-        try:
-            return await send()
-        except DeliveryTransientError as exc:
-            if attempt >= tries:
-                raise DeliveryTransientError(f"gave up after {tries} tries: {exc.reason}") from exc
-            wait = exc.retry_after if exc.retry_after is not None else backoff * 2 ** (attempt - 1)
-            await asyncio.sleep(min(max(wait, 0.0), MAX_WAIT))
-    raise AssertionError("unreachable")
 
 
 async def send_to(

@@ -1,7 +1,10 @@
-"""Wire contracts: arq function names and Redis key names. Renaming Python functions must
+"""Wire contracts and fixed numbers: arq function names, Redis key names, the run cap. Renaming Python functions must
 never strand queued work, so these strings are fixed here and nowhere else."""
 
 from __future__ import annotations
+
+# SPEC §7: a transient failure is re-run, at most this many runs in all (jobs and chain steps).
+MAX_RUNS = 3
 
 # arq job functions.
 FN_RUN_JOB = "skilljobs.run"  # args: (job_id: str, lease_token: int)

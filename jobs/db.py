@@ -8,12 +8,21 @@ from typing import Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
     async_sessionmaker,
     create_async_engine,
+)
+
+# "The database went away": what a caller waits out and retries, never reports as a bug.
+DB_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    ConnectionError,
+    TimeoutError,
+    OperationalError,
+    InterfaceError,
 )
 
 T = TypeVar("T")
@@ -40,7 +49,7 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
 
         return engine
     # No pre-ping (a round trip per checkout): a connection broken by a server restart
-    # fails once, SQLAlchemy then invalidates the pool, and callers retry (jobs.worker).
+    # fails once, SQLAlchemy then invalidates the pool, and callers retry (jobs.queue.worker).
     return create_async_engine(url, echo=echo, pool_size=10, max_overflow=20, pool_recycle=1800)
 
 

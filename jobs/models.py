@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -38,17 +39,54 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSONType, list[Any]: JSONType}
 
 
-# Job statuses (SPEC §10).
+# --- the status vocabulary of every entity (SPEC §10); members are ``str`` ------------
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+
+class DeliveryStatus(StrEnum):
+    PENDING = "pending"
+    SENDING = "sending"
+    SENT = "sent"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    DISMISSED = "dismissed"
+
+
+class ChainRunStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED_EMPTY = "stopped_empty"
+
+
+class StepStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED_EMPTY = "stopped_empty"
+    SKIPPED = "skipped"
+
+
 QUEUED, RUNNING, SUCCEEDED, FAILED, TIMED_OUT, CANCELLED = (
-    "queued",
-    "running",
-    "succeeded",
-    "failed",
-    "timed_out",
-    "cancelled",
+    JobStatus.QUEUED,
+    JobStatus.RUNNING,
+    JobStatus.SUCCEEDED,
+    JobStatus.FAILED,
+    JobStatus.TIMED_OUT,
+    JobStatus.CANCELLED,
 )
 FINAL_STATUSES = frozenset({SUCCEEDED, FAILED, TIMED_OUT, CANCELLED})
-JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, TIMED_OUT, CANCELLED)
+JOB_STATUSES = tuple(JobStatus)
 
 
 class SkillConfig(Base):
@@ -183,8 +221,7 @@ class Artifact(Base):
     created_at: Mapped[float] = mapped_column(Float, default=now)
 
 
-# Delivery statuses (SPEC §10).
-PENDING, SENT = "pending", "sent"
+PENDING, SENT = DeliveryStatus.PENDING, DeliveryStatus.SENT
 
 
 class Delivery(Base):

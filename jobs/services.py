@@ -17,6 +17,9 @@ from jobs.skill import SkillRegistry
 if TYPE_CHECKING:
     from arq.connections import ArqRedis
 
+    from delivery.channels.base import Channel
+    from jobs.execution.executor import Executor
+
 
 @dataclass
 class Services:
@@ -29,13 +32,33 @@ class Services:
     http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=30.0))
     # Chat sessions this process has already recorded (saves a lookup per dispatch).
     known_sessions: set[tuple[str, str, str]] = field(default_factory=set)
+    # The channel adapters, built once by ``delivery.channels.registry.channels_for``.
+    channels: dict[str, Channel] | None = None
+    _executor: Executor | None = field(default=None, repr=False)
+
+    @property
+    def executor(self) -> Executor:
+        """The one Executor of this process (HTTP dispatch, worker and chains share its
+        caches), built on first use."""
+        if self._executor is None:
+            # Function-level: the ground floor only names the execution room for typing.
+            from jobs.execution.executor import Executor
+
+            self._executor = Executor(
+                settings=self.settings,
+                registry=self.registry,
+                sessionmaker=self.sessionmaker,
+                box=self.box,
+                http=self.http,
+            )
+        return self._executor
 
     @classmethod
     async def open(
         cls, settings: Settings, *, redis: bool = True, registry: SkillRegistry | None = None
     ) -> Services:
         """Connect to the database (and Redis unless ``redis=False``) and load the skills."""
-        from jobs.loader import load_registry
+        from jobs.catalog.loader import load_registry
 
         engine = create_engine(settings.resolved_database_url)
         key = load_or_create_key(
@@ -54,6 +77,8 @@ class Services:
         return svc
 
     async def close(self) -> None:
+        if self._executor is not None:
+            await self._executor.aclose()
         await self.http.aclose()
         if self.redis is not None:
             await self.redis.aclose()

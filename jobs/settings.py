@@ -11,7 +11,9 @@ from typing import Any
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-BUNDLED_SKILLS = Path(__file__).resolve().parent.parent / "skills"
+from jobs import bundled_skills
+
+BUNDLED_SKILLS = bundled_skills.PATH
 
 
 class Settings(BaseSettings):
@@ -90,7 +92,12 @@ class Settings(BaseSettings):
     def skill_dirs(self) -> list[Path]:
         if not self.skills_path:
             return [BUNDLED_SKILLS]
-        return [Path(p).expanduser() for p in self.skills_path.split(os.pathsep) if p]
+        # ``bundled`` names the skills shipped with the package, wherever it is installed.
+        return [
+            BUNDLED_SKILLS if p == "bundled" else Path(p).expanduser()
+            for p in self.skills_path.split(os.pathsep)
+            if p
+        ]
 
     @property
     def allow_hosts(self) -> list[str]:

@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 import pytest
 from sqlalchemy.engine import make_url
 
+from jobs.cli.embedded import EmbeddedRedis
 from jobs.db import create_engine, create_sessionmaker
-from jobs.embedded import EmbeddedRedis
 from jobs.migrate import upgrade
 from jobs.models import Base
 from jobs.settings import Settings

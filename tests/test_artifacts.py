@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from delivery.artifacts import ArtifactInfo, acollect, backfill, collect, fill_local_path
-from delivery.media import sniff
+from jobs.media import sniff
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 64
 JPEG = b"\xff\xd8\xff\xe0\0\x10JFIF\0" + b"\0" * 64

@@ -8,10 +8,10 @@ import asyncio
 import pytest
 from sqlalchemy import select
 
-from jobs import store
 from jobs.batching import Batcher
-from jobs.dispatcher import Dispatcher
 from jobs.models import Job, JobAttempt
+from jobs.queue import store
+from jobs.queue.dispatcher import Dispatcher
 
 TG = {"channel": "telegram", "actor_key": "tg-1", "role_id": "r1", "session_id": "s-tg"}
 

@@ -11,8 +11,8 @@ import zlib
 
 import pytest
 
-from jobs.loader import load_registry, load_skill
-from jobs.preflight import check_skill_dir
+from jobs.catalog.loader import load_registry, load_skill
+from jobs.catalog.preflight import check_skill_dir
 from jobs.settings import BUNDLED_SKILLS
 from jobs.skill import ExecType, SkillType
 

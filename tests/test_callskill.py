@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from jobs.callskill import MAX_DEPTH, fill_template
-from jobs.configs import ConfigStore
+from jobs.catalog.configs import ConfigStore
+from jobs.catalog.loader import load_registry
 from jobs.context import ACTOR_KEYS, CALL_PASS_KEYS
 from jobs.crypto import SecretBox
 from jobs.db import create_engine, create_sessionmaker
-from jobs.executor import Executor
-from jobs.loader import load_registry
+from jobs.execution.callskill import MAX_DEPTH, fill_template
+from jobs.execution.executor import Executor
 from tests.conftest import make_settings
 
 FIXTURES = Path(__file__).parent / "exec_fixtures"

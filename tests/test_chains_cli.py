@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from jobs.cli.app import app
 
 
 @pytest.fixture

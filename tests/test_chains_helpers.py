@@ -5,9 +5,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from jobs.catalog.loader import load_registry
 from jobs.crypto import SecretBox, load_or_create_key
 from jobs.db import create_engine, create_sessionmaker
-from jobs.loader import load_registry
 from jobs.services import Services
 from jobs.settings import BUNDLED_SKILLS, Settings
 

@@ -14,9 +14,9 @@ from chains import runstore, schedules
 from chains.deliver import deliver_outcome
 from chains.runner import run_chain
 from chains.schedules import validate
-from jobs.configs import ConfigStore
+from jobs.catalog.configs import ConfigStore
 from jobs.context import background_context
-from jobs.executor import Executor
+from jobs.execution.executor import Executor
 from jobs.models import ChainRun
 from tests.conftest import make_settings
 from tests.test_chains_helpers import close_services, make_services, write_skill
@@ -463,7 +463,7 @@ async def test_async_skills_run_inline_in_a_chain(env, tmp_path: Path) -> None: 
         "async def execute(input_data, ctx):\n    return {'ran': 'inline'}\n",
         frontmatter="async: true\n",
     )
-    from jobs.loader import load_skill
+    from jobs.catalog.loader import load_skill
 
     svc.registry.add(load_skill(root / "bg_job"))
     assert svc.registry.get("bg_job").is_async  # type: ignore[union-attr]

@@ -39,7 +39,7 @@ def base_spec(**over: object) -> dict:
 
 @pytest.fixture
 def registry(tmp_path: Path):  # type: ignore[no-untyped-def]
-    from jobs.loader import load_registry
+    from jobs.catalog.loader import load_registry
     from jobs.settings import BUNDLED_SKILLS
 
     extra = tmp_path / "extra"

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis_server, pytest.mark.slow]
 def _worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     out = log.open("ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "jobs.cli", "worker"],
+        [sys.executable, "-m", "jobs.cli.app", "worker"],
         env=env,
         stdout=out,
         stderr=subprocess.STDOUT,

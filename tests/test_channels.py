@@ -11,14 +11,14 @@ import pytest
 from delivery.channels.base import (
     DeliveryPermanentError,
     DeliveryTransientError,
-    build_channels,
-    media_kind,
 )
 from delivery.channels.dingtalk import DingTalkChannel
 from delivery.channels.feishu import FeishuChannel, receive_id_type
+from delivery.channels.registry import build_channels
 from delivery.channels.telegram import TelegramChannel, split_markdown_images
 from delivery.channels.web import WebChannel, ensure_session, list_messages, listen, post_message
 from delivery.channels.wecom import WeComChannel
+from jobs.media import media_kind
 from tests.conftest import make_settings
 from tests.fakes.dingtalk import FakeDingTalk
 from tests.fakes.server import Response

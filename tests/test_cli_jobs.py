@@ -8,7 +8,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from jobs.cli import app
+from jobs.cli.app import app
 from tests.conftest import JOB_SKILLS
 
 

@@ -168,10 +168,13 @@ def test_dockerfile_is_multi_stage_slim_and_non_root() -> None:
     users = [ln.split()[1] for ln in runtime if ln.startswith("USER ")]
     assert users and users[-1].split(":")[0] not in {"root", "0"}
     copies = " ".join(ln for ln in runtime if ln.startswith("COPY "))
-    assert "--from=builder /opt/venv" in copies
+    assert "--from=deps /opt/venv" in copies
     builder = " ".join(lines[: lines.index(froms[-1])])
-    for needed in ("skills", "migrations", "alembic.ini"):
+    # the image installs a wheel built from the sources (migrations ship inside jobs/)
+    for needed in ("jobs", "skills"):
         assert f"COPY {needed}" in builder
+    assert "pip wheel" in builder and "pip install /dist/" in builder
+    assert "pip install -e" not in " ".join(lines)
     entry = next(ln for ln in runtime if ln.startswith("ENTRYPOINT "))
     assert json.loads(entry.split(None, 1)[1]) == ["skilljobs"]
 
@@ -184,7 +187,7 @@ def test_dockerignore_keeps_secrets_and_local_state_out() -> None:
     ]
     assert rules[0] == "*"  # allow-list: nothing enters the context unless listed
     allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
-    assert {"jobs", "skills", "migrations", "alembic.ini", "pyproject.toml"} <= allowed
+    assert {"jobs", "skills", "pyproject.toml"} <= allowed
     assert not allowed & {".env", ".venv", ".git", ".skilljobs", "tests"}
     assert "**/.env" in rules
 

@@ -8,7 +8,7 @@ import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import select, text
 
-from jobs.configs import ConfigStore
+from jobs.catalog.configs import ConfigStore
 from jobs.crypto import REDACTED, SecretBox
 from jobs.models import SkillConfig
 
@@ -118,7 +118,7 @@ def test_cli_set_and_list(tmp_path, sqlite_url: str) -> None:  # type: ignore[no
 
     from typer.testing import CliRunner
 
-    from jobs.cli import app
+    from jobs.cli.app import app
 
     env = {
         "SKILLJOBS_DATA_DIR": str(tmp_path / "data"),

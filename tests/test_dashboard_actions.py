@@ -6,7 +6,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from jobs.loader import load_registry
+from jobs.catalog.loader import load_registry
 from jobs.models import Job, OpsAction, SkillConfig
 from tests.test_dashboard_fixtures import client, seed_job, services
 

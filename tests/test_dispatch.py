@@ -8,9 +8,9 @@ import json
 import pytest
 from sqlalchemy import select, text
 
-from jobs.configs import ConfigStore
-from jobs.dispatcher import Dispatcher
+from jobs.catalog.configs import ConfigStore
 from jobs.models import ChatSession, Job
+from jobs.queue.dispatcher import Dispatcher
 
 TG = {
     "channel": "telegram",
@@ -250,7 +250,7 @@ async def test_no_secret_in_plaintext_in_redis_or_rows(services):
 
 async def test_enqueue_failure_is_never_a_receipt(job_settings, tmp_path):
     """Redis down at dispatch: the caller gets a transient error, never a receipt."""
-    from jobs.embedded import EmbeddedRedis
+    from jobs.cli.embedded import EmbeddedRedis
     from jobs.services import Services
 
     server = EmbeddedRedis(tmp_path / "doomed-redis", persist=False)

@@ -14,9 +14,7 @@ import typer
 from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
-from jobs.cli_doctor import register
-from jobs.db import create_engine
-from jobs.doctor import (
+from jobs.cli.checks import (
     Check,
     Status,
     check_api_token,
@@ -37,7 +35,9 @@ from jobs.doctor import (
     render,
     run_checks,
 )
-from jobs.embedded import EmbeddedRedis, free_port
+from jobs.cli.doctor import register
+from jobs.cli.embedded import EmbeddedRedis, free_port
+from jobs.db import create_engine
 from jobs.migrate import upgrade
 from tests.conftest import make_settings
 
@@ -426,7 +426,7 @@ def test_command_exit_codes_and_output(
 
 
 def test_skilljobs_has_the_doctor_command() -> None:
-    from jobs.cli import app
+    from jobs.cli.app import app
 
     result = CliRunner().invoke(app, ["doctor", "--help"])
     assert result.exit_code == 0 and "--host" in result.output

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from jobs.catalog.loader import load_registry, load_skill
 from jobs.context import background_context
 from jobs.crypto import SecretBox
 from jobs.db import create_engine, create_sessionmaker
-from jobs.executor import Executor, Outcome
-from jobs.loader import load_registry, load_skill
+from jobs.execution.executor import Executor, Outcome
 from jobs.skill import Skill, SkillType
 from tests.conftest import make_settings
 from tests.test_subproc import procs_with, unique_sleep

@@ -9,7 +9,7 @@ import time
 import pytest
 from sqlalchemy import select
 
-from delivery.channels.base import DeliveryPermanentError, DeliveryTransientError
+from delivery.errors import DeliveryPermanentError, DeliveryTransientError
 from delivery.ledger import (
     LeaseLost,
     claim,

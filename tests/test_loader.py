@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.loader import (
+from jobs.catalog.loader import (
     BUILTIN_SKILLS,
     load_registry,
     load_skill,

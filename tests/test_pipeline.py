@@ -278,8 +278,8 @@ async def test_too_big_media_failure_keeps_the_text(services, tg) -> None:
 async def test_worker_delivers_a_background_result_to_telegram(
     tmp_path, database_url, redis_server_url, redis_prefix, tg
 ) -> None:
-    from jobs.dispatcher import Dispatcher
-    from jobs.worker import build_worker
+    from jobs.queue.dispatcher import Dispatcher
+    from jobs.queue.worker import build_worker
 
     s = make_settings(
         tmp_path,

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from jobs.cli import app
-from jobs.preflight import Finding, check_skill_dir, has_errors, is_credential_name
+from jobs.catalog.preflight import Finding, check_skill_dir, has_errors, is_credential_name
+from jobs.cli.app import app
 
 FIX = Path(__file__).parent / "skill_fixtures"
 

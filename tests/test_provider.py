@@ -8,11 +8,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from jobs.catalog.loader import load_registry
 from jobs.crypto import SecretBox
 from jobs.db import create_engine, create_sessionmaker
-from jobs.executor import Executor
-from jobs.loader import load_registry
-from jobs.provider import (
+from jobs.execution.executor import Executor
+from jobs.execution.provider import (
     CallOptions,
     Message,
     ProviderError,
@@ -219,7 +219,7 @@ async def test_in_process_skill_uses_provider(tmp_path: Path, sqlite_url: str, k
 
 
 def test_role_binding_values() -> None:
-    from jobs.provider import role_llm_values
+    from jobs.execution.provider import role_llm_values
 
     default = {"provider": "openai", "base": "https://a", "key": "k-default", "model": "m0"}
     assert role_llm_values(default, {}) is default
@@ -238,7 +238,7 @@ def test_role_binding_values() -> None:
 
 
 async def test_role_bound_model(tmp_path: Path, sqlite_url: str) -> None:
-    from jobs.configs import ConfigStore
+    from jobs.catalog.configs import ConfigStore
 
     key = b"t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q="
     async with Running(FakeAPI()) as api, httpx.AsyncClient() as http:

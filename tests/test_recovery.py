@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from jobs.dispatcher import Dispatcher
 from jobs.models import Job, JobAttempt
+from jobs.queue.dispatcher import Dispatcher
 from jobs.services import Services
 from tests.conftest import JOB_SKILLS, make_settings
 from tests.fakes.server import Request, Response
@@ -74,7 +74,7 @@ class WorkerProcess:
         env.update(overrides)
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jobs.cli", "worker", "--no-scheduler"],
+            [sys.executable, "-m", "jobs.cli.app", "worker", "--no-scheduler"],
             env=env,
             stdout=log.open("ab"),
             stderr=subprocess.STDOUT,

@@ -10,7 +10,7 @@ import os
 import httpx
 import pytest
 
-from delivery.channels.base import build_channels
+from delivery.channels.registry import build_channels
 from delivery.channels.web import ensure_session, list_messages
 from delivery.send_message import parse_recipients, send_message
 from tests.conftest import make_settings
@@ -155,7 +155,7 @@ def load_handler(repo_root, name: str):
 
 
 def test_skill_folders_load(repo_root) -> None:
-    from jobs.loader import load_skill
+    from jobs.catalog.loader import load_skill
 
     for name in ("notify", "send_message"):
         skill = load_skill(repo_root / "skills" / name, builtin=True)
@@ -205,9 +205,9 @@ async def test_skills_reachable_through_call_skill(
     """A business skill calls send_message and notify via call_skill on the real executor."""
     import os as _os
 
+    from jobs.catalog.loader import load_registry
     from jobs.crypto import SecretBox, load_or_create_key
-    from jobs.executor import Executor
-    from jobs.loader import load_registry
+    from jobs.execution.executor import Executor
 
     with FakeSink() as sink:
         monkeypatch.setenv("SKILLJOBS_TELEGRAM_BOT_TOKEN", tg.token)

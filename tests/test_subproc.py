@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.skill import ExecType, Skill
-from jobs.subproc import (
+from jobs.execution.subproc import (
     SetupError,
     base_environ,
     build_args,
@@ -22,6 +21,7 @@ from jobs.subproc import (
     run_process,
     subprocess_context,
 )
+from jobs.skill import ExecType, Skill
 
 
 def _skill(tmp_path: Path, **kw: object) -> Skill:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobs.embedded import free_port
+from jobs.cli.embedded import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +30,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def _start(tmp_path: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "jobs.cli", "up", "--port", str(port)],
+        [sys.executable, "-m", "jobs.cli.app", "up", "--port", str(port)],
         cwd=tmp_path,
         env=_env(tmp_path),
         stdout=log.open("wb"),
@@ -78,7 +78,7 @@ def test_up_runs_the_demo_and_stops_without_leftovers(tmp_path):
         assert httpx.get(f"{base}/api/v1/jobs").status_code == 401
         # The ready command from the banner, run as printed (CLI → embedded Redis).
         cmd = re.search(r"^\s+(\S*skilljobs dispatch .+)$", banner, re.M).group(1)
-        args = [sys.executable, "-m", "jobs.cli", *_split(cmd)[1:]]
+        args = [sys.executable, "-m", "jobs.cli.app", *_split(cmd)[1:]]
         done = subprocess.run(
             args, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=120
         )
@@ -110,7 +110,7 @@ def test_up_runs_the_demo_and_stops_without_leftovers(tmp_path):
 
 def test_up_refuses_a_public_bind_without_a_token(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", "web", "--host", "0.0.0.0"],
+        [sys.executable, "-m", "jobs.cli.app", "web", "--host", "0.0.0.0"],
         cwd=tmp_path,
         env=_env(tmp_path),
         capture_output=True,

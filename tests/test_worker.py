@@ -11,11 +11,11 @@ from pathlib import Path
 
 from sqlalchemy import select, update
 
-from jobs import control, store
-from jobs.dispatcher import Dispatcher
-from jobs.embedded import EmbeddedRedis
+from jobs.cli.embedded import EmbeddedRedis
 from jobs.models import Job, JobAttempt
-from jobs.worker import build_worker
+from jobs.queue import control, store
+from jobs.queue.dispatcher import Dispatcher
+from jobs.queue.worker import build_worker
 
 TG = {
     "channel": "telegram",
@@ -253,7 +253,7 @@ async def test_jobs_lost_by_redis_are_reenqueued(job_settings, tmp_path):
 async def test_worker_survives_a_redis_restart(job_settings, tmp_path):
     """Redis goes away and comes back empty: the worker keeps running and picks up new work
     (jobs Redis lost are covered by test_jobs_lost_by_redis_are_reenqueued)."""
-    from jobs.embedded import free_port
+    from jobs.cli.embedded import free_port
     from jobs.services import Services
 
     port = free_port()

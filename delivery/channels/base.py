@@ -4,62 +4,16 @@ that translates transport failures once, and a token cache for the APIs that nee
 from __future__ import annotations
 
 import asyncio
-import mimetypes
+import re
 import time
 from collections.abc import Awaitable, Callable
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
-if TYPE_CHECKING:
-    from jobs.settings import Settings
-
-MEDIA_KINDS = ("image", "video", "audio", "file")
-
-IMAGE_EXT = {".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp"}
-VIDEO_EXT = {".mp4", ".mov", ".m4v", ".webm", ".avi", ".mkv"}
-AUDIO_EXT = {".mp3", ".m4a", ".ogg", ".opus", ".wav", ".aac", ".amr", ".flac"}
-
-
-class DeliveryError(Exception):
-    """A send did not happen."""
-
-
-class DeliveryTransientError(DeliveryError):
-    """Worth trying again later (timeouts, connection errors, 429, 5xx)."""
-
-    def __init__(self, reason: str, *, retry_after: float | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after = retry_after
-
-
-class DeliveryPermanentError(DeliveryError):
-    """The channel refused the message; sending it again will not help."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def media_kind(path: str | Path, declared: str | None = None) -> str:
-    """``image``/``video``/``audio``/``file`` from a declared media type or the extension."""
-    if declared in MEDIA_KINDS:
-        return declared
-    ext = Path(str(path)).suffix.lower()
-    if ext in IMAGE_EXT:
-        return "image"
-    if ext in VIDEO_EXT:
-        return "video"
-    if ext in AUDIO_EXT:
-        return "audio"
-    return "file"
-
-
-def guess_mime(path: str | Path) -> str:
-    return mimetypes.guess_type(str(path))[0] or "application/octet-stream"
+from delivery.errors import DeliveryPermanentError, DeliveryTransientError
 
 
 def read_file(path: str | Path) -> bytes:
@@ -223,57 +177,25 @@ class Channel:
         return await send(contact, path, caption)
 
 
-def build_channels(
-    settings: Settings,
-    http: httpx.AsyncClient,
-    *,
-    sessionmaker: Any = None,
-    redis: Any = None,
-) -> dict[str, Channel]:
-    """The configured adapters by channel name. ``web`` (and its alias ``web_admin``) is
-    always present; it needs ``sessionmaker`` (and ``redis`` for live pushes) to send."""
-    from delivery.channels.dingtalk import DingTalkChannel
-    from delivery.channels.feishu import FeishuChannel
-    from delivery.channels.telegram import TelegramChannel
-    from delivery.channels.web import WebChannel
-    from delivery.channels.wecom import WeComChannel
+# Tries of one send, and the longest wait between two (a ``retry_after`` is honoured up
+# to that).
+TRIES = 3
+MAX_WAIT = 30.0
 
-    def secret(v: Any) -> str:
-        return v.get_secret_value() if v is not None else ""
+# ``![alt](url "title")``: a Markdown image in a text.
+MARKDOWN_IMAGE = re.compile(r"!\[([^\]]*)\]\((\S+?)(?:\s+\"[^\"]*\")?\)")
 
-    out: dict[str, Channel] = {}
-    if settings.telegram_bot_token:
-        out["telegram"] = TelegramChannel(
-            http,
-            secret(settings.telegram_bot_token),
-            api_base=settings.telegram_api_base,
-            allow_hosts=settings.allow_hosts,
-        )
-    if settings.feishu_app_id and settings.feishu_app_secret:
-        out["feishu"] = FeishuChannel(
-            http,
-            settings.feishu_app_id,
-            secret(settings.feishu_app_secret),
-            api_base=settings.feishu_api_base,
-        )
-    if settings.wecom_corp_id and settings.wecom_corp_secret and settings.wecom_agent_id:
-        out["wecom"] = WeComChannel(
-            http,
-            settings.wecom_corp_id,
-            secret(settings.wecom_corp_secret),
-            settings.wecom_agent_id,
-            api_base=settings.wecom_api_base,
-        )
-    if settings.dingtalk_app_key and settings.dingtalk_app_secret and settings.dingtalk_robot_code:
-        out["dingtalk"] = DingTalkChannel(
-            http,
-            settings.dingtalk_app_key,
-            secret(settings.dingtalk_app_secret),
-            settings.dingtalk_robot_code,
-            api_base=settings.dingtalk_api_base,
-            oapi_base=settings.dingtalk_oapi_base,
-        )
-    web = WebChannel(sessionmaker, redis, settings)
-    out["web"] = web
-    out["web_admin"] = web
-    return out
+
+async def with_retries(
+    send: Callable[[], Awaitable[Any]], tries: int = TRIES, backoff: float = 1.0
+) -> Any:
+    """Call ``send``; transient failures are retried (``retry_after`` honoured)."""
+    for attempt in range(1, tries + 1):
+        try:
+            return await send()
+        except DeliveryTransientError as exc:
+            if attempt >= tries:
+                raise DeliveryTransientError(f"gave up after {tries} tries: {exc.reason}") from exc
+            wait = exc.retry_after if exc.retry_after is not None else backoff * 2 ** (attempt - 1)
+            await asyncio.sleep(min(max(wait, 0.0), MAX_WAIT))
+    raise AssertionError("unreachable")

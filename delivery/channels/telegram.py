@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from delivery.channels.base import (
+    MARKDOWN_IMAGE,
     Channel,
     DeliveryPermanentError,
     file_size,
@@ -26,7 +27,6 @@ UPLOAD_LIMIT = 50 * 1024 * 1024
 TEXT_LIMIT = 4096
 CAPTION_LIMIT = 1024
 
-MARKDOWN_IMAGE = re.compile(r"!\[([^\]]*)\]\((\S+?)(?:\s+\"[^\"]*\")?\)")
 
 _METHODS = {
     "photo": "sendPhoto",

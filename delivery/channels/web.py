@@ -17,7 +17,6 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from delivery.channels.base import (
@@ -25,12 +24,12 @@ from delivery.channels.base import (
     DeliveryPermanentError,
     DeliveryTransientError,
     file_size,
-    guess_mime,
 )
 from delivery.channels.web_store import Outgoing, store_batch, store_batch_pg
 from jobs.batching import Batcher
 from jobs.constants import SESSION_EVENTS
-from jobs.db import autocommit, engine_of
+from jobs.db import DB_UNAVAILABLE, autocommit, engine_of
+from jobs.media import guess_mime
 from jobs.models import ChatSession, JSONType, SessionMessage
 from jobs.settings import Settings
 
@@ -125,7 +124,7 @@ async def post_message(
             )
             msg_id = (await s.execute(stmt)).scalar_one_or_none()
             await s.commit()
-    except (OSError, OperationalError, InterfaceError) as exc:
+    except DB_UNAVAILABLE as exc:
         raise DeliveryTransientError(f"web: database unreachable ({type(exc).__name__})") from exc
     if msg_id is None:
         raise DeliveryPermanentError(f"unknown session {session_id!r}")
@@ -165,7 +164,7 @@ async def post_messages(
             known, dup, new_ids = await store_batch_pg(pg, messages, now)
         else:
             known, dup, new_ids = await store_batch(sessionmaker, messages, now)
-    except (OSError, OperationalError, InterfaceError) as exc:
+    except DB_UNAVAILABLE as exc:
         raise DeliveryTransientError(f"web: database unreachable ({type(exc).__name__})") from exc
     return await _push(redis, settings, messages, known, dup, new_ids, now)
 

@@ -11,7 +11,7 @@ from typing import Any
 async def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
     import httpx
 
-    from delivery.channels.base import build_channels
+    from delivery.channels.registry import build_channels
     from delivery.send_message import send_message
     from jobs.settings import Settings
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from jobs.catalog.loader import inspect_python, load_skill, skill_folders
 from jobs.crypto import SECRET_MARKERS, is_secret_key
-from jobs.loader import inspect_python, load_skill, skill_folders
 from jobs.skill import ExecType, Skill, SkillType
 
 SKILL_MD_MAX = 8_000

@@ -38,9 +38,9 @@ import httpx
 
 from jobs.context import lookup_config
 from jobs.envelope import failure
+from jobs.execution.skill_output import media_kind
+from jobs.execution.subproc import OUTPUT_CAP
 from jobs.skill import Skill
-from jobs.skill_output import media_kind
-from jobs.subproc import OUTPUT_CAP
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_\-]*)\}")
 _SPEC_CACHE: dict[str, tuple[int, dict[str, Any]]] = {}

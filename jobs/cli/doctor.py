@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from jobs.doctor import Check, Status, check_settings, failed, run_checks
+from jobs.cli.checks import Check, Status, check_settings, failed, run_checks
 
 _COLORS = {
     Status.OK: typer.colors.GREEN,

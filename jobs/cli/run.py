@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from jobs.cli_common import fail, load_settings, run_async
+from jobs.cli.common import fail, load_settings, run_async
 from jobs.logs import setup_logging
 from jobs.settings import Settings
 
@@ -40,8 +40,8 @@ def worker(
         )
 
     async def _go() -> None:
+        from jobs.queue.worker import build_worker
         from jobs.services import Services
-        from jobs.worker import build_worker
 
         svc = await _open(settings)
         try:
@@ -88,7 +88,7 @@ def up(
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     embedded = None
     if not settings.redis_url:
-        from jobs.embedded import EmbeddedRedis
+        from jobs.cli.embedded import EmbeddedRedis
 
         embedded = EmbeddedRedis(settings.data_dir / "redis", persist=True)
         try:
@@ -112,7 +112,7 @@ def up(
     async def _go() -> None:
         from jobs.db import create_engine
         from jobs.migrate import upgrade
-        from jobs.worker import build_worker
+        from jobs.queue.worker import build_worker
 
         engine = create_engine(settings.resolved_database_url)
         try:

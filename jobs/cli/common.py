@@ -1,4 +1,4 @@
-"""Helpers shared by every ``skilljobs`` command module (kept apart from ``jobs.cli`` so
+"""Helpers shared by every ``skilljobs`` command module (kept apart from ``jobs.cli.app`` so
 command modules can be imported on their own)."""
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ def list_skills(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Every skill folder found in SKILLJOBS_SKILLS_PATH, with its load status."""
-    from jobs.cli import load_settings
-    from jobs.loader import load_registry
+    from jobs.catalog.loader import load_registry
+    from jobs.cli.common import load_settings
 
     settings = load_settings()
     registry = load_registry(settings.skill_dirs)
@@ -93,9 +93,9 @@ def check(
     ),
 ) -> None:
     """Install preflight: exit 1 when any skill has an error."""
-    from jobs.cli import fail, load_settings
-    from jobs.loader import skill_folders
-    from jobs.preflight import Finding, check_skill_dir, has_errors
+    from jobs.catalog.loader import skill_folders
+    from jobs.catalog.preflight import Finding, check_skill_dir, has_errors
+    from jobs.cli.common import fail, load_settings
 
     if directory is not None:
         if not directory.is_dir():

@@ -1,8 +1,8 @@
 """The arq worker: runs queued jobs through the shared executor, post-processes and delivers
 their results, and keeps the queue honest (leases, heartbeats, reconciliation).
 
-Wiring lives here; the rules live in ``jobs.runner`` (a job from claim to record),
-``jobs.store`` (fenced state changes), the executor, ``delivery.pipeline`` and ``chains``.
+Wiring lives here; the rules live in ``jobs.queue.runner`` (a job from claim to record),
+``jobs.queue.store`` (fenced state changes), the executor, ``delivery.pipeline`` and ``chains``.
 Nothing imports this module.
 """
 
@@ -19,20 +19,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from arq import Worker
-from arq.constants import (
-    abort_jobs_ss,
-    in_progress_key_prefix,
-    job_key_prefix,
-    retry_key_prefix,
-)
-from arq.jobs import SerializationError, deserialize_job_raw
-from arq.utils import timestamp_ms
 from arq.worker import func
 
-from jobs import store
+from chains.runner import chain_job
+from chains.scheduler import Scheduler
 from jobs.batching import Batcher
 from jobs.constants import CANCEL_CHANNEL, FN_RUN_CHAIN, FN_RUN_JOB, WAKE_CHANNEL
-from jobs.runner import JobRunner, retry_db
+from jobs.queue import broker, store
+from jobs.queue.runner import JobRunner, retry_db
 from jobs.services import Services
 from jobs.skill import MAX_WALL_SEC
 
@@ -53,33 +47,6 @@ except ImportError:  # pragma: no cover
     REDIS_ERRORS = (ConnectionError, OSError, TimeoutError)
 
 
-# Reads the due part of the queue, marks up to ARGV[3] jobs not already running as in
-# progress (arq's own key, so arq's bookkeeping stays valid) and returns
-# [number read, id, score, payload, id, score, payload, ...] of those it claimed
-# (payload: the arq job record, false when it has expired).
-_CLAIM_LUA = (
-    """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, ARGV[4])
-local out = {#due / 2}
-local want = tonumber(ARGV[3])
-for i = 1, #due, 2 do
-  if (#out - 1) / 3 >= want then break end
-  local id = due[i]
-  if redis.call('SET', '"""
-    + in_progress_key_prefix
-    + """' .. id, '1', 'NX', 'PX', ARGV[2]) then
-    out[#out + 1] = id
-    out[#out + 1] = due[i + 1]
-    out[#out + 1] = redis.call('GET', '"""
-    + job_key_prefix
-    + """' .. id)
-  end
-end
-return out
-"""
-)
-
-
 class SkillJobsWorker(Worker):
     """arq's worker, woken by a pub/sub message the moment work is enqueued instead of
     polling every 0.5 s (the idle poll stays as a safety net for delayed retries)."""
@@ -97,7 +64,6 @@ class SkillJobsWorker(Worker):
         self._wake = asyncio.Event()
         self._wake_channel = wake_channel
         self._last_read = 0
-        self._claim_script: Any = None
         self._cleanup: Batcher[tuple[str, bool], None] = Batcher(self._cleanup_many, name="arq")
 
     # --- running one arq job ---------------------------------------------------------------
@@ -111,18 +77,16 @@ class SkillJobsWorker(Worker):
 
     async def run_job(self, job_id: str, score: int, payload: bytes | None = None) -> None:
         if payload is None:
-            payload = await self.pool.get(job_key_prefix + job_id)
+            payload = await broker.load(self.pool, job_id)
         if not payload:
             log.warning("arq job %s: record expired or missing, dropped", job_id)
             self.jobs_failed += 1
             await self._cleanup.submit((job_id, True))
             return
         try:
-            name, args, kwargs, _, _ = deserialize_job_raw(
-                payload, deserializer=self.job_deserializer
-            )
+            name, args, kwargs = broker.decode(payload)
             function = self.functions[name]
-        except (SerializationError, KeyError) as exc:
+        except (broker.SerializationError, KeyError) as exc:
             log.error("arq job %s: unusable (%s: %s), dropped", job_id, type(exc).__name__, exc)
             self.jobs_failed += 1
             await self._cleanup.submit((job_id, True))
@@ -147,16 +111,7 @@ class SkillJobsWorker(Worker):
         self._cleanup.push((job_id, True))
 
     async def _cleanup_many(self, items: list[tuple[str, bool]]) -> list[None]:
-        done = [job_id for job_id, finished in items if finished]
-        keys = [in_progress_key_prefix + job_id for job_id, _ in items]
-        for job_id in done:
-            keys += [job_key_prefix + job_id, retry_key_prefix + job_id]
-        async with self.pool.pipeline(transaction=True) as tr:
-            tr.delete(*keys)
-            if done:
-                tr.zrem(self.queue_name, *done)
-                tr.zrem(abort_jobs_ss, *done)
-            await tr.execute()
+        await broker.tidy(self.pool, self.queue_name, items)
         return [None] * len(items)
 
     def wake(self) -> None:
@@ -172,23 +127,15 @@ class SkillJobsWorker(Worker):
         WATCH/MULTI transaction per job), start them, and tidy finished tasks."""
         free = self.max_jobs - self.job_counter
         if self.allow_pick_jobs and free > 0:
-            if self._claim_script is None:
-                self._claim_script = self.pool.register_script(_CLAIM_LUA)
-            claimed = await self._claim_script(
-                keys=[self.queue_name],
-                args=[
-                    timestamp_ms(),
-                    int(self.in_progress_timeout_s * 1000),
-                    free,
-                    # entries running here are still in the queue: read past them
-                    self.queue_read_limit + self.job_counter,
-                ],
+            self._last_read, claimed = await broker.claim(
+                self.pool,
+                self.queue_name,
+                free=free,
+                in_progress_ms=int(self.in_progress_timeout_s * 1000),
+                # entries running here are still in the queue: read past them
+                read_limit=self.queue_read_limit + self.job_counter,
             )
-            self._last_read = int(claimed[0])
-            for i in range(1, len(claimed), 3):
-                raw = claimed[i]
-                job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
-                score, payload = int(float(claimed[i + 1])), claimed[i + 2] or None
+            for job_id, score, payload in claimed:
                 await self.sem.acquire()
                 self.job_counter += 1
                 t = self.loop.create_task(self.run_job(job_id, score, payload))
@@ -346,15 +293,7 @@ def build_worker(
 ) -> SkillJobsWorker:
     """An arq worker wired to ``services``. ``burst=True`` drains the queue and returns."""
     if executor is None:
-        from jobs.executor import Executor
-
-        executor = Executor(
-            settings=services.settings,
-            registry=services.registry,
-            sessionmaker=services.sessionmaker,
-            box=services.box,
-            http=services.http,
-        )
+        executor = services.executor
     settings = services.settings
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     runner = JobRunner(
@@ -385,12 +324,9 @@ def build_worker(
         )
         background.append(asyncio.create_task(_listen_cancels(runner)))
         if scheduler:
-            with contextlib.suppress(ImportError):
-                from chains.scheduler import Scheduler
-
-                stop = asyncio.Event()
-                ctx["scheduler_stop"] = stop
-                background.append(asyncio.create_task(Scheduler(services).run_forever(stop)))
+            stop = asyncio.Event()
+            ctx["scheduler_stop"] = stop
+            background.append(asyncio.create_task(Scheduler(services).run_forever(stop)))
         log.info(
             "worker %s started: queue %s, max_jobs %s",
             wid,
@@ -412,11 +348,10 @@ def build_worker(
             )
 
     timeout = MAX_WALL_SEC + 300  # the executor enforces each skill's wall clock itself
-    functions = [func(_run_job, name=FN_RUN_JOB, max_tries=1_000_000, timeout=timeout)]
-    with contextlib.suppress(ImportError):
-        from chains.runner import chain_job
-
-        functions.append(func(chain_job, name=FN_RUN_CHAIN, max_tries=1_000_000, timeout=timeout))
+    functions = [
+        func(_run_job, name=FN_RUN_JOB, max_tries=1_000_000, timeout=timeout),
+        func(chain_job, name=FN_RUN_CHAIN, max_tries=1_000_000, timeout=timeout),
+    ]
 
     assert services.redis is not None
     return SkillJobsWorker(
@@ -434,6 +369,7 @@ def build_worker(
         on_shutdown=on_shutdown,
         ctx={},
         log_results=False,
+        **broker.SERIALIZERS,
     )
 
 

@@ -20,7 +20,7 @@ from jobs.crypto import is_secret_key
 from jobs.envelope import is_failure
 
 if TYPE_CHECKING:
-    from jobs.executor import Executor
+    from jobs.execution.executor import Executor
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from jobs.cli_common import fail, load_settings, run_async
+from jobs.cli.common import fail, load_settings, run_async
 from jobs.crypto import is_secret_key
 
 config_app = typer.Typer(
@@ -29,7 +29,7 @@ def _value(key: str, raw: str, as_string: bool) -> Any:
 
 
 async def _with_store(fn: Any) -> Any:
-    from jobs.configs import ConfigStore
+    from jobs.catalog.configs import ConfigStore
     from jobs.crypto import SecretBox, load_or_create_key
     from jobs.db import create_engine, create_sessionmaker
 

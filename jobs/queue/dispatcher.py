@@ -7,21 +7,21 @@ the same executor, and returns its normalized result (SPEC §4, §11 "Dispatch a
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from jobs import store
-from jobs.constants import FN_RUN_JOB, JOB_EVENTS
+from jobs.catalog.validation import validate_input
+from jobs.constants import FN_RUN_JOB
 from jobs.db import once_more_if_disconnected
 from jobs.envelope import failure
+from jobs.execution.executor import Executor
 from jobs.models import new_id
-from jobs.queue import enqueue
+from jobs.queue import store
+from jobs.queue.broker import enqueue, job_event
 from jobs.services import Services
 from jobs.skill import Skill, SkillType
-from jobs.validation import validate_input
 
 log = logging.getLogger("skilljobs.dispatch")
 
@@ -66,23 +66,13 @@ def refusal(
 class Dispatcher:
     """Decides async vs sync, records and enqueues background jobs, runs the rest."""
 
-    def __init__(self, services: Services, executor: Any | None = None) -> None:
+    def __init__(self, services: Services, executor: Executor | None = None) -> None:
         self.services = services
         self._executor = executor
 
     @property
-    def executor(self) -> Any:
-        if self._executor is None:
-            from jobs.executor import Executor
-
-            self._executor = Executor(
-                settings=self.services.settings,
-                registry=self.services.registry,
-                sessionmaker=self.services.sessionmaker,
-                box=self.services.box,
-                http=self.services.http,
-            )
-        return self._executor
+    def executor(self) -> Executor:
+        return self._executor if self._executor is not None else self.services.executor
 
     async def dispatch(
         self,
@@ -148,7 +138,7 @@ class Dispatcher:
     async def _run_now(
         self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any]
     ) -> DispatchResult:
-        from jobs.configs import ConfigStore
+        from jobs.catalog.configs import ConfigStore
         from jobs.context import fixed_segment, flatten_configs
 
         runtime = dict(ctx)
@@ -169,7 +159,7 @@ class Dispatcher:
     async def _enqueue(
         self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any], ext: str
     ) -> DispatchResult:
-        from jobs.configs import ConfigStore
+        from jobs.catalog.configs import ConfigStore
         from jobs.context import background_context
 
         svc = self.services
@@ -249,20 +239,3 @@ class Dispatcher:
         return DispatchResult(
             202, {"ok": True, "async": True, "message": RECEIPT_MESSAGE, "job_id": job_id}
         )
-
-
-def job_event(svc: Services, job_id: str, status: str, skill: str) -> tuple[str, str]:
-    """The (channel, message) live dashboards receive for a job status change."""
-    return svc.settings.key(JOB_EVENTS), json.dumps(
-        {"id": job_id, "status": status, "skill": skill, "at": time.time()}
-    )
-
-
-async def publish_job_event(svc: Services, job_id: str, status: str, skill: str) -> None:
-    """Tell live dashboards about a status change (best effort: the row is the record)."""
-    if svc.redis is None:
-        return
-    try:
-        await svc.redis.publish(*job_event(svc, job_id, status, skill))
-    except Exception as exc:  # pragma: no cover - Redis hiccup
-        log.debug("job event not published: %s", exc)

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from jobs.cli_common import fail, load_settings, open_services, run_async
+from jobs.cli.common import fail, load_settings, open_services, run_async
 
 console = Console()
 jobs_app = typer.Typer(help="Look at and act on jobs.", no_args_is_help=True)
@@ -61,7 +61,7 @@ def dispatch(
     settings = load_settings()
 
     async def _go() -> int:
-        from jobs.dispatcher import Dispatcher
+        from jobs.queue.dispatcher import Dispatcher
 
         svc = await open_services(settings)
         try:
@@ -80,7 +80,7 @@ def dispatch(
 
 async def _wait(svc: Any, job_id: str, limit: float) -> int:
     from jobs.models import FINAL_STATUSES
-    from jobs.store import get_job
+    from jobs.queue.store import get_job
 
     deadline = time.monotonic() + limit
     last = ""
@@ -178,7 +178,7 @@ def show_job(job_id: str) -> None:
         from sqlalchemy import select
 
         from jobs.models import JobAttempt
-        from jobs.store import get_job
+        from jobs.queue.store import get_job
 
         svc = await open_services(settings, redis=False)
         try:
@@ -215,7 +215,7 @@ def _action(name: str, job_id: str) -> None:
     settings = load_settings()
 
     async def _go() -> None:
-        from jobs import control
+        from jobs.queue import control
 
         svc = await open_services(settings)
         try:

@@ -23,8 +23,15 @@ from typing import Any
 
 from jobs.context import FIXED_SEGMENT, LIVE_KEYS, PLATFORM_KEYS
 from jobs.crypto import is_secret_key
+from jobs.execution.skill_output import (
+    ERROR_TAIL,
+    LOG_CAP,
+    decode,
+    log_tail,
+    media_kind,
+    parse_stdout,
+)
 from jobs.skill import ExecType, Skill
-from jobs.skill_output import ERROR_TAIL, LOG_CAP, decode, log_tail, media_kind, parse_stdout
 
 __all__ = [
     "ERROR_TAIL",

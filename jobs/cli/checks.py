@@ -382,7 +382,7 @@ def check_skills(settings: Settings) -> Check:
             "fix SKILLJOBS_SKILLS_PATH (folders separated by the OS path separator)",
         )
     try:
-        from jobs.loader import load_registry
+        from jobs.catalog.loader import load_registry
     except ModuleNotFoundError as exc:
         return warn(name, f"the skill loader is not available ({exc})")
     try:

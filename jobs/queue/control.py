@@ -6,11 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jobs import store
-from jobs.constants import CANCEL_CHANNEL, FN_RUN_JOB
-from jobs.dispatcher import publish_job_event
+from jobs.constants import FN_RUN_JOB
 from jobs.models import FINAL_STATUSES, OpsAction
-from jobs.queue import enqueue
+from jobs.queue import store
+from jobs.queue.broker import enqueue, publish_cancel, publish_job_event, remove
 from jobs.services import Services
 
 
@@ -45,15 +44,14 @@ async def cancel_job(svc: Services, job_id: str, *, actor: str = "") -> ActionRe
     their children killed) and ends ``cancelled``."""
     job = await store.cancel_queued(svc.sessionmaker, job_id)
     if job is not None:
-        if svc.redis is not None and job.arq_job_id:
-            await svc.redis.zrem(svc.settings.queue_name, job.arq_job_id)
+        if job.arq_job_id:
+            await remove(svc, job.arq_job_id)
         await publish_job_event(svc, job_id, "cancelled", job.skill)
         await _audit(svc, "cancel", job_id, actor, was="queued")
         return ActionResult(True, "cancelled before it started", job_id=job_id, status="cancelled")
     job = await store.request_cancel(svc.sessionmaker, job_id)
     if job is not None:
-        if svc.redis is not None:
-            await svc.redis.publish(svc.settings.key(CANCEL_CHANNEL), job_id)
+        await publish_cancel(svc, job_id)
         await _audit(svc, "cancel", job_id, actor, was="running")
         return ActionResult(
             True, "stopping: its worker cancels it now", job_id=job_id, status="running"

@@ -11,10 +11,29 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"skilljobs {version('skilljobs')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Background jobs, chains and delivery for chat-platform skills."""
+
+
 db_app = typer.Typer(help="Database schema (alembic migrations).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-from jobs.cli_common import fail, load_settings, open_services, run_async  # noqa: E402
+from jobs.cli.common import fail, load_settings, open_services, run_async  # noqa: E402
 
 __all__ = ["app", "fail", "load_settings", "open_services", "run_async"]
 
@@ -42,28 +61,14 @@ def db_upgrade(revision: str = typer.Argument("head")) -> None:
     typer.echo(f"database at revision {rev}")
 
 
-def _register_groups() -> None:
-    """Attach command groups owned by other modules (each optional while being built)."""
-    import importlib
+# Command groups owned by other modules. Each keeps its heavy imports inside its commands,
+# so ``skilljobs --help`` stays fast.
+from chains import cli as chains_cli  # noqa: E402
+from jobs.cli import config, doctor, run, skills  # noqa: E402
+from jobs.cli import jobs as jobs_cli  # noqa: E402
 
-    for module, attr in (
-        ("jobs.cli_skills", "register"),
-        ("jobs.cli_config", "register"),
-        ("jobs.cli_jobs", "register"),
-        ("jobs.cli_run", "register"),
-        ("jobs.cli_doctor", "register"),
-        ("chains.cli", "register"),
-    ):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name == module:
-                continue
-            raise
-        getattr(mod, attr)(app)
-
-
-_register_groups()
+for _group in (skills, config, jobs_cli, run, doctor, chains_cli):
+    _group.register(app)
 
 
 def main() -> None:  # pragma: no cover

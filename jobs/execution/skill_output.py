@@ -8,23 +8,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from jobs.media import media_kind
+
 LOG_CAP = 64 * 1024  # stderr tail kept as the run's log
 ERROR_TAIL = 2000  # stderr tail quoted in an exit-code error
-
-IMAGE_EXT = frozenset(".png .jpg .jpeg .gif .webp .bmp .svg .heic .tif .tiff".split())
-VIDEO_EXT = frozenset(".mp4 .mov .webm .mkv .avi .m4v .flv".split())
-AUDIO_EXT = frozenset(".mp3 .wav .ogg .m4a .flac .opus .aac .amr".split())
-
-
-def media_kind(name: str) -> str:
-    ext = os.path.splitext(name.split("?", 1)[0])[1].lower()
-    if ext in IMAGE_EXT:
-        return "image"
-    if ext in VIDEO_EXT:
-        return "video"
-    if ext in AUDIO_EXT:
-        return "audio"
-    return "file"
 
 
 def decode(data: bytes) -> str:

@@ -1,6 +1,6 @@
 """One worker process's jobs, from claim to record: the job function's body.
 
-A claim fences every later write (``jobs.store``); the skill runs through the shared
+A claim fences every later write (``jobs.queue.store``); the skill runs through the shared
 executor; a transient failure is re-queued under the retry policy and the breaker; a
 finished skill goes on to the finishing stage (post-processing, delivery, the fenced
 record) beside the worker's slots. Heartbeats renew the leases of everything held here,
@@ -19,27 +19,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from arq.constants import in_progress_key_prefix, job_key_prefix
-
-from jobs import store
 from jobs.batching import Batcher
-from jobs.constants import FN_RUN_JOB, WORKER_HEARTBEAT
-from jobs.dispatcher import job_event
+from jobs.constants import FN_RUN_JOB, MAX_RUNS, WORKER_HEARTBEAT
+from jobs.db import DB_UNAVAILABLE
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT
-from jobs.queue import enqueue
+from jobs.queue import broker, store
 from jobs.services import Services
 
 log = logging.getLogger("skilljobs.worker")
 T = TypeVar("T")
 
-MAX_RUNS = 3  # SPEC §7: a transient failure is re-run, at most 3 runs in all
-DB_ERRORS: tuple[type[BaseException], ...] = (OSError, ConnectionError, TimeoutError)
-try:  # SQLAlchemy's connection-level errors also mean "the database went away"
-    from sqlalchemy.exc import InterfaceError, OperationalError
-
-    DB_ERRORS = (*DB_ERRORS, OperationalError, InterfaceError)
-except ImportError:  # pragma: no cover
-    pass
+DB_ERRORS = DB_UNAVAILABLE
 
 
 async def retry_db(
@@ -342,15 +332,11 @@ class JobRunner:
         self.events.push((job_id, status, skill))  # nobody waits for a live event
 
     async def _publish_events(self, events: list[tuple[str, str, str]]) -> list[None]:
-        assert self.svc.redis is not None
-        async with self.svc.redis.pipeline(transaction=False) as pipe:
-            for job_id, status, skill in events:
-                pipe.publish(*job_event(self.svc, job_id, status, skill))
-            await pipe.execute()
+        await broker.publish_events(self.svc, events)
         return [None] * len(events)
 
     async def _enqueue(self, job_id: str, token: int, defer: float = 0.0) -> None:
-        await enqueue(
+        await broker.enqueue(
             self.svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token), defer=defer
         )
 
@@ -416,15 +402,9 @@ class JobRunner:
         )
         if not stale:
             return n
-        async with redis.pipeline(transaction=False) as pipe:
-            for job_id, token, arq_job_id in stale:
-                aid = arq_job_id or store.arq_id(job_id, token)
-                pipe.exists(job_key_prefix + aid)
-                pipe.exists(in_progress_key_prefix + aid)
-            found = await pipe.execute()
-        for i, (job_id, token, _) in enumerate(stale):
-            has_job, in_progress = found[2 * i], found[2 * i + 1]
-            if has_job and not in_progress:
+        ids = [aid or store.arq_id(job_id, token) for job_id, token, aid in stale]
+        for (job_id, token, _), queued in zip(stale, await broker.waiting(svc, ids), strict=True):
+            if queued:
                 continue  # waiting its turn in the queue
             new = await store.bump_queued(svc.sessionmaker, job_id, token)
             if new is not None:

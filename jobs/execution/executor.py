@@ -21,10 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy.exc import InterfaceError, OperationalError
 
-from jobs import inprocess, subproc
-from jobs.callskill import bind_call_skill
 from jobs.context import (
     lookup_config,
     resolve_file_params,
@@ -33,19 +30,15 @@ from jobs.context import (
     workspace_dir,
 )
 from jobs.crypto import redact
-from jobs.db import LazySession
+from jobs.db import DB_UNAVAILABLE, LazySession
 from jobs.envelope import failure, is_failure, normalize
+from jobs.execution import inprocess, subproc
+from jobs.execution.callskill import bind_call_skill
 from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillType
 
 log = logging.getLogger(__name__)
 
-TRANSIENT_EXC = (
-    OSError,
-    OperationalError,
-    InterfaceError,
-    httpx.TimeoutException,
-    httpx.NetworkError,
-)
+TRANSIENT_EXC = (*DB_UNAVAILABLE, httpx.TimeoutException, httpx.NetworkError)
 SUBPROCESS_TYPES = frozenset(
     {
         ExecType.PYTHON_CLI,
@@ -92,7 +85,7 @@ class Executor:
         http: httpx.AsyncClient | None = None,
         config_store: Any | None = None,
     ) -> None:
-        from jobs.provider import llm_env, llm_values, provider_from
+        from jobs.execution.provider import llm_env, llm_values, provider_from
 
         self.settings = settings
         self.registry = registry
@@ -101,7 +94,7 @@ class Executor:
         self._http = http
         self._own_http: httpx.AsyncClient | None = None
         if config_store is None and sessionmaker is not None and box is not None:
-            from jobs.configs import ConfigStore
+            from jobs.catalog.configs import ConfigStore
 
             config_store = ConfigStore(sessionmaker, box)
         self.config_store = config_store
@@ -171,7 +164,7 @@ class Executor:
         hit = self._role_llm.get(role_id)
         if hit is not None and hit[0] > now:
             return hit[1], hit[2]
-        from jobs.provider import llm_env, provider_from, role_llm_values
+        from jobs.execution.provider import llm_env, provider_from, role_llm_values
 
         try:
             async with asyncio.timeout(ROLE_LLM_LOOKUP_SEC):
@@ -437,7 +430,7 @@ class Executor:
             if et in SUBPROCESS_TYPES:
                 return await self._subprocess(skill, input_data, rc, wall, llm)
             if et is ExecType.HTTP:
-                from jobs.http_skill import run_http
+                from jobs.execution.http_skill import run_http
 
                 coro = run_http(skill, input_data, rc, self.http, wall=wall)
                 return await inprocess.with_wall(coro, wall), ""

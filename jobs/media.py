@@ -1,4 +1,10 @@
-"""What a file is and what it is called: media sniffing, MIME tables, safe file names.
+"""What a file is and what it is called: the one extension/MIME/media-kind table, media
+sniffing, safe file names.
+
+Media kinds are what every channel can show as such: an ``image`` is a PNG, JPEG, GIF,
+WebP or BMP. SVG, HEIC/HEIF, TIFF and AVIF are images to a browser but not to the chat
+platforms' photo APIs (Telegram's ``sendPhoto``, WeCom and DingTalk image messages refuse
+or mangle them), so they travel as files; likewise FLV, which no platform plays inline.
 
 ``sniff`` decides ``image``/``video``/``audio``/``file`` from the magic bytes first, then a
 header hint (e.g. the Content-Type it was downloaded with), then the extension.
@@ -57,6 +63,8 @@ _BY_EXTENSION = {
     ".json": "application/json",
     ".html": "text/html",
     ".gz": "application/gzip",
+    ".heif": "image/heif",
+    ".flv": "video/x-flv",
 }
 _EXTENSION_FOR = {
     "image/jpeg": ".jpg",
@@ -70,6 +78,12 @@ _EXTENSION_FOR = {
     "audio/x-wav": ".wav",
 }
 _OOXML = {".docx", ".xlsx", ".pptx"}
+
+
+# Images, videos and audio the platforms do not show as such: sent as files.
+_AS_FILE = frozenset(
+    {"image/svg+xml", "image/tiff", "image/heic", "image/heif", "image/avif", "video/x-flv"}
+)
 
 
 def mime_from_header(value: str | None) -> str | None:
@@ -92,11 +106,26 @@ def extension_for(mime: str) -> str:
 
 
 def media_of(mime: str | None) -> str:
-    """Media kind for a MIME type; SVG and unknowns are files (channels do not show them)."""
-    if not mime or mime == "image/svg+xml":
+    """Media kind for a MIME type: its major type, except for the types channels do not
+    show (SVG, TIFF, HEIC, AVIF, FLV) and unknowns, which are files."""
+    if not mime or mime in _AS_FILE:
         return "file"
     major = mime.split("/", 1)[0]
     return major if major in ("image", "video", "audio") else "file"
+
+
+def media_kind(path: str | os.PathLike[str], declared: str | None = None) -> str:
+    """``image``/``video``/``audio``/``file`` from a declared media type, else the name's
+    extension (a URL's query string ignored)."""
+    if declared in MEDIA_KINDS:
+        return declared
+    name = str(path).split("?", 1)[0]
+    return media_of(_BY_EXTENSION.get(Path(name).suffix.lower()))
+
+
+def guess_mime(path: str | os.PathLike[str]) -> str:
+    """MIME type from the name, ``application/octet-stream`` when unknown."""
+    return mime_from_name(path) or "application/octet-stream"
 
 
 def sniff_bytes(head: bytes, name: str = "") -> str | None:

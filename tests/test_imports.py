@@ -1,0 +1,140 @@
+"""The import graph of our packages: no cycles, no hidden imports."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("jobs", "chains", "delivery", "dashboard")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue  # alembic loads these by path
+            found[_module_name(path)] = path
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(path: Path, modules: dict[str, Path], *, top_only: bool = False) -> set[str]:
+    """Our modules ``path`` imports at run time (not under ``TYPE_CHECKING``): anywhere in
+    the file, or with ``top_only`` only at import time (not inside functions)."""
+    out: set[str] = set()
+
+    def resolve(name: str) -> None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name:
+            out.add(name)
+
+    def visit(node: ast.AST) -> None:
+        if top_only and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            return
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                resolve(alias.name)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                resolve(full if full in modules else node.module)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            connect(v)
+    return found
+
+
+def _graph(*, top_only: bool = False) -> dict[str, set[str]]:
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        deps = _imports(path, modules, top_only=top_only)
+        # a package's own modules importing the package __init__ is not a cycle
+        graph[name] = {d for d in deps if d != name and not name.startswith(d + ".")}
+    return graph
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_ground_floor_imports_no_room_above_it() -> None:
+    """Modules directly in ``jobs/`` import nothing at import time from its subpackages nor
+    from the other packages (``Services`` builds the catalog and the executor on demand)."""
+    for name, deps in _graph(top_only=True).items():
+        if name.count(".") != 1 or not name.startswith("jobs."):
+            continue
+        above = {d for d in deps if d.count(".") > 1 or not d.startswith("jobs")}
+        assert not above, f"{name} imports {sorted(above)}"
+
+
+def test_no_hidden_imports_of_our_modules() -> None:
+    pattern = re.compile(r"import_module|suppress\(ImportError\)|__import__\(")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in _modules().values()
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert offenders == []
