@@ -26,8 +26,8 @@ from jobs.db import create_engine, create_sessionmaker
 from jobs.migrate import upgrade
 from jobs.models import Base
 from jobs.settings import Settings
+from tests.helpers.settings import IN_CI, JOB_SKILLS, make_settings
 
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 PG_URL = os.environ.get(
     "SKILLJOBS_TEST_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 )
@@ -220,28 +220,12 @@ def settings(tmp_path: Path, redis_server_url: str, redis_prefix: str) -> Settin
     return make_settings(tmp_path, redis_url=redis_server_url, prefix=redis_prefix)
 
 
-def make_settings(tmp_path: Path, *, redis_url: str | None, prefix: str, **kw: object) -> Settings:
-    data = tmp_path / "data"
-    data.mkdir(exist_ok=True)
-    values: dict[str, object] = {
-        "data_dir": data,
-        "redis_url": redis_url,
-        "redis_prefix": prefix,
-        "queue_name": f"{prefix}:queue",
-        "secret_key": "t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q=",
-    }
-    values.update(kw)
-    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
-
-
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
 # --- Services ---------------------------------------------------------------------------
-
-JOB_SKILLS = Path(__file__).resolve().parent / "job_skills"
 
 
 @pytest.fixture

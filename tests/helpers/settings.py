@@ -1,0 +1,31 @@
+"""Settings for tests, and where the test data lives."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from jobs.settings import Settings
+
+TESTS = Path(__file__).resolve().parent.parent
+ROOT = TESTS.parent
+JOB_SKILLS = TESTS / "job_skills"
+EXEC_FIXTURES = TESTS / "exec_fixtures"
+SKILL_FIXTURES = TESTS / "skill_fixtures"
+FAKE_SKILLS = TESTS / "fakes" / "skills"
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def make_settings(tmp_path: Path, *, redis_url: str | None, prefix: str, **kw: object) -> Settings:
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    values: dict[str, object] = {
+        "data_dir": data,
+        "redis_url": redis_url,
+        "redis_prefix": prefix,
+        "queue_name": f"{prefix}:queue",
+        "secret_key": "t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q=",
+    }
+    values.update(kw)
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
