@@ -10,25 +10,19 @@ from sqlalchemy import func, select
 
 from jobs.constants import FN_RUN_CHAIN
 from jobs.crypto import redact
+from jobs.db import sessions_of
 from jobs.models import ChainRun, ChainRunStatus, ChainStep, OpsAction, Schedule
 from jobs.queue.broker import enqueue
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-
     from jobs.services import Services
 
 QUEUED = ChainRunStatus.QUEUED
 
 
-def _sm(target: Any) -> async_sessionmaker[AsyncSession]:
-    """A ``Services`` or a bare sessionmaker → the sessionmaker."""
-    return target.sessionmaker if hasattr(target, "sessionmaker") else target
-
-
 async def _require(sm: Any, id_or_name: str) -> Schedule:
     async with sm() as s:
-        row = await s.get(Schedule, id_or_name)
+        row: Schedule | None = await s.get(Schedule, id_or_name)
         if row is None:
             q = select(Schedule).where(Schedule.name == id_or_name)
             row = (await s.execute(q)).scalar_one_or_none()
@@ -123,7 +117,7 @@ def run_dict(run: ChainRun, steps: list[ChainStep]) -> dict[str, Any]:
 
 async def list_runs(target: Any, schedule_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
     """Runs of a schedule, newest first."""
-    sm = _sm(target)
+    sm = sessions_of(target)
     row = await _require(sm, schedule_id)
     async with sm() as s:
         runs = list(
@@ -146,7 +140,7 @@ async def list_runs(target: Any, schedule_id: str, *, limit: int = 50) -> list[d
 
 async def get_run(target: Any, run_id: str) -> dict[str, Any] | None:
     """Chain run JSON, or None."""
-    async with _sm(target)() as s:
+    async with sessions_of(target)() as s:
         run = await s.get(ChainRun, run_id)
         if run is None:
             return None
@@ -157,7 +151,7 @@ async def get_run(target: Any, run_id: str) -> dict[str, Any] | None:
 
 async def last_runs(target: Any) -> dict[str, ChainRun]:
     """The newest run of every schedule that has one."""
-    async with _sm(target)() as s:
+    async with sessions_of(target)() as s:
         newest = (
             select(ChainRun.schedule_id, func.max(ChainRun.created_at).label("at"))
             .group_by(ChainRun.schedule_id)

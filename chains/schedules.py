@@ -13,17 +13,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import select
 from sqlalchemy import update as sa_update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from chains.cron import CronError, next_fire, parse
 from chains.refs import StepRefs, static_errors
+from jobs.db import Sessions, sessions_of
 from jobs.models import OpsAction, Schedule
 from jobs.skill import SkillRegistry, SkillType
 
 if TYPE_CHECKING:
     pass
 
-Sessions = async_sessionmaker[AsyncSession]
 STEP_ID_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 RECIPIENT_KEYS = ("to", "target", "session_id")
 
@@ -178,10 +177,6 @@ def _skill_problems(label: str, name: str, registry: SkillRegistry) -> list[str]
 # Store functions take either a ``Services`` or a bare sessionmaker as their first argument.
 
 
-def _sm(target: Any) -> Sessions:
-    return target.sessionmaker if hasattr(target, "sessionmaker") else target
-
-
 def _registry(target: Any) -> SkillRegistry | None:
     return getattr(target, "registry", None)
 
@@ -240,7 +235,7 @@ async def create(
 ) -> Schedule:
     """Store a schedule (a validated spec, or a schedule-file dict validated here against
     the skills of ``target`` when it is a ``Services``) with its first fire time."""
-    sm = _sm(target)
+    sm = sessions_of(target)
     if not isinstance(spec, ScheduleSpec):
         spec = validate(spec, _registry(target))
     now = time.time() if now is None else now
@@ -271,13 +266,13 @@ async def create(
 
 
 async def list_schedules(target: Any) -> list[Schedule]:
-    async with _sm(target)() as s:
+    async with sessions_of(target)() as s:
         return list((await s.execute(select(Schedule).order_by(Schedule.name))).scalars())
 
 
 async def get(target: Any, id_or_name: str) -> Schedule | None:
     """A schedule by id, or by name."""
-    async with _sm(target)() as s:
+    async with sessions_of(target)() as s:
         row = await s.get(Schedule, id_or_name)
         if row is None:
             row = (
@@ -303,7 +298,7 @@ async def set_enabled(
 ) -> Schedule:
     """Enable or disable. Enabling computes the next fire time from now: fire times that
     passed while disabled are not run."""
-    sm = _sm(target)
+    sm = sessions_of(target)
     row = await _require(sm, id_or_name)
     now = time.time() if now is None else now
     values: dict[str, Any] = {"enabled": enabled, "updated_at": now}
@@ -326,7 +321,7 @@ async def update_schedule(
     actor: str | None = None,
 ) -> Schedule:
     """Apply a partial change (any schedule-file field), re-validating the whole."""
-    sm = _sm(target)
+    sm = sessions_of(target)
     registry = registry if registry is not None else _registry(target)
     row = await _require(sm, id_or_name)
     now = time.time() if now is None else now

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
@@ -15,6 +15,22 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+
+# A factory of sessions on our database; store-style functions take one.
+Sessions = async_sessionmaker[AsyncSession]
+# "Does this attempt still hold its lease?": checked before every write that must be fenced.
+Fence = Callable[[], Awaitable[bool]]
+
+
+class HasSessions(Protocol):
+    sessionmaker: Sessions
+
+
+def sessions_of(target: HasSessions | Sessions) -> Sessions:
+    """A ``Services`` (anything with a ``sessionmaker``) or a bare sessionmaker → the
+    sessionmaker."""
+    return target if isinstance(target, async_sessionmaker) else target.sessionmaker
+
 
 # "The database went away": what a caller waits out and retries, never reports as a bug.
 DB_UNAVAILABLE: tuple[type[BaseException], ...] = (
@@ -100,7 +116,8 @@ async def raw_fetch(engine: AsyncEngine, sql: str, *args: Any) -> list[Any]:
     async with engine.connect() as conn:
         fairy = await conn.get_raw_connection()
         try:
-            return await fairy.driver_connection.fetch(sql, *args)  # type: ignore[union-attr]
+            rows: list[Any] = await fairy.driver_connection.fetch(sql, *args)  # type: ignore[union-attr]
+            return rows
         except lost as exc:
             await conn.invalidate(exc if isinstance(exc, Exception) else None)
             raise OperationalError(

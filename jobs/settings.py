@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import os
 from functools import cached_property
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from jobs import bundled_skills
-
-BUNDLED_SKILLS = bundled_skills.PATH
+# The skills shipped in the package (the checkout's skills/ folder, or the installed copy).
+BUNDLED_SKILLS = Path(str(files("jobs.bundled_skills")))
 
 
 class Settings(BaseSettings):
@@ -68,6 +68,12 @@ class Settings(BaseSettings):
     retry_backoff_sec: float = 1.0  # transient re-runs wait 1×, then 4× this
     scheduler_interval_sec: float = 1.0
 
+    # Isolation of skills from the worker.
+    skill_env_passthrough: str = ""  # comma list of worker variables subprocess skills see
+    skill_database_url: str | None = None  # the business database behind db_factory
+    skill_user: str | None = None  # unprivileged user for subprocess skills (root workers)
+    sandbox: str = ""  # "bwrap": subprocess skills see the system read-only
+
     log_format: str = Field(default="text", description="text or json")
     log_level: str = "INFO"
 
@@ -83,6 +89,13 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite+aiosqlite:///{(self.data_dir / 'skilljobs.db').resolve()}"
+
+    @property
+    def resolved_skill_database_url(self) -> str:
+        """Where ``db_factory`` sessions go: never the job store's own database."""
+        if self.skill_database_url:
+            return self.skill_database_url
+        return f"sqlite+aiosqlite:///{(self.data_dir / 'skills.db').resolve()}"
 
     @cached_property
     def resolved_workspace_root(self) -> Path:

@@ -95,7 +95,7 @@ def _short_detail(body: Any) -> str:
         return ""
     for k in ("description", "msg", "errmsg", "message", "error"):
         if isinstance(body.get(k), str) and body[k]:
-            return body[k][:300]
+            return str(body[k])[:300]
     return ""
 
 
@@ -199,3 +199,21 @@ async def with_retries(
             wait = exc.retry_after if exc.retry_after is not None else backoff * 2 ** (attempt - 1)
             await asyncio.sleep(min(max(wait, 0.0), MAX_WAIT))
     raise AssertionError("unreachable")
+
+
+__all__ = [
+    "MARKDOWN_IMAGE",
+    "MAX_WAIT",
+    "TRIES",
+    "Channel",
+    "DeliveryError",
+    "DeliveryPermanentError",
+    "DeliveryTransientError",
+    "TokenCache",
+    "file_size",
+    "json_body",
+    "read_file",
+    "read_file_async",
+    "request",
+    "with_retries",
+]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from arq.connections import ArqRedis
@@ -51,9 +51,6 @@ def loads(raw: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError("arq job record is not a JSON object")
     return data
-
-
-SERIALIZERS: dict[str, Callable[..., Any]] = {"job_serializer": dumps, "job_deserializer": loads}
 
 
 def decode(payload: bytes) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
@@ -268,7 +265,6 @@ async def tidy(redis: ArqRedis, queue: str, items: Sequence[tuple[str, bool]]) -
 
 
 __all__ = [
-    "SERIALIZERS",
     "SerializationError",
     "claim",
     "decode",

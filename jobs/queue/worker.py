@@ -369,7 +369,8 @@ def build_worker(
         on_shutdown=on_shutdown,
         ctx={},
         log_results=False,
-        **broker.SERIALIZERS,
+        job_serializer=broker.dumps,
+        job_deserializer=broker.loads,
     )
 
 
