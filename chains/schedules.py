@@ -125,6 +125,15 @@ def validate(data: Any, registry: SkillRegistry | None) -> ScheduleSpec:
     except ValidationError as exc:
         raise ScheduleError(_pydantic_problems(exc)) from None
 
+    problems = [*_header_problems(spec), *_step_problems(spec, registry)]
+    problems.extend(static_errors(spec.step_refs()))
+    if problems:
+        raise ScheduleError(problems)
+    return spec
+
+
+def _header_problems(spec: ScheduleSpec) -> list[str]:
+    """Cron, time zone, identity and recipient of a schedule."""
     problems: list[str] = []
     try:
         parse(spec.cron)
@@ -145,7 +154,12 @@ def validate(data: Any, registry: SkillRegistry | None) -> ScheduleSpec:
             problems.append("deliver: needs a recipient: `to`, `target` or `session_id`")
         elif len(given) > 1:
             problems.append(f"deliver: give one recipient, not {' and '.join(given)}")
+    return problems
 
+
+def _step_problems(spec: ScheduleSpec, registry: SkillRegistry | None) -> list[str]:
+    """Step ids (unique, well formed) and the skills they name."""
+    problems: list[str] = []
     seen: set[str] = set()
     for i, step in enumerate(spec.steps):
         label = f"step {i} ({step.id})"
@@ -156,10 +170,7 @@ def validate(data: Any, registry: SkillRegistry | None) -> ScheduleSpec:
         seen.add(step.id or "")
         if registry is not None:
             problems.extend(_skill_problems(label, step.skill, registry))
-    problems.extend(static_errors(spec.step_refs()))
-    if problems:
-        raise ScheduleError(problems)
-    return spec
+    return problems
 
 
 def _skill_problems(label: str, name: str, registry: SkillRegistry) -> list[str]:

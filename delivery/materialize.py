@@ -158,53 +158,68 @@ def _mentions_urls(result: dict[str, Any]) -> bool:
 
 
 def _find_candidates(out: dict[str, Any]) -> dict[str, _Candidate]:
-    found: dict[str, _Candidate] = {}
+    """Every remote URL of a result, with where it sits (explicit fields first)."""
+    found = _Candidates(out)
+    for key in EXPLICIT_FIELDS:
+        found.scan_field(key, explicit=True)
+    for key, kind in [*MEDIA_LISTS.items(), ("media", None)]:
+        found.scan_media(key, kind)
+    for key in AMBIGUOUS_FIELDS:
+        found.scan_field(key, explicit=False)
+    for key in TEXT_FIELDS:
+        text = out.get(key)
+        if isinstance(text, str):
+            for url in text_links(text):
+                found.add(url, key, False, _Spot("append"))
+    return found.by_url
 
-    def add(url: str, where: str, explicit: bool, spot: _Spot, hint: str | None = None) -> None:
+
+class _Candidates:
+    """URLs found in one result, each with every spot it was found at."""
+
+    def __init__(self, out: dict[str, Any]) -> None:
+        self.out = out
+        self.by_url: dict[str, _Candidate] = {}
+
+    def add(
+        self, url: str, where: str, explicit: bool, spot: _Spot, hint: str | None = None
+    ) -> None:
         url = url.strip()
-        cand = found.get(url)
+        cand = self.by_url.get(url)
         if cand is None:
-            cand = found[url] = _Candidate(url, where, explicit, hint=hint)
+            cand = self.by_url[url] = _Candidate(url, where, explicit, hint=hint)
         cand.explicit = cand.explicit or explicit
         cand.spots.append(spot)
 
-    def scan_field(key: str, explicit: bool) -> None:
-        value = out.get(key)
+    def scan_field(self, key: str, *, explicit: bool) -> None:
+        value = self.out.get(key)
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, str) and _URL_LIKE.match(item.strip()):
-                add(item, key, explicit, _Spot("append"))
+                self.add(item, key, explicit, _Spot("append"))
             elif isinstance(item, dict):
                 url = _entry_url(item)
                 if url:
-                    add(url, key, explicit, _Spot("update", item), _entry_name(item))
+                    self.add(url, key, explicit, _Spot("update", item), _entry_name(item))
 
-    for key in EXPLICIT_FIELDS:
-        scan_field(key, True)
-    for key, kind in [*MEDIA_LISTS.items(), ("media", None)]:
-        value = out.get(key)
+    def scan_media(self, key: str, kind: str | None) -> None:
+        value = self.out.get(key)
         if key == "media" and not isinstance(value, list):
             if isinstance(value, str) and _URL_LIKE.match(value.strip()):
-                add(value, key, True, _Spot("append"))
-            continue
+                self.add(value, key, True, _Spot("append"))
+            return
         entries = value if isinstance(value, list) else [value]
         for i, item in enumerate(entries):
             if isinstance(item, str) and _URL_LIKE.match(item.strip()):
                 # a lone string (not a list) is replaced by a one-entry list when downloaded
                 holder = entries if isinstance(value, list) else None
-                add(item, key, True, _Spot("replace", holder, i, kind, key))
+                self.add(item, key, True, _Spot("replace", holder, i, kind, key))
             elif isinstance(item, dict):
                 url = _entry_url(item)
                 if url:
                     entry_kind = kind or _declared_kind(item)
-                    add(url, key, True, _Spot("update", item, kind=entry_kind), _entry_name(item))
-    for key in AMBIGUOUS_FIELDS:
-        scan_field(key, False)
-    for key in TEXT_FIELDS:
-        text = out.get(key)
-        if isinstance(text, str):
-            for url in text_links(text):
-                add(url, key, False, _Spot("append"))
-    return found
+                    self.add(
+                        url, key, True, _Spot("update", item, kind=entry_kind), _entry_name(item)
+                    )
 
 
 def text_links(text: str) -> list[str]:

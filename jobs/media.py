@@ -128,50 +128,63 @@ def guess_mime(path: str | os.PathLike[str]) -> str:
     return mime_from_name(path) or "application/octet-stream"
 
 
+# Magic numbers at offset 0 whose type needs no further look.
+_PREFIXES: tuple[tuple[bytes, str], ...] = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+    (b"II*\0", "image/tiff"),
+    (b"MM\0*", "image/tiff"),
+    (b"ID3", "audio/mpeg"),
+    (b"fLaC", "audio/flac"),
+    (b"#!AMR", "audio/amr"),
+    (b"%PDF-", "application/pdf"),
+    (b"\x1f\x8b", "application/gzip"),
+)
+_RIFF = {b"WEBP": "image/webp", b"WAVE": "audio/wav", b"AVI ": "video/x-msvideo"}
+
+
 def sniff_bytes(head: bytes, name: str = "") -> str | None:
     """MIME type from magic bytes, or None when the bytes say nothing we know."""
-    if head.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if head.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
-    if head[:6] in (b"GIF87a", b"GIF89a"):
-        return "image/gif"
+    for prefix, mime in _PREFIXES:
+        if head.startswith(prefix):
+            return mime
     if head[:4] == b"RIFF" and len(head) >= 12:
-        return {b"WEBP": "image/webp", b"WAVE": "audio/wav", b"AVI ": "video/x-msvideo"}.get(
-            head[8:12]
-        )
+        return _RIFF.get(head[8:12])
     if head.startswith(b"BM") and len(head) >= 14 and head[6:10] == b"\0\0\0\0":
         return "image/bmp"
-    if head[:4] in (b"II*\0", b"MM\0*"):
-        return "image/tiff"
     if head[4:8] == b"ftyp":
         return _ftyp(head[8:12])
     if head.startswith(b"\x1a\x45\xdf\xa3"):
         return "video/webm" if b"webm" in head[:64] else "video/x-matroska"
-    if head.startswith(b"ID3"):
-        return "audio/mpeg"
-    if len(head) >= 2 and head[0] == 0xFF:
-        if head[1] & 0xF6 == 0xF0:
-            return "audio/aac"  # ADTS
-        if head[1] & 0xE0 == 0xE0 and head[1] & 0x06:
-            return "audio/mpeg"  # MPEG audio frame sync, layer set
     if head.startswith(b"OggS"):
-        if b"theora" in head[:128]:
-            return "video/ogg"
-        return "audio/opus" if b"OpusHead" in head[:128] else "audio/ogg"
-    if head.startswith(b"fLaC"):
-        return "audio/flac"
-    if head.startswith(b"#!AMR"):
-        return "audio/amr"
-    if head.startswith(b"%PDF-"):
-        return "application/pdf"
+        return _ogg(head)
     if head.startswith(b"PK\x03\x04"):
         ext = Path(name).suffix.lower()
         if ext in _OOXML and b"[Content_Types].xml" in head:
             return _BY_EXTENSION[ext]
         return "application/zip"
-    if head.startswith(b"\x1f\x8b"):
-        return "application/gzip"
+    return _mpeg_audio(head) or _svg(head)
+
+
+def _ogg(head: bytes) -> str:
+    if b"theora" in head[:128]:
+        return "video/ogg"
+    return "audio/opus" if b"OpusHead" in head[:128] else "audio/ogg"
+
+
+def _mpeg_audio(head: bytes) -> str | None:
+    if len(head) < 2 or head[0] != 0xFF:
+        return None
+    if head[1] & 0xF6 == 0xF0:
+        return "audio/aac"  # ADTS
+    if head[1] & 0xE0 == 0xE0 and head[1] & 0x06:
+        return "audio/mpeg"  # MPEG audio frame sync, layer set
+    return None
+
+
+def _svg(head: bytes) -> str | None:
     stripped = head.lstrip()[:256].lower()
     if stripped.startswith(b"<svg") or (stripped.startswith(b"<?xml") and b"<svg" in head):
         return "image/svg+xml"
