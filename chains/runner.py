@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,8 @@ from jobs.envelope import failure, is_failure, is_non_retriable
 from jobs.models import ChainRun, Schedule
 
 if TYPE_CHECKING:
+    from jobs.execution.executor import Executor
+    from jobs.queue.broker import WorkerContext
     from jobs.services import Services
 
 log = logging.getLogger("skilljobs.chains")
@@ -39,12 +40,12 @@ log = logging.getLogger("skilljobs.chains")
 TRANSIENT_BACKOFF_SEC = 1.0
 
 
-async def chain_job(ctx: dict[str, Any], run_id: str) -> str:
+async def chain_job(ctx: WorkerContext, run_id: str) -> str:
     """The arq job body registered under ``FN_RUN_CHAIN``."""
     return await run_chain(ctx["services"], ctx["executor"], run_id, worker_id=ctx["worker_id"])
 
 
-async def run_chain(services: Services, executor: Any, run_id: str, *, worker_id: str) -> str:
+async def run_chain(services: Services, executor: Executor, run_id: str, *, worker_id: str) -> str:
     """Run (or resume) chain run ``run_id``; returns its final status, or ``"busy"`` when
     another live worker holds it, or ``"lost"`` when the lease was taken over meanwhile."""
     sm = services.sessionmaker
@@ -86,7 +87,9 @@ async def _heartbeat(services: Services, lease: rs.Lease, lost: asyncio.Event) -
 
 
 class _ChainRun:
-    def __init__(self, services: Services, executor: Any, lease: rs.Lease, lost: asyncio.Event):
+    def __init__(
+        self, services: Services, executor: Executor, lease: rs.Lease, lost: asyncio.Event
+    ):
         self.svc = services
         self.sm = services.sessionmaker
         self.executor = executor
@@ -164,7 +167,7 @@ class _ChainRun:
     async def _execute_once(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
         ctx = await self._context(skill)
         wall = self.spec.policy.wall_sec
-        task = asyncio.ensure_future(_call_executor(self.executor, skill, data, ctx, wall))
+        task = asyncio.ensure_future(self.executor.run(skill, data, ctx, policy_wall_sec=wall))
         lost = asyncio.ensure_future(self.lost.wait())
         try:
             done, _ = await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -242,19 +245,6 @@ class _ChainRun:
         await rs.finish(self.sm, self.lease, status, error=error, result=self.svc.box.seal(result))
         log.info("chain run %s finished: %s", self.lease.run_id, status)
         return status
-
-
-async def _call_executor(
-    executor: Any, skill: str, data: dict[str, Any], ctx: dict[str, Any], wall: float | None
-) -> Any:
-    fn = executor.run
-    try:
-        accepts_wall = "policy_wall_sec" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        accepts_wall = True
-    if accepts_wall:
-        return await fn(skill, data, ctx, policy_wall_sec=wall)
-    return await fn(skill, data, ctx)
 
 
 __all__ = ["ScheduleSpec", "chain_job", "run_chain"]

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from arq.connections import ArqRedis
 from arq.constants import (
@@ -34,7 +34,25 @@ from arq.utils import timestamp_ms
 from jobs.constants import CANCEL_CHANNEL, JOB_EVENTS, WAKE_CHANNEL
 from jobs.services import Services
 
+if TYPE_CHECKING:
+    from jobs.execution.executor import Executor
+    from jobs.queue.runner import JobRunner
+
 log = logging.getLogger("skilljobs.broker")
+
+
+class WorkerContext(TypedDict, total=False):
+    """What arq hands our job functions: the worker's wiring (set at start-up) and the
+    entry being run."""
+
+    services: Services
+    executor: Executor
+    worker_id: str
+    runner: JobRunner
+    redis: ArqRedis
+    job_id: str
+    job_try: int
+    score: int
 
 
 # --- payloads ----------------------------------------------------------------------------
@@ -266,6 +284,7 @@ async def tidy(redis: ArqRedis, queue: str, items: Sequence[tuple[str, bool]]) -
 
 __all__ = [
     "SerializationError",
+    "WorkerContext",
     "claim",
     "decode",
     "dumps",

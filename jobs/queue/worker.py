@@ -16,9 +16,10 @@ import signal
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from arq import Worker
+from arq.typing import WorkerCoroutine
 from arq.worker import func
 
 from chains.runner import chain_job
@@ -247,9 +248,8 @@ class SkillJobsWorker(Worker):
                 await asyncio.sleep(1.0)
 
 
-async def _run_job(ctx: dict[str, Any], job_id: str, enqueue_token: int) -> str:
-    runner: JobRunner = ctx["runner"]
-    return await runner.run(job_id, int(enqueue_token))
+async def _run_job(ctx: broker.WorkerContext, job_id: str, enqueue_token: int) -> str:
+    return await ctx["runner"].run(job_id, int(enqueue_token))
 
 
 async def _loop(name: str, interval: float, fn: Callable[[], Awaitable[Any]]) -> None:
@@ -348,9 +348,11 @@ def build_worker(
             )
 
     timeout = MAX_WALL_SEC + 300  # the executor enforces each skill's wall clock itself
+    # arq types the context as a plain dict; ours declares its keys (broker.WorkerContext).
+    run_job, run_chain = cast(WorkerCoroutine, _run_job), cast(WorkerCoroutine, chain_job)
     functions = [
-        func(_run_job, name=FN_RUN_JOB, max_tries=1_000_000, timeout=timeout),
-        func(chain_job, name=FN_RUN_CHAIN, max_tries=1_000_000, timeout=timeout),
+        func(run_job, name=FN_RUN_JOB, max_tries=1_000_000, timeout=timeout),
+        func(run_chain, name=FN_RUN_CHAIN, max_tries=1_000_000, timeout=timeout),
     ]
 
     assert services.redis is not None
