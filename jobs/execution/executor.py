@@ -32,7 +32,7 @@ from jobs.context import (
 from jobs.crypto import redact
 from jobs.db import DB_UNAVAILABLE, LazySession
 from jobs.envelope import failure, is_failure, normalize
-from jobs.execution import inprocess, subproc
+from jobs.execution import inprocess, inputs, subproc
 from jobs.execution.callskill import bind_call_skill
 from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillType
 
@@ -106,6 +106,7 @@ class Executor:
         self._role_llm: dict[str, tuple[float, Any, dict[str, str]]] = {}
         self._role_providers: list[Any] = []
         self.workspace_root = settings.resolved_workspace_root if settings is not None else None
+        self.env_passthrough = subproc.parse_names(getattr(settings, "skill_env_passthrough", ""))
         # Handler files and workspaces are re-checked at most this often (seconds): an
         # edited handler is picked up, a deleted workspace re-created, without a stat per run.
         self.entries = inprocess.EntryCache(recheck_sec=1.0)
@@ -238,6 +239,15 @@ class Executor:
             data = input_data or {}
             if found.exec_type is not ExecType.HTTP:
                 data = resolve_file_params(data, rc.get("workspace_dir"))
+                try:
+                    inputs.confine(
+                        data,
+                        workspace=rc.get("workspace_dir"),
+                        attachments=_attachments(rc),
+                        schema=found.input_schema,
+                    )
+                except inputs.Refused as refused:
+                    return self._outcome(inputs.refusal(refused, name), t0, name=name)
             raw, log_text = await self._dispatch(found, data, rc, wall, llm)
         except inprocess.WallExpired as expired:
             env = failure(
@@ -477,7 +487,9 @@ class Executor:
         ws = str(rc.get("workspace_dir") or "")
         skill_dir = subproc.skill_dir(skill)
         argv = subproc.build_command(skill, input_data, workspace=ws, skill_dir=skill_dir)
-        env = subproc.build_env(skill, rc, input_data, workspace=ws, llm_env=llm)
+        env = subproc.build_env(
+            skill, rc, input_data, workspace=ws, llm_env=llm, passthrough=self.env_passthrough
+        )
         timeout = min(self.subprocess_timeout(skill, wall), wall)
         try:
             res = await subproc.run_process(argv, env=env, cwd=ws or skill_dir, timeout=timeout)
@@ -525,6 +537,11 @@ class Executor:
 def _role_of(ctx: Any) -> str:
     role = ctx.get("role_id") if isinstance(ctx, Mapping) else None
     return role if isinstance(role, str) else str(role or "")
+
+
+def _attachments(ctx: Mapping[str, Any]) -> list[Any]:
+    found = ctx.get("attachments")
+    return list(found) if isinstance(found, list | tuple) else []
 
 
 def _scrub_outcome(out: Outcome, secrets: list[str]) -> None:

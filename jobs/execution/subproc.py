@@ -16,7 +16,8 @@ import re
 import shutil
 import signal
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ __all__ = [
     "decode",
     "log_tail",
     "media_kind",
+    "parse_names",
     "parse_stdout",
     "run_process",
 ]
@@ -215,9 +217,31 @@ def subprocess_context(ctx: Mapping[str, Any], skill_name: str) -> dict[str, Any
     return out
 
 
-def base_environ() -> dict[str, str]:
-    """The host environment minus this service's own settings (keys, tokens, URLs)."""
-    return {k: v for k, v in os.environ.items() if not k.upper().startswith("SKILLJOBS_")}
+# What a skill process sees of the worker's environment: the locale, the clock, the
+# program search path and the temp dir. Everything else (cloud credentials, database
+# passwords, proxies, this service's own settings) stays in the worker unless the
+# operator lists it in SKILLJOBS_SKILL_ENV_PASSTHROUGH.
+BASE_ENV_NAMES = ("PATH", "LANG", "LANGUAGE", "TZ", "TMPDIR")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def base_environ(passthrough: Iterable[str] = ()) -> dict[str, str]:
+    """The few host variables every skill gets (``PATH``, ``LANG``/``LC_*``, ``TZ``,
+    ``TMPDIR``) plus the operator's ``passthrough`` names; never ``SKILLJOBS_*``."""
+    src = os.environ
+    out = {k: src[k] for k in BASE_ENV_NAMES if k in src}
+    out.update({k: v for k, v in src.items() if k.startswith("LC_")})
+    for name in passthrough:
+        if name in src and not name.upper().startswith("SKILLJOBS_"):
+            out[name] = src[name]
+    out.setdefault("PATH", DEFAULT_PATH)
+    return out
+
+
+def parse_names(raw: str | None) -> tuple[str, ...]:
+    """``"A, B"`` → ``("A", "B")``: the variable names of a comma list (invalid names dropped)."""
+    names = (n.strip() for n in (raw or "").split(","))
+    return tuple(n for n in names if n and _SAFE_ENV_KEY.match(n))
 
 
 def config_env(skill: Skill, ctx: Mapping[str, Any]) -> dict[str, str]:
@@ -246,8 +270,12 @@ def build_env(
     *,
     workspace: str,
     llm_env: Mapping[str, str] | None = None,
+    passthrough: Iterable[str] = (),
+    home: str | None = None,
 ) -> dict[str, str]:
-    env = base_environ()
+    """The whole environment of a skill process: nothing is inherited implicitly."""
+    env = base_environ(passthrough)
+    env["HOME"] = home or workspace or tempfile.gettempdir()
     env.update(llm_env or {})
     env.update(config_env(skill, ctx))
     env["SKILL_INPUT"] = json.dumps(input_data, ensure_ascii=False, default=str)

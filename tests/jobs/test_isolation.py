@@ -1,0 +1,213 @@
+"""Isolation, tried as an attacker would: nothing a chat input, a skill or a Redis writer
+does reaches beyond its own job. Each test runs the real thing (executor, subprocess,
+arq worker, Redis) and checks for the effect an attack would have."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+from jobs.catalog.loader import load_registry
+from jobs.crypto import SecretBox
+from jobs.db import create_engine, create_sessionmaker
+from jobs.execution.executor import Executor
+from tests.helpers.settings import EXEC_FIXTURES, make_settings
+
+KEY = b"t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q="
+CTX = {"role_id": "r1", "session_id": "s1", "org_id": "o1", "channel": "web"}
+
+
+@pytest.fixture(scope="module")
+def registry():  # type: ignore[no-untyped-def]
+    reg = load_registry([EXEC_FIXTURES])
+    assert not reg.errors(), reg.errors()
+    return reg
+
+
+@pytest.fixture
+async def ex(tmp_path: Path, sqlite_url: str, registry):  # type: ignore[no-untyped-def]
+    settings = make_settings(
+        tmp_path, redis_url=None, prefix="t", skill_env_passthrough="SJT_ISO_ALLOWED, bad name"
+    )
+    engine = create_engine(sqlite_url)
+    executor = Executor(
+        settings=settings,
+        registry=registry,
+        sessionmaker=create_sessionmaker(engine),
+        box=SecretBox(KEY),
+    )
+    yield executor
+    await executor.aclose()
+    await engine.dispose()
+
+
+# --- a Redis writer ------------------------------------------------------------------------
+
+
+class _Boom:
+    """What an attacker plants: unpickling it would run a shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, (f"touch {self.marker}",))
+
+
+async def test_a_pickle_planted_in_the_queue_runs_nothing(
+    services, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crafted pickle written by a plain Redis client is dropped and logged; no code runs."""
+    from arq.constants import job_key_prefix
+    from redis.asyncio import Redis
+
+    from tests.helpers.jobs import drain
+
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps(
+        {"t": 1, "f": "skilljobs.run", "a": [_Boom(marker)], "k": {}, "et": 1}, protocol=4
+    )
+    plain = Redis.from_url(services.settings.redis_url)
+    try:
+        await plain.set(job_key_prefix + "planted", payload)
+        await plain.zadd(services.settings.queue_name, {"planted": 1})
+        with caplog.at_level(logging.ERROR):
+            await drain(services)
+        assert not marker.exists()
+        assert not await plain.exists(job_key_prefix + "planted")
+        assert await plain.zcard(services.settings.queue_name) == 0
+    finally:
+        await plain.aclose()
+    assert any("planted" in r.getMessage() and "dropped" in r.getMessage() for r in caplog.records)
+
+
+# --- a skill reading its environment -------------------------------------------------------
+
+
+async def test_subprocess_skill_sees_only_its_environment(
+    ex: Executor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A canary in the worker's environment never reaches a skill that prints its env; the
+    declared, the configured, the passthrough and the protocol variables do."""
+    monkeypatch.setenv("SJT_ISO_CANARY", "canary-value-91")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "canary-aws-92")
+    monkeypatch.setenv("PGPASSWORD", "canary-pg-93")
+    monkeypatch.setenv("SKILLJOBS_API_TOKEN", "canary-token-94")
+    monkeypatch.setenv("SJT_ISO_ALLOWED", "passed-through")
+    monkeypatch.setenv("SJT_ISO_DECLARED", "declared-from-env")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    out = await ex.execute("iso_env", {"q": 1}, dict(CTX))
+    assert out.status == "succeeded", out.result
+    env = out.result["env"]
+    text = json.dumps(env)
+    for canary in ("canary-value-91", "canary-aws-92", "canary-pg-93", "canary-token-94"):
+        assert canary not in text
+    assert env["SJT_ISO_ALLOWED"] == "passed-through"
+    assert env["SJT_ISO_DECLARED"] == "declared-from-env"
+    assert env["LC_ALL"] == "C.UTF-8" and env["PATH"]
+    ws = str(ex.workspace_root / "r1" / "s1")
+    assert env["HOME"] == ws and env["SKILL_WORKSPACE"] == ws
+    assert json.loads(env["SKILL_INPUT"]) == {"q": 1}
+    allowed = {"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONIOENCODING", "PWD"}
+    allowed |= {"SJT_ISO_ALLOWED", "SJT_ISO_DECLARED", "SHLVL", "_"}
+    extra = {
+        k for k in env if k not in allowed and not k.startswith(("SKILL_", "LC_"))
+    }
+    assert not extra, extra
+
+    # configs win over the worker's environment for a declared name
+    ctx = dict(CTX, skill_configs={"iso_env": {"SJT_ISO_DECLARED": "from-config"}})
+    out = await ex.execute("iso_env", {}, ctx)
+    assert out.result["env"]["SJT_ISO_DECLARED"] == "from-config"
+
+
+# --- a chat input naming a file ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("path", "/etc/hostname"),
+        ("path", "../../../secret.key"),
+        ("path", "/proc/self/environ"),
+        ("doc", "/etc/passwd"),  # schema format: path
+        ("note", "/proc/self/environ"),  # any field naming an existing file outside
+        ("path", "~root/.bashrc"),
+    ],
+)
+async def test_file_parameters_outside_the_workspace_are_refused(
+    ex: Executor, field: str, value: str
+) -> None:
+    out = await ex.execute("iso_read", {field: value}, dict(CTX))
+    assert out.status == "failed"
+    assert out.result["error_type"] == "recoverable" and out.result["field"] == field
+    assert field in out.result["error"] and "text" not in out.result
+
+
+async def test_a_symlink_out_of_the_workspace_is_refused(ex: Executor) -> None:
+    ws = ex.workspace_root / "r1" / "s1"
+    ws.mkdir(parents=True, exist_ok=True)
+    (ws / "link.txt").symlink_to("/etc/hostname")
+    (ws / "mine.txt").write_text("my own file")
+    out = await ex.execute("iso_read", {"path": "link.txt"}, dict(CTX))
+    assert out.status == "failed" and out.result["field"] == "path"
+    out = await ex.execute("iso_read", {"path": "mine.txt"}, dict(CTX))
+    assert out.result == {"ok": True, "text": "my own file"}
+    out = await ex.execute("iso_read", {"path": str(ws / "mine.txt")}, dict(CTX))
+    assert out.result["text"] == "my own file"
+
+
+async def test_another_roles_workspace_is_refused(ex: Executor) -> None:
+    other = ex.workspace_root / "r2" / "s9"
+    other.mkdir(parents=True)
+    (other / "theirs.txt").write_text("not yours")
+    for value in (str(other / "theirs.txt"), "../../r2/s9/theirs.txt"):
+        out = await ex.execute("iso_read", {"path": value}, dict(CTX))
+        assert out.status == "failed" and out.result["field"] == "path", value
+
+
+async def test_a_current_attachment_may_be_outside(ex: Executor, tmp_path: Path) -> None:
+    upload = tmp_path / "uploads" / "a.txt"
+    upload.parent.mkdir()
+    upload.write_text("uploaded")
+    ctx = dict(CTX, attachments=[{"type": "file", "local_path": str(upload)}])
+    out = await ex.execute("iso_read", {"path": str(upload)}, ctx)
+    assert out.result == {"ok": True, "text": "uploaded"}
+    out = await ex.execute("iso_read", {"path": str(upload)}, dict(CTX))
+    assert out.status == "failed"
+
+
+def test_confinement_rules(tmp_path: Path) -> None:
+    from jobs.execution.inputs import Refused, confine
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ok = [
+        {"path": "a/b.csv", "message": "see /etc/passwd for details"},
+        {"url": "https://example.com/x", "file": "data:text/plain,hi"},
+        {"output": "json", "input": "a prompt / with a slash", "text": "/start"},
+        {"files": [{"filename": "x.png", "caption": "hello"}]},
+        {"query": "/", "separator": "/"},
+    ]
+    for data in ok:
+        confine(data, workspace=str(ws))
+    bad = [
+        ({"files": [{"local_path": "/etc/hosts"}]}, "files[0].local_path"),
+        ({"report_path": "/var/log/x.log"}, "report_path"),
+        ({"image": "../../x.png"}, "image"),
+        ({"attach": ["/etc/hostname"]}, "attach[0]"),
+        ({"opts": {"cfg": "/etc/hostname"}}, "opts.cfg"),
+    ]
+    for data, field in bad:
+        with pytest.raises(Refused) as exc:
+            confine(data, workspace=str(ws))
+        assert exc.value.field == field
+    # without a workspace: plain relative names only
+    confine({"path": "x.txt"}, workspace=None)
+    with pytest.raises(Refused):
+        confine({"path": "/etc/hostname"}, workspace=None)
