@@ -79,7 +79,7 @@ async def run(url: str, rows: int, runs: int) -> list[dict[str, Any]]:
     out = []
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app),
-        base_url="http://bench",
+        base_url="http://127.0.0.1",
         headers={"authorization": f"Bearer {TOKEN}"},
     ) as http:
         for name, path in await _cases(http, engine):

@@ -11,8 +11,10 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from dashboard import queries
+from dashboard.auth import identity_of
 from dashboard.errors import ApiError, not_found
 from jobs.crypto import ENC_TAG, REDACTED, redact
+from jobs.envelope import is_partial
 from jobs.models import Artifact, Delivery, Job, JobAttempt
 from jobs.queue import control
 from jobs.queue.dispatcher import Dispatcher
@@ -26,16 +28,18 @@ def services_of(request: Request) -> Services:
 
 
 def actor_of(request: Request) -> str:
-    """Who is acting, for the audit trail: an ``X-Actor`` header, else "dashboard"."""
-    actor = request.headers.get("x-actor", "").strip()[:100]
-    return f"dashboard:{actor}" if actor else "dashboard"
+    """Who is acting, for the audit trail: the identity of the caller's token (admin,
+    read, session:<id>), never a header the caller chose."""
+    return identity_of(request).actor
 
 
 # --- shapes (SPEC §10) ---------------------------------------------------------------
 
 
-def safe(obj: Any) -> Any:
-    """Secret-named values masked, and any sealed value masked wherever it sits."""
+def safe(obj: Any, *, by_name: bool = True) -> Any:
+    """Secret-named values masked (configuration-shaped data only: results are data and
+    were scrubbed of the job's secret values when they ran, C12), and any sealed value
+    masked wherever it sits."""
 
     def strip(v: Any) -> Any:
         if isinstance(v, dict):
@@ -46,7 +50,7 @@ def safe(obj: Any) -> Any:
             return [strip(x) for x in v]
         return v
 
-    return strip(redact(obj))
+    return strip(redact(obj) if by_name else obj)
 
 
 def artifact_dict(a: Artifact) -> dict[str, Any]:
@@ -106,7 +110,8 @@ def job_dict(
         "started_at": job.started_at,
         "finished_at": job.finished_at,
         "duration_ms": job.duration_ms,
-        "result": safe(job.result),
+        "result": safe(job.result, by_name=False),
+        "partial": is_partial(job.result),
         "error": job.error,
         "error_type": job.error_type,
         "cancel_requested": job.cancel_requested,
@@ -160,8 +165,8 @@ async def list_jobs(
     skill: str | None = None,
     channel: str | None = None,
     role: str | None = Query(None, description="role_id"),
-    since: float | None = None,
-    until: float | None = None,
+    since: float | None = Query(None, allow_inf_nan=False),
+    until: float | None = Query(None, allow_inf_nan=False),
     q: str | None = Query(None, max_length=200),
     limit: int = Query(50, ge=1, le=queries.MAX_PAGE),
     cursor: str | None = None,

@@ -15,11 +15,13 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dashboard import api_jobs, api_misc, api_schedules
+from dashboard import api_files, api_jobs, api_misc, api_schedules, api_tokens
 from dashboard.auth import AuthError, require_token
 from dashboard.errors import ApiError, envelope
+from dashboard.guard import Guard
 from dashboard.metrics import CONTENT_TYPE, Metrics
 from dashboard.queries import BadQuery
+from dashboard.tokens import TokenKey
 from jobs.services import Services
 from jobs.settings import Settings
 
@@ -84,21 +86,27 @@ def create_app(settings: Settings, *, services: Services | None = None) -> FastA
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        # Behind the token like the rest of the API (the guard decides by path).
         openapi_url="/api/v1/openapi.json",
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
+    app.state.token_key = TokenKey(settings)
     if services is not None:
         app.state.services = services
 
     _install_error_handlers(app)
+    # The guard runs before anything reads the body; security headers wrap even its answers.
+    app.add_middleware(Guard, settings=settings, tokens=app.state.token_key)
     app.add_middleware(SecurityHeaders)
 
     app.include_router(api_misc.open_router)
+    app.include_router(api_files.router)  # the signed link is the authorization
     app.include_router(api_misc.stream_router)
     app.include_router(api_jobs.router, dependencies=[Depends(require_token)])
     app.include_router(api_schedules.router, dependencies=[Depends(require_token)])
     app.include_router(api_misc.router, dependencies=[Depends(require_token)])
+    app.include_router(api_tokens.router, dependencies=[Depends(require_token)])
 
     @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
     async def metrics(request: Request) -> Response:

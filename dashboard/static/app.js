@@ -113,7 +113,9 @@ function takeTokenFromAddress() {
 
 async function api(path, options) {
   const opts = Object.assign({ method: "GET" }, options || {});
-  const headers = { accept: "application/json" };
+  // The custom header marks the page's own requests (the server refuses body-less
+  // state-changing requests without it: a cross-site form cannot send one).
+  const headers = { accept: "application/json", "x-requested-with": "skilljobs-dashboard" };
   if (state.token) headers.authorization = `Bearer ${state.token}`;
   if (opts.json !== undefined) {
     headers["content-type"] = "application/json";

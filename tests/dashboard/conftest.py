@@ -32,7 +32,7 @@ async def client(services: Services) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(
         transport=transport,
-        base_url="http://dashboard.test",
+        base_url="http://127.0.0.1",
         headers={"authorization": f"Bearer {TOKEN}"},
     ) as c:
         yield c

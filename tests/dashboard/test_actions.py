@@ -76,9 +76,9 @@ async def test_retry_cancel_requeue_are_recorded(client: httpx.AsyncClient, serv
     assert missing.status_code == 404 and missing.json()["ok"] is False
 
     assert await _audit(services) == [
-        ("cancel", queued.id, "dashboard:ann"),
-        ("retry", done.id, "dashboard"),
-        ("requeue_failed", "echo", "dashboard"),
+        ("cancel", queued.id, "admin"),
+        ("retry", done.id, "admin"),
+        ("requeue_failed", "echo", "admin"),
     ]
 
 
@@ -100,7 +100,7 @@ async def test_role_skill_config_masks_secrets(client: httpx.AsyncClient, servic
         assert row.is_secret and "sk-9f8e" not in (row.value_enc or "")
     bad = await client.put(url, json={"": 1})
     assert bad.status_code == 422 and bad.json()["ok"] is False
-    assert ("config_replace", "r_sales/sales_report", "dashboard") in await _audit(services)
+    assert ("config_replace", "r_sales/sales_report", "admin") in await _audit(services)
 
 
 SCHEDULE = {
@@ -160,4 +160,4 @@ async def test_schedules_lifecycle(client: httpx.AsyncClient, services) -> None:
     assert (await client.get("/api/v1/chain-runs/nope")).status_code == 404
     actions = [a for a, _, _ in await _audit(services)]
     assert actions == ["schedule.create", "schedule.disable", "schedule.update", "schedule.run"]
-    assert {actor for _, _, actor in await _audit(services)} == {"dashboard"}
+    assert {actor for _, _, actor in await _audit(services)} == {"admin"}

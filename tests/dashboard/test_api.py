@@ -317,7 +317,7 @@ async def test_queue_overview_counts_rates_and_percentiles(
 
 
 async def test_health_and_readiness(client: httpx.AsyncClient, services) -> None:
-    anon = httpx.AsyncClient(transport=client._transport, base_url="http://dashboard.test")
+    anon = httpx.AsyncClient(transport=client._transport, base_url="http://127.0.0.1")
     async with anon:
         assert (await anon.get("/healthz")).json() == {"ok": True}
         ready = await anon.get("/readyz")
