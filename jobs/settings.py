@@ -30,6 +30,13 @@ class Settings(BaseSettings):
     workspace_root: Path | None = None
     secret_key: SecretStr | None = None
     api_token: SecretStr | None = None
+    api_read_token: SecretStr | None = None  # reads everything, changes nothing
+    # HTTP surface: request body cap for dispatch (1 MB elsewhere), extra Host names
+    # (comma list) besides the loopback ones, and connection limits of `skilljobs web`.
+    max_request_mb: float = Field(default=16.0, gt=0)
+    allowed_hosts: str = ""
+    web_max_connections: int = Field(default=2048, ge=16)
+    web_header_timeout_sec: float = Field(default=10.0, gt=0)
     notify_targets: str | None = None
     fetch_allow_hosts: str = ""
 
