@@ -66,6 +66,8 @@ class ChainRunStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED_EMPTY = "stopped_empty"
+    MISSED = "missed"  # a fire time that was not run (later than the misfire grace)
+    SKIPPED = "skipped"  # a fire time that came while the previous run was going
 
 
 class StepStatus(StrEnum):
@@ -265,6 +267,12 @@ class Schedule(Base):
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
     next_fire_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_fire_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Fire policies of the schedule file (chains.policies): misfire, overlap, alert.
+    misfire: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    overlap: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    alert: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    paused_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    alerted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[float] = mapped_column(Float, default=now)
     updated_at: Mapped[float] = mapped_column(Float, default=now)
 
@@ -314,6 +322,27 @@ class ChainStep(Base):
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     duration_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Incident(Base):
+    """Failures of one signature (skill + error type + normalised error text), grouped."""
+
+    __tablename__ = "incidents"
+    __table_args__ = (Index("ix_incidents_status_last", "status", "last_seen"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True, default=new_id)
+    signature: Mapped[str] = mapped_column(String(64), unique=True)
+    skill: Mapped[str] = mapped_column(String(128))
+    error_type: Mapped[str] = mapped_column(String(32), default="")
+    pattern: Mapped[str] = mapped_column(Text, default="")
+    sample_error: Mapped[str] = mapped_column(Text, default="")
+    count: Mapped[int] = mapped_column(Integer, default=0)
+    sample_job_ids: Mapped[list[Any]] = mapped_column(JSONType, default=list)
+    status: Mapped[str] = mapped_column(String(16), default="open")  # open | acked
+    first_seen: Mapped[float] = mapped_column(Float, default=now)
+    last_seen: Mapped[float] = mapped_column(Float, default=now)
+    acked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    acked_by: Mapped[str] = mapped_column(String(128), default="")
 
 
 class Worker(Base):

@@ -19,7 +19,7 @@ from jobs.settings import Settings
 
 
 async def test_migrated_schema_is_current(engine) -> None:
-    assert head_revision() == "0001"
+    assert head_revision()  # a single head (alembic refuses several)
     assert await is_current(engine)
 
 
