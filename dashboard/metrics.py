@@ -119,6 +119,14 @@ class SnapshotCollector(Collector):
             age.add_metric([wid], round(hb_age, 3))
         yield up
         yield age
+        pruned = GaugeMetricFamily(
+            "skilljobs_pruned_total",
+            "Rows and files deleted by retention passes so far (recorded in the audit trail).",
+            labels=["kind"],
+        )
+        for kind, n in sorted(snap.get("pruned", {}).items()):
+            pruned.add_metric([kind], n)
+        yield pruned
         yield GaugeMetricFamily(
             "skilljobs_workers_alive",
             "Workers with a heartbeat newer than 30 s.",

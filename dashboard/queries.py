@@ -36,8 +36,10 @@ from jobs.models import (
     DeliveryStatus,
     Job,
     JobAttempt,
+    OpsAction,
     Worker,
 )
+from jobs.queue.prune import pruned_totals
 
 FAILURE_STATUSES = (FAILED, TIMED_OUT)
 FINISHED = (SUCCEEDED, FAILED, TIMED_OUT, CANCELLED)
@@ -471,4 +473,11 @@ async def metrics_snapshot(session: AsyncSession, now: float, window: float) -> 
         )
     ).all()
     snap["workers"] = [(wid, now - hb <= WORKER_ALIVE_S, now - hb) for wid, hb in workers]
+    passes = await session.scalars(
+        select(OpsAction.details)
+        .where(OpsAction.action == "prune")
+        .order_by(OpsAction.id.desc())
+        .limit(10_000)
+    )
+    snap["pruned"] = pruned_totals([d for d in passes if isinstance(d, dict)])
     return snap

@@ -1,0 +1,45 @@
+"""``skilljobs prune``: one retention pass now (or, with --dry-run, what it would delete)."""
+
+from __future__ import annotations
+
+import typer
+
+from jobs.cli.common import fail, load_settings, run_async
+
+
+def prune(
+    dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),
+) -> None:
+    """Delete finished jobs, chain runs, messages and workspace files past their retention."""
+    from jobs.db import create_engine, create_sessionmaker
+    from jobs.queue.prune import prune as run_prune
+
+    settings = load_settings()
+
+    async def _go() -> dict[str, object] | None:
+        engine = create_engine(settings.resolved_database_url)
+        try:
+            done = await run_prune(
+                create_sessionmaker(engine), settings, dry_run=dry_run, actor="cli"
+            )
+            return done.to_dict() if done is not None else None
+        finally:
+            await engine.dispose()
+
+    try:
+        with typer.progressbar(length=1, label="pruning" if not dry_run else "counting") as bar:
+            counts = run_async(_go)
+            bar.update(1)
+    except Exception as exc:
+        fail(f"prune failed: {exc}")
+    if counts is None:
+        fail("another pruner is running; try again when it has finished")
+    verb = "would delete" if dry_run else "deleted"
+    typer.echo(
+        f"{verb}: {counts['jobs']} jobs, {counts['chain_runs']} chain runs, "
+        f"{counts['messages']} messages, {counts['files']} workspace files"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("prune")(prune)
