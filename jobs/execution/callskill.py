@@ -75,7 +75,11 @@ def fill_template(template: Mapping[str, Any], source: Any) -> dict[str, Any]:
 def bind_call_skill(
     executor: Executor, ctx: Mapping[str, Any], caller: str, depth: int
 ) -> CallSkill:
-    """``call_skill`` for a skill running at ``depth`` (0 = called by the platform)."""
+    """``call_skill`` for a skill running at ``depth`` (0 = called by the platform).
+
+    The caller's identity (the pass-through keys) is captured now: a skill that rewrites
+    its context dict afterwards (``ctx["role_id"] = …``) changes nothing for its callees."""
+    bound = {k: _frozen(ctx[k]) for k in CALL_PASS_KEYS if k in ctx}
 
     async def call_skill(
         name: str,
@@ -88,7 +92,7 @@ def bind_call_skill(
     ) -> dict[str, Any]:
         try:
             return await _call(
-                executor, ctx, caller, depth, name, input, source, template, passthrough, kw
+                executor, bound, caller, depth, name, input, source, template, passthrough, kw
             )
         except Exception as exc:  # the contract: call_skill never raises
             log.warning("call_skill %s → %s failed: %s", caller, name, type(exc).__name__)
@@ -96,6 +100,26 @@ def bind_call_skill(
 
     call_skill.depth = depth  # type: ignore[attr-defined]
     return call_skill
+
+
+def _frozen(value: Any) -> Any:
+    """A copy of a plain value (lists, tags) so that later edits do not reach it; live
+    objects (db_factory, abort_signal) are kept as they are."""
+    if isinstance(value, list):
+        return [_frozen(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _frozen(v) for k, v in value.items()}
+    return value
+
+
+def _bad_arguments(input: Any, source: Any, template: Any, passthrough: bool) -> str | None:
+    if input is not None and not isinstance(input, Mapping):
+        return f"call_skill input must be a dict, got {type(input).__name__}"
+    if template is not None and not isinstance(template, Mapping):
+        return "call_skill template must be a dict of field → text"
+    if passthrough and source is not None and not isinstance(source, Mapping):
+        return "passthrough needs source to be a dict"
+    return None
 
 
 async def _call(
@@ -129,12 +153,9 @@ async def _call(
             f"skill {name!r} is a background (async: true) skill and cannot "
             "run inside another skill through call_skill; dispatch it instead",
         )
-    if input is not None and not isinstance(input, Mapping):
-        return _refused(name, f"call_skill input must be a dict, got {type(input).__name__}")
-    if template is not None and not isinstance(template, Mapping):
-        return _refused(name, "call_skill template must be a dict of field → text")
-    if passthrough and source is not None and not isinstance(source, Mapping):
-        return _refused(name, "passthrough needs source to be a dict")
+    bad = _bad_arguments(input, source, template, passthrough)
+    if bad:
+        return _refused(name, bad)
 
     role_id = str(ctx.get("role_id") or "")
     configs: dict[str, Any] = {}
@@ -161,7 +182,7 @@ async def _call(
 
     child: dict[str, Any] = flatten_configs(name, configs)
     child.update({k: ctx[k] for k in CALL_PASS_KEYS if k in ctx})
-    outcome = await executor._execute(callee, data, child, None, depth=depth + 1)
+    outcome = await executor.execute_nested(callee, data, child, depth=depth + 1)
     env = outcome.result
     if is_failure(env) or outcome.status != "succeeded":
         reason = env.get("error") or env.get("msg") or f"skill {name!r} reported a failure"

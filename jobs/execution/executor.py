@@ -155,6 +155,12 @@ class Executor:
     ) -> Outcome:
         return await self._execute(skill, input_data, ctx, policy_wall_sec, depth=0)
 
+    async def execute_nested(
+        self, skill: Skill | str, input_data: dict[str, Any], ctx: dict[str, Any], *, depth: int
+    ) -> Outcome:
+        """Run a skill called by another skill (``call_skill``) at nesting ``depth``."""
+        return await self._execute(skill, input_data, ctx, None, depth=depth)
+
     async def llm_for(self, role_id: str) -> tuple[Any, dict[str, str]]:
         """(provider, subprocess LLM env) for the role: its own binding (configuration under
         ``@llm``: provider, base, key, model) over the ``SKILLJOBS_LLM_*`` default. Looked

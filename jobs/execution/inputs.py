@@ -13,12 +13,11 @@ Which values are file-like:
   ``_path``, ``_file``, ``_paths``, ``_files``, ``_dir``;
 * a conventional media field (``input``, ``output``, ``src``, ``dst``, ``image``, ``video``,
   ``audio``, …) whose value looks like a path (one line, absolute, ``~/`` or containing a
-  ``..`` segment);
-* any other string that is an absolute path (or escapes with ``..``) to something that
-  exists on this host.
+  ``..`` segment).
 
-URLs (``scheme://``) and ``data:`` values are not paths. Nested objects and lists are
-checked with the same rules.
+Other fields are data: whether a value is refused never depends on what happens to exist
+on the host. URLs (``scheme://``) and ``data:`` values are not paths. Nested objects and
+lists are checked with the same rules.
 """
 
 from __future__ import annotations
@@ -90,10 +89,8 @@ def _escapes(value: str) -> bool:
 
 def _looks_like_path(value: str) -> bool:
     s = value.strip()
-    if _not_a_path(s):
-        return False
     if os.path.isabs(s) or s.startswith("~"):
-        return " " not in s or os.path.exists(s)
+        return " " not in s  # "/imagine a cat" is a prompt
     return _escapes(s)
 
 
@@ -144,7 +141,7 @@ class Confinement:
 
 def _walk(conf: Confinement, field: str, value: Any, mode: str, depth: int) -> None:
     """``mode``: "strong" (a file field), "media" (a file field when it looks like a
-    path) or "any" (a path only when it names something outside that exists)."""
+    path) or "any" (data; only nested file fields are checked)."""
     if depth > MAX_DEPTH:
         raise Refused(field, "", f"nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, str):
@@ -152,11 +149,6 @@ def _walk(conf: Confinement, field: str, value: Any, mode: str, depth: int) -> N
             return
         if mode == "strong" or (mode == "media" and _looks_like_path(value)):
             conf.check(field, value)
-        elif mode == "any" and value.strip("/ ") and _looks_like_path(value):
-            if conf.inside(value):
-                return
-            if os.path.lexists(conf.resolve(value)):
-                conf.check(field, value)
         return
     if isinstance(value, list):
         for i, item in enumerate(value):

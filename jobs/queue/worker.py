@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import uuid
@@ -32,6 +33,7 @@ from jobs.services import Services
 from jobs.skill import MAX_WALL_SEC
 
 log = logging.getLogger("skilljobs.worker")
+_JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 try:
     from redis.exceptions import ConnectionError as _RedisConnectionError
@@ -272,13 +274,25 @@ async def _listen_cancels(runner: JobRunner) -> None:
             await pubsub.subscribe(svc.settings.key(CANCEL_CHANNEL))
             async for msg in pubsub.listen():
                 if msg.get("type") == "message":
-                    data = msg["data"]
-                    runner.cancel_local(data.decode() if isinstance(data, bytes) else str(data))
+                    await _cancel_if_requested(runner, msg["data"])
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.debug("cancel listener: %s", exc)
             await asyncio.sleep(1.0)
+
+
+async def _cancel_if_requested(runner: JobRunner, data: Any) -> None:
+    """A cancel message is only a hint: anyone who can publish to Redis can send one. The
+    job is stopped only when its row says ``cancel_requested`` (C18)."""
+    job_id = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+    if not _JOB_ID.fullmatch(job_id) or job_id not in runner.inner:
+        return  # not a job id, or not running here
+    job = await store.get_job(runner.svc.sessionmaker, job_id)
+    if job is None or not job.cancel_requested:
+        log.warning("cancel message for job %s ignored: its record asks for no cancel", job_id)
+        return
+    runner.cancel_local(job_id)
 
 
 def build_worker(

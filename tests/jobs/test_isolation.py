@@ -115,9 +115,7 @@ async def test_subprocess_skill_sees_only_its_environment(
     assert json.loads(env["SKILL_INPUT"]) == {"q": 1}
     allowed = {"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONIOENCODING", "PWD"}
     allowed |= {"SJT_ISO_ALLOWED", "SJT_ISO_DECLARED", "SHLVL", "_"}
-    extra = {
-        k for k in env if k not in allowed and not k.startswith(("SKILL_", "LC_"))
-    }
+    extra = {k for k in env if k not in allowed and not k.startswith(("SKILL_", "LC_"))}
     assert not extra, extra
 
     # configs win over the worker's environment for a declared name
@@ -136,7 +134,8 @@ async def test_subprocess_skill_sees_only_its_environment(
         ("path", "../../../secret.key"),
         ("path", "/proc/self/environ"),
         ("doc", "/etc/passwd"),  # schema format: path
-        ("note", "/proc/self/environ"),  # any field naming an existing file outside
+        ("source_file", "/proc/self/environ"),
+        ("image", "/etc/hostname"),  # a media field holding a path
         ("path", "~root/.bashrc"),
     ],
 )
@@ -192,7 +191,8 @@ def test_confinement_rules(tmp_path: Path) -> None:
         {"url": "https://example.com/x", "file": "data:text/plain,hi"},
         {"output": "json", "input": "a prompt / with a slash", "text": "/start"},
         {"files": [{"filename": "x.png", "caption": "hello"}]},
-        {"query": "/", "separator": "/"},
+        {"query": "/", "separator": "/", "marker": "/tmp/anything"},
+        {"image": "/imagine a cat on the moon"},
     ]
     for data in ok:
         confine(data, workspace=str(ws))
@@ -201,7 +201,7 @@ def test_confinement_rules(tmp_path: Path) -> None:
         ({"report_path": "/var/log/x.log"}, "report_path"),
         ({"image": "../../x.png"}, "image"),
         ({"attach": ["/etc/hostname"]}, "attach[0]"),
-        ({"opts": {"cfg": "/etc/hostname"}}, "opts.cfg"),
+        ({"opts": {"config_file": "/etc/hostname"}}, "opts.config_file"),
     ]
     for data, field in bad:
         with pytest.raises(Refused) as exc:
@@ -211,3 +211,59 @@ def test_confinement_rules(tmp_path: Path) -> None:
     confine({"path": "x.txt"}, workspace=None)
     with pytest.raises(Refused):
         confine({"path": "/etc/hostname"}, workspace=None)
+
+
+# --- a skill pretending to be another role ---------------------------------------------------
+
+
+async def test_call_skill_identity_is_bound_when_it_is_created(
+    tmp_path: Path, sessionmaker, registry
+) -> None:
+    """A skill that rewrites ``ctx["role_id"]`` before ``call_skill`` still gets its own
+    role's callee configs, never the other role's."""
+    from jobs.catalog.configs import ConfigStore
+
+    settings = make_settings(tmp_path, redis_url=None, prefix="t")
+    ex = Executor(
+        settings=settings, registry=registry, sessionmaker=sessionmaker, box=SecretBox(KEY)
+    )
+    try:
+        store = ConfigStore(sessionmaker, SecretBox(KEY))
+        await store.replace("r1", "callee_cfg", {"api_key": "mine-123456", "region": "r1-region"})
+        await store.replace("r_other", "callee_cfg", {"api_key": "theirs-654321", "region": "x"})
+        out = await ex.execute("iso_role", {"as_role": "r_other"}, dict(CTX))
+        assert out.status == "succeeded", out.result
+        assert out.result["region"] == "r1-region" and out.result["api_key_len"] == 11
+        assert "theirs" not in json.dumps(out.result)
+    finally:
+        await ex.aclose()
+
+
+async def test_a_forged_cancel_message_changes_nothing(services) -> None:
+    """Publishing a job id on the cancel channel (any Redis writer can) does not stop the
+    job: only a job whose row says ``cancel_requested`` is cancelled."""
+    import asyncio
+
+    from redis.asyncio import Redis
+
+    from jobs.constants import CANCEL_CHANNEL
+    from jobs.queue.worker import build_worker
+    from tests.helpers.jobs import dispatch, wait_status
+
+    job_id = await dispatch(services, "bg_sleep", {"seconds": 1.5})
+    w = build_worker(services, handle_signals=False, scheduler=False)
+    task = asyncio.create_task(w.async_run())
+    plain = Redis.from_url(services.settings.redis_url)
+    try:
+        await wait_status(services, job_id, {"running"})
+        channel = services.settings.key(CANCEL_CHANNEL)
+        for _ in range(5):
+            await plain.publish(channel, job_id)
+            await asyncio.sleep(0.1)
+        job = await wait_status(services, job_id, {"succeeded", "cancelled", "failed"})
+        assert job.status == "succeeded", job.error
+    finally:
+        await plain.aclose()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await w.close()
