@@ -144,13 +144,19 @@ class DispatchBody(BaseModel):
     input: dict[str, Any] = Field(default_factory=dict)
     context: dict[str, Any] = Field(default_factory=dict)
     external_id: str | None = None
+    idempotency_key: str | None = Field(default=None, max_length=255)
 
 
 @router.post("/dispatch")
 async def dispatch(body: DispatchBody, request: Request) -> JSONResponse:
     """Relay to the dispatcher: 202 receipt, 200 result envelope, or a 4xx refusal."""
+    key = body.idempotency_key or request.headers.get("idempotency-key") or None
     answer = await Dispatcher(services_of(request)).dispatch(
-        skill=body.skill, input=body.input, context=body.context, external_id=body.external_id
+        skill=body.skill,
+        input=body.input,
+        context=body.context,
+        external_id=body.external_id,
+        idempotency_key=key,
     )
     return JSONResponse(answer.body, status_code=answer.status_code)
 

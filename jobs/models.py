@@ -187,6 +187,18 @@ class Job(Base):
     updated_at: Mapped[float] = mapped_column(Float, default=now)
 
 
+class DispatchKey(Base):
+    """An idempotency key of a background dispatch: the same key within its window gives
+    the same job (``jobs.queue.idempotency``)."""
+
+    __tablename__ = "dispatch_keys"
+
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(64))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float, default=now, index=True)
+
+
 class JobAttempt(Base):
     """One run of a job's skill (transient re-runs and manual retries each add one)."""
 

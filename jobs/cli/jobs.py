@@ -47,6 +47,9 @@ def dispatch(
         False, "--wait", help="For a background job: wait and print the outcome."
     ),
     timeout: float = typer.Option(1800.0, "--timeout", help="How long --wait waits (seconds)."),
+    idempotency_key: str = typer.Option(
+        "", "--idempotency-key", help="Same key within 24 h: the same background job."
+    ),
 ) -> None:
     """Call a skill the way the chat layer does: a receipt for background jobs, the result otherwise."""
     data = _parse_json(input, "--input")
@@ -65,7 +68,9 @@ def dispatch(
 
         svc = await open_services(settings)
         try:
-            res = await Dispatcher(svc).dispatch(skill, data, context, external_id or None)
+            res = await Dispatcher(svc).dispatch(
+                skill, data, context, external_id or None, idempotency_key or None
+            )
             console.print_json(json.dumps(res.body, ensure_ascii=False, default=str))
             if res.status_code >= 400:
                 return 1
@@ -104,7 +109,7 @@ async def _wait(svc: Any, job_id: str, limit: float) -> int:
 
 
 def _print_job(svc: Any, job: Any) -> None:
-    from jobs.crypto import redact
+    from jobs.envelope import is_partial
 
     console.print(f"[bold]{job.id}[/]  {job.skill}  [bold]{job.status}[/]  attempts={job.attempts}")
     console.print(
@@ -117,8 +122,11 @@ def _print_job(svc: Any, job: Any) -> None:
     )
     if job.error:
         console.print(f"[red]error[/] ({job.error_type or '-'}): {job.error}")
+    if is_partial(job.result):
+        console.print("[yellow]partial result[/]")
     if job.result is not None:
-        console.print_json(json.dumps(redact(job.result), ensure_ascii=False, default=str))
+        # results are data (scrubbed of the job's secret values when it ran), C12
+        console.print_json(json.dumps(job.result, ensure_ascii=False, default=str))
 
 
 @jobs_app.command("list")

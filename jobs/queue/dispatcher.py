@@ -7,18 +7,20 @@ the same executor, and returns its normalized result (SPEC §4, §11 "Dispatch a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.catalog.validation import validate_input
+from jobs import texts
+from jobs.catalog.validation import input_problem
 from jobs.constants import FN_RUN_JOB
 from jobs.db import once_more_if_disconnected
-from jobs.envelope import failure
+from jobs.envelope import failure, offload_sync
 from jobs.execution.executor import Executor
 from jobs.models import new_id
-from jobs.queue import store
+from jobs.queue import idempotency, store
 from jobs.queue.broker import enqueue, job_event
 from jobs.services import Services
 from jobs.skill import Skill, SkillType
@@ -27,10 +29,7 @@ log = logging.getLogger("skilljobs.dispatch")
 
 WEB_CHANNELS = frozenset({"web", "web_admin"})
 ORGDELEG_PREFIX = "orgdeleg:"
-RECEIPT_MESSAGE = (
-    "This will take a while, so it is running in the background. "
-    "The result will be sent to this chat when it is ready."
-)
+RECEIPT_MESSAGE = texts.text("receipt")  # the English form; receipts use the caller's language
 
 
 @dataclass
@@ -80,9 +79,14 @@ class Dispatcher:
         input: dict[str, Any] | None = None,
         context: dict[str, Any] | None = None,
         external_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> DispatchResult:
+        """``idempotency_key``: the same key within 24 h gives the same background job
+        (and receipt); with another skill or input it is a 409."""
         if not isinstance(input or {}, dict) or not isinstance(context or {}, dict):
             return refusal(400, "input and context must be JSON objects")
+        if idempotency_key is not None and (bad := idempotency.key_problem(idempotency_key)):
+            return refusal(400, bad)
         input_data = dict(input or {})
         ctx = dict(context or {})
         ext = str(external_id if external_id is not None else ctx.get("external_id") or "")
@@ -95,18 +99,27 @@ class Dispatcher:
                 skill=skill,
             )
         if found.error:
-            return refusal(409, f"skill {skill!r} failed to load: {found.error}", skill=skill)
+            return refusal(
+                409,
+                f"skill {skill!r} failed to load: {found.error}",
+                "config",
+                skill=skill,
+                non_retriable=True,
+            )
         if found.skill_type is not SkillType.HANDLER:
             return refusal(
                 400,
                 f"skill {skill!r} is a {found.skill_type.value} document, not an executable "
-                "skill: it cannot be dispatched",
+                "skill: it cannot be dispatched" + (f"; {found.hint}" if found.hint else ""),
                 skill=skill,
             )
-        problem = validate_input(found, input_data)
+        problem = input_problem(found, input_data)
         if problem:
             return refusal(
-                422, f"input for {skill!r} is invalid: {problem}", skill=skill, need_param=True
+                422,
+                f"input for {skill!r} is invalid: {problem}",
+                skill=skill,
+                need_param=problem.fields or True,
             )
 
         from jobs.context import fixed_segment
@@ -130,7 +143,7 @@ class Dispatcher:
                     "session, but the context has no session_id",
                     skill=skill,
                 )
-            return await self._enqueue(found, input_data, ctx, ext)
+            return await self._enqueue(found, input_data, ctx, ext, idempotency_key)
         return await self._run_now(found, input_data, ctx)
 
     # --- sync line ----------------------------------------------------------------------
@@ -152,12 +165,19 @@ class Dispatcher:
             for k, v in flatten_configs(skill.name, configs).items():
                 runtime.setdefault(k, v)
         result = await self.executor.run(skill, input_data, runtime)
-        return DispatchResult(200, result)
+        # The sync answer of a large result is the offload receipt, as in the background (C4).
+        settings = self.services.settings
+        return DispatchResult(200, offload_sync(settings, result, runtime, skill.name))
 
     # --- background line ----------------------------------------------------------------
 
     async def _enqueue(
-        self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any], ext: str
+        self,
+        skill: Skill,
+        input_data: dict[str, Any],
+        ctx: dict[str, Any],
+        ext: str,
+        idempotency_key: str | None = None,
     ) -> DispatchResult:
         from jobs.catalog.configs import ConfigStore
         from jobs.context import background_context
@@ -173,6 +193,22 @@ class Dispatcher:
         )
         bg = background_context(ctx, skill=skill.name, configs=configs)
         job_id = new_id()
+        if idempotency_key is not None:
+            key = await idempotency.claim(
+                svc.sessionmaker,
+                idempotency_key,
+                idempotency.request_hash(skill.name, input_data),
+                job_id,
+            )
+            if key.conflict:
+                return refusal(
+                    409,
+                    f"idempotency_key {idempotency_key!r} was used for another request "
+                    f"(job {key.job_id}) with a different skill or input",
+                    job_id=key.job_id,
+                )
+            if not key.new:
+                return self._receipt(key.job_id, ctx)
         now = time.time()
         values = {
             "id": job_id,
@@ -213,7 +249,15 @@ class Dispatcher:
             if new_session
             else None
         )
-        await once_more_if_disconnected(store.record_job, svc.sessionmaker, values, origin_session)
+        try:
+            await once_more_if_disconnected(
+                store.record_job, svc.sessionmaker, values, origin_session
+            )
+        except BaseException:
+            if idempotency_key is not None:
+                with contextlib.suppress(Exception):
+                    await idempotency.release(svc.sessionmaker, idempotency_key, job_id)
+            raise
         if new_session:
             svc.known_sessions.add(session_key)
         try:
@@ -230,12 +274,24 @@ class Dispatcher:
             log.warning("enqueue of job %s failed: %s", job_id, exc)
             async with svc.sessionmaker() as s:
                 await store.mark_failed_unqueued(s, job_id, f"queue unavailable: {exc}")
+            if idempotency_key is not None:  # a retry with the key must make a job that runs
+                await idempotency.release(svc.sessionmaker, idempotency_key, job_id)
             return refusal(
                 503,
                 f"the job queue is unavailable ({exc.__class__.__name__}); try again in a moment",
                 error_type="transient",
                 job_id=job_id,
             )
+        return self._receipt(job_id, ctx)
+
+    def _receipt(self, job_id: str, ctx: dict[str, Any]) -> DispatchResult:
+        language = texts.language_of(self.services.settings, ctx)
         return DispatchResult(
-            202, {"ok": True, "async": True, "message": RECEIPT_MESSAGE, "job_id": job_id}
+            202,
+            {
+                "ok": True,
+                "async": True,
+                "message": texts.text("receipt", language),
+                "job_id": job_id,
+            },
         )

@@ -37,11 +37,13 @@ from jobs.models import (
     ChainStep,
     Delivery,
     DeliveryStatus,
+    DispatchKey,
     Job,
     JobAttempt,
     OpsAction,
     SessionMessage,
 )
+from jobs.queue.idempotency import WINDOW_SEC as KEY_WINDOW
 from jobs.settings import Settings
 
 log = logging.getLogger("skilljobs.prune")
@@ -224,6 +226,10 @@ async def _pass(sm: Sessions, settings: Settings, out: Pruned, now: float, pause
             if out.dry_run
             else await _batched(sm, msgs, _delete_messages, pause)
         )
+    if not out.dry_run:  # idempotency keys past their window name nothing any more
+        async with sm() as s:
+            await s.execute(delete(DispatchKey).where(DispatchKey.created_at < now - KEY_WINDOW))
+            await s.commit()
     files_cut = _cutoff(settings.workspace_retention_days, now)
     if files_cut is not None:
         out.files = await _prune_files(sm, settings, files_cut, out.dry_run)

@@ -1,0 +1,126 @@
+"""Idempotent dispatch: a chat layer that retries a dispatch (timeout, reconnect) gets the
+same receipt, never a second job.
+
+A key is claimed by inserting its row (the primary key makes concurrent claims race to one
+winner, on PostgreSQL and SQLite alike) before the job is recorded. A later dispatch with
+the same key within ``WINDOW_SEC`` gets the job the key names; with a different skill or
+input it is a conflict. A key whose window has passed, or whose dispatcher died before
+recording its job, is taken over by a conditional update (one taker wins).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+
+from jobs.db import Sessions
+from jobs.models import DispatchKey, Job
+
+WINDOW_SEC = 24 * 3600.0
+MAX_KEY = 255
+RECORD_WAIT_SEC = 5.0  # how long a duplicate waits for the first dispatch to record its job
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a key stands for: ``new`` means this dispatch records ``job_id`` itself."""
+
+    job_id: str
+    new: bool
+    conflict: bool = False
+
+
+def request_hash(skill: str, input_data: dict[str, Any]) -> str:
+    """The identity of a request under a key: the skill and its input."""
+    raw = json.dumps([skill, input_data], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def key_problem(key: object) -> str | None:
+    """Why ``key`` cannot be an idempotency key, or None."""
+    if not isinstance(key, str) or not key.strip():
+        return "idempotency_key must be a non-empty string"
+    if len(key) > MAX_KEY:
+        return f"idempotency_key is longer than {MAX_KEY} characters"
+    return None
+
+
+async def _insert(sm: Sessions, key: str, digest: str, job_id: str, now: float) -> bool:
+    async with sm() as s:
+        s.add(DispatchKey(key=key, job_id=job_id, request_hash=digest, created_at=now))
+        try:
+            await s.commit()
+        except IntegrityError:
+            await s.rollback()
+            return False
+    return True
+
+
+async def _take_over(
+    sm: Sessions, row: DispatchKey, digest: str, job_id: str, now: float
+) -> bool:
+    """Point a stale key at ``job_id``; False when another dispatch changed it first."""
+    async with sm() as s:
+        res = await s.execute(
+            update(DispatchKey)
+            .where(DispatchKey.key == row.key, DispatchKey.job_id == row.job_id)
+            .values(job_id=job_id, request_hash=digest, created_at=now)
+        )
+        await s.commit()
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+async def _recorded(sm: Sessions, job_id: str, wait: float) -> bool:
+    deadline = time.monotonic() + wait
+    while True:
+        async with sm() as s:
+            if await s.scalar(select(Job.id).where(Job.id == job_id)) is not None:
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+
+
+async def claim(
+    sm: Sessions,
+    key: str,
+    digest: str,
+    job_id: str,
+    *,
+    now: float | None = None,
+    record_wait: float = RECORD_WAIT_SEC,
+) -> Claim:
+    """Claim ``key`` for a new job ``job_id``, or learn which job it already stands for."""
+    for _ in range(5):  # each pass either decides or saw another dispatch change the row
+        stamp = time.time() if now is None else now
+        if await _insert(sm, key, digest, job_id, stamp):
+            return Claim(job_id, new=True)
+        async with sm() as s:
+            row = await s.get(DispatchKey, key)
+        if row is None:
+            continue  # pruned meanwhile: insert again
+        if row.created_at < stamp - WINDOW_SEC or not await _recorded(sm, row.job_id, record_wait):
+            if await _take_over(sm, row, digest, job_id, stamp):
+                return Claim(job_id, new=True)
+            continue
+        return Claim(row.job_id, new=False, conflict=row.request_hash != digest)
+    raise RuntimeError(f"idempotency key {key!r} kept changing under concurrent dispatches")
+
+
+async def release(sm: Sessions, key: str, job_id: str) -> None:
+    """Forget ``key`` when its dispatch did not produce a job that will run."""
+    async with sm() as s:
+        await s.execute(
+            delete(DispatchKey).where(DispatchKey.key == key, DispatchKey.job_id == job_id)
+        )
+        await s.commit()
+
+
+__all__ = ["WINDOW_SEC", "Claim", "claim", "key_problem", "release", "request_hash"]
