@@ -39,6 +39,12 @@ class Settings(BaseSettings):
     web_header_timeout_sec: float = Field(default=10.0, gt=0)
     notify_targets: str | None = None
     fetch_allow_hosts: str = ""
+    # Where skills may send: bare Apprise URLs (comma list of scheme://host[:port]; aliases
+    # are always allowed), and what a chat-line send_message may reach beyond its own
+    # origin (JSON: role → recipient patterns). Lifetime of signed file links.
+    notify_allow_urls: str = ""
+    send_allow: str | None = None
+    file_link_ttl_sec: int = Field(default=604800, gt=0)
 
     # Namespacing of our own Redis keys and the arq queue (lets several deployments, or
     # several test runs, share one Redis server).
@@ -68,18 +74,35 @@ class Settings(BaseSettings):
     # Worker tuning.
     worker_max_jobs: int = 100
     worker_lease_sec: float = 30.0
-    worker_heartbeat_sec: float = 5.0
+    # Heartbeats (database lease renewal + a Redis key): a worker whose heartbeat is missing
+    # for 3 intervals (+1 s) has its jobs taken over by a peer; 2.5 s re-runs the jobs of a
+    # killed worker within 10 s, and a worker paused for 5 s is not taken over.
+    worker_heartbeat_sec: float = 2.5
+    worker_stall_sec: float = 3.0  # event loop blocked this long: its stack is logged
     worker_grace_sec: float = 30.0
     reconcile_interval_sec: float = 10.0
     reconcile_stale_sec: float = 15.0  # a queued job missing from Redis this long is re-enqueued
     retry_backoff_sec: float = 1.0  # transient re-runs wait 1×, then 4× this
     scheduler_interval_sec: float = 1.0
 
+    # Retention (SPEC §10): finished jobs and chain runs are deleted after this many days;
+    # web-session messages and unreferenced workspace files only when set. A worker runs
+    # one pass every prune interval (one pruner at a time across workers).
+    retention_days: float | None = 30.0
+    message_retention_days: float | None = None
+    workspace_retention_days: float | None = None
+    prune_interval_sec: float = Field(default=3600.0, gt=0)
+
     # Isolation of skills from the worker.
     skill_env_passthrough: str = ""  # comma list of worker variables subprocess skills see
     skill_database_url: str | None = None  # the business database behind db_factory
     skill_user: str | None = None  # unprivileged user for subprocess skills (root workers)
     sandbox: str = ""  # "bwrap": subprocess skills see the system read-only
+    # Dependency environments of skills (PEP 723, requirements.txt, package-lock.json) live
+    # under <data_dir>/envs; one build may take at most this long.
+    skill_env_timeout_sec: float = Field(default=600.0, gt=0)
+
+    language: str = "en"  # user-facing texts: en | zh (a dispatch context locale overrides)
 
     log_format: str = Field(default="text", description="text or json")
     log_level: str = "INFO"
@@ -88,6 +111,14 @@ class Settings(BaseSettings):
     @classmethod
     def _expand(cls, v: Any) -> Any:
         return Path(os.path.expanduser(str(v))) if v is not None else v
+
+    @field_validator("language", mode="before")
+    @classmethod
+    def _language(cls, v: Any) -> Any:
+        code = str(v or "en").strip().lower().replace("_", "-").split("-")[0]
+        if code not in ("en", "zh"):
+            raise ValueError("SKILLJOBS_LANGUAGE must be en or zh")
+        return code
 
     # Derived values -------------------------------------------------------------------
 
@@ -122,6 +153,24 @@ class Settings(BaseSettings):
     @property
     def allow_hosts(self) -> list[str]:
         return [h.strip().lower() for h in self.fetch_allow_hosts.split(",") if h.strip()]
+
+    @property
+    def notify_allow_list(self) -> list[str]:
+        return [u.strip() for u in self.notify_allow_urls.split(",") if u.strip()]
+
+    @cached_property
+    def send_allow_map(self) -> dict[str, list[str]]:
+        """Role → recipient patterns (``telegram:*``, ``feishu:ou_1``, ``web:s-*``)."""
+        raw = (self.send_allow or "").strip()
+        if not raw:
+            return {}
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("SKILLJOBS_SEND_ALLOW must be an object: role -> patterns")
+        return {
+            str(role): [pats] if isinstance(pats, str) else [str(p) for p in pats]
+            for role, pats in data.items()
+        }
 
     @cached_property
     def notify_target_map(self) -> dict[str, list[str]]:

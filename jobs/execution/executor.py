@@ -10,12 +10,14 @@ process group killed) and ``CancelledError`` propagates.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
 import shutil
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +34,9 @@ from jobs.context import (
 from jobs.crypto import redact
 from jobs.db import DB_UNAVAILABLE, LazySession
 from jobs.envelope import failure, is_failure, normalize
-from jobs.execution import inprocess, inputs, subproc
+from jobs.execution import envs, inprocess, inputs, subproc
 from jobs.execution.callskill import bind_call_skill
+from jobs.execution.skill_output import exit_failure
 from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillType
 
 log = logging.getLogger(__name__)
@@ -107,6 +110,7 @@ class Executor:
         self._role_providers: list[Any] = []
         self.workspace_root = settings.resolved_workspace_root if settings is not None else None
         self.env_passthrough = subproc.parse_names(getattr(settings, "skill_env_passthrough", ""))
+        self.envs = envs.EnvManager.from_settings(settings)  # PEP 723 / requirements / npm
         # Handler files and workspaces are re-checked at most this often (seconds): an
         # edited handler is picked up, a deleted workspace re-created, without a stat per run.
         self.entries = inprocess.EntryCache(recheck_sec=1.0)
@@ -264,6 +268,10 @@ class Executor:
             return self._outcome(env, t0, name=name, status="timed_out", log=expired.log)
         except inprocess.Raised as wrapped:
             raised = wrapped.__cause__ or wrapped
+            if isinstance(raised, ImportError):  # undeclared dependency: no re-run fixes it
+                missing = envs.import_failure(found, f"{type(raised).__name__}: {raised}")
+                if missing is not None:
+                    return self._outcome(missing, t0, name=name, exception=type(raised).__name__)
             transient = isinstance(raised, TRANSIENT_EXC)
             env = failure(
                 f"skill {name!r} raised {type(raised).__name__}: {raised}".rstrip(": "),
@@ -306,7 +314,7 @@ class Executor:
         if skill.skill_type is not SkillType.HANDLER or skill.exec_type is ExecType.NONE:
             return failure(
                 f"skill {name!r} is a {skill.skill_type.value} document, not code: "
-                "there is nothing to execute",
+                "there is nothing to execute" + (f"; {skill.hint}" if skill.hint else ""),
                 error_type="config",
                 non_retriable=True,
                 skill=name,
@@ -457,8 +465,10 @@ class Executor:
                 non_retriable=True,
                 skill=skill.name,
             ), ""
+        except envs.BuildFailed as exc:
+            return exc.envelope(skill.name), ""
         except inprocess.ImportFailed as exc:
-            return failure(
+            return envs.import_failure(skill, str(exc)) or failure(
                 f"skill {skill.name!r} cannot be imported: {exc}",
                 error_type="config",
                 non_retriable=True,
@@ -471,6 +481,7 @@ class Executor:
     async def _in_process(
         self, skill: Skill, input_data: dict[str, Any], rc: dict[str, Any], wall: float
     ) -> Any:
+        envs.expose(await self.envs.prepare(skill))
         entry = await inprocess.get_entry(self.entries, skill, wall)
         return await inprocess.run_entry(entry, input_data, rc, wall, skill.name)
 
@@ -496,9 +507,13 @@ class Executor:
         env = subproc.build_env(
             skill, rc, input_data, workspace=ws, llm_env=llm, passthrough=self.env_passthrough
         )
+        prepared = await self.envs.prepare(skill)  # built on first use
+        if prepared is not None:
+            argv = prepared.apply(argv, env)
         timeout = min(self.subprocess_timeout(skill, wall), wall)
         try:
-            res = await subproc.run_process(argv, env=env, cwd=ws or skill_dir, timeout=timeout)
+            with _run_dir(ws) as cwd:
+                res = await subproc.run_process(argv, env=env, cwd=cwd, timeout=timeout)
         except OSError as exc:
             if exc.errno == errno.E2BIG:
                 sizes = {k: len(env[k]) for k in ("SKILL_INPUT", "SKILL_CONTEXT")}
@@ -522,13 +537,8 @@ class Executor:
             ), log_text
         code = res.returncode if res.returncode is not None else -9
         if code != 0:
-            tail = subproc.decode(res.stderr[-subproc.ERROR_TAIL :]).strip()
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            return failure(
-                f"skill {skill.name!r} {how}" + (f": {tail}" if tail else " (no stderr)"),
-                skill=skill.name,
-                exit_code=code,
-            ), log_text
+            missing = envs.import_failure(skill, subproc.decode(res.stderr[-subproc.ERROR_TAIL :]))
+            return missing or exit_failure(skill.name, code, res.stdout, res.stderr), log_text
         return subproc.parse_stdout(subproc.decode(res.stdout), ws or None), log_text
 
     @staticmethod
@@ -538,6 +548,17 @@ class Executor:
         if skill.wall_sec:
             return float(skill.wall_sec)
         return wall if skill.is_async else SUBPROCESS_TIMEOUT_SEC
+
+
+@contextlib.contextmanager
+def _run_dir(workspace: str) -> Iterator[str]:
+    """The workspace; without one a fresh temporary directory, removed afterwards (never
+    the skill's own folder: outputs must not land next to its SKILL.md)."""
+    if workspace:
+        yield workspace
+        return
+    with tempfile.TemporaryDirectory(prefix="skilljobs-run-") as scratch:
+        yield scratch
 
 
 def _role_of(ctx: Any) -> str:

@@ -1,0 +1,261 @@
+"""Dependency environments of marketplace skills (tests/market_skills): real uv / pip / npm
+installs from the registries, real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jobs.catalog.loader import load_registry, load_skill
+from jobs.execution import envs
+from jobs.execution.executor import Executor
+from jobs.skill import SkillRegistry
+from tests.helpers.settings import make_settings
+
+MARKET = Path(__file__).resolve().parents[1] / "market_skills"
+CTX = {"role_id": "r1", "session_id": "s1", "org_id": "o1", "channel": "web"}
+network = pytest.mark.network
+
+
+@pytest.fixture(scope="module")
+def envs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One environment store for the module: builds are shared like in production."""
+    return tmp_path_factory.mktemp("envs")
+
+
+def executor(tmp_path: Path, registry: SkillRegistry, root: Path) -> Executor:
+    ex = Executor(
+        settings=make_settings(tmp_path, redis_url=None, prefix="t"),
+        registry=registry,
+        sessionmaker=None,
+        box=None,
+    )
+    ex.envs = envs.EnvManager(root)
+    return ex
+
+
+@pytest.fixture
+async def ex(tmp_path: Path, envs_root: Path):  # type: ignore[no-untyped-def]
+    e = executor(tmp_path, load_registry([MARKET]), envs_root)
+    yield e
+    await e.aclose()
+
+
+def copy_skill(src: str, dest: Path, name: str) -> Path:
+    folder = dest / name
+    shutil.copytree(MARKET / src, folder)
+    md = folder / "SKILL.md"
+    md.write_text(md.read_text().replace(f"name: {src}", f"name: {name}"))
+    return folder
+
+
+# --- what a skill declares (no network) ---------------------------------------------------
+
+
+def test_spec_sources() -> None:
+    media = envs.spec_for(load_skill(MARKET / "pep723_media"))
+    assert media is not None and media.kind == "python"
+    assert media.requirements == ("python-slugify==8.0.4",)
+    assert media.source == "PEP 723 block in generate.py"
+    req = envs.spec_for(load_skill(MARKET / "req_skill"))
+    assert req is not None and req.requirements == ("six==1.16.0",)
+    node = envs.spec_for(load_skill(MARKET / "node_lock"))
+    assert node is not None and node.kind == "node" and node.source == "package-lock.json"
+    assert envs.spec_for(load_skill(MARKET / "pep723_plain")) is None
+
+
+def test_key_is_content_and_python_version(tmp_path: Path) -> None:
+    a = copy_skill("req_skill", tmp_path, "a")
+    b = copy_skill("req_skill", tmp_path, "b")
+    (b / "requirements.txt").write_text("six==1.16.0  # same set, other comment\n")
+    ka = envs.spec_for(load_skill(a))
+    kb = envs.spec_for(load_skill(b))
+    assert ka is not None and kb is not None and ka.key == kb.key
+    (b / "requirements.txt").write_text("six==1.17.0\n")
+    kc = envs.spec_for(load_skill(b))
+    assert kc is not None and kc.key != ka.key
+
+
+def test_pyproject_dependencies(tmp_path: Path) -> None:
+    folder = copy_skill("req_skill", tmp_path, "pp")
+    (folder / "requirements.txt").unlink()
+    (folder / "pyproject.toml").write_text('[project]\nname = "x"\ndependencies = ["six"]\n')
+    spec = envs.spec_for(load_skill(folder))
+    assert spec is not None and spec.source == "pyproject.toml"
+    assert spec.requirements == ("six",)
+
+
+def test_key_line_of_uv_and_pip() -> None:
+    uv_out = textwrap.dedent(
+        """\
+          × No solution found when resolving dependencies:
+          ╰─▶ Because nosuch was not found in the package registry and you require
+              nosuch, we can conclude that your requirements are unsatisfiable.
+        """
+    )
+    assert envs.key_line(uv_out).startswith("Because nosuch was not found")
+    pip_out = "ERROR: Could not find a version that satisfies the requirement nosuch\n"
+    assert "nosuch" in envs.key_line(pip_out)
+
+
+async def test_undeclared_module_subprocess(ex: Executor) -> None:
+    out = await ex.execute("undeclared", {}, dict(CTX))
+    r = out.result
+    assert out.status == "failed" and out.error_type == "config"
+    assert r["non_retriable"] is True and r["missing_module"] == "slugify_not_declared"
+    assert "PEP 723" in r["error"] and "requirements.txt" in r["error"]
+    assert "try again" not in r["error"].lower()
+
+
+async def test_undeclared_module_in_process(ex: Executor) -> None:
+    out = await ex.execute("undeclared_inproc", {}, dict(CTX))
+    assert out.error_type == "config" and out.result["non_retriable"] is True
+    assert out.result["missing_module"] == "yaml_not_declared"
+
+
+async def test_import_time_module_error_in_process(ex: Executor, tmp_path: Path) -> None:
+    folder = tmp_path / "imports_missing"
+    folder.mkdir()
+    (folder / "SKILL.md").write_text("---\nname: imports_missing\ndescription: x\n---\n")
+    (folder / "handler.py").write_text(
+        "import not_here_pkg\n\nasync def execute(i, c):\n    return {}\n"
+    )
+    ex.registry = load_registry([folder.parent])
+    out = await ex.execute("imports_missing", {}, dict(CTX))
+    assert out.error_type == "config" and out.result["missing_module"] == "not_here_pkg"
+
+
+def test_lock_times_out_while_another_process_builds(tmp_path: Path) -> None:
+    spec = envs.spec_for(load_skill(MARKET / "req_skill"))
+    assert spec is not None
+    lock = tmp_path / f"{spec.dirname}.lock"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time\n"
+            f"f = open({str(lock)!r}, 'a'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+            "print('held', flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(envs.BuildFailed, match="another process"):
+            envs.EnvManager(tmp_path, timeout=0.5).build(spec)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# --- real installs -------------------------------------------------------------------------
+
+
+@network
+async def test_pep723_script_prints_media(ex: Executor, envs_root: Path) -> None:
+    out = await ex.execute("pep723_media", {"prompt": "Hello World"}, dict(CTX))
+    assert out.status == "succeeded", out.result
+    media = Path(ex.workspace_root) / "r1" / "s1" / "hello-world.png"
+    assert media.is_file()
+    assert str(envs_root) in out.log  # ran with the environment's interpreter
+    ready = next(envs_root.glob("py-*/.ready"))
+    stamp = ready.stat().st_mtime_ns
+    again = await ex.execute("pep723_media", {"prompt": "second"}, dict(CTX))
+    assert again.status == "succeeded" and ready.stat().st_mtime_ns == stamp  # reused
+
+
+@network
+async def test_requirements_env_is_isolated(ex: Executor, envs_root: Path) -> None:
+    out = await ex.execute("req_skill", {}, dict(CTX))
+    r = out.result
+    assert out.status == "succeeded", r
+    assert r["six"] == "1.16.0" and r["prefix"].startswith(str(envs_root))
+    assert r["sees_httpx"] is False  # the worker's packages stay in the worker
+    assert r["sees_slugify"] is False  # nor another skill's environment
+
+
+@network
+async def test_same_set_shared_changed_set_rebuilt(tmp_path: Path, envs_root: Path) -> None:
+    skills = tmp_path / "skills"
+    copy_skill("req_skill", skills, "one")
+    two = copy_skill("req_skill", skills, "two")
+    ex = executor(tmp_path, load_registry([skills]), envs_root)
+    first = (await ex.execute("one", {}, dict(CTX))).result
+    second = (await ex.execute("two", {}, dict(CTX))).result
+    assert first["prefix"] == second["prefix"]
+    (two / "requirements.txt").write_text("six==1.17.0\n")
+    ex.registry = load_registry([skills])
+    changed = (await ex.execute("two", {}, dict(CTX))).result
+    assert changed["six"] == "1.17.0" and changed["prefix"] != first["prefix"]
+    await ex.aclose()
+
+
+@network
+async def test_uninstallable_dependency_is_config(ex: Executor) -> None:
+    out = await ex.execute("bad_dep", {}, dict(CTX))
+    r = out.result
+    assert out.error_type == "config" and r["non_retriable"] is True
+    assert r["package"] == "skilljobs-no-such-package-zz9"
+    assert "not found in the package registry" in r["error"]
+    assert "requirements.txt" in r["error"]
+
+
+@network
+def test_pip_fallback_without_uv(tmp_path: Path) -> None:
+    manager = envs.EnvManager(tmp_path, uv=False)
+    good = envs.spec_for(load_skill(MARKET / "req_skill"))
+    bad = envs.spec_for(load_skill(MARKET / "bad_dep"))
+    assert good is not None and bad is not None
+    path = manager.build(good)
+    assert (path / envs.READY).is_file()
+    assert list(path.glob("lib/python*/site-packages/six.py"))
+    with pytest.raises(envs.BuildFailed) as failed:
+        manager.build(bad)
+    assert failed.value.package == "skilljobs-no-such-package-zz9"
+    assert "No matching distribution" in str(failed.value) or "Could not find" in str(failed.value)
+    assert not manager.path_of(bad).exists()  # a failed build leaves nothing half-made
+
+
+@network
+def test_concurrent_builds_in_two_processes(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from jobs.catalog.loader import load_skill\n"
+        "from jobs.execution import envs\n"
+        f"spec = envs.spec_for(load_skill(Path({str(MARKET / 'req_skill')!r})))\n"
+        f"print(envs.EnvManager(Path({str(tmp_path)!r})).build(spec))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(root)},
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert outs[0][0] == outs[1][0]
+    assert len(list(tmp_path.glob("py-*/.ready"))) == 1
+
+
+@network
+async def test_node_skill_with_lockfile(ex: Executor, envs_root: Path) -> None:
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed")
+    out = await ex.execute("node_lock", {"value": "42"}, dict(CTX))
+    assert out.status == "succeeded", out.result
+    assert out.result["is_number"] is True
+    assert list(envs_root.glob("node-*/node_modules/is-number/package.json"))

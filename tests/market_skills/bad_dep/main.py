@@ -1,0 +1,5 @@
+import argparse
+
+if __name__ == "__main__":
+    argparse.ArgumentParser().parse_args()
+    print("{}")

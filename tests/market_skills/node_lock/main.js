@@ -1,0 +1,3 @@
+const isNumber = require("is-number");
+const input = JSON.parse(process.env.SKILL_INPUT || "{}");
+console.log(JSON.stringify({ ok: true, value: input.value, is_number: isNumber(input.value) }));

@@ -1,0 +1,6 @@
+import argparse
+
+import slugify_not_declared  # noqa: F401
+
+if __name__ == "__main__":
+    argparse.ArgumentParser().parse_args()
