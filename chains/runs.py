@@ -89,7 +89,7 @@ def _step_dict(step: ChainStep) -> dict[str, Any]:
         "skill": step.skill,
         "status": step.status,
         "input": redact(step.input) if step.input is not None else None,
-        "output": redact(step.output),
+        "output": step.output,  # results are data: scrubbed by value when they ran (C12)
         "error": step.error,
         "started_at": step.started_at,
         "finished_at": step.finished_at,
@@ -110,7 +110,7 @@ def run_dict(run: ChainRun, steps: list[ChainStep]) -> dict[str, Any]:
         "started_at": run.started_at,
         "finished_at": run.finished_at,
         "error": run.error,
-        "result": redact(run.result),
+        "result": run.result,
         "steps": [_step_dict(s) for s in sorted(steps, key=lambda x: x.idx)],
     }
 

@@ -8,7 +8,6 @@ live); third-party channels get it at the job's ``actor_key``.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,18 +23,15 @@ from delivery.channels.base import (
 from delivery.channels.registry import channels_for
 from delivery.channels.web import WEB_CHANNELS, Outgoing, WebChannel, attachment_dict
 from delivery.ledger import LeaseLost, LedgerEntry, deliver_once, ledger_key, owner_id
+from delivery.render import TEXT_CAP, failure_text, render
 from jobs.context import results_dir
 from jobs.envelope import is_failure
 from jobs.media import media_kind
+from jobs.texts import language_of
 
 Fence = Callable[[], Awaitable[bool]]
 
-TEXT_KEYS = ("message", "result", "text", "display_md")
-FAILURE_REASON_MAX = 240
-_TRACE_HINTS = ("Traceback (most recent call last)", 'File "', "\n  at ")
-_ADMIN_HINT = re.compile(
-    r"[,;.]?\s*(please\s+)?contact\s+(an?\s+|your\s+)?(admin|administrator)\w*", re.I
-)
+__all__ = ["TEXT_CAP", "Item", "Origin", "deliver_result", "failure_text", "origin_of", "plan"]
 
 
 @dataclass(frozen=True)
@@ -79,56 +75,24 @@ def workspace_of(settings: Any, job: Any) -> Path:
 _workspace = functools.lru_cache(maxsize=4096)(results_dir)
 
 
-TEXT_CAP = 4000  # a chat message, not a data dump: the full result stays with the job
-TRUNCATED_NOTE = "\n… (cut here; the full result is kept with the job)"
-
-
-def job_text(result: dict[str, Any]) -> str:
-    """The user-facing text of a result: ``message`` / ``result`` / ``text`` (then
-    ``display_md``), cut to :data:`TEXT_CAP` characters."""
-    for key in TEXT_KEYS:
-        value = result.get(key)
-        if isinstance(value, str) and value.strip():
-            text = value.strip()
-            return text if len(text) <= TEXT_CAP else text[:TEXT_CAP] + TRUNCATED_NOTE
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return str(value)  # a skill that returned a bare number
-    return ""
-
-
-def failure_text(skill: str, result: dict[str, Any]) -> str:
-    """A short failure notice for the user: no stack traces, no "contact an admin"."""
-    name = skill or "the task"
-    if result.get("needs_config"):
-        missing = ", ".join(str(k) for k in result["needs_config"][:5])
-        return f"Sorry, {name} is not set up yet (missing: {missing}). Nothing was done."
-    reason = ""
-    for key in ("user_message", "error", "msg"):
-        value = result.get(key)
-        if isinstance(value, str) and value.strip():
-            reason = value.strip()
-            break
-    if any(h in reason for h in _TRACE_HINTS):
-        reason = ""
-    reason = _ADMIN_HINT.sub("", reason.splitlines()[0] if reason else "").strip(" .,;:")
-    if len(reason) > FAILURE_REASON_MAX:
-        reason = reason[: FAILURE_REASON_MAX - 1].rstrip() + "…"
-    if reason:
-        return f"Sorry, {name} could not finish: {reason}."
-    return f"Sorry, {name} could not finish. You can try again in a moment."
-
-
 def _field(a: Any, name: str) -> Any:
     return a.get(name) if isinstance(a, dict) else getattr(a, name, None)
 
 
 def plan(
-    result: dict[str, Any], artifacts: list[Any], adapter: Channel, *, skill: str = ""
+    result: dict[str, Any],
+    artifacts: list[Any],
+    adapter: Channel,
+    *,
+    skill: str = "",
+    lang: str = "en",
 ) -> list[Item]:
     """What to send, in order, for one recipient on ``adapter``."""
     if is_failure(result):
-        return [Item("text", "failure", text=failure_text(skill, result))]
-    text = job_text(result)
+        return [Item("text", "failure", text=failure_text(skill, result, lang))]
+    rich = isinstance(adapter, WebChannel)
+    limit = getattr(adapter, "text_limit", None)
+    text = render(result, skill=skill, lang=lang, rich=rich, limit=limit, fallback=False)
     media: list[Item] = []
     seen: set[str] = set()
     sources: set[str] = set()
@@ -150,7 +114,9 @@ def plan(
         text = MARKDOWN_IMAGE.sub(lambda m: "" if m.group(2) in sources else m.group(0), text)
         text = text.strip()
     if not media:
-        return [Item("text", "text", text=text or f"{skill or 'The task'} finished.")]
+        if not text:
+            text = render(result, skill=skill, lang=lang, rich=rich, limit=limit)
+        return [Item("text", "text", text=text)]
     if text and adapter.supports_caption:
         media[0].text = text
         return media
@@ -220,7 +186,8 @@ async def deliver_result(
     if artifacts:  # files are attached only from inside the real workspace
         workspace = workspace.resolve()
     out: list[dict[str, Any]] = []
-    items = plan(result, artifacts, adapter, skill=job.skill)
+    lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
+    items = plan(result, artifacts, adapter, skill=job.skill, lang=lang)
     try:
         if isinstance(adapter, WebChannel):
             items, out = await _deliver_web(adapter, origin, items, workspace, common, job.id)

@@ -238,6 +238,8 @@ def background_context(
     )
     return ctx
 
+    if _str(origin.get("locale")):
+        ctx["locale"] = _str(origin.get("locale"))  # the language of what the job says (C14)
 
 def workspace_dir(
     root: str | os.PathLike[str], role_id: str | None, session_id: str | None

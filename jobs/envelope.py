@@ -74,13 +74,7 @@ def _convert(value: Any, where: str, seen: set[int]) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, Decimal):
-        if not value.is_finite():
-            return str(value)
-        if value == value.to_integral_value():
-            return int(value)
-        as_float = float(value)
-        # Keep the exact digits when a float would lose them (money, high precision).
-        return as_float if Decimal(repr(as_float)) == value else str(value)
+        return _decimal(value)
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, dt.timedelta):
@@ -88,18 +82,7 @@ def _convert(value: Any, where: str, seen: set[int]) -> Any:
     if isinstance(value, uuid.UUID | PurePath):
         return str(value)
     if isinstance(value, bytes | bytearray | memoryview):
-        raw = bytes(value)
-        if len(raw) > BYTES_INLINE_MAX:
-            raise NotSerializable(
-                f"{where} is {len(raw):,} bytes of binary data; write it to a file in the "
-                "workspace and return its filename instead"
-            )
-        return {
-            "encoding": "base64",
-            "data": base64.b64encode(raw).decode("ascii"),
-            "bytes": len(raw),
-            "note": "binary data returned by the skill, encoded as base64",
-        }
+        return _binary(bytes(value), where)
     if isinstance(value, Mapping | list | tuple | set | frozenset):
         if id(value) in seen:
             raise NotSerializable(f"{where} refers back to itself (circular reference)")
@@ -117,6 +100,30 @@ def _convert(value: Any, where: str, seen: set[int]) -> Any:
         f"{where} is a {type(value).__module__}.{type(value).__qualname__} object, which has "
         "no JSON form; return plain data (dict, list, str, number, bool, None)"
     )
+
+
+def _decimal(value: Decimal) -> Any:
+    if not value.is_finite():
+        return str(value)
+    if value == value.to_integral_value():
+        return int(value)
+    as_float = float(value)
+    # Keep the exact digits when a float would lose them (money, high precision).
+    return as_float if Decimal(repr(as_float)) == value else str(value)
+
+
+def _binary(raw: bytes, where: str) -> dict[str, Any]:
+    if len(raw) > BYTES_INLINE_MAX:
+        raise NotSerializable(
+            f"{where} is {len(raw):,} bytes of binary data; write it to a file in the "
+            "workspace and return its filename instead"
+        )
+    return {
+        "encoding": "base64",
+        "data": base64.b64encode(raw).decode("ascii"),
+        "bytes": len(raw),
+        "note": "binary data returned by the skill, encoded as base64",
+    }
 
 
 def _key(key: Any, where: str) -> str:
@@ -289,30 +296,52 @@ def offload(env: dict[str, Any], workspace: Any, skill: str) -> dict[str, Any]:
         ),
     }
     for key, _, encoded in parts:
-        if key in RECEIPT_KEYS:
-            continue
-        value = env[key]
-        if key == "display_md" and isinstance(value, str):
-            receipt[key] = _cut_md(value)
-        elif key in MEDIA_LIST_KEYS and _chars(encoded, MEDIA_LIST_MAX) < MEDIA_LIST_MAX:
-            receipt[key] = value
-        elif key in MEDIA_SCALAR_KEYS and _chars(encoded, MEDIA_OTHER_MAX) < MEDIA_OTHER_MAX:
-            receipt[key] = value
-        elif isinstance(value, list):
-            if value:
-                receipt[f"{key}_count"] = len(value)
-                receipt[f"{key}_sample"] = [_sample(v) for v in value[:SAMPLE_ITEMS]]
-            else:
-                receipt[key] = []
-        elif isinstance(value, str):
-            if len(value) <= PASS_STR_MAX:
-                receipt[key] = value
-        elif isinstance(value, dict):
-            if _chars(encoded, PASS_DICT_MAX) <= PASS_DICT_MAX:
-                receipt[key] = value
-        elif value is None or isinstance(value, bool | int | float):
-            receipt[key] = value
+        if key not in RECEIPT_KEYS:
+            _keep(receipt, key, env[key], encoded)
     return receipt
+
+
+def _keep(receipt: dict[str, Any], key: str, value: Any, encoded: bytes) -> None:
+    """What of one top-level field the receipt carries (SPEC §5)."""
+    if key == "display_md" and isinstance(value, str):
+        receipt[key] = _cut_md(value)
+    elif key in MEDIA_LIST_KEYS and _chars(encoded, MEDIA_LIST_MAX) < MEDIA_LIST_MAX:
+        receipt[key] = value
+    elif key in MEDIA_SCALAR_KEYS and _chars(encoded, MEDIA_OTHER_MAX) < MEDIA_OTHER_MAX:
+        receipt[key] = value
+    elif key == "warning" and isinstance(value, str):
+        receipt[key] = value[:PASS_STR_MAX]  # a partial result stays visibly partial
+    elif isinstance(value, list):
+        if value:
+            receipt[f"{key}_count"] = len(value)
+            receipt[f"{key}_sample"] = [_sample(v) for v in value[:SAMPLE_ITEMS]]
+        else:
+            receipt[key] = []
+    elif isinstance(value, str):
+        if len(value) <= PASS_STR_MAX:
+            receipt[key] = value
+    elif isinstance(value, dict):
+        if _chars(encoded, PASS_DICT_MAX) <= PASS_DICT_MAX:
+            receipt[key] = value
+    elif value is None or isinstance(value, bool | int | float):
+        receipt[key] = value
+
+
+def offload_sync(settings: Any, env: Any, ctx: Mapping[str, Any], skill: str) -> Any:
+    """The sync line's answer (C4): a large successful result becomes its receipt, the full
+    result written into the caller's workspace exactly as a background job's would be."""
+    if not isinstance(env, dict) or is_failure(env):
+        return env
+    workspace = ctx.get("workspace_dir")
+    if not workspace and settings is not None:
+        from jobs.context import workspace_dir
+
+        workspace = workspace_dir(
+            settings.resolved_workspace_root,
+            str(ctx.get("role_id") or ""),
+            str(ctx.get("session_id") or ""),
+        )
+    return offload(env, workspace, skill)
 
 
 def _cut_md(text: str) -> str:

@@ -65,6 +65,8 @@ class Skill:
     builtin: bool = False  # shipped with skilljobs (notify, send_message)
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
+    hint: str = ""  # how to make a document skill runnable (shown and sent on refusal)
+    cli_reason: str = ""  # why a .py runs as a command-line script (shown in `skills list`)
 
     @property
     def loaded(self) -> bool:

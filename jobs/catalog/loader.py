@@ -11,6 +11,7 @@ import ast
 import json
 import logging
 import re
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -153,55 +154,107 @@ def inspect_python(path: Path) -> dict[str, Any]:
         "argparse": False,
         "main_guard": False,
         "system_exit": False,
+        "reads_argv": False,
         "functions": {},
         "schema": None,
         "schema_name": None,
         "schema_problem": None,
     }
+    _scan_markers(tree, info)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            info["functions"][node.name] = _function_shape(node)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            _read_schema(node, info)
+    info["entry"] = next((n for n in ENTRY_NAMES if n in info["functions"]), None)
+    info["cli_reason"] = _cli_reason(info)
+    info["is_cli"] = bool(info["cli_reason"])
+    return info
+
+
+def _scan_markers(tree: ast.Module, info: dict[str, Any]) -> None:
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names):
-            info["argparse"] = True
-        elif isinstance(node, ast.ImportFrom) and node.module == "argparse":
-            info["argparse"] = True
+        if isinstance(node, ast.Import):
+            names = {a.name for a in node.names}
+            info["argparse"] |= "argparse" in names
+        elif isinstance(node, ast.ImportFrom):
+            info["argparse"] |= node.module == "argparse"
+            if node.module == "sys" and any(a.name == "argv" for a in node.names):
+                info["reads_argv"] = True
         elif isinstance(node, ast.Compare) and _is_main_guard(node):
             info["main_guard"] = True
+        elif isinstance(node, ast.Attribute) and node.attr == "argv":
+            info["reads_argv"] |= isinstance(node.value, ast.Name) and node.value.id == "sys"
         elif isinstance(node, ast.Raise) and node.exc is not None:
             exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
             if isinstance(exc, ast.Name) and exc.id == "SystemExit":
                 info["system_exit"] = True
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            args = node.args
-            positional = [*args.posonlyargs, *args.args]
-            required = len(positional) - len(args.defaults)
-            info["functions"][node.name] = {
-                "is_async": isinstance(node, ast.AsyncFunctionDef),
-                "required": required,
-                "params": [a.arg for a in positional],
-                "defaults": len(args.defaults),
-                "lineno": node.lineno,
-            }
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for t in targets:
-                if isinstance(t, ast.Name) and t.id in SCHEMA_NAMES and node.value is not None:
-                    if info["schema_name"] is not None and SCHEMA_NAMES.index(
-                        t.id
-                    ) > SCHEMA_NAMES.index(info["schema_name"]):
-                        continue
-                    info["schema_name"] = t.id
-                    try:
-                        info["schema"] = ast.literal_eval(node.value)
-                        info["schema_problem"] = None
-                    except (ValueError, SyntaxError, TypeError):
-                        info["schema"] = None
-                        info["schema_problem"] = (
-                            f"in-code schema {t.id} is not a literal and was not read "
-                            "(put it in schema.json)"
-                        )
-    info["is_cli"] = (info["argparse"] and info["main_guard"]) or info["system_exit"]
-    info["entry"] = next((n for n in ENTRY_NAMES if n in info["functions"]), None)
-    return info
+
+
+def _function_shape(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, Any]:
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    return {
+        "is_async": isinstance(node, ast.AsyncFunctionDef),
+        "required": len(positional) - len(args.defaults),
+        "params": [a.arg for a in positional],
+        "defaults": len(args.defaults),
+        "lineno": node.lineno,
+    }
+
+
+def _read_schema(node: ast.Assign | ast.AnnAssign, info: dict[str, Any]) -> None:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    for t in targets:
+        if not (isinstance(t, ast.Name) and t.id in SCHEMA_NAMES and node.value is not None):
+            continue
+        current = info["schema_name"]
+        if current is not None and SCHEMA_NAMES.index(t.id) > SCHEMA_NAMES.index(current):
+            continue
+        info["schema_name"] = t.id
+        try:
+            info["schema"] = ast.literal_eval(node.value)
+            info["schema_problem"] = None
+        except (ValueError, SyntaxError, TypeError):
+            info["schema"] = None
+            info["schema_problem"] = (
+                f"in-code schema {t.id} is not a literal and was not read (put it in schema.json)"
+            )
+
+
+def _cli_reason(info: dict[str, Any]) -> str:
+    """Why the file is a command-line script (SPEC §2, C6), or "" for an in-process entry.
+
+    argparse + ``__main__``, a ``raise SystemExit``, any read of ``sys.argv``, or a
+    ``__main__`` block whose entry takes no input (or that has no entry function at all):
+    such a script would read the host's argv and write into its stdout if run in-process.
+    """
+    if info["reads_argv"]:
+        return "reads sys.argv"
+    if info["argparse"] and info["main_guard"]:
+        return "argparse + __main__"
+    if info["system_exit"]:
+        return "raises SystemExit"
+    if info["main_guard"]:
+        entry = info["entry"]
+        if entry is None:
+            return "__main__ block, no entry function"
+        if not info["functions"][entry]["params"]:
+            return f"__main__ block, {entry}() takes no input"
+    return ""
+
+
+def entry_arity_problem(name: str, fn: dict[str, Any]) -> str | None:
+    """The one binding rule for entry functions, shared by the loader (runtime) and
+    ``skills check``: 0, 1 or 2 required positional parameters (f(), f(input),
+    f(input, ctx)); more can never be bound."""
+    if fn["required"] <= 2:
+        return None
+    params = ", ".join(fn["params"])
+    return (
+        f"{name}() requires {fn['required']} positional parameters ({params}); an entry "
+        "gets at most 2: async def execute(input_data, runtime_context)"
+    )
 
 
 def _is_main_guard(node: ast.Compare) -> bool:
@@ -333,23 +386,27 @@ def find_skill_md(folder: Path, name: str) -> tuple[Path | None, dict[str, Any],
 # --------------------------------------------------------------------------- exec type
 
 
+def _exec_spec(skill: Skill, fm: dict[str, Any]) -> tuple[dict[str, Any], str | None] | None:
+    """(exec.primary, exec.config) of the frontmatter; None (and an error) when malformed."""
+    spec = fm.get("exec")
+    if spec is None:
+        return {}, None
+    if not isinstance(spec, dict):
+        skill.error = "exec must be a mapping with primary.type / primary.entry / config"
+        return None
+    primary = _mapping(spec.get("primary"))
+    if isinstance(spec.get("primary"), str):
+        primary = {"type": spec["primary"]}
+    return primary, (str(spec["config"]) if spec.get("config") else None)
+
+
 def _detect_exec(skill: Skill, fm: dict[str, Any]) -> None:
     """Fill exec_type / entry / entry function (SPEC §2 table and §11)."""
-    folder = skill.path
-    spec = fm.get("exec")
-    primary: dict[str, Any] = {}
-    config: str | None = None
-    if spec is not None and not isinstance(spec, dict):
-        skill.error = "exec must be a mapping with primary.type / primary.entry / config"
+    parsed = _exec_spec(skill, fm)
+    if parsed is None:
         return
-    if isinstance(spec, dict):
-        primary = _mapping(spec.get("primary"))
-        if isinstance(spec.get("primary"), str):
-            primary = {"type": spec["primary"]}
-        config = str(spec["config"]) if spec.get("config") else None
+    primary, config = parsed
     kind = str(primary.get("type") or "").strip().lower()
-    entry_rel = str(primary.get("entry") or config or "").strip()
-
     if kind and kind not in EXEC_TYPES:
         skill.error = f"exec.primary.type {kind!r} is not one of {', '.join(EXEC_TYPES)}"
         return
@@ -360,39 +417,19 @@ def _detect_exec(skill: Skill, fm: dict[str, Any]) -> None:
             return
         skill.exec_type, skill.command = ExecType.INLINE_SHELL, command
         return
-
-    if entry_rel:
-        entry = _inside(folder, entry_rel)
-        if entry is None or not entry.is_file():
-            where = "exec.primary.entry" if primary.get("entry") else "exec.config"
-            skill.error = f"{where} {entry_rel!r} is not a file inside the skill folder"
-            return
-    elif kind in ("", "python") and (folder / "handler.py").is_file():
-        entry = folder / "handler.py"
-    elif kind in ("", "http") and (tomls := sorted(folder.glob("*.toml"))):
-        entry = tomls[0]
-    elif kind:
-        skill.error = f"exec.primary.type {kind} needs exec.primary.entry (a script in the folder)"
-        return
-    else:
-        skill.error = (
-            "nothing to run: no handler.py and no exec declaration "
-            "(a document-only skill must say skill_type: skill_md)"
-        )
+    entry = _entry_file(skill, primary, config, kind, declared="exec" in fm)
+    if entry is None:
         return
     skill.entry = entry
-
     if not kind:
-        kind = "python" if entry.suffix == ".py" else ""
-        if not kind:
-            found = SUFFIX_TYPES.get(entry.suffix.lower())
-            if found is None:
-                skill.error = (
-                    f"cannot tell how to run {entry.name}: declare exec.primary.type "
-                    f"({', '.join(EXEC_TYPES)})"
-                )
-                return
-            kind = found.value
+        found = ExecType.PYTHON if entry.suffix == ".py" else SUFFIX_TYPES.get(entry.suffix.lower())
+        if found is None:
+            skill.error = (
+                f"cannot tell how to run {entry.name}: declare exec.primary.type "
+                f"({', '.join(EXEC_TYPES)})"
+            )
+            return
+        kind = found.value
     if kind == "http":
         try:
             tomllib.loads(entry.read_text(encoding="utf-8"))
@@ -400,11 +437,58 @@ def _detect_exec(skill: Skill, fm: dict[str, Any]) -> None:
             skill.error = f"{entry.name} is not valid TOML: {exc}"
             return
         skill.exec_type = ExecType.HTTP
-        return
-    if kind != "python":
+    elif kind != "python":
         skill.exec_type = SCRIPT_TYPES[kind]
-        return
-    _detect_python(skill, entry)
+    else:
+        _detect_python(skill, entry)
+
+
+def _entry_file(
+    skill: Skill, primary: dict[str, Any], config: str | None, kind: str, *, declared: bool
+) -> Path | None:
+    """The file to run: the declared entry, else ``handler.py`` / a ``*.toml``. A SKILL.md
+    with neither an exec block nor an entry file is a document skill (C7)."""
+    folder = skill.path
+    entry_rel = str(primary.get("entry") or config or "").strip()
+    if entry_rel:
+        entry = _inside(folder, entry_rel)
+        if entry is None or not entry.is_file():
+            where = "exec.primary.entry" if primary.get("entry") else "exec.config"
+            skill.error = f"{where} {entry_rel!r} is not a file inside the skill folder"
+            return None
+        return entry
+    if kind in ("", "python") and (folder / "handler.py").is_file():
+        return folder / "handler.py"
+    if kind in ("", "http") and (tomls := sorted(folder.glob("*.toml"))):
+        return tomls[0]
+    if kind or declared:
+        skill.error = f"exec.primary.type {kind or '(none)'} needs exec.primary.entry (a script in the folder)"
+        return None
+    _as_document(skill)
+    return None
+
+
+SCRIPT_SUFFIXES = (".py", ".sh", ".js", ".mjs", ".rb", ".go")
+
+
+def _as_document(skill: Skill) -> None:
+    """Nothing to run: loaded as a ``skill_md`` document, with the one line that would make
+    it runnable (OpenClaw and Anthropic skills describe their scripts/ in prose)."""
+    skill.skill_type, skill.exec_type = SkillType.SKILL_MD, ExecType.NONE
+    scripts = sorted(
+        p.relative_to(skill.path).as_posix()
+        for sub in ("scripts", ".")
+        if (skill.path / sub).is_dir()
+        for p in (skill.path / sub).iterdir()
+        if p.is_file() and p.suffix.lower() in SCRIPT_SUFFIXES
+    )
+    example = scripts[0] if scripts else "scripts/<your script>"
+    skill.hint = (
+        "it is a document skill (no exec block, no handler.py); to make it runnable add "
+        f"one line to its SKILL.md frontmatter: exec: {{primary: {{entry: {example}}}}}"
+    )
+    found = f" ({', '.join(scripts[:5])} found)" if scripts else ""
+    skill.warnings.append(f"loaded as a document skill (skill_md){found}: {skill.hint}")
 
 
 def _detect_python(skill: Skill, entry: Path) -> None:
@@ -424,10 +508,11 @@ def _detect_python(skill: Skill, entry: Path) -> None:
         skill.warnings.append(f"schema.json is used; in-code {info['schema_name']} is ignored")
     if info["is_cli"]:
         skill.exec_type = ExecType.PYTHON_CLI
+        skill.cli_reason = info["cli_reason"]
         if info["entry"] == "execute":
             skill.warnings.append(
-                f"{entry.name} defines execute() but also argparse + __main__; "
-                "it runs as a command-line script"
+                f"{entry.name} defines execute() but is a command-line script "
+                f"({info['cli_reason']}); it runs as a subprocess"
             )
         return
     name = info["entry"]
@@ -438,6 +523,10 @@ def _detect_python(skill: Skill, entry: Path) -> None:
         )
         return
     fn = info["functions"][name]
+    problem = entry_arity_problem(name, fn)
+    if problem is not None:
+        skill.error = problem
+        return
     skill.exec_type = ExecType.PYTHON
     skill.entry_function = name
     skill.is_async_entry = fn["is_async"]
@@ -521,6 +610,52 @@ def _load_into(skill: Skill) -> None:
     _detect_exec(skill, fm)
 
 
+def _read_wall(skill: Skill, fm: dict[str, Any], openclaw: dict[str, Any]) -> None:
+    for label, value in (
+        ("wall_sec", fm.get("wall_sec")),
+        ("timeout_sec", fm.get("timeout_sec")),
+        ("metadata.openclaw.timeout", openclaw.get("timeout")),
+    ):
+        if value is None:
+            continue
+        seconds = _number(value)
+        if seconds is None:
+            skill.warnings.append(f"{label} {value!r} is not a positive number of seconds; ignored")
+            continue
+        if seconds > MAX_WALL_SEC:
+            skill.warnings.append(
+                f"{label} {seconds:g} s is above the {MAX_WALL_SEC:g} s cap; capped at run time"
+            )
+        skill.wall_sec = seconds
+        break
+
+
+KNOWN_METADATA = frozenset({"openclaw", *TOP_LEVEL_ONLY})
+OS_NAMES = {"darwin": "darwin", "macos": "darwin", "mac": "darwin", "osx": "darwin"}
+OS_NAMES |= {"linux": "linux", "win32": "win32", "windows": "win32", "win": "win32"}
+
+
+def _ignored_frontmatter(
+    skill: Skill, fm: dict[str, Any], meta: dict[str, Any], openclaw: dict[str, Any]
+) -> None:
+    """Warnings for frontmatter that skilljobs does not act on (C7): an ``os`` list that
+    excludes this host, metadata namespaces other than ``openclaw``."""
+    wanted = [str(o).strip().lower() for o in _as_list(fm.get("os") or openclaw.get("os"))]
+    if wanted:
+        here = "darwin" if sys.platform == "darwin" else sys.platform
+        here = "linux" if here.startswith("linux") else here
+        if here not in {OS_NAMES.get(o, o) for o in wanted}:
+            skill.warnings.append(
+                f"os: {', '.join(wanted)} does not include this host ({here}); the skill "
+                "loads, but its scripts may not work here"
+            )
+    for key, value in meta.items():
+        if key not in KNOWN_METADATA and isinstance(value, dict):
+            skill.warnings.append(
+                f"metadata.{key} is not read by skilljobs (only metadata.openclaw is); ignored"
+            )
+
+
 def _read_flags(skill: Skill, fm: dict[str, Any]) -> None:
     meta = _mapping(fm.get("metadata"))
     for key in TOP_LEVEL_ONLY:
@@ -552,23 +687,8 @@ def _read_flags(skill: Skill, fm: dict[str, Any]) -> None:
     skill.is_async = _as_bool(fm.get("async", False))
     skill.force_raw_prompt = _as_bool(fm.get("force_raw_prompt", False))
     openclaw = _mapping(meta.get("openclaw"))
-    for label, value in (
-        ("wall_sec", fm.get("wall_sec")),
-        ("timeout_sec", fm.get("timeout_sec")),
-        ("metadata.openclaw.timeout", openclaw.get("timeout")),
-    ):
-        if value is None:
-            continue
-        seconds = _number(value)
-        if seconds is None:
-            skill.warnings.append(f"{label} {value!r} is not a positive number of seconds; ignored")
-            continue
-        if seconds > MAX_WALL_SEC:
-            skill.warnings.append(
-                f"{label} {seconds:g} s is above the {MAX_WALL_SEC:g} s cap; capped at run time"
-            )
-        skill.wall_sec = seconds
-        break
+    _read_wall(skill, fm, openclaw)
+    _ignored_frontmatter(skill, fm, meta, openclaw)
     requires = _mapping(openclaw.get("requires"))
     skill.requires_env = _names(requires.get("env"))
     skill.requires_bins = _names(requires.get("bins"))

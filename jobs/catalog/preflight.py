@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from jobs.catalog.loader import inspect_python, load_skill, skill_folders
+from jobs.catalog.validation import repair_schema
 from jobs.crypto import SECRET_MARKERS, is_secret_key
 from jobs.skill import ExecType, Skill, SkillType
 
@@ -113,13 +114,21 @@ def _entry_findings(skill: Skill) -> list[tuple[Level, str]]:
             )
         )
     params: list[str] = fn["params"]
-    if len(params) != 2 or fn["required"] > 2:
+    # The binding rule itself (0, 1 or 2 positional parameters; more is a load error) is
+    # the loader's, so `skills check` and the runtime never disagree (SPEC §2).
+    if len(params) < 2:
+        binding = f"{name}(input_data)" if params else f"{name}()"
         found.append(
             (
-                "error",
-                f"{name}() takes {len(params)} positional parameter(s) "
-                f"({', '.join(params) or 'none'}); expected exactly 2: {expected}",
+                "warning",
+                f"{name}() takes {len(params)} positional parameter(s): it is called as "
+                f"{binding} and never sees the runtime context; new skills use {expected}",
             )
+        )
+        return found
+    if len(params) > 2:
+        found.append(
+            ("warning", f"{name}() has more than 2 positional parameters; only 2 are passed")
         )
         return found
     if fn["defaults"] >= 1:
@@ -145,32 +154,30 @@ def _schema_findings(schema: dict[str, Any] | None) -> list[tuple[Level, str]]:
         return []
     found: list[tuple[Level, str]] = []
     props = schema.get("properties")
+    for key, value in (props or {}).items() if isinstance(props, dict) else ():
+        if not isinstance(value, dict | bool):
+            found.append(
+                (
+                    "warning",
+                    f"schema property {key!r} must be an object like "
+                    f'{{"type": "string", "description": "..."}}, not {value!r} '
+                    "(corrected the same way at run time; some model providers reject "
+                    "the whole tool list)",
+                )
+            )
+        elif isinstance(value, dict) and not value.get("description"):
+            found.append(
+                (
+                    "warning",
+                    f"schema property {key!r} has no description (the model fills "
+                    "parameters from it)",
+                )
+            )
     if isinstance(props, dict):
-        fixed = {}
-        for key, value in props.items():
-            if not isinstance(value, dict | bool):
-                found.append(
-                    (
-                        "warning",
-                        f"schema property {key!r} must be an object like "
-                        f'{{"type": "string", "description": "..."}}, not {value!r} '
-                        "(some model providers reject the whole tool list)",
-                    )
-                )
-                value = {"type": value} if isinstance(value, str) else {}
-            elif isinstance(value, dict) and not value.get("description"):
-                found.append(
-                    (
-                        "warning",
-                        f"schema property {key!r} has no description (the model fills "
-                        "parameters from it)",
-                    )
-                )
-            fixed[key] = value
-        schema = {**schema, "properties": fixed}
         for key in schema.get("required") or []:
             if key not in props:
                 found.append(("warning", f"schema requires {key!r} but does not define it"))
+    schema = repair_schema(schema)
     try:
         from jsonschema.exceptions import SchemaError
         from jsonschema.validators import validator_for

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -9,7 +10,32 @@ from jsonschema.exceptions import SchemaError
 
 from jobs.skill import Skill
 
-_validators: dict[int, Draft202012Validator] = {}
+_validators: dict[int, tuple[dict[str, Any], Draft202012Validator]] = {}
+
+
+@dataclass(frozen=True)
+class InputProblem:
+    """Why an input was refused: one readable sentence and the field(s) it is about."""
+
+    message: str
+    fields: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def repair_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with each bare-string property (``"symbol": "string"``) read as
+    ``{"type": "string"}`` and any other non-object property as ``{}`` — the same
+    correction ``skills check`` reports, applied at run time."""
+    props = schema.get("properties")
+    if not isinstance(props, dict) or all(isinstance(v, dict | bool) for v in props.values()):
+        return schema
+    fixed = {
+        k: v if isinstance(v, dict | bool) else ({"type": v} if isinstance(v, str) else {})
+        for k, v in props.items()
+    }
+    return {**schema, "properties": fixed}
 
 
 def _is_empty(value: Any) -> bool:
@@ -23,26 +49,45 @@ def _is_empty(value: Any) -> bool:
     return False
 
 
-def validate_input(skill: Skill, data: dict[str, Any]) -> str | None:
-    """None when ``data`` fits the skill's schema, else one readable sentence."""
+def _validator(schema: dict[str, Any]) -> Draft202012Validator | str:
+    hit = _validators.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    usable = repair_schema(schema)
+    try:
+        Draft202012Validator.check_schema(usable)
+    except SchemaError as exc:
+        return f"the skill's own schema is invalid ({exc.message}); fix its schema.json"
+    validator = Draft202012Validator(usable)
+    _validators[id(schema)] = (schema, validator)  # keeps ``schema`` alive: ids stay unique
+    return validator
+
+
+def input_problem(skill: Skill, data: dict[str, Any]) -> InputProblem | None:
+    """None when ``data`` fits the skill's schema, else what is wrong and with which field."""
     schema = skill.input_schema
     if not schema:
         return None
     required = schema.get("required") or []
-    missing = [f for f in required if _is_empty(data.get(f))]
+    missing = [str(f) for f in required if _is_empty(data.get(f))]
     if missing:
         names = ", ".join(repr(m) for m in missing)
-        return f"missing required field{'s' if len(missing) > 1 else ''} {names}"
-    validator = _validators.get(id(schema))
-    if validator is None:
-        try:
-            Draft202012Validator.check_schema(schema)
-        except SchemaError as exc:
-            return f"the skill's own schema is invalid ({exc.message}); fix its schema.json"
-        validator = _validators[id(schema)] = Draft202012Validator(schema)
+        return InputProblem(
+            f"missing required field{'s' if len(missing) > 1 else ''} {names}", missing
+        )
+    validator = _validator(schema)
+    if isinstance(validator, str):
+        return InputProblem(validator)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
     if not errors:
         return None
     err = errors[0]
-    where = ".".join(str(p) for p in err.absolute_path) or "input"
-    return f"{where}: {err.message}"
+    path = [str(p) for p in err.absolute_path]
+    where = ".".join(path) or "input"
+    return InputProblem(f"{where}: {err.message}", [path[0]] if path else [])
+
+
+def validate_input(skill: Skill, data: dict[str, Any]) -> str | None:
+    """None when ``data`` fits the skill's schema, else one readable sentence."""
+    problem = input_problem(skill, data)
+    return problem.message if problem is not None else None

@@ -126,7 +126,7 @@ def up(
             server = _web_server(svc, host, port)
             web_task = asyncio.create_task(server.serve())
             worker_task = asyncio.create_task(w.async_run())
-            _print_banner(settings, host, port, token)
+            _print_banner(settings, host, port, token, svc.registry)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -229,7 +229,10 @@ async def install_demo_schedule(svc: Any) -> None:
         log.warning("demo schedule not installed: %s", exc)
 
 
-def _print_banner(settings: Settings, host: str, port: int, token: str) -> None:
+def _print_banner(
+    settings: Settings, host: str, port: int, token: str, registry: Any = None
+) -> None:
+    from jobs.cli.skills import try_it
     base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     # The command as the user can paste it (`make run` starts `.venv/bin/skilljobs up`).
     argv0 = sys.argv[0] if sys.argv and sys.argv[0].endswith("skilljobs") else "skilljobs"
@@ -244,11 +247,7 @@ def _print_banner(settings: Settings, host: str, port: int, token: str) -> None:
         f"  redis     : {settings.redis_url}",
         f"  database  : {settings.resolved_database_url}",
         "",
-        "Try it — dispatch the async demo skill from an orgdeleg web session and watch the",
-        "result arrive in that session:",
-        f"  {exe} dispatch sales_report --input '{{\"seconds\": 2}}' --channel web "
-        "--session demo --external-id orgdeleg:demo --role demo --wait",
-        f"  curl -s -H 'Authorization: Bearer {token}' {base}/api/v1/sessions/demo/messages",
+        *try_it(registry, exe, f"curl -s -H 'Authorization: Bearer {token}' {base}"),
         "",
         "Ctrl-C stops everything.",
     ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -32,9 +33,37 @@ def _row(skill: Skill) -> dict[str, object]:
         "category": skill.category,
         "builtin": skill.builtin,
         "path": str(skill.path),
+        "cli_reason": skill.cli_reason or None,
+        "hint": skill.hint or None,
         "error": skill.error,
         "warnings": list(skill.warnings),
     }
+
+
+DEMO_SKILL = "sales_report"
+
+
+def try_it(registry: Any, exe: str, curl: str) -> list[str]:
+    """The banner's "try it" lines, for a skill that is actually loaded: the bundled async
+    demo when present, else a loaded async skill, else any runnable one (sync)."""
+    skills = [s for s in (registry or []) if s.runnable and not s.builtin]
+    demo = next((s for s in skills if s.name == DEMO_SKILL), None)
+    pick = demo or next((s for s in skills if s.is_async), None) or next(iter(skills), None)
+    if pick is None:
+        return ["No runnable skill is loaded: check SKILLJOBS_SKILLS_PATH (skilljobs skills list)."]
+    data = '{"seconds": 2}' if pick is demo else "{}"
+    if pick.is_async:
+        return [
+            f"Try it — dispatch {pick.name} from an orgdeleg web session and watch the",
+            "result arrive in that session:",
+            f"  {exe} dispatch {pick.name} --input '{data}' --channel web "
+            "--session demo --external-id orgdeleg:demo --role demo --wait",
+            f"  {curl}/api/v1/sessions/demo/messages",
+        ]
+    return [
+        f"Try it — run {pick.name} (it answers at once):",
+        f"  {exe} dispatch {pick.name} --input '{data}' --channel web --session demo --role demo",
+    ]
 
 
 @skills_app.command("list")
@@ -68,11 +97,13 @@ def list_skills(
             status = f"[yellow]loaded, {len(s.warnings)} warning(s)[/yellow]"
         else:
             status = "[green]loaded[/green]"
+        if s.hint and not s.error:
+            status += f" — {s.hint}"
         name = f"{s.name} [dim](built-in)[/dim]" if s.builtin else s.name
         table.add_row(
             name,
             s.skill_type.value,
-            s.exec_type.value,
+            f"{s.exec_type.value} ({s.cli_reason})" if s.cli_reason else s.exec_type.value,
             "yes" if s.is_async else "no",
             _wall(s),
             s.category,

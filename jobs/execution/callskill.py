@@ -15,7 +15,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from jobs.context import CALL_PASS_KEYS, flatten_configs
+from jobs.context import CALL_PASS_KEYS, fixed_segment, flatten_configs
 from jobs.crypto import is_secret_key
 from jobs.envelope import is_failure
 
@@ -182,6 +182,7 @@ async def _call(
 
     child: dict[str, Any] = flatten_configs(name, configs)
     child.update({k: ctx[k] for k in CALL_PASS_KEYS if k in ctx})
+    child.update(fixed_segment(child))  # the whole fixed segment, typed empties (C11)
     outcome = await executor.execute_nested(callee, data, child, depth=depth + 1)
     env = outcome.result
     if is_failure(env) or outcome.status != "succeeded":

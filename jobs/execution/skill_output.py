@@ -8,10 +8,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from jobs.envelope import failure
 from jobs.media import media_kind
+from jobs.texts import meaningful_line
 
 LOG_CAP = 64 * 1024  # stderr tail kept as the run's log
 ERROR_TAIL = 2000  # stderr tail quoted in an exit-code error
+STDOUT_REASON_LINES = 20  # stdout lines quoted when a failing script wrote nothing on stderr
+STREAM_TAIL_CAP = 4000  # characters of each stream kept on a failed job
 
 
 def decode(data: bytes) -> str:
@@ -99,3 +103,54 @@ def parse_stdout(text: str, workspace: str | os.PathLike[str] | None = None) -> 
         if not files:
             result["media"] = media_kind(urls[0])
     return result
+
+
+def _tail(data: bytes, cap: int) -> str:
+    text = decode(data[-cap:]) if len(data) > cap else decode(data)
+    return text.strip()
+
+
+def _stdout_reason(stdout: bytes) -> str:
+    """What a script that exits non-zero said on stdout: its JSON ``error``/``message``
+    when it printed an envelope, else its last lines."""
+    text = _tail(stdout, ERROR_TAIL * 4)
+    if not text:
+        return ""
+    parsed = parse_stdout(text)
+    if isinstance(parsed, dict) and "output" not in parsed:
+        for key in ("error", "msg", "message", "user_message"):
+            value = parsed.get(key)
+            if isinstance(value, str) and value.strip():
+                return value.strip()
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    return "\n".join(lines[-STDOUT_REASON_LINES:])[-ERROR_TAIL:]
+
+
+def exit_failure(skill: str, code: int, stdout: bytes, stderr: bytes) -> dict[str, Any]:
+    """The failure envelope of a process that exited non-zero (SPEC §2, C5): the reason is
+    stderr, else the tail of stdout; both tails are kept (capped); ``user_message`` is the
+    meaningful line (argparse's last ``error:`` line, not its ``usage:`` line)."""
+    reason = _tail(stderr, ERROR_TAIL) or _stdout_reason(stdout)
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    env = failure(
+        f"skill {skill!r} {how}" + (f": {reason}" if reason else " (no output)"),
+        skill=skill,
+        exit_code=code,
+        stdout_tail=_tail(stdout, STREAM_TAIL_CAP),
+        stderr_tail=_tail(stderr, STREAM_TAIL_CAP),
+    )
+    line = meaningful_line(reason)
+    if line:
+        env["user_message"] = line
+    return env
+
+
+__all__ = [
+    "ERROR_TAIL",
+    "LOG_CAP",
+    "decode",
+    "exit_failure",
+    "log_tail",
+    "media_kind",
+    "parse_stdout",
+]

@@ -306,7 +306,9 @@ class JobRunner:
                 "error": result.get("error"),
                 "offload_error": str(exc),
             }
-        return self.svc.box.seal(result)
+        # Stored as is: the executor scrubbed the job's secret values from it, and result
+        # fields are data, not secrets by name (C12).
+        return result
 
     async def _hand_back(self, job: Any, token: int, reason: str) -> None:
         new = await retry_db(

@@ -154,7 +154,14 @@ async def test_text_only_and_empty_results(services, tg) -> None:
     await postprocess(services, job, {"result": "42 orders today"}, fence=always)
     job2 = await make_job(services)
     await postprocess(services, job2, {"ok": True, "rows": 3}, fence=always)
-    assert [m["text"] for m in tg.sent] == ["42 orders today", "sales_report finished."]
+    job3 = await make_job(services)
+    await postprocess(services, job3, {"ok": True}, fence=always)
+    # content is rendered, never "finished" (C3); only an empty result gets the fallback
+    assert [m["text"] for m in tg.sent] == [
+        "42 orders today",
+        "rows: 3",
+        "sales_report finished.",
+    ]
 
 
 async def test_web_and_orgdeleg_sessions_get_stored_messages(services, sessionmaker) -> None:
@@ -330,22 +337,27 @@ async def test_worker_delivers_a_background_result_to_telegram(
 
 
 def test_job_text_precedence() -> None:
-    from delivery.router import job_text
+    from delivery.render import render
+
+    def job_text(result: dict) -> str:
+        return render(result, fallback=False)
 
     assert job_text({"message": "m", "result": "r", "text": "t"}) == "m"
     assert job_text({"result": 42}) == "42"
     assert job_text({"result": {"rows": []}, "text": " t "}) == "t"
-    assert job_text({"display_md": "# md"}) == "# md"
+    assert job_text({"output": "printed\n"}) == "printed"
+    assert job_text({"display_md": "# md"}) == "md"  # plain-text channel
+    assert render({"display_md": "# md"}, rich=True) == "# md"
     assert job_text({"ok": True}) == ""
 
 
 def test_long_text_is_cut_for_chat() -> None:
-    from delivery.router import TEXT_CAP, job_text
+    from delivery.render import TEXT_CAP, render
 
-    text = job_text({"message": "x" * (TEXT_CAP + 500)})
-    assert text.startswith("x" * TEXT_CAP) and len(text) < TEXT_CAP + 100
+    text = render({"message": "x" * (TEXT_CAP + 500)})
+    assert text.startswith("x" * (TEXT_CAP - 100)) and len(text) <= TEXT_CAP
     assert "full result is kept with the job" in text
-    assert job_text({"message": "short"}) == "short"
+    assert render({"message": "short"}) == "short"
 
 
 def test_wecom_text_chunks_respect_its_byte_limit() -> None:

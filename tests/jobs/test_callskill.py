@@ -8,7 +8,7 @@ import pytest
 
 from jobs.catalog.configs import ConfigStore
 from jobs.catalog.loader import load_registry
-from jobs.context import ACTOR_KEYS, CALL_PASS_KEYS
+from jobs.context import ACTOR_KEYS, CALL_PASS_KEYS, FIXED_SEGMENT
 from jobs.crypto import SecretBox
 from jobs.db import create_engine, create_sessionmaker
 from jobs.execution.callskill import MAX_DEPTH, fill_template
@@ -78,11 +78,16 @@ async def test_pass_through_context_is_exactly_the_whitelist(ex: Executor) -> No
     ctx = got["ctx"]
     config_layers = {"skill_configs", "skill_args"}
     expected = {k for k in CALL_PASS_KEYS if k in PARENT or k == "workspace_dir"}
+    expected |= set(FIXED_SEGMENT)  # the whole fixed segment (C11)
     expected -= {"abort_signal"}  # live object: echo_ctx leaves it out of its report
     assert set(ctx) - config_layers == expected
     assert set(ACTOR_KEYS) & set(PARENT) <= set(ctx)
-    for k in ("raw_input", "triggered_at", "attachments", "emp_no", "custom", "api_key"):
+    for k in ("emp_no", "custom", "api_key"):
         assert k not in ctx, k
+    # not in the pass-through whitelist: present as typed empties, not the parent's values
+    assert ctx["raw_input"] == "" and ctx["attachments"] == []
+    assert ctx["triggered_at"] == 0.0 and ctx["triggered_at_str"] == ""
+    assert ctx["actor_key"] == "ou_1" and ctx["actor_tags"] == ["a"]
     assert ctx["skill_configs"] == {"echo_ctx": {}}  # the caller's configs are not inherited
     assert ctx["allow_sql"] is False and ctx["team_role"] == "owner"
     assert got["live"]["db"] == "LazySession" and got["live"]["call_skill"] == "function"

@@ -98,7 +98,10 @@ async def test_refusals_are_clear_and_recoverable(services, skill, inp, ctx, cod
     assert res.status_code == code, res.body
     assert res.body["ok"] is False
     assert needle in res.body["error"]
-    assert res.body["error_type"] == "recoverable"
+    if code == 409:  # a skill that failed to load: the operator must fix it (as the executor says)
+        assert res.body["error_type"] == "config" and res.body["non_retriable"] is True
+    else:
+        assert res.body["error_type"] == "recoverable"
     async with services.sessionmaker() as s:
         assert (await s.scalar(select(Job.id))) is None  # nothing half-recorded
 

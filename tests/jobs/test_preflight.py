@@ -8,6 +8,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
+from jobs.catalog.loader import load_skill
 from jobs.catalog.preflight import Finding, check_skill_dir, has_errors, is_credential_name
 from jobs.cli.app import app
 from tests.helpers.settings import SKILL_FIXTURES
@@ -35,10 +36,16 @@ def test_sync_entry_is_a_warning():
     assert "plain def" in messages(found, "warning")
 
 
-def test_wrong_arity_is_an_error():
-    found = findings_for("pf_arity")
-    assert has_errors(found)
-    assert "expected exactly 2" in messages(found, "error")
+def test_arity_follows_the_runtime_rule():
+    # SPEC §2: 0, 1 or 2 positional parameters bind; the loader and `skills check` agree.
+    one = findings_for("pf_arity")
+    assert not has_errors(one)
+    assert "called as execute(input_data)" in messages(one, "warning")
+    three = findings_for("pf_too_many")
+    assert has_errors(three)
+    assert "requires 3 positional parameters" in messages(three, "error")
+    assert load_skill(FIX / "pf_too_many").error is not None
+    assert load_skill(FIX / "pf_arity").runnable
 
 
 def test_default_on_second_parameter_is_a_warning():
@@ -51,7 +58,8 @@ def test_non_execute_entry_and_parameter_names_are_warnings():
     found = findings_for("sync_entry")
     text = messages(found, "warning")
     assert "entry function is run()" in text
-    assert has_errors(found)  # run(input_data) has one parameter
+    assert "called as run(input_data)" in text  # one parameter: bound, with a warning
+    assert not has_errors(found)
 
 
 def test_loader_errors_and_warnings_are_reported():
@@ -132,8 +140,8 @@ def test_cli_check_exit_codes(tmp_path):
     ok = runner.invoke(app, ["skills", "check", str(FIX / "good_handler")])
     assert ok.exit_code == 0, ok.output
     assert "✓ good_handler" in ok.output and "0 error(s)" in ok.output
-    bad = runner.invoke(app, ["skills", "check", str(FIX / "pf_arity")])
-    assert bad.exit_code == 1 and "expected exactly 2" in bad.output
+    bad = runner.invoke(app, ["skills", "check", str(FIX / "pf_too_many")])
+    assert bad.exit_code == 1 and "requires 3 positional parameters" in bad.output
     missing = runner.invoke(app, ["skills", "check", str(tmp_path / "nope")])
     assert missing.exit_code == 1 and "is not a folder" in missing.output
 

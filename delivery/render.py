@@ -1,0 +1,195 @@
+"""A result as the text a person reads in a chat (SPEC §6.5, C3).
+
+The text is ``message`` / ``result`` / ``text`` / ``output``; when none of them holds
+anything, a short readable rendering of the other content (``key: value`` lines, lists as
+counts and first items). ``display_md`` goes after the text: as Markdown on rich channels
+(web sessions), lightly converted to plain text elsewhere. A partial result says so on its
+first line. Everything is cut to the channel's limit with a note, and the work done is
+bounded by what is shown, never by the size of the result.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from jobs.envelope import is_partial
+from jobs.texts import TRACE_HINTS, meaningful_line, strip_admin_hints, text
+
+TEXT_KEYS = ("message", "result", "text", "output")
+#: Envelope bookkeeping and media fields: never part of the readable rendering.
+NOT_CONTENT = frozenset(
+    "ok success error_type offloaded _hint display_only completed warning action_note "
+    "display_md filename local_path media images videos files audios urls download_url "
+    "abs_url exit_code stdout_tail stderr_tail skill".split()
+)
+TEXT_CAP = 4000  # a chat message, not a data dump: the full result stays with the job
+RICH_TEXT_CAP = 20_000  # web sessions show Markdown and scroll
+MAX_LINES = 30
+NESTED_LINES = 8
+VALUE_MAX = 200
+ITEM_MAX = 80
+SAMPLE_ITEMS = 3
+FAILURE_REASON_MAX = 240
+
+
+def main_text(result: dict[str, Any]) -> str | None:
+    """The first non-empty ``message`` / ``result`` / ``text`` / ``output`` as text; a
+    structured ``result`` is rendered. None when none of them holds anything."""
+    for key in TEXT_KEYS:
+        value = result.get(key)
+        if isinstance(value, str):
+            if value.strip():
+                return value.strip()
+        elif isinstance(value, bool):
+            return "true" if value else "false"
+        elif isinstance(value, int | float):
+            return str(value)  # a skill that returned a bare number
+        elif isinstance(value, dict | list) and value:
+            rendered = readable(value if isinstance(value, dict) else {key: value})
+            if rendered:
+                return rendered
+    return None
+
+
+def render(
+    result: dict[str, Any],
+    *,
+    skill: str = "",
+    lang: str = "en",
+    rich: bool = False,
+    limit: int | None = None,
+    fallback: bool = True,
+) -> str:
+    """The delivered text of a successful result. With ``fallback``, an empty result
+    becomes "<skill> finished."; otherwise it is ``""`` (e.g. a file that needs no text)."""
+    body = main_text(result)
+    md = result.get("display_md")
+    md = md.strip() if isinstance(md, str) else ""
+    if body is None and not md:
+        body = readable(result, lang=lang) or None
+    parts = [body] if body else []
+    if md and md != body:
+        parts.append(md if rich else markdown_to_text(md))
+    if is_partial(result):
+        warning = result.get("warning")
+        reason = warning.strip() if isinstance(warning, str) and warning.strip() else ""
+        parts.insert(0, text("partial", lang, reason=reason or text("partial_default", lang)))
+    out = "\n\n".join(parts)
+    if not out and fallback:
+        return text("finished", lang, name=skill or text("the_task", lang))
+    cap = limit if limit is not None else (RICH_TEXT_CAP if rich else TEXT_CAP)
+    return cut(out, cap, lang)
+
+
+def cut(value: str, limit: int, lang: str = "en") -> str:
+    """``value`` within ``limit`` characters, with a note saying it was cut."""
+    if len(value) <= limit:
+        return value
+    note = "\n" + text("truncated", lang)
+    return value[: max(limit - len(note), 0)].rstrip() + note
+
+
+# --------------------------------------------------------------------------- JSON → lines
+
+
+def readable(data: dict[str, Any], *, lang: str = "en") -> str:
+    """Short ``key: value`` lines for the content fields of ``data``."""
+    lines: list[str] = []
+    keys = [k for k in data if k not in NOT_CONTENT and not str(k).startswith("_")]
+    for key in keys[:MAX_LINES]:
+        value = data[key]
+        if isinstance(value, dict) and value:
+            lines.append(f"{key}:")
+            inner = list(value.items())
+            for k, v in inner[:NESTED_LINES]:
+                lines.append(f"  {k}: {_short(v, lang, VALUE_MAX)}")
+            if len(inner) > NESTED_LINES:
+                lines.append("  " + text("more_lines", lang, n=len(inner) - NESTED_LINES))
+        elif not _empty(value):
+            lines.append(f"{key}: {_short(value, lang, VALUE_MAX)}")
+    if len(keys) > MAX_LINES:
+        lines.append(text("more_lines", lang, n=len(keys) - MAX_LINES))
+    return "\n".join(lines)
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == "" or value == [] or value == {}
+
+
+def _short(value: Any, lang: str, cap: int) -> str:
+    if isinstance(value, str):
+        s = " ".join(value[: cap * 2].split())
+        return s if len(s) <= cap and len(value) <= cap * 2 else s[: cap - 1] + "…"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "—"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, list):
+        count = text("items", lang, n=len(value))
+        if not value:
+            return count
+        first = ", ".join(_short(v, lang, ITEM_MAX) for v in value[:SAMPLE_ITEMS])
+        more = ", …" if len(value) > SAMPLE_ITEMS else ""
+        return f"{count}: {first}{more}"
+    if isinstance(value, dict):
+        pairs = list(value.items())
+        inline = ", ".join(
+            f"{k}={_short(v, lang, 40)}"
+            for k, v in pairs[:SAMPLE_ITEMS]
+            if not isinstance(v, dict | list)
+        )
+        if inline:
+            more = ", …" if len(pairs) > SAMPLE_ITEMS else ""
+            s = f"{{{inline}{more}}}"
+            return s if len(s) <= cap else s[: cap - 1] + "…"
+        return text("fields", lang, n=len(pairs))
+    return _short(str(value), lang, cap)
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+_HEADING = re.compile(r"^#{1,6}\s+", re.M)
+_EMPHASIS = re.compile(r"(\*\*|__)(.+?)\1")
+_LINK = re.compile(r"(?<!!)\[([^\]]+)\]\((\S+?)\)")
+_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$", re.M)
+
+
+def markdown_to_text(md: str) -> str:
+    """Markdown for a channel that shows plain text: headings and emphasis markers
+    dropped, links as ``text (url)``, table rules removed (rows stay aligned by ``|``).
+    Markdown images stay as they are: adapters that turn them into media need them."""
+    out = _HEADING.sub("", md)
+    out = _EMPHASIS.sub(r"\2", out)
+    out = _LINK.sub(r"\1 (\2)", out)
+    out = _RULE.sub("", out)
+    return re.sub(r"\n{3,}", "\n\n", out).strip()
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def failure_text(skill: str, result: dict[str, Any], lang: str = "en") -> str:
+    """A short failure notice for the user: the meaningful line of the reason, no stack
+    traces, no "contact an admin" (in either language)."""
+    name = skill or text("the_task", lang)
+    if result.get("needs_config"):
+        missing = ", ".join(str(k) for k in result["needs_config"][:5])
+        return text("not_set_up", lang, name=name, missing=missing)
+    reason = ""
+    for key in ("user_message", "error", "msg"):
+        value = result.get(key)
+        if isinstance(value, str) and value.strip():
+            reason = value.strip()
+            break
+    if any(h in reason for h in TRACE_HINTS):
+        reason = ""
+    reason = strip_admin_hints(meaningful_line(reason) if "\n" in reason else reason)
+    if len(reason) > FAILURE_REASON_MAX:
+        reason = reason[: FAILURE_REASON_MAX - 1].rstrip() + "…"
+    if reason:
+        return text("failed_reason", lang, name=name, reason=reason.rstrip("。."))
+    return text("failed", lang, name=name)

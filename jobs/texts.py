@@ -1,0 +1,111 @@
+"""User-facing texts in every language we speak (SPEC C14), and the helpers that keep
+failure texts short and meaningful.
+
+The language is ``SKILLJOBS_LANGUAGE`` (``en`` | ``zh``, default ``en``); a dispatch
+context ``locale`` (``zh-CN``, ``en_US``, ``zh``…) overrides it for that call and for the
+background job it starts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+LANGUAGES = ("en", "zh")
+DEFAULT_LANGUAGE = "en"
+
+TEXTS: dict[str, dict[str, str]] = {
+    "receipt": {
+        "en": (
+            "This will take a while, so it is running in the background. "
+            "The result will be sent to this chat when it is ready."
+        ),
+        "zh": "这个任务需要一些时间，已在后台运行。完成后结果会发送到这个对话。",
+    },
+    "finished": {"en": "{name} finished.", "zh": "{name} 已完成。"},
+    "the_task": {"en": "The task", "zh": "任务"},
+    "partial": {
+        "en": "⚠ Partial result: {reason}",
+        "zh": "⚠ 部分结果：{reason}",
+    },
+    "partial_default": {
+        "en": "the task did not complete everything",
+        "zh": "任务没有全部完成",
+    },
+    "truncated": {
+        "en": "… (cut here; the full result is kept with the job)",
+        "zh": "……（内容过长已截断；完整结果保存在任务记录中）",
+    },
+    "not_set_up": {
+        "en": "Sorry, {name} is not set up yet (missing: {missing}). Nothing was done.",
+        "zh": "抱歉，{name} 尚未配置（缺少：{missing}），未执行任何操作。",
+    },
+    "failed_reason": {
+        "en": "Sorry, {name} could not finish: {reason}.",
+        "zh": "抱歉，{name} 未能完成：{reason}。",
+    },
+    "failed": {
+        "en": "Sorry, {name} could not finish. You can try again in a moment.",
+        "zh": "抱歉，{name} 未能完成，请稍后再试。",
+    },
+    "items": {"en": "{n} items", "zh": "{n} 项"},
+    "fields": {"en": "{n} fields", "zh": "{n} 个字段"},
+    "more_lines": {"en": "… {n} more", "zh": "……另有 {n} 项"},
+}
+
+
+def language(configured: str | None = None, locale: Any = None) -> str:
+    """``zh`` or ``en``: the context ``locale`` when it names one, else the configured one."""
+    for value in (locale, configured):
+        if isinstance(value, str) and value.strip():
+            code = value.strip().lower().replace("_", "-").split("-")[0]
+            if code in LANGUAGES:
+                return code
+    return DEFAULT_LANGUAGE
+
+
+def language_of(settings: Any, ctx: Mapping[str, Any] | None = None) -> str:
+    """The language for one call: ``ctx["locale"]`` over ``settings.language``."""
+    locale = ctx.get("locale") if isinstance(ctx, Mapping) else None
+    return language(getattr(settings, "language", None), locale)
+
+
+def text(key: str, lang: str = DEFAULT_LANGUAGE, **values: Any) -> str:
+    """The text ``key`` in ``lang`` (English when that language lacks it), filled in."""
+    forms = TEXTS[key]
+    template = forms.get(lang) or forms[DEFAULT_LANGUAGE]
+    return template.format(**values) if values else template
+
+
+# --------------------------------------------------------------------------- failure texts
+
+# "please contact an administrator" and its Chinese forms add nothing for the person asking.
+ADMIN_HINT = re.compile(
+    r"[,;.，；。]?\s*(?:"
+    r"(?:please\s+)?contact\s+(?:an?\s+|your\s+)?(?:system\s+)?(?:admin|administrator)\w*"
+    r"|请?(?:联系|联络)(?:系统)?(?:管理员|客服|技术支持)(?:处理)?"
+    r"|内部错误"
+    r")",
+    re.I,
+)
+TRACE_HINTS = ("Traceback (most recent call last)", 'File "', "\n  at ")
+_ERROR_LINE = re.compile(r"^(?:[\w.\-/ ]+:\s*)?error:\s*\S", re.I)
+_NOISE_LINE = re.compile(r"^\s*(?:usage:|at\s|File\s\"|Traceback\b|\^+$|~+$)")
+
+
+def strip_admin_hints(reason: str) -> str:
+    return ADMIN_HINT.sub("", reason).strip(" .,;:，；。：")
+
+
+def meaningful_line(text: str) -> str:
+    """The line of a failure output that says what went wrong: argparse's last
+    ``error:`` line, else the last line that is not usage or a traceback frame."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    errors = [ln for ln in lines if _ERROR_LINE.match(ln)]
+    if errors:
+        return errors[-1]
+    useful = [ln for ln in lines if not _NOISE_LINE.match(ln)]
+    return (useful or lines)[-1]
