@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from jobs import storable
 from jobs.models import ChainRun, ChainStep, StepStatus
 
 Sessions = async_sessionmaker[AsyncSession]
@@ -118,7 +119,22 @@ async def ensure_steps(sm: Sessions, lease: Lease, steps: list[tuple[str, str]])
     return [have[i] for i in sorted(have)]
 
 
+def _storable_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Step and run values fit for their columns (``jobs.storable``): texts escaped and
+    capped, JSON values escaped and JSON-typed."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, str):
+            out[key] = storable.text(value)
+        elif isinstance(value, dict | list | tuple):
+            out[key] = storable.json_value(value)
+        else:
+            out[key] = value
+    return out
+
+
 async def set_step(sm: Sessions, lease: Lease, idx: int, **values: Any) -> None:
+    values = _storable_values(values)
     async with sm() as s:
         await _fence(s, lease)
         await s.execute(
@@ -152,6 +168,7 @@ async def finish(
     error: str | None = None,
     result: dict[str, Any] | None = None,
 ) -> None:
+    error, result = storable.text(error), storable.result(result)
     async with sm() as s:
         await _fence(s, lease)
         await s.execute(
@@ -169,6 +186,7 @@ async def finish(
 
 
 async def set_result(sm: Sessions, lease: Lease, result: dict[str, Any]) -> None:
+    result = storable.result(result) or {}
     async with sm() as s:
         await _fence(s, lease)
         await s.execute(update(ChainRun).where(ChainRun.id == lease.run_id).values(result=result))

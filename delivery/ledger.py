@@ -40,6 +40,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from delivery.errors import DeliveryPermanentError, DeliveryTransientError
+from jobs import storable
 from jobs.models import PENDING, SENT, Delivery, Worker
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,8 @@ async def claim(
 
 async def _finish(sessionmaker: Sessions, key: str, owner: str, **values: Any) -> bool:
     values["updated_at"] = time.time()
+    if isinstance(values.get("error"), str):  # a channel's answer can hold anything
+        values["error"] = storable.text(values["error"], cap=2000)
     async with sessionmaker() as s:
         res = await s.execute(
             update(Delivery)
@@ -197,7 +200,7 @@ async def mark_failed(
     sessionmaker: Sessions, key: str, owner: str, error: str, tries: int = 1
 ) -> bool:
     return await _finish(
-        sessionmaker, key, owner, status=FAILED, error=error[:2000], tries=Delivery.tries + tries
+        sessionmaker, key, owner, status=FAILED, error=error, tries=Delivery.tries + tries
     )
 
 
@@ -348,7 +351,7 @@ async def record_web_deliveries(
         ok = session_id in known_sessions
         values = {
             "status": SENT if ok else FAILED,
-            "error": None if ok else f"unknown session {session_id!r}",
+            "error": None if ok else storable.text(f"unknown session {session_id!r}", cap=2000),
             "claimed_by": e.owner,
             "sent_at": now if ok else None,
             "updated_at": now,

@@ -16,6 +16,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from delivery.ledger import LedgerEntry, record_web_deliveries
+from jobs import storable
 from jobs.db import raw_fetch
 from jobs.models import ChatSession, SessionMessage
 
@@ -32,12 +33,22 @@ class Outgoing:
     ledger: LedgerEntry | None = None
 
 
+def _storable(m: Outgoing) -> Outgoing:
+    """The message with its text and attachments fit for storage (``jobs.storable``)."""
+    text = storable.text(m.text or "", cap=storable.JSON_CAP) or ""
+    attachments = storable.json_value(list(m.attachments or []))
+    if text is m.text and attachments == list(m.attachments or []):
+        return m
+    return Outgoing(m.session_id, text, attachments, m.job_id, m.ledger)
+
+
 async def store_batch(
     sessionmaker: async_sessionmaker[AsyncSession],
     messages: list[Outgoing],
     now: float,
 ) -> tuple[set[str], set[int], list[int]]:
     """Sessions that exist, indexes delivered already, ids of the stored messages (in order)."""
+    messages = [_storable(m) for m in messages]
     ids = sorted({m.session_id for m in messages if m.session_id})
     async with sessionmaker() as s:
         known = set(
@@ -75,6 +86,7 @@ async def store_batch_pg(
     pg: Any, messages: list[Outgoing], now: float
 ) -> tuple[set[str], set[int], list[int]]:
     """:func:`store_batch` on PostgreSQL: one autocommitted statement for the whole batch."""
+    messages = [_storable(m) for m in messages]
     led = [m.ledger for m in messages]
     rows = await raw_fetch(
         pg,

@@ -7,7 +7,7 @@ at worst name a job id, which the database then decides about.
 
 Producers: ``enqueue``, ``enqueue_many``; queue inspection: ``waiting``; removal:
 ``remove``; live events: ``job_event``, ``publish_job_event``, ``publish_cancel``;
-the worker's side: ``claim``, ``load``, ``tidy``.
+worker heartbeats: ``beat``, ``alive``; the worker's side: ``claim``, ``load``, ``tidy``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from arq.constants import (
 from arq.jobs import SerializationError, deserialize_job_raw, serialize_job
 from arq.utils import timestamp_ms
 
-from jobs.constants import CANCEL_CHANNEL, JOB_EVENTS, WAKE_CHANNEL
+from jobs.constants import CANCEL_CHANNEL, JOB_EVENTS, WAKE_CHANNEL, WORKER_HEARTBEAT
 from jobs.services import Services
 
 if TYPE_CHECKING:
@@ -217,6 +217,30 @@ async def publish_cancel(services: Services, job_id: str) -> None:
         await services.redis.publish(services.settings.key(CANCEL_CHANNEL), job_id)
 
 
+# --- worker heartbeats -------------------------------------------------------------------
+
+
+async def beat(services: Services, worker_id: str, info: dict[str, Any], ttl: float) -> None:
+    """This worker is alive: its heartbeat key, gone ``ttl`` seconds after the last beat."""
+    await _redis(services).set(
+        services.settings.key(WORKER_HEARTBEAT, worker_id),
+        json.dumps(info),
+        px=max(int(ttl * 1000), 1),
+    )
+
+
+async def alive(services: Services, worker_ids: Sequence[str]) -> list[bool]:
+    """Per worker id, in order: is its heartbeat key present?"""
+    if not worker_ids:
+        return []
+    redis = _redis(services)
+    async with redis.pipeline(transaction=False) as pipe:
+        for wid in worker_ids:
+            pipe.exists(services.settings.key(WORKER_HEARTBEAT, wid))
+        found = await pipe.execute()
+    return [bool(n) for n in found]
+
+
 # --- the worker's side -------------------------------------------------------------------
 
 # Reads the due part of the queue, marks up to ARGV[3] jobs not already running as in
@@ -285,6 +309,8 @@ async def tidy(redis: ArqRedis, queue: str, items: Sequence[tuple[str, bool]]) -
 __all__ = [
     "SerializationError",
     "WorkerContext",
+    "alive",
+    "beat",
     "claim",
     "decode",
     "dumps",

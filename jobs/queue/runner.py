@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -20,16 +19,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from jobs.batching import Batcher
-from jobs.constants import FN_RUN_JOB, MAX_RUNS, WORKER_HEARTBEAT
+from jobs.constants import FN_RUN_JOB, MAX_RUNS
 from jobs.db import DB_UNAVAILABLE
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT
 from jobs.queue import broker, store
+from jobs.queue.stall import StallWatch
 from jobs.services import Services
 
 log = logging.getLogger("skilljobs.worker")
 T = TypeVar("T")
 
 DB_ERRORS = DB_UNAVAILABLE
+#: what the person is told when the finishing stage itself failed (one short line)
+INTERNAL_NOTICE = "Sorry, the result of this task could not be processed (an internal error)."
 
 
 async def retry_db(
@@ -100,6 +102,9 @@ class JobRunner:
         self.events: Batcher[tuple[str, str, str], None] = Batcher(
             self._publish_events, name="events"
         )
+        #: the event-loop stall detector, when the worker runs one (its counts are
+        #: published with the heartbeat)
+        self.stall: StallWatch | None = None
 
     # --- the job function ----------------------------------------------------------------
 
@@ -225,11 +230,16 @@ class JobRunner:
         return outcome
 
     async def _finish(self, job: Any, token: int, outcome: Any) -> str:
-        """The finishing stage of one job: post-processing, delivery, the fenced record."""
+        """The finishing stage of one job: post-processing, delivery, the fenced record.
+
+        No path of it only logs: whatever it raises ends the job ``failed`` (``internal``),
+        naming the stage and the exception, and the person is told in one short line.
+        """
         job_id = job.id
         status = outcome.status if outcome.status in (SUCCEEDED, FAILED, TIMED_OUT) else FAILED
         result = outcome.result
         post: Any = None
+        stage = "post-processing"
         try:
             await self._linger()
             try:
@@ -241,6 +251,7 @@ class JobRunner:
                 log.exception("job %s: post-processing failed", job_id)
                 result = dict(result)
                 result.setdefault("postprocess_error", f"{exc.__class__.__name__}: {exc}")
+            stage = "record"
             fetches = getattr(post, "fetches", None)
             await self._record(
                 job, token, status, result, outcome.error, outcome.error_type, fetches
@@ -251,8 +262,40 @@ class JobRunner:
             # delivery ledger keeps the next attempt from sending anything twice.
             await asyncio.shield(self._hand_back(job, token, "worker stopped before it finished"))
             raise
+        except Exception as exc:
+            log.exception("job %s: finishing stage (%s) failed", job_id, stage)
+            await asyncio.shield(self._fail_internal(job, token, stage, exc))
+            return FAILED
         finally:
             self._release(job_id)
+
+    async def _fail_internal(self, job: Any, token: int, stage: str, exc: BaseException) -> None:
+        """End a job whose finishing stage raised: ``failed``/``internal``, the person told
+        through the normal failure delivery, the record retried while the database is
+        away (never abandoned)."""
+        error = f"internal error in the finishing stage ({stage}): {type(exc).__name__}: {exc}"
+        if job.id not in self.lost:
+            notice = {"ok": False, "error": INTERNAL_NOTICE, "error_type": "internal"}
+            try:
+                await self._postprocess(job, token, notice)
+            except Exception as dexc:  # the record below still tells the operator
+                log.warning("job %s: failure notice not delivered: %r", job.id, dexc)
+        outcome = store.Outcome(
+            job.id, token, FAILED, {"ok": False, "error": error}, error, "internal"
+        )
+        try:
+            ok = await retry_db(
+                "finish (internal)",
+                store.finish_many,
+                self.svc.sessionmaker,
+                [outcome],
+                patience=float("inf"),
+            )
+        except Exception:
+            log.exception("job %s: the failure could not be recorded either", job.id)
+            return
+        if ok and ok[0]:
+            self.event(job.id, FAILED, job.skill)
 
     async def _postprocess(self, job: Any, token: int, result: dict[str, Any]) -> Any:
         from delivery.pipeline import postprocess
@@ -282,7 +325,21 @@ class JobRunner:
     ) -> None:
         stored = self._for_storage(job, result)
         outcome = store.Outcome(job.id, token, status, stored, error, error_type, fetches=fetches)
-        ok = await retry_db("finish", self.outcomes.submit, outcome)
+        try:
+            ok = await retry_db("finish", self.outcomes.submit, outcome, patience=float("inf"))
+        except DB_ERRORS:
+            raise
+        except Exception as exc:
+            # The batch failed for a reason other than the database being away: perhaps
+            # another job's outcome. Alone, this outcome says whether it is the cause.
+            log.warning("job %s: batched record failed (%r), recording alone", job.id, exc)
+            (ok,) = await retry_db(
+                "finish (alone)",
+                store.finish_many,
+                self.svc.sessionmaker,
+                [outcome],
+                patience=float("inf"),
+            )
         if ok:
             self.event(job.id, status, job.skill)
         else:
@@ -352,8 +409,32 @@ class JobRunner:
         task.cancel()
         return True
 
+    @property
+    def missing_after(self) -> float:
+        """Seconds without a heartbeat after which a worker is presumed dead: 3 intervals,
+        plus a second for scheduling jitter (a worker paused 5 s is not presumed dead)."""
+        return 3 * self.svc.settings.worker_heartbeat_sec + 1.0
+
     async def heartbeat_once(self) -> None:
         s = self.svc.settings
+        if self.svc.redis is not None:
+            # First and on its own: a database outage must not silence it, or peers
+            # would take over the jobs of a worker that is alive.
+            try:
+                await broker.beat(
+                    self.svc,
+                    self.worker_id,
+                    {
+                        "id": self.worker_id,
+                        "running": sorted(self.held),
+                        "at": time.time(),
+                        "stalls": self.stall.stalls if self.stall else 0,
+                        "max_lag_s": round(self.stall.max_lag, 3) if self.stall else 0.0,
+                    },
+                    self.missing_after,
+                )
+            except Exception as exc:
+                log.warning("heartbeat key not written: %s: %s", type(exc).__name__, exc)
         held = dict(self.held)
         asked_at = time.time()
         still, cancel = await store.renew_leases(
@@ -378,12 +459,32 @@ class JobRunner:
             os.getpid(),
             sorted(self.held),
         )
-        if self.svc.redis is not None:
-            await self.svc.redis.set(
-                s.key(WORKER_HEARTBEAT, self.worker_id),
-                json.dumps({"id": self.worker_id, "running": sorted(self.held), "at": time.time()}),
-                ex=max(int(s.worker_lease_sec), 10),
-            )
+
+    async def take_over_once(self) -> int:
+        """Re-run the jobs of peers presumed dead, without waiting for their leases.
+
+        Two signs, both needed: the peer's heartbeat key is gone from Redis *and* its
+        leases were last renewed more than :attr:`missing_after` seconds ago. A Redis flush
+        (keys gone, leases fresh) or a database outage (renewals late, keys fresh) is never
+        taken for a death. The take-over is fenced like a lease expiry.
+        """
+        svc = self.svc
+        s = svc.settings
+        before = time.time() + s.worker_lease_sec - self.missing_after
+        owners = await store.stale_owners(svc.sessionmaker, before, exclude=self.worker_id)
+        if not owners:
+            return 0
+        dead = {o for o, up in zip(owners, await broker.alive(svc, owners), strict=True) if not up}
+        if not dead:
+            return 0
+        n = 0
+        for job_id, token in await store.expire_leases(
+            svc.sessionmaker, owners=dead, before=before, why="missed 3 heartbeats"
+        ):
+            log.warning("job %s: its worker missed 3 heartbeats, re-run here", job_id)
+            await self._enqueue(job_id, token)
+            n += 1
+        return n
 
     async def reconcile_once(self) -> int:
         """Re-enqueue what the database says must run but Redis no longer has.

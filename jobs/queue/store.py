@@ -23,6 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from jobs import storable
+from jobs.constants import MAX_RUNS
 from jobs.db import autocommit, engine_of, raw_fetch
 from jobs.models import (
     CANCELLED,
@@ -331,6 +333,7 @@ async def finish_many(sm: Sessions, outcomes: list[Outcome]) -> list[bool]:
     whether it was recorded (False = that attempt no longer holds the lease)."""
     if not outcomes:
         return []
+    outcomes = [_storable(o) for o in outcomes]
     now = time.time()
     done: set[tuple[str, int]] = set()
     pg = _pg(sm)
@@ -370,6 +373,21 @@ async def finish_many(sm: Sessions, outcomes: list[Outcome]) -> list[bool]:
             await conn.execute(_CLOSE_ATTEMPT, {**job_params, **attempt})
             done.add((o.job_id, o.token))
     return [(o.job_id, o.token) in done for o in outcomes]
+
+
+def _storable(o: Outcome) -> Outcome:
+    """The outcome with every value fit for its column (``jobs.storable``)."""
+    return Outcome(
+        o.job_id,
+        o.token,
+        o.status,
+        storable.result(o.result),
+        storable.text(o.error),
+        o.error_type,
+        o.attempt_outcome,
+        storable.text(o.attempt_error),
+        None if o.fetches is None else storable.json_value(o.fetches),
+    )
 
 
 def _attempt_error(o: Outcome) -> str | None:
@@ -431,7 +449,7 @@ async def _close_attempt(
             "tok": token,
             "now": now,
             "outcome": outcome,
-            "aerror": error[:2000] if error else None,
+            "aerror": storable.text(error, cap=2000),
             "error_type": error_type,
         },
     )
@@ -462,30 +480,103 @@ async def renew_leases(
     return still, cancel
 
 
-async def expire_leases(sm: Sessions, *, limit: int = 500) -> list[tuple[str, int]]:
-    """Requeue running jobs whose lease ran out (their worker died). Returns (id, token)."""
+LOST_CAP_REASON = "lost {n} times (the worker running it died or stalled each time)"
+
+
+async def expire_leases(
+    sm: Sessions,
+    *,
+    limit: int = 500,
+    owners: set[str] | None = None,
+    before: float | None = None,
+    why: str = "stopped heartbeating (lease expired)",
+) -> list[tuple[str, int]]:
+    """Requeue running jobs whose lease ran out (their worker died). Returns (id, token).
+
+    ``owners``/``before``: only the leases of those workers last renewed long enough ago
+    that ``lease_expires_at < before`` (a peer found the worker's heartbeat missing). Each
+    attempt taken away ends ``lost`` and counts toward the run cap: a job that has had its
+    ``MAX_RUNS`` runs is failed instead of run again.
+    """
     now = time.time()
     out: list[tuple[str, int]] = []
+    query = select(Job.id, Job.lease_token, Job.lease_owner, Job.attempts).where(
+        Job.status == RUNNING, Job.lease_expires_at < (now if before is None else before)
+    )
+    if owners is not None:
+        if not owners:
+            return []
+        query = query.where(Job.lease_owner.in_(sorted(owners)))
     async with sm() as s:
-        rows = (
-            await s.execute(
-                select(Job.id, Job.lease_token, Job.lease_owner)
-                .where(Job.status == RUNNING, Job.lease_expires_at < now)
-                .limit(limit)
-            )
-        ).all()
-    for job_id, token, owner in rows:
+        rows = (await s.execute(query.limit(limit))).all()
+    for job_id, token, owner, attempts in rows:
+        reason = f"worker {owner} {why}"
+        if attempts >= MAX_RUNS:
+            await fail_lost(sm, job_id, token, reason)
+            continue
         new = await requeue(
-            sm,
-            job_id,
-            token,
-            reason=f"worker {owner} stopped heartbeating (lease expired)",
-            error_type="transient",
-            attempt_outcome="lost",
+            sm, job_id, token, reason=reason, error_type="transient", attempt_outcome="lost"
         )
         if new is not None:
             out.append((job_id, new))
     return out
+
+
+async def fail_lost(sm: Sessions, job_id: str, token: int, reason: str) -> bool:
+    """End a job whose last allowed run was lost: ``failed``, never run again."""
+    now = time.time()
+    async with sm() as s:
+        lost = await s.scalar(
+            select(func.count())
+            .select_from(JobAttempt)
+            .where(JobAttempt.job_id == job_id, JobAttempt.outcome == "lost")
+        )
+        n = int(lost or 0) + 1
+        error = (
+            LOST_CAP_REASON.format(n=n)
+            if n >= MAX_RUNS
+            else (
+                f"{MAX_RUNS} runs used, the last one lost (the worker running it died or stalled)"
+            )
+        )
+        res = await s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.lease_token == token, Job.status == RUNNING)
+            .values(
+                status=FAILED,
+                error=error,
+                error_type="lost",
+                lease_token=token + 1,
+                lease_owner=None,
+                lease_expires_at=None,
+                finished_at=now,
+                duration_ms=(now - Job.started_at) * 1000.0,
+                updated_at=now,
+            )
+        )
+        if res.rowcount != 1:  # type: ignore[attr-defined]
+            await s.rollback()
+            return False
+        await _close_attempt(s, job_id, token, "lost", reason, "lost", now)
+        await s.commit()
+        return True
+
+
+async def stale_owners(sm: Sessions, before: float, *, exclude: str) -> list[str]:
+    """Workers other than ``exclude`` holding a running job whose lease expires before
+    ``before`` (renewed longer ago than a live worker would let it be)."""
+    async with sm() as s:
+        rows = await s.scalars(
+            select(Job.lease_owner)
+            .where(
+                Job.status == RUNNING,
+                Job.lease_expires_at < before,
+                Job.lease_owner.is_not(None),
+                Job.lease_owner != exclude,
+            )
+            .distinct()
+        )
+        return sorted(o for o in rows if o)
 
 
 async def stale_queued(
@@ -695,6 +786,7 @@ async def ensure_session(
 
 async def record_job(sm: Sessions, values: dict[str, Any], session: dict[str, Any] | None) -> None:
     """Write a new job row (and its origin chat session) — one round trip on PostgreSQL."""
+    values = _storable_job(values)
     pg = _pg(sm)
     if pg is not None:
         async with pg.connect() as conn:
@@ -706,6 +798,21 @@ async def record_job(sm: Sessions, values: dict[str, Any], session: dict[str, An
         if session is not None:
             await ensure_session(conn, **session)
         await conn.execute(insert(_jobs), values)
+
+
+def _storable_job(values: dict[str, Any]) -> dict[str, Any]:
+    """A new job's input and context fit for storage; what changed is noted in the stored
+    context (``storage_note``), not in the input the skill's schema was checked against."""
+    out = dict(values)
+    notes = storable.Notes()
+    for key in ("input", "context"):
+        if out.get(key) is not None:
+            out[key] = storable.json_value(out[key], notes)
+    if notes and isinstance(out.get("context"), dict):
+        out["context"] = {**out["context"], "storage_note": "input: " + notes.text()}
+    if isinstance(out.get("error"), str):
+        out["error"] = storable.text(out["error"])
+    return out
 
 
 async def mark_failed_unqueued(s: AsyncSession, job_id: str, reason: str) -> None:

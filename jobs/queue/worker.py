@@ -29,6 +29,7 @@ from jobs.batching import Batcher
 from jobs.constants import CANCEL_CHANNEL, FN_RUN_CHAIN, FN_RUN_JOB, WAKE_CHANNEL
 from jobs.queue import broker, store
 from jobs.queue.runner import JobRunner, retry_db
+from jobs.queue.stall import StallWatch
 from jobs.services import Services
 from jobs.skill import MAX_WALL_SEC
 
@@ -336,6 +337,13 @@ def build_worker(
                 _loop("reconciler", settings.reconcile_interval_sec, runner.reconcile_once)
             )
         )
+        # Peers presumed dead (heartbeat missing for 3 intervals): checked every second.
+        takeover_every = min(1.0, settings.worker_heartbeat_sec)
+        background.append(
+            asyncio.create_task(_loop("take-over", takeover_every, runner.take_over_once))
+        )
+        runner.stall = StallWatch(threshold=settings.worker_stall_sec)
+        runner.stall.start()
         background.append(asyncio.create_task(_listen_cancels(runner)))
         if scheduler:
             stop = asyncio.Event()
@@ -351,6 +359,8 @@ def build_worker(
     async def on_shutdown(ctx: dict[str, Any]) -> None:
         if "scheduler_stop" in ctx:
             ctx["scheduler_stop"].set()
+        if runner.stall is not None:
+            runner.stall.stop()
         for t in background:
             t.cancel()
         for t in background:

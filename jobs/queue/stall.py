@@ -1,0 +1,86 @@
+"""The stall detector: a thread that watches the worker's event loop.
+
+A blocked event loop stops everything at once — heartbeats, lease renewals, deliveries —
+and from outside it looks like a dead worker. The loop stamps a tick every ``interval``;
+a thread checks the stamp, and when the loop has been blocked longer than ``threshold``
+it logs the stack of the code blocking it (once per stall) and counts the stall, so
+"stopped heartbeating" has a cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+import traceback
+
+log = logging.getLogger("skilljobs.stall")
+
+
+class StallWatch:
+    """Watch one event loop from a daemon thread. ``stalls`` and ``max_lag`` are the
+    metrics (published with the worker's heartbeat)."""
+
+    def __init__(self, threshold: float = 3.0, interval: float = 0.25) -> None:
+        self.threshold = threshold
+        self.interval = interval
+        self.stalls = 0
+        self.max_lag = 0.0
+        self._last = time.monotonic()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """Start watching the running loop (call from the loop's thread)."""
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._last = time.monotonic()
+        self._tick()
+        self._thread = threading.Thread(target=self._watch, name="stall-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def _tick(self) -> None:
+        self._last = time.monotonic()
+        assert self._loop is not None
+        self._handle = self._loop.call_later(self.interval, self._tick)
+
+    def lag(self) -> float:
+        """How long the loop has been overdue for its next tick."""
+        return max(0.0, time.monotonic() - self._last - self.interval)
+
+    def _watch(self) -> None:
+        reported = False
+        while not self._stop.wait(self.interval):
+            lag = self.lag()
+            self.max_lag = max(self.max_lag, lag)
+            if lag <= self.threshold:
+                reported = False
+                continue
+            if reported:
+                continue
+            reported = True
+            self.stalls += 1
+            frame = sys._current_frames().get(self._loop_thread)
+            stack = "".join(traceback.format_stack(frame)) if frame is not None else "?"
+            log.warning(
+                "event loop blocked for %.1fs (stall %d; the process may also have been "
+                "paused); the blocking code:\n%s",
+                lag,
+                self.stalls,
+                stack,
+            )
+
+
+__all__ = ["StallWatch"]

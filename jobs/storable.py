@@ -1,0 +1,138 @@
+"""Values fit for the database, made so at the one place each is written.
+
+PostgreSQL's ``text`` and ``jsonb`` refuse NUL (``\\x00``), and neither backend can encode a
+lone surrogate (what ``surrogateescape`` makes of non-UTF-8 bytes) as UTF-8; ``jsonb`` also
+refuses NaN and infinities. A skill's output can hold any of these, and one refused value
+must never leave a job unrecordable. So NUL and lone surrogates are *escaped* (written as
+the text ``\\x00`` / ``\\udc80``, nothing is silently dropped), non-finite numbers become
+``null``, anything that is not JSON becomes its ``str``, and oversize values are capped —
+each change described in a short note for the record it belongs to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+#: characters of one stored text field (errors, reasons, messages)
+TEXT_CAP = 20_000
+#: characters of one stored JSON value, serialized (results, inputs, outputs, fetch records)
+JSON_CAP = 2_000_000
+#: characters kept in the preview of a capped JSON value
+PREVIEW = 2_000
+
+_BAD = re.compile("[\x00\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    ch = match.group()
+    return "\\x00" if ch == "\x00" else f"\\u{ord(ch):04x}"
+
+
+class Notes:
+    """What was changed to make a value storable (deduplicated, in order)."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, note: str) -> None:
+        if note not in self.items:
+            self.items.append(note)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def text(self) -> str:
+        return "; ".join(self.items)
+
+
+def _clean_str(value: str, notes: Notes) -> str:
+    if _BAD.search(value) is None:
+        return value
+    if "\x00" in value:
+        notes.add("NUL characters escaped as \\x00")
+    if any("\ud800" <= c <= "\udfff" for c in value):
+        notes.add("invalid UTF-8 (lone surrogates) escaped as \\uXXXX")
+    return _BAD.sub(_escape, value)
+
+
+def _clean(value: Any, notes: Notes, depth: int = 0) -> Any:
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, str):
+        return _clean_str(value, notes)
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        notes.add("non-finite numbers stored as null")
+        return None
+    if depth > 200:
+        notes.add("nesting deeper than 200 levels stored as text")
+        return _clean_str(repr(value)[:PREVIEW], notes)
+    if isinstance(value, dict):
+        return {
+            _clean_str(k if isinstance(k, str) else str(k), notes): _clean(v, notes, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_clean(v, notes, depth + 1) for v in value]
+    if isinstance(value, bytes | bytearray):
+        notes.add("bytes stored as text")
+        return _clean_str(bytes(value).decode("utf-8", "replace"), notes)
+    notes.add(f"{type(value).__name__} values stored as text")
+    return _clean_str(str(value), notes)
+
+
+def text(value: str | None, notes: Notes | None = None, *, cap: int = TEXT_CAP) -> str | None:
+    """``value`` fit for a text column: escaped and capped to ``cap`` characters."""
+    if value is None:
+        return None
+    own = notes if notes is not None else Notes()
+    out = _clean_str(value if isinstance(value, str) else str(value), own)
+    if len(out) > cap:
+        own.add(f"text of {len(out)} characters cut to {cap}")
+        out = out[: max(cap - 1, 0)] + "…"
+    return out
+
+
+def json_value(value: Any, notes: Notes | None = None, *, cap: int = JSON_CAP) -> Any:
+    """``value`` fit for a JSON column: escaped, JSON-typed, and when its serialization is
+    longer than ``cap`` replaced by a marked summary (``_truncated``)."""
+    own = notes if notes is not None else Notes()
+    out = _clean(value, own)
+    if out is None or isinstance(out, bool | int | float):
+        return out
+    size = len(json.dumps(out, ensure_ascii=False))
+    if size <= cap:
+        return out
+    own.add(f"value of {size} characters replaced by a summary")
+    preview = json.dumps(out, ensure_ascii=False)[:PREVIEW]
+    summary: dict[str, Any] = {"_truncated": True, "chars": size, "preview": preview}
+    if isinstance(out, dict):
+        summary["keys"] = list(out)[:50]
+        for k in ("ok", "error", "error_type", "message"):
+            v = out.get(k)
+            if isinstance(v, bool):
+                summary[k] = v
+            elif isinstance(v, str):
+                summary[k] = v[:PREVIEW]
+    return summary
+
+
+def result(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A job or chain result fit for storage; what was changed is noted in the result
+    itself (``storage_note``), so the person reading the job sees it."""
+    if value is None:
+        return None
+    notes = Notes()
+    out = json_value(value, notes)
+    if notes:
+        if not isinstance(out, dict):
+            out = {"value": out}
+        out = {**out, "storage_note": notes.text()}
+    return out if isinstance(out, dict) else {"value": out}
+
+
+__all__ = ["JSON_CAP", "TEXT_CAP", "Notes", "json_value", "result", "text"]
