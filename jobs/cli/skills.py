@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs.cli.envs import env_state, manager, skill_at
+from jobs.cli.envs import register as register_envs
 from jobs.skill import Skill
 
 skills_app = typer.Typer(
@@ -23,7 +25,7 @@ def _wall(skill: Skill) -> str:
     return f"{skill.effective_wall_sec():g}s (default)"
 
 
-def _row(skill: Skill) -> dict[str, object]:
+def _row(skill: Skill, envs: Any = None) -> dict[str, object]:
     return {
         "name": skill.name,
         "skill_type": skill.skill_type.value,
@@ -37,6 +39,7 @@ def _row(skill: Skill) -> dict[str, object]:
         "hint": skill.hint or None,
         "error": skill.error,
         "warnings": list(skill.warnings),
+        "env": env_state(skill, envs),
     }
 
 
@@ -76,10 +79,12 @@ def list_skills(
 
     settings = load_settings()
     registry = load_registry(settings.skill_dirs)
+    envs = manager(settings)
     if as_json:
         typer.echo(
             json.dumps(
-                {"items": [_row(s) for s in registry], "problems": registry.problems}, indent=2
+                {"items": [_row(s, envs) for s in registry], "problems": registry.problems},
+                indent=2,
             )
         )
         return
@@ -87,7 +92,7 @@ def list_skills(
     # Piped output has no terminal width: keep rows on one line for grep/less.
     console = probe if probe.is_terminal else Console(width=200)
     table = Table(title=f"{len(registry)} skills", show_lines=False)
-    for col in ("name", "type", "exec", "async", "wall clock", "category"):
+    for col in ("name", "type", "exec", "async", "wall clock", "category", "env"):
         table.add_column(col, no_wrap=True)
     table.add_column("status", overflow="fold")
     for s in registry:
@@ -107,6 +112,7 @@ def list_skills(
             "yes" if s.is_async else "no",
             _wall(s),
             s.category,
+            env_state(s, envs),
             status,
         )
     console.print(table)
@@ -134,6 +140,7 @@ def check(
         roots = [directory]
     else:
         roots = load_settings().skill_dirs
+    envs = manager(load_settings())
     console = Console(highlight=False)
     findings: list[Finding] = []
     for root in roots:
@@ -145,6 +152,9 @@ def check(
             errs = [f for f in mine if f.level == "error"]
             mark = "[red]✗[/red]" if errs else "[green]✓[/green]"
             console.print(f"{mark} {name}")
+            skill = skill_at(root / name if (root / name).is_dir() else root)
+            if skill is not None and env_state(skill, envs) != "-":
+                console.print(f"    env: {env_state(skill, envs)}")
             for f in mine:
                 color = "red" if f.level == "error" else "yellow"
                 console.print(f"    [{color}]{f.level}:[/{color}] {f.message}", soft_wrap=True)
@@ -160,3 +170,6 @@ def check(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(skills_app, name="skills")
+
+
+register_envs(skills_app)  # `skills prepare`

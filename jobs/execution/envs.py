@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -42,6 +43,8 @@ __all__ = [
     "import_failure",
     "spec_for",
 ]
+
+log = logging.getLogger(__name__)
 
 CREATE_VENV = "creating the virtual environment"
 READY = ".ready"  # written last: an environment without it is incomplete
@@ -313,7 +316,7 @@ def key_line(output: str) -> str:
     for marker in markers:
         for ln in lines:
             if marker in ln:
-                return ln[:MAX_KEY_LINE]
+                return ln.removeprefix("cause: ")[:MAX_KEY_LINE]
     return (lines[-1] if lines else "(no output)")[:MAX_KEY_LINE]
 
 
@@ -379,13 +382,19 @@ class EnvManager:
             return True
         return False
 
+    def forget(self, spec: EnvSpec) -> None:
+        self._ready.discard(self.path_of(spec))
+
     async def prepare(self, skill: Skill) -> Prepared | None:
         """The skill's environment, built first if missing (off the event loop)."""
         spec = spec_for(skill)
         if spec is None:
             return None
         if not self.is_ready(spec):
+            log.info("skill %s: preparing environment (%s)", skill.name, spec.source)
+            t0 = time.monotonic()
             await asyncio.to_thread(self.build, spec)
+            log.info("skill %s: environment ready in %.1f s", skill.name, time.monotonic() - t0)
         return Prepared(spec, self.path_of(spec))
 
     def build(self, spec: EnvSpec) -> Path:

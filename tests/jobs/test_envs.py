@@ -3,6 +3,7 @@ installs from the registries, real subprocesses."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -259,3 +260,32 @@ async def test_node_skill_with_lockfile(ex: Executor, envs_root: Path) -> None:
     assert out.status == "succeeded", out.result
     assert out.result["is_number"] is True
     assert list(envs_root.glob("node-*/node_modules/is-number/package.json"))
+
+
+@network
+def test_cli_prepare_list_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from jobs.cli.app import app
+
+    skills = tmp_path / "skills"
+    copy_skill("req_skill", skills, "with_reqs")
+    copy_skill("bad_dep", skills, "broken_reqs")
+    copy_skill("pep723_plain", skills, "no_reqs")
+    monkeypatch.setenv("SKILLJOBS_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SKILLJOBS_SKILLS_PATH", str(skills))
+    monkeypatch.setenv("COLUMNS", "200")
+    runner = CliRunner()
+    listed = runner.invoke(app, ["skills", "list", "--json"], catch_exceptions=False)
+    rows = {r["name"]: r["env"] for r in json.loads(listed.output)["items"]}
+    assert rows["with_reqs"] == "missing (requirements.txt)" and rows["no_reqs"] == "-"
+    res = runner.invoke(app, ["skills", "prepare", "with_reqs"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "with_reqs: built" in res.output
+    res = runner.invoke(app, ["skills", "prepare"], catch_exceptions=False)
+    assert res.exit_code == 1  # the broken one fails, named with its package
+    assert "with_reqs: ready" in res.output and "skilljobs-no-such-package-zz9" in res.output
+    res = runner.invoke(app, ["skills", "check", str(skills / "with_reqs")])
+    assert "env: ready (requirements.txt)" in res.output
+    res = runner.invoke(app, ["skills", "prepare", "nope"])
+    assert res.exit_code != 0 and "nope" in res.output
