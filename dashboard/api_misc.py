@@ -22,6 +22,7 @@ from delivery.channels import web
 from jobs.catalog.configs import ConfigStore
 from jobs.constants import JOB_EVENTS
 from jobs.models import OpsAction
+from jobs.queue.store import get_job
 from jobs.services import Services
 
 log = logging.getLogger(__name__)
@@ -262,7 +263,8 @@ async def session_events(session_id: str, request: Request) -> StreamingResponse
         raise ApiError(503, "no Redis connection: live events are unavailable", "transient")
 
     async def source() -> AsyncIterator[str]:
-        async for message in web.listen(svc.redis, svc.settings, session_id):
+        live = web.listen(svc.redis, svc.settings, session_id, sessionmaker=svc.sessionmaker)
+        async for message in live:
             yield _sse("message", message)
 
     return _stream(source())
@@ -277,6 +279,18 @@ def _job_event(raw: Any) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not isinstance(data.get("id"), str):
         return None
     return {k: data.get(k) for k in ("id", "status", "skill") if isinstance(data.get(k), str)}
+
+
+async def _stored_job_event(svc: Services, raw: Any) -> dict[str, Any] | None:
+    """A published job event is only a hint (any Redis writer can publish one): the job is
+    loaded by id and its stored status and skill are what the page gets."""
+    event = _job_event(raw)
+    if event is None or len(event["id"]) > 64:
+        return None
+    job = await get_job(svc.sessionmaker, event["id"])
+    if job is None:
+        return None
+    return {"id": job.id, "status": job.status, "skill": job.skill}
 
 
 @stream_router.get("/events")
@@ -294,7 +308,7 @@ async def job_events(request: Request) -> StreamingResponse:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
                 if msg is None or msg.get("type") != "message":
                     continue
-                event = _job_event(msg.get("data"))
+                event = await _stored_job_event(svc, msg.get("data"))
                 if event is not None:
                     yield _sse("job", event)
         finally:

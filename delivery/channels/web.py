@@ -275,11 +275,43 @@ async def list_messages(
     ]
 
 
+def _live_fields(data: Any) -> dict[str, Any] | None:
+    """A live push reduced to the stored-message fields, each of its stored type."""
+    if not isinstance(data, dict):
+        return None
+    msg_id, text, atts = data.get("id"), data.get("text"), data.get("attachments")
+    created, job_id = data.get("created_at"), data.get("job_id")
+    if not isinstance(msg_id, int) or isinstance(msg_id, bool) or not isinstance(text, str):
+        return None
+    if not isinstance(atts, list) or not isinstance(created, int | float):
+        return None
+    job = job_id if isinstance(job_id, str) else None
+    return message_dict(msg_id, text, atts, float(created), job)
+
+
+async def _stored(
+    sessionmaker: async_sessionmaker[AsyncSession], session_id: str, msg_id: int
+) -> dict[str, Any] | None:
+    async with sessionmaker() as s:
+        row = await s.get(SessionMessage, msg_id)
+    if row is None or row.session_id != session_id:
+        return None
+    return message_dict(row.id, row.text, list(row.attachments or []), row.created_at, row.job_id)
+
+
 async def listen(
-    redis_url_or_pool: Any, settings: Settings, session_id: str
+    redis_url_or_pool: Any,
+    settings: Settings,
+    session_id: str,
+    *,
+    sessionmaker: async_sessionmaker[AsyncSession] | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """Live messages pushed to ``session_id``, as stored-message dicts, until the consumer
-    stops iterating. Takes a Redis URL (a connection is opened and closed here) or a pool."""
+    stops iterating. Takes a Redis URL (a connection is opened and closed here) or a pool.
+
+    What arrives on the channel is only a hint (anyone who can write to Redis can publish):
+    with a ``sessionmaker`` the message is loaded by id from this session's stored messages,
+    else it is reduced to the stored-message fields."""
     import redis.asyncio as aioredis
 
     own = isinstance(redis_url_or_pool, str)
@@ -292,9 +324,13 @@ async def listen(
             if msg is None or msg.get("type") != "message":
                 continue
             try:
-                data = json.loads(msg["data"])
+                data = _live_fields(json.loads(msg["data"]))
             except (TypeError, ValueError):
-                log.warning("ignoring a malformed live message on session %s", session_id)
+                data = None
+            if data is not None and sessionmaker is not None:
+                data = await _stored(sessionmaker, session_id, data["id"])
+            if data is None:
+                log.warning("ignoring a live message on session %s: not a stored one", session_id)
                 continue
             yield data
     finally:

@@ -194,6 +194,10 @@ async def _read_events(url: str, headers: dict[str, str], want: int) -> list[tup
 
 
 async def test_job_event_stream_takes_query_token(services) -> None:
+    """Published events are hints: the stream sends each job's stored status and skill,
+    and drops events for jobs that do not exist."""
+    await seed_job(services, id="j1", status="running", skill="d")
+    await seed_job(services, id="j2", status="succeeded", skill="d")
     app = create_app(services.settings, services=services)
     channel = services.settings.key("events:jobs")
     async with LiveServer(app) as live:
@@ -209,11 +213,12 @@ async def test_job_event_stream_takes_query_token(services) -> None:
             if await services.redis.publish(channel, "not json") > 0:
                 break
             await asyncio.sleep(0.05)
-        await services.redis.publish(channel, json.dumps({"id": "j1", "status": "running"}))
+        await services.redis.publish(channel, json.dumps({"id": "ghost", "status": "failed"}))
         await services.redis.publish(channel, json.dumps({"status": "no id"}))
         await services.redis.publish(
-            channel, json.dumps({"id": "j1", "status": "succeeded", "skill": "d", "x": "<b>"})
+            channel, json.dumps({"id": "j1", "status": "succeeded", "skill": "x", "x": "<b>"})
         )
+        await services.redis.publish(channel, json.dumps({"id": "j2"}))
         events = await asyncio.wait_for(reader, 10)
         # the client went away: the stream's subscription is released
         for _ in range(100):
@@ -222,8 +227,8 @@ async def test_job_event_stream_takes_query_token(services) -> None:
             await asyncio.sleep(0.05)
         assert (await services.redis.pubsub_numsub(channel))[0][1] == 0
     assert events == [
-        ("job", {"id": "j1", "status": "running"}),
-        ("job", {"id": "j1", "status": "succeeded", "skill": "d"}),
+        ("job", {"id": "j1", "status": "running", "skill": "d"}),
+        ("job", {"id": "j2", "status": "succeeded", "skill": "d"}),
     ]
 
 

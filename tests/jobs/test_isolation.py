@@ -267,3 +267,46 @@ async def test_a_forged_cancel_message_changes_nothing(services) -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await w.close()
+
+
+async def test_a_forged_live_push_reaches_no_web_session(sessionmaker, redis, settings) -> None:
+    """A message published on a session's live channel by a plain Redis client is not a
+    stored message: a listener with the database drops it and passes on only what is
+    stored; one without is given the stored-message fields only."""
+    import asyncio
+
+    from delivery.channels import web
+    from jobs.constants import SESSION_EVENTS
+
+    await web.ensure_session(sessionmaker, "s-live", role_id="r1", channel="web")
+    channel = settings.key(SESSION_EVENTS, "s-live")
+    got: list[dict] = []
+    reduced: list[dict] = []
+
+    async def consume(into: list[dict], want: int, **kw: object) -> None:
+        async for msg in web.listen(redis, settings, "s-live", **kw):  # type: ignore[arg-type]
+            into.append(msg)
+            if len(into) == want:
+                return
+
+    tasks = [
+        asyncio.create_task(consume(got, 1, sessionmaker=sessionmaker)),
+        asyncio.create_task(consume(reduced, 2)),
+    ]
+    for _ in range(200):
+        if (await redis.pubsub_numsub(channel))[0][1] >= 2:
+            break
+        await asyncio.sleep(0.01)
+    forged = {"id": 424242, "text": "click", "attachments": [], "created_at": 1, "html": "<b>"}
+    await redis.publish(channel, json.dumps(forged))
+    await redis.publish(channel, json.dumps({"id": "x", "html": "<script>"}))
+    await redis.publish(channel, "not json")
+    await asyncio.sleep(0.2)
+    assert got == []
+    stored = await web.post_message(sessionmaker, redis, settings, "s-live", "real", [])
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert got == [stored]
+    assert reduced == [
+        {"id": 424242, "text": "click", "attachments": [], "created_at": 1.0, "job_id": None},
+        stored,
+    ]
