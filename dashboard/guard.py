@@ -11,6 +11,7 @@ JSON body must hold only finite numbers that fit in 64 bits (422, naming the fie
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import time
@@ -21,7 +22,6 @@ from urllib.parse import parse_qsl, urlsplit
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dashboard.server import is_loopback
 from dashboard.tokens import Identity, TokenKey, identify
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,15 @@ class Refusal(Exception):
         self.status = status
         self.error = error
         self.error_type = error_type
+
+
+def is_loopback(host: str) -> bool:
+    if host in {"localhost", "localhost.localdomain"}:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def host_name(value: str) -> str:
@@ -201,9 +210,7 @@ class Guard:
             return raw.strip().lower()
         if raw.strip().lower() in allowed:
             return raw.strip().lower()
-        raise Refusal(
-            421, f"host {name!r} is not served here: add it to SKILLJOBS_ALLOWED_HOSTS"
-        )
+        raise Refusal(421, f"host {name!r} is not served here: add it to SKILLJOBS_ALLOWED_HOSTS")
 
     def check_origin(self, method: str, headers: dict[bytes, bytes], host: str) -> None:
         origin = headers.get(b"origin")
@@ -310,9 +317,7 @@ class Guard:
         check_numbers(path, scope.get("query_string", b"").decode("latin-1"))
         return await self.capped(scope, headers, receive)
 
-    async def capped(
-        self, scope: Scope, headers: dict[bytes, bytes], receive: Receive
-    ) -> Receive:
+    async def capped(self, scope: Scope, headers: dict[bytes, bytes], receive: Receive) -> Receive:
         limit = self.body_limit(scope["path"])
         length = headers.get(b"content-length")
         if length is not None:

@@ -1,52 +1,190 @@
-"""Running the dashboard app under uvicorn (``skilljobs web``)."""
+"""Running the dashboard app under uvicorn (``skilljobs web`` and ``skilljobs up``), with
+the connection hygiene a hostile network needs: a deadline for request heads, short
+keep-alive, a connection cap answered with a fast 503, the descriptor limit raised to
+what the system allows, and accept errors logged at most once in a while."""
 
 from __future__ import annotations
 
-import ipaddress
+import asyncio
+import logging
+import time
+from typing import Any
 
+from dashboard.guard import is_loopback
 from jobs.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MIN_TOKEN_CHARS = 32
+KEEP_ALIVE_S = 5
+MAX_HEAD_BYTES = 16 * 1024
+FD_RESERVE = 64  # descriptors kept for the database, Redis, files and logs
+ACCEPT_LOG_EVERY_S = 10.0
 
 
 class UnsafeBind(ValueError):
-    """Binding beyond loopback without an API token would expose the ops API."""
+    """Binding beyond loopback without a strong API token would expose the ops API."""
 
 
-def is_loopback(host: str) -> bool:
-    if host in {"localhost", "localhost.localdomain"}:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+def _secret(value: Any) -> str:
+    return value.get_secret_value() if value is not None else ""
 
 
 def check_bind(settings: Settings, host: str) -> None:
-    """Raise ``UnsafeBind`` (one-line reason) for a non-loopback host without a token."""
-    token = settings.api_token.get_secret_value() if settings.api_token else ""
-    if not token and not is_loopback(host):
+    """Raise ``UnsafeBind`` (one-line reason) for a non-loopback host without a token, or
+    with a token (operator or read-only) too short to resist guessing."""
+    if is_loopback(host):
+        return
+    token = _secret(settings.api_token)
+    if not token:
         raise UnsafeBind(
             f"refusing to listen on {host}: set SKILLJOBS_API_TOKEN first "
             "(without a token only 127.0.0.1 / ::1 / localhost are allowed)"
         )
+    for name, value in (("API_TOKEN", token), ("API_READ_TOKEN", _secret(settings.api_read_token))):
+        if value and len(value) < MIN_TOKEN_CHARS:
+            raise UnsafeBind(
+                f"refusing to listen on {host}: SKILLJOBS_{name} has {len(value)} characters, "
+                f"at least {MIN_TOKEN_CHARS} are needed beyond loopback"
+            )
 
 
-def build_config(settings: Settings, host: str = "127.0.0.1", port: int = 8000):  # type: ignore[no-untyped-def]
+def raise_fd_limit() -> int:
+    """Raise this process's soft descriptor limit to the hard one; the soft limit after."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("descriptor limit stays at %s: %s", soft, exc)
+    return int(soft) if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+class AcceptErrorFilter(logging.Filter):
+    """At most one accept-error record per interval (descriptor exhaustion otherwise
+    writes thousands a second), with how many were left out."""
+
+    def __init__(self, every_s: float = ACCEPT_LOG_EVERY_S) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self.last = 0.0
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = str(record.msg)
+        if "accept" not in text and "Too many open files" not in text:
+            return True
+        now = time.monotonic()
+        if now - self.last < self.every_s:
+            self.dropped += 1
+            return False
+        if self.dropped:
+            record.msg = f"{text} ({self.dropped} similar errors not logged)"
+        self.last, self.dropped = now, 0
+        return True
+
+
+_ACCEPT_FILTER = AcceptErrorFilter()
+
+
+def install_accept_filter() -> None:
+    for name in ("asyncio", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        if _ACCEPT_FILTER not in logger.filters:
+            logger.addFilter(_ACCEPT_FILTER)
+
+
+def protocol_class(head_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a deadline for each request head: a connection that
+    does not deliver a complete head in time is closed (slow-header attacks)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._watch_head()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._watch_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_head_timer()
+            super().connection_lost(exc)
+
+        def _waiting_for_head(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _watch_head(self) -> None:
+            if not self._waiting_for_head():
+                self._stop_head_timer()
+            elif self._head_timer is None and not self.transport.is_closing():
+                self._head_timer = self.loop.call_later(head_timeout_s, self._head_expired)
+
+        def _stop_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_expired(self) -> None:
+            self._head_timer = None
+            if self._waiting_for_head() and not self.transport.is_closing():
+                self.transport.close()
+
+    return GuardedH11
+
+
+def build_config(
+    settings: Settings,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    app: Any = None,
+    log_level: str | None = None,
+) -> Any:
+    """The uvicorn config of the web app (``app`` defaults to a fresh dashboard app)."""
     import uvicorn
 
     from dashboard.app import create_app
 
     check_bind(settings, host)
+    if not is_loopback(host) and host not in ("0.0.0.0", "::", ""):
+        # The address it was told to listen on is a name it answers to.
+        names = [h for h in settings.allowed_hosts.split(",") if h.strip()]
+        settings.allowed_hosts = ",".join([*names, host.strip("[]")])
+    fds = raise_fd_limit()
+    install_accept_filter()
     return uvicorn.Config(
-        create_app(settings),
+        app if app is not None else create_app(settings),
         host=host,
         port=port,
-        log_level=settings.log_level.lower(),
+        log_level=(log_level or settings.log_level).lower(),
+        lifespan="on",
+        http=protocol_class(settings.web_header_timeout_sec),
         proxy_headers=False,
         # Event-stream URLs may carry ?token=: request lines are never logged.
         access_log=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        limit_concurrency=max(16, min(settings.web_max_connections, fds - FD_RESERVE)),
         # Open event streams would otherwise hold shutdown forever.
         timeout_graceful_shutdown=5,
     )
+
+
+def server_for(settings: Settings, host: str, port: int, *, app: Any = None) -> Any:
+    """A ``uvicorn.Server`` for the app, configured as above."""
+    import uvicorn
+
+    return uvicorn.Server(build_config(settings, host, port, app=app, log_level="warning"))
 
 
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000) -> None:

@@ -59,7 +59,9 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def issue(key: bytes, session_id: str, ttl_sec: int, *, now: float | None = None) -> tuple[str, int]:
+def issue(
+    key: bytes, session_id: str, ttl_sec: int, *, now: float | None = None
+) -> tuple[str, int]:
     """A token for ``session_id`` and the time it expires."""
     expires = int((time.time() if now is None else now) + ttl_sec)
     payload = _b64(json.dumps({"s": session_id, "exp": expires}, separators=(",", ":")).encode())

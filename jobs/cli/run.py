@@ -201,15 +201,11 @@ async def _open(settings: Settings) -> Any:
 
 
 def _web_server(svc: Any, host: str, port: int) -> Any:
-    import uvicorn
-
     from dashboard.app import create_app
+    from dashboard.server import server_for
 
-    app = create_app(svc.settings, services=svc)
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", lifespan="on", access_log=False
-    )
-    return uvicorn.Server(config)
+    # Timeouts, connection cap and descriptor limit of the web app (dashboard.server).
+    return server_for(svc.settings, host, port, app=create_app(svc.settings, services=svc))
 
 
 async def _serve_web(svc: Any, host: str, port: int) -> None:

@@ -73,7 +73,7 @@ def test_serve_refuses_public_bind_without_token(tmp_path: Path) -> None:
         with pytest.raises(UnsafeBind, match="SKILLJOBS_API_TOKEN") as err:
             check_bind(settings, host)
         assert "\n" not in str(err.value)
-    check_bind(make_settings(tmp_path, redis_url=None, prefix="x", api_token="t"), "0.0.0.0")
+    check_bind(make_settings(tmp_path, redis_url=None, prefix="x", api_token="t" * 32), "0.0.0.0")
     with pytest.raises(UnsafeBind):  # refused before anything is bound
         serve(settings, host="0.0.0.0", port=free_port())
 
