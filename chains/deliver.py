@@ -1,8 +1,9 @@
 """Delivering a chain's outcome to the schedule's ``deliver`` recipient, once.
 
 ``{to}`` goes through ``send_message``, ``{target}`` through ``notify``, ``{session_id}``
-to that web chat session. Each send is recorded in the delivery ledger under a key made
-from the run id and recipient, so a resumed or re-run chain never sends it twice.
+to that web chat session. Files go along only from inside the chain's workspace. Each send
+is recorded in the delivery ledger under a key made from the run id and recipient, so a
+resumed or re-run chain never sends it twice.
 """
 
 from __future__ import annotations
@@ -136,9 +137,16 @@ async def _send(
     from delivery.errors import DeliveryPermanentError
 
     if route == "session":
+        from delivery.artifacts import ArtifactRefused, resolve_inside
         from delivery.channels.web import post_message
 
-        atts = [{"local_path": p, "filename": Path(p).name} for p in attach]
+        if attach and workspace is None:
+            raise DeliveryPermanentError("attachments refused: the chain has no workspace")
+        try:
+            inside = [str(resolve_inside(p, workspace)) for p in attach] if workspace else []
+        except ArtifactRefused as exc:
+            raise DeliveryPermanentError(f"attachment refused: {exc.reason}") from exc
+        atts = [{"local_path": p, "filename": Path(p).name} for p in inside]
         await post_message(
             services.sessionmaker,
             services.redis,
@@ -157,6 +165,7 @@ async def _send(
             target=deliver["target"],
             title=deliver.get("title"),
             attach=attach or None,
+            workspace=workspace,
         )
     else:
         from delivery.channels.registry import channels_for

@@ -5,7 +5,8 @@ Declared files: top-level ``filename`` / ``local_path`` (kind from a string ``me
 ``path`` / ``filename``). Paths may be absolute, workspace-relative or ``~/``; they must resolve
 INSIDE the workspace (``..`` and symlink escapes are refused). Refused and missing files are
 reported, never raised. Backfill adds undeclared top-level workspace files when the skill
-declared none itself.
+declared none itself — only those this run created or changed (``jobs.runscope``), at most
+:data:`BACKFILL_MAX_FILES`; one delivery carries at most :data:`DELIVERY_MAX_BYTES`.
 
 ``collect`` reads files (sniffing, SHA-256); from async code call ``acollect``.
 """
@@ -20,12 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from jobs.media import HEAD_BYTES, MEDIA_KINDS, file_digest, media_of, sniff, sniff_bytes
+from jobs.runscope import RunChanges
 
 log = logging.getLogger(__name__)
 
 MEDIA_LISTS = {"images": "image", "videos": "video", "audios": "audio", "files": "file"}
 BACKFILL_EXCLUDED_SUFFIXES = frozenset({".py", ".js", ".sh", ".log", ".tmp", ".srt", ".pyc"})
 BACKFILL_EXCLUDED_PREFIXES = (".", "toolout_")
+BACKFILL_MAX_FILES = 20
+DELIVERY_MAX_BYTES = 200 * 1024 * 1024
+CAP_REASON = (
+    f"not sent: over the per-delivery cap ({BACKFILL_MAX_FILES} files backfilled, "
+    f"{DELIVERY_MAX_BYTES // (1024 * 1024)} MB in all)"
+)
+
+Problems = list[dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +162,19 @@ def declares_own_files(result: dict[str, Any]) -> bool:
     return any(d.source_url is None for d in declared_files(result))
 
 
-def backfill(result: dict[str, Any], workspace: Path) -> list[Path]:
-    """Top-level workspace files the result does not declare (only if it declares none)."""
+def backfill(
+    result: dict[str, Any],
+    workspace: Path,
+    changes: RunChanges | None = None,
+    problems: Problems | None = None,
+) -> list[Path]:
+    """Top-level workspace files the result does not declare (only if it declares none).
+
+    With ``changes`` (what this run created or changed), only those files; the ones another
+    run of the workspace may have written are attributed to neither and reported in
+    ``problems``, as are symlinks that lead outside and files over the cap. Without
+    ``changes`` every top-level file is a candidate.
+    """
     workspace = Path(workspace)
     if declares_own_files(result) or not workspace.is_dir():
         return []
@@ -163,52 +184,88 @@ def backfill(result: dict[str, Any], workspace: Path) -> list[Path]:
             declared.add(resolve_inside(d.raw, workspace))
         except ArtifactRefused:
             continue
-    found = []
-    for path in sorted(workspace.iterdir(), key=lambda p: p.name):
-        if path.name.startswith(BACKFILL_EXCLUDED_PREFIXES):
-            continue
-        if path.suffix.lower() in BACKFILL_EXCLUDED_SUFFIXES:
+    report = problems if problems is not None else []
+    if changes is None:
+        names = sorted(p.name for p in workspace.iterdir())
+    else:
+        names = list(changes.mine)
+        for name, rivals in sorted(changes.ambiguous.items()):
+            if _backfillable(name):
+                why = "written while another run of this workspace was running (job "
+                report.append(
+                    {"path": name, "field": "backfill", "reason": why + ", ".join(rivals) + ")"}
+                )
+    found: list[Path] = []
+    for name in names:
+        if not _backfillable(name):
             continue
         try:
-            real = resolve_inside(path.name, workspace)
-        except ArtifactRefused:
+            real = resolve_inside(name, workspace)
+        except ArtifactRefused as exc:
+            if changes is not None and "outside" in exc.reason:
+                report.append({"path": name, "field": "backfill", "reason": exc.reason})
             continue
-        if real not in declared:
-            found.append(real)
+        if real in declared or real in found:
+            continue
+        if len(found) >= BACKFILL_MAX_FILES:
+            report.append({"path": name, "field": "backfill", "reason": CAP_REASON})
+            continue
+        found.append(real)
     return found
 
 
+def _backfillable(name: str) -> bool:
+    if name.startswith(BACKFILL_EXCLUDED_PREFIXES):
+        return False
+    return Path(name).suffix.lower() not in BACKFILL_EXCLUDED_SUFFIXES
+
+
 def collect(
-    result: dict[str, Any], workspace: Path, problems: list[dict[str, Any]] | None = None
+    result: dict[str, Any],
+    workspace: Path,
+    problems: Problems | None = None,
+    changes: RunChanges | None = None,
 ) -> list[ArtifactInfo]:
     """Every declared file plus backfill, each vetted and described once.
 
     Refused or missing files are left out and appended to ``problems`` as
     ``{"path", "field", "reason"}`` (and logged).
     """
-    return describe_all(candidates(result, workspace), workspace, problems)
+    found = candidates(result, workspace, changes, problems)
+    return describe_all(found, workspace, problems)
 
 
-def candidates(result: dict[str, Any], workspace: Path) -> list[_Declared]:
+def candidates(
+    result: dict[str, Any],
+    workspace: Path,
+    changes: RunChanges | None = None,
+    problems: Problems | None = None,
+) -> list[_Declared]:
     """The files a result declares plus the backfill (a listing of the workspace, no reads)."""
     workspace = Path(workspace)
     found = declared_files(result)
-    found += [_Declared(str(p), "backfill", None) for p in backfill(result, workspace)]
+    extra = backfill(result, workspace, changes, problems)
+    found += [_Declared(str(p), "backfill", None) for p in extra]
     return found
 
 
 def describe_all(
-    declared: list[_Declared], workspace: Path, problems: list[dict[str, Any]] | None = None
+    declared: list[_Declared], workspace: Path, problems: Problems | None = None
 ) -> list[ArtifactInfo]:
     workspace = Path(workspace)
     seen: set[Path] = set()
     artifacts: list[ArtifactInfo] = []
+    total = 0
     for d in declared:
         try:
             real = resolve_inside(d.raw, workspace)
             if real in seen:
                 continue
             seen.add(real)
+            size = real.stat().st_size
+            if total + size > DELIVERY_MAX_BYTES:
+                raise ArtifactRefused(CAP_REASON)
+            total += size
             artifacts.append(_describe(real, d))
         except (ArtifactRefused, OSError) as exc:
             reason = exc.reason if isinstance(exc, ArtifactRefused) else f"unreadable: {exc}"
@@ -219,12 +276,15 @@ def describe_all(
 
 
 async def acollect(
-    result: dict[str, Any], workspace: Path, problems: list[dict[str, Any]] | None = None
+    result: dict[str, Any],
+    workspace: Path,
+    problems: Problems | None = None,
+    changes: RunChanges | None = None,
 ) -> list[ArtifactInfo]:
     """``collect`` for async code: the listing runs inline (a directory read), the file
     reads (sniffing, SHA-256) in a worker thread, and only when there are files. A hop to a
     thread costs milliseconds on a busy loop, which most results never need."""
-    found = candidates(result, workspace)
+    found = candidates(result, workspace, changes, problems)
     if not found:
         return []
     return await asyncio.to_thread(describe_all, found, workspace, problems)

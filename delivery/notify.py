@@ -3,6 +3,14 @@
 Apprise sends block, so every send runs in a thread with a timeout. Each service URL gets its
 own ``Apprise`` instance, so the result says which targets got the message and which did not.
 URLs are never logged or returned with their credentials.
+
+What may be sent where: attachments must resolve inside the caller's workspace (no workspace,
+no attachments); a bare URL is accepted only when its scheme and host are listed in
+``SKILLJOBS_NOTIFY_ALLOW_URLS`` (aliases are the operator's own); and every URL whose service
+connects to a host named in the URL (json, form, xml, ntfy, gotify, self-hosted chat
+webhooks…) passes the fetcher's outbound policy first: public https only, no private or
+internal address, unless the host is in ``SKILLJOBS_FETCH_ALLOW_HOSTS``. Each refusal is a
+failed target naming the rule.
 """
 
 from __future__ import annotations
@@ -14,6 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from delivery.artifacts import ArtifactRefused, resolve_inside
+from delivery.pinned import Resolver, system_resolver
+from delivery.urlsafety import RefusedURL, check_ip, check_url
+
 if TYPE_CHECKING:
     from jobs.settings import Settings
 
@@ -21,6 +33,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 _URL_RE = re.compile(r"^[a-z][a-z0-9+.\-]*://", re.I)
+# Services that name a host in their URL but do not speak HTTP to it.
+NON_HTTP_SCHEMES = frozenset({"mailto", "mailtos", "mqtt", "mqtts", "syslog", "rsyslog", "growl"})
 
 
 def mask_url(url: str) -> str:
@@ -48,10 +62,16 @@ def mask_url(url: str) -> str:
 
 def resolve_target(settings: Settings, target: Any) -> tuple[list[str], str | None]:
     """``(urls, error)``: an alias's URLs, a bare URL, or a list of either."""
+    found, err = _resolve(settings, target)
+    return [u for u, _ in found], err
+
+
+def _resolve(settings: Settings, target: Any) -> tuple[list[tuple[str, bool]], str | None]:
+    """``([(url, bare)…], error)``: ``bare`` marks a URL given directly, not by alias."""
     if isinstance(target, list | tuple):
-        urls: list[str] = []
+        urls: list[tuple[str, bool]] = []
         for t in target:
-            found, err = resolve_target(settings, t)
+            found, err = _resolve(settings, t)
             if err:
                 return [], err
             urls.extend(found)
@@ -66,29 +86,89 @@ def resolve_target(settings: Settings, target: Any) -> tuple[list[str], str | No
     if target in aliases:
         if not aliases[target]:
             return [], f"notify target {target!r} has no URLs configured"
-        return list(aliases[target]), None
+        return [(u, False) for u in aliases[target]], None
     if _URL_RE.match(target):
-        return [target], None
+        return [(target, True)], None
     known = ", ".join(sorted(aliases)) or "none configured"
     return [], f"unknown notify target {target!r} (aliases: {known}; or give an Apprise URL)"
 
 
-def _check_attachments(attach: Any) -> tuple[list[str], str | None]:
+def bare_url_allowed(url: str, allow: list[str]) -> bool:
+    """A bare URL's scheme and host (and port, when the entry names one) are allow-listed."""
+    try:
+        parts = urlsplit(url)
+        scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return False
+    for entry in allow:
+        try:
+            e = urlsplit(entry if "://" in entry else f"{entry}://")
+            e_host, e_port = (e.hostname or "").lower(), e.port
+        except ValueError:
+            continue
+        if e.scheme.lower() == scheme and e_host == host and e_port in (None, port):
+            return True
+    return False
+
+
+async def outbound_refusal(
+    url: str, allow_hosts: list[str], resolver: Resolver = system_resolver
+) -> str | None:
+    """Why the outbound policy refuses the host this Apprise URL would connect to (None when
+    it may go, or when the service's endpoint is fixed by Apprise rather than the URL)."""
+    try:
+        import apprise
+
+        plugin = apprise.Apprise.instantiate(url, suppress_exceptions=True)
+    except Exception:
+        plugin = None
+    if not plugin:
+        return None  # not a valid Apprise URL: the send itself reports that
+    host = getattr(plugin, "host", None)
+    templated = any("{host}" in t for t in getattr(plugin, "templates", ()) or ())
+    scheme = urlsplit(url).scheme.lower()
+    if not templated or not isinstance(host, str) or not host or scheme in NON_HTTP_SCHEMES:
+        return None
+    http = "https" if getattr(plugin, "secure", False) else "http"
+    port = getattr(plugin, "port", None)
+    shown = f"[{host}]" if ":" in host else host
+    try:
+        target = check_url(f"{http}://{shown}{f':{port}' if port else ''}/", allow_hosts)
+        if target.allow_listed or target.ip is not None:
+            return None
+        try:
+            answers = await resolver(target.host, target.port)
+        except OSError as exc:
+            return f"cannot resolve {target.host}: {exc}"
+        for ip in answers:
+            check_ip(ip)
+    except RefusedURL as exc:
+        return f"refused by the outbound policy: {exc.reason}"
+    return None
+
+
+def _check_attachments(attach: Any, workspace: Path | None) -> tuple[list[str], str | None]:
+    """Attachments as real paths inside ``workspace`` (relative ones are taken from it)."""
     if attach in (None, "", []):
         return [], None
     items = [attach] if isinstance(attach, str) else attach
     if not isinstance(items, list | tuple):
         return [], "attach must be a path or a list of paths"
+    if workspace is None:
+        return [], "attachments refused: the caller has no workspace to send files from"
     paths: list[str] = []
     for a in items:
         if not isinstance(a, str) or not a:
             return [], f"attachment {a!r} is not a path"
-        p = Path(a).expanduser()
-        if not p.is_absolute():
-            return [], f"attachment must be an absolute path: {a}"
-        if not p.is_file():
-            return [], f"attachment not found: {a}"
-        paths.append(str(p))
+        try:
+            real = resolve_inside(a, Path(workspace))
+        except ArtifactRefused as exc:
+            reason = exc.reason
+            if reason.startswith("missing file"):
+                return [], f"attachment not found: {a}"
+            return [], f"attachment refused: {reason}"
+        if str(real) not in paths:
+            paths.append(str(real))
     return paths, None
 
 
@@ -122,31 +202,34 @@ async def notify(
     message: str,
     *,
     target: Any,
+    workspace: Path | None,
     title: str | None = None,
     attach: Any = None,
     send_timeout: float = DEFAULT_TIMEOUT,
+    resolver: Resolver = system_resolver,
 ) -> dict[str, Any]:
-    """Send ``message`` to every URL of ``target`` (an alias or a bare Apprise URL).
+    """Send ``message`` to every URL of ``target`` (an alias or an allow-listed bare URL),
+    with ``attach`` taken only from inside ``workspace`` (``None``: no attachments).
 
     Returns ``{"ok", "sent": [masked url…], "failed": [{"target", "error"}…], "message"}``
     with ``ok = bool(sent) and not failed``.
     """
     label = target if isinstance(target, str) and not _URL_RE.match(target) else None
-    urls, err = resolve_target(settings, target)
+    urls, err = _resolve(settings, target)
     if err:
         return _result([], [{"target": str(label or mask_url(str(target))), "error": err}])
     body = message if isinstance(message, str) else ("" if message is None else str(message))
-    paths, err = _check_attachments(attach)
+    paths, err = _check_attachments(attach, workspace)
     if not err and not body.strip() and not paths:
         err = "empty message"
     if err:
-        return _result([], [{"target": mask_url(u), "error": err} for u in urls])
+        return _result([], [{"target": mask_url(u), "error": err} for u, _ in urls])
+    allowed, failed = await _vet(settings, urls, resolver)
     outcomes = await asyncio.gather(
-        *(_send_one(u, body, title or "", paths, send_timeout) for u in urls)
+        *(_send_one(u, body, title or "", paths, send_timeout) for u in allowed)
     )
     sent: list[str] = []
-    failed: list[dict[str, str]] = []
-    for url, (ok, why) in zip(urls, outcomes, strict=True):
+    for url, (ok, why) in zip(allowed, outcomes, strict=True):
         masked = mask_url(url)
         if ok:
             sent.append(masked)
@@ -154,6 +237,26 @@ async def notify(
             log.warning("notify %s failed: %s", masked, why)
             failed.append({"target": masked, "error": why})
     return _result(sent, failed)
+
+
+async def _vet(
+    settings: Settings, urls: list[tuple[str, bool]], resolver: Resolver
+) -> tuple[list[str], list[dict[str, str]]]:
+    """The URLs that may be used, and a failed target (with the rule) for each other one."""
+    allow = settings.notify_allow_list
+    allowed: list[str] = []
+    failed: list[dict[str, str]] = []
+    for url, bare in urls:
+        if bare and not bare_url_allowed(url, allow):
+            why = "bare Apprise URL refused: its scheme and host are not in notify_allow_urls"
+        else:
+            why = await outbound_refusal(url, settings.allow_hosts, resolver) or ""
+        if why:
+            log.warning("notify %s refused: %s", mask_url(url), why)
+            failed.append({"target": mask_url(url), "error": why})
+        else:
+            allowed.append(url)
+    return allowed, failed
 
 
 def _result(sent: list[str], failed: list[dict[str, str]]) -> dict[str, Any]:

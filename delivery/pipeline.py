@@ -3,7 +3,7 @@
 1. fake-success flip (the result envelope is normalized),
 2. ``local_path`` filled from ``filename``,
 3. remote URLs materialized into the workspace (outbound policy enforced),
-4. artifacts collected (declared + backfill) and stored,
+4. artifacts collected (declared + backfill of what this run wrote) and stored,
 5. delivery to the job's origin, each item once (the ledger).
 
 A failed result skips 2–4: the user gets a short failure notice, not half an artifact set.
@@ -25,6 +25,7 @@ from delivery.materialize import materialize
 from delivery.router import deliver_result, workspace_of
 from jobs.envelope import is_failure, normalize
 from jobs.models import Artifact
+from jobs.runscope import RunScope
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +69,16 @@ async def postprocess(
     *,
     fence: Fence,
     deliver: bool = True,
+    scope: RunScope | None = None,
 ) -> PostResult:
     """Run the post-processing steps for ``job``'s ``result`` and deliver it.
 
     ``fence`` (``async () -> bool``) is checked before writes and before each send; once it
-    says False nothing more is written or sent.
+    says False nothing more is written or sent. ``scope`` is the run's workspace snapshot:
+    backfill then takes only the files this run wrote (without it, every top-level file).
     """
     settings = services.settings
+    changes = scope.finish() if scope is not None else None
     env = normalize(result, job.skill)
     post = PostResult(result=env)
     if not is_failure(env):
@@ -88,7 +92,7 @@ async def postprocess(
             log.exception("job %s: materialization failed", job.id)
             post.problems.append({"path": "", "field": "materialize", "reason": str(exc)})
         post.result = env
-        post.artifacts = await acollect(env, workspace, post.problems)
+        post.artifacts = await acollect(env, workspace, post.problems, changes)
         if not await fence():
             return post
         if post.artifacts or getattr(job, "attempts", 1) > 1:

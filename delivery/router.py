@@ -24,7 +24,7 @@ from delivery.channels.registry import channels_for
 from delivery.channels.web import WEB_CHANNELS, Outgoing, WebChannel, attachment_dict
 from delivery.ledger import LeaseLost, LedgerEntry, deliver_once, ledger_key, owner_id
 from delivery.render import TEXT_CAP, failure_text, render
-from jobs.context import results_dir
+from jobs.context import job_segment, results_dir
 from jobs.envelope import is_failure
 from jobs.media import media_kind
 from jobs.texts import language_of
@@ -69,7 +69,7 @@ def origin_of(job: Any) -> Origin:
 
 def workspace_of(settings: Any, job: Any) -> Path:
     """The job's workspace, the same directory its skill ran in (``jobs.context``)."""
-    return _workspace(str(settings.resolved_workspace_root), job.role_id, job.session_id)
+    return _workspace(str(settings.resolved_workspace_root), job.role_id, job_segment(job))
 
 
 _workspace = functools.lru_cache(maxsize=4096)(results_dir)

@@ -3,15 +3,26 @@
 ``to`` accepts ``"feishu:ou_x"``, ``"ou_x"`` with ``channel="feishu"``,
 ``{"channel": "feishu", "contact": "ou_x"}``, or a list of those. For ``web``/``web_admin``
 the contact is the chat ``session_id``. Fire-and-forget: nothing waits for replies.
+
+Who may be reached: attachments only from inside the caller's workspace (no workspace, no
+attachments). A skill's send to a web session needs that session to belong to the skill's
+role and org. ``send_message`` called directly from the chat line (by the model, not by a
+business skill) reaches only the caller's own origin — the same channel and person, or the
+same web session — unless ``SKILLJOBS_SEND_ALLOW`` gives the role more recipient patterns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+
+from delivery.artifacts import ArtifactRefused, resolve_inside
 from delivery.channels.base import (
     Channel,
     DeliveryPermanentError,
@@ -19,9 +30,70 @@ from delivery.channels.base import (
     with_retries,
 )
 from jobs.media import media_kind
+from jobs.models import ChatSession
 
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 KNOWN_CHANNELS = ("feishu", "wecom", "dingtalk", "telegram", "web", "web_admin")
+WEB = frozenset({"web", "web_admin"})
+
+
+@dataclass(frozen=True)
+class Sender:
+    """Who is sending: the calling skill's identity. ``direct`` is a send the chat line
+    dispatched itself; ``allow`` the extra recipient patterns of its role."""
+
+    role_id: str = ""
+    org_id: str = ""
+    channel: str = ""
+    actor_key: str = ""
+    session_id: str = ""
+    direct: bool = False
+    allow: tuple[str, ...] = ()
+
+    def own(self, channel: str, contact: str) -> bool:
+        if channel in WEB:
+            return bool(self.session_id) and contact == self.session_id
+        return channel == self.channel.strip().lower() and contact == self.actor_key != ""
+
+    def reason_refused(self, channel: str, contact: str) -> str | None:
+        """Why a direct send may not reach ``channel:contact`` (None: it may)."""
+        if not self.direct or self.own(channel, contact):
+            return None
+        label = f"{channel}:{contact}"
+        if any(fnmatch.fnmatchcase(label, p) for p in self.allow):
+            return None
+        return (
+            "refused: from the chat line, send_message reaches only your own chat "
+            "(the role's send_allow does not list this recipient)"
+        )
+
+
+async def _web_refusals(
+    sessionmaker: Any, sender: Sender, recipients: list[tuple[str, str]]
+) -> dict[tuple[str, str], str]:
+    """Web recipients whose session does not belong to the sender's role and org."""
+    wanted = {c for ch, c in recipients if ch in WEB and c != sender.session_id}
+    if not wanted:
+        return {}
+    if sessionmaker is None:
+        return {(ch, c): "web delivery is not configured" for ch, c in recipients if c in wanted}
+    async with sessionmaker() as s:
+        rows = await s.execute(
+            select(ChatSession.session_id, ChatSession.role_id, ChatSession.org_id).where(
+                ChatSession.session_id.in_(wanted)
+            )
+        )
+        owners = {sid: (role or "", org or "") for sid, role, org in rows}
+    out: dict[tuple[str, str], str] = {}
+    for ch, c in recipients:
+        if ch not in WEB or c not in wanted:
+            continue
+        owner = owners.get(c)
+        if owner is None:
+            out[(ch, c)] = f"unknown session {c!r}"
+        elif owner != (sender.role_id, sender.org_id):
+            out[(ch, c)] = "refused: that chat session belongs to another role or organization"
+    return out
 
 
 def parse_recipients(
@@ -75,24 +147,23 @@ def parse_recipients(
 
 
 def _attachment_paths(attachments: Any, workspace: Path | None) -> tuple[list[str], str | None]:
+    """Attachments as real paths inside ``workspace`` (symlinks followed)."""
     if attachments in (None, "", []):
         return [], None
     items = [attachments] if isinstance(attachments, str | dict) else list(attachments)
+    if workspace is None:
+        return [], "attachments refused: the caller has no workspace to send files from"
     out: list[str] = []
     for a in items:
         raw = a.get("local_path") or a.get("path") if isinstance(a, dict) else a
         if not isinstance(raw, str) or not raw:
             return [], f"attachment {a!r} has no local path"
-        p = Path(raw).expanduser()
-        if not p.is_absolute():
-            if workspace is None:
-                return [], f"attachment must be an absolute path: {raw}"
-            p = workspace / p
-        p = p.resolve()
-        if workspace is not None and not p.is_relative_to(workspace.resolve()):
+        try:
+            p = resolve_inside(raw, workspace)
+        except ArtifactRefused as exc:
+            if exc.reason.startswith("missing file"):
+                return [], f"attachment not found: {raw}"
             return [], f"attachment is outside the workspace: {raw}"
-        if not p.is_file():
-            return [], f"attachment not found: {raw}"
         if str(p) not in out:
             out.append(str(p))
     return out, None
@@ -129,13 +200,25 @@ async def send_message(
     channel: str | None = None,
     workspace: Path | None = None,
     backoff: float = 1.0,
+    sender: Sender | None = None,
+    sessionmaker: Any = None,
 ) -> dict[str, Any]:
-    """Send ``text`` and ``attachments`` to every recipient in ``to``.
+    """Send ``text`` and ``attachments`` (only from inside ``workspace``) to every recipient
+    in ``to``; a ``sender`` (a skill) is held to the recipient rules above.
 
     Returns ``{"ok", "sent": ["<channel>:<contact>"…], "failed": [{"target", "error"}…],
     "message"}`` with ``ok = bool(sent) and not failed``.
     """
     recipients, failed = parse_recipients(to, channel)
+    if sender is not None:
+        refused = await _web_refusals(sessionmaker, sender, recipients)
+        for ch, c in recipients:
+            why = sender.reason_refused(ch, c) or refused.get((ch, c))
+            if why:
+                failed.append({"target": f"{ch}:{c}", "error": why})
+        recipients = [
+            r for r in recipients if f"{r[0]}:{r[1]}" not in {f["target"] for f in failed}
+        ]
     body = text if isinstance(text, str) else ("" if text is None else str(text))
     paths, err = _attachment_paths(attachments, workspace)
     if err is None and not body.strip() and not paths:

@@ -6,7 +6,9 @@ chat line, the workers and the chains all build it the same way.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -236,10 +238,10 @@ def background_context(
         team_id="",
         abort_signal=None,
     )
-    return ctx
-
     if _str(origin.get("locale")):
         ctx["locale"] = _str(origin.get("locale"))  # the language of what the job says (C14)
+    return ctx
+
 
 def workspace_dir(
     root: str | os.PathLike[str], role_id: str | None, session_id: str | None
@@ -260,6 +262,45 @@ def results_dir(root: str | os.PathLike[str], role_id: str | None, session_id: s
     return workspace_dir(root, role_id, session_id) or (
         Path(root) / (_segment(session_id) or "shared")
     )
+
+
+# Channels whose results go to a chat session, not to a person's ``actor_key``.
+SESSION_CHANNELS = frozenset({"web", "web_admin"})
+
+
+def recipient_segment(channel: str, actor_key: str) -> str:
+    """``<channel>-<hash of actor_key>``: the workspace segment of one person on one
+    third-party channel (a valid single path segment whatever the key contains)."""
+    ch = re.sub(r"[^a-z0-9_]", "_", _str(channel).strip().lower())[:32] or "channel"
+    digest = hashlib.sha256(_str(actor_key).encode("utf-8")).hexdigest()[:20]
+    return f"{ch}-{digest}"
+
+
+def job_segment(job: Any) -> str:
+    """The workspace segment of a queued job: its session, else (third-party channels) its
+    recipient, else ``shared``. Two people never share a background workspace."""
+    session = _segment(getattr(job, "session_id", ""))
+    if session:
+        return session
+    channel = _str(getattr(job, "channel", "")).strip().lower()
+    actor = _str(getattr(job, "actor_key", "")).strip()
+    orgdeleg = _str(getattr(job, "external_id", "")).startswith("orgdeleg:")
+    if channel and channel not in SESSION_CHANNELS and actor and not orgdeleg:
+        return recipient_segment(channel, actor)
+    return "shared"
+
+
+def job_workspace(root: str | os.PathLike[str], job: Any) -> Path | None:
+    """Where a queued job's skill runs: ``<root>/<role_id>/<job segment>``; None without a
+    role (such a job has no workspace)."""
+    role = _segment(getattr(job, "role_id", ""))
+    return Path(root) / role / job_segment(job) if role else None
+
+
+def job_results_dir(root: str | os.PathLike[str], job: Any) -> Path:
+    """Where a queued job's results are post-processed: its workspace, or
+    ``<root>/<job segment>`` for a job without a role."""
+    return job_workspace(root, job) or Path(root) / job_segment(job)
 
 
 def _segment(value: str | None) -> str:

@@ -24,6 +24,7 @@ from jobs.db import DB_UNAVAILABLE
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT
 from jobs.queue import broker, store
 from jobs.queue.stall import StallWatch
+from jobs.runscope import RunScope, begin_run
 from jobs.services import Services
 
 log = logging.getLogger("skilljobs.worker")
@@ -78,6 +79,7 @@ class JobRunner:
         self.inner: dict[str, asyncio.Task[Any]] = {}  # job id → running executor task
         self.cancel_asked: set[str] = set()
         self.lost: set[str] = set()
+        self.scopes: dict[str, RunScope | None] = {}  # job id → its run's workspace snapshot
         # Jobs whose skill has finished, being post-processed and delivered. They no longer
         # hold a worker slot (max_jobs bounds running skills); at most ``max_finishing``
         # (twice max_jobs: the stage lingers ``linger`` seconds before each batch).
@@ -157,6 +159,9 @@ class JobRunner:
         self.inner.pop(job_id, None)
         self.cancel_asked.discard(job_id)
         self.lost.discard(job_id)
+        scope = self.scopes.pop(job_id, None)
+        if scope is not None:
+            scope.close()
 
     def _finish_gate(self) -> asyncio.Semaphore:
         if self._gate is None:
@@ -182,6 +187,7 @@ class JobRunner:
         job_id = job.id
         input_data = svc.box.unseal(job.input or {})
         ctx = svc.box.unseal(job.context or {})
+        self.scopes[job_id] = begin_run(svc.settings, job, ctx)
         task = asyncio.create_task(self.executor.execute(job.skill, input_data, ctx))
         self.inner[job_id] = task
         # Published while the skill starts, not before: the event is for people watching.
@@ -311,7 +317,8 @@ class JobRunner:
                 return True
             return await store.holds_lease(self.svc.sessionmaker, job.id, token)
 
-        return await postprocess(self.svc, job, result, fence=fence)
+        scope = self.scopes.get(job.id)
+        return await postprocess(self.svc, job, result, fence=fence, scope=scope)
 
     async def _record(
         self,
@@ -348,12 +355,10 @@ class JobRunner:
     def _for_storage(self, job: Any, result: dict[str, Any] | None) -> dict[str, Any] | None:
         if result is None:
             return None
-        from jobs.context import workspace_dir
+        from jobs.context import job_workspace
         from jobs.envelope import offload
 
-        workspace = workspace_dir(
-            self.svc.settings.resolved_workspace_root, job.role_id, job.session_id
-        )
+        workspace = job_workspace(self.svc.settings.resolved_workspace_root, job)
         try:
             result = offload(result, workspace, job.skill)
         except Exception as exc:  # a full disk must not lose the outcome

@@ -15,24 +15,12 @@ INPUT_SCHEMA = {
             "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
         },
         "attach": {
-            "description": "local file path(s)",
+            "description": "file path(s) inside the workspace (relative ones are taken from it)",
             "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}],
         },
     },
     "required": ["target"],
 }
-
-
-def _paths(attach: Any, workspace: str | None) -> Any:
-    items = [attach] if isinstance(attach, str) else attach
-    if not isinstance(items, list) or not workspace:
-        return attach
-    return [
-        str(Path(workspace) / a)
-        if isinstance(a, str) and a and not Path(a).expanduser().is_absolute()
-        else a
-        for a in items
-    ]
 
 
 async def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
@@ -41,9 +29,14 @@ async def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, 
 
     data = input_data or {}
     message = data.get("message") or data.get("text") or ""
-    attach = _paths(data.get("attach") or data.get("attachments"), ctx.get("workspace_dir"))
+    workspace = ctx.get("workspace_dir")
     result = await notify(
-        Settings(), message, target=data.get("target"), title=data.get("title"), attach=attach
+        Settings(),
+        message,
+        target=data.get("target"),
+        title=data.get("title"),
+        attach=data.get("attach") or data.get("attachments"),
+        workspace=Path(workspace) if workspace else None,
     )
     if not result["ok"]:
         result["error"] = result["message"]

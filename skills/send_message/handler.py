@@ -18,6 +18,7 @@ async def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, 
     data = input_data or {}
     settings = Settings()
     workspace = ctx.get("workspace_dir")
+    sender = _sender(ctx, settings)
     redis = None
     if settings.redis_url:
         import redis.asyncio as aioredis
@@ -40,6 +41,8 @@ async def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, 
                 attachments=data.get("attach") or data.get("attachments"),
                 channel=data.get("channel"),
                 workspace=Path(workspace) if workspace else None,
+                sender=sender,
+                sessionmaker=sessionmaker,
             )
     finally:
         if redis is not None:
@@ -49,3 +52,28 @@ async def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, 
     if not result["ok"]:
         result["error"] = result["message"]
     return result
+
+
+def _sender(ctx: dict[str, Any], settings: Any) -> Any:
+    """The caller's identity. Called by the platform itself (depth 0) on the chat line, the
+    send is the model's own choice of recipient: only the caller's origin, unless the role's
+    ``send_allow`` patterns say more. Business skills (through call_skill) and chains choose
+    recipients from their data."""
+    from delivery.send_message import Sender
+
+    depth = getattr(ctx.get("call_skill"), "depth", 0)
+    direct = depth == 0 and ctx.get("chat_mode") is not False
+    role = str(ctx.get("role_id") or "")
+    try:
+        allow = tuple(settings.send_allow_map.get(role, ()))
+    except ValueError:
+        allow = ()  # a malformed setting allows nothing more
+    return Sender(
+        role_id=role,
+        org_id=str(ctx.get("org_id") or ""),
+        channel=str(ctx.get("channel") or ""),
+        actor_key=str(ctx.get("actor_key") or ""),
+        session_id=str(ctx.get("session_id") or ""),
+        direct=direct,
+        allow=allow,
+    )

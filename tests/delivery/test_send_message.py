@@ -100,7 +100,11 @@ async def test_partial_failure_unknown_and_unconfigured_channels(channels, tg) -
 
 async def test_attachments_caption_vs_separate_text(channels, tg, fs, chart) -> None:
     r = await send_message(
-        channels, to=["telegram:1001", "feishu:ou_a"], text="your chart", attachments=[str(chart)]
+        channels,
+        to=["telegram:1001", "feishu:ou_a"],
+        text="your chart",
+        attachments=[str(chart)],
+        workspace=chart.parent,
     )
     assert r["ok"], r
     (photo,) = tg.sent
@@ -111,8 +115,8 @@ async def test_attachments_caption_vs_separate_text(channels, tg, fs, chart) -> 
 
 
 async def test_attachment_rules(channels, tg, tmp_path, chart) -> None:
-    r = await send_message(channels, to="telegram:1001", text="x", attachments=["chart.png"])
-    assert "absolute path" in r["failed"][0]["error"]
+    r = await send_message(channels, to="telegram:1001", text="x", attachments=[str(chart)])
+    assert "the caller has no workspace" in r["failed"][0]["error"]
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "in.png").write_bytes(PNG)
@@ -134,7 +138,11 @@ async def test_transient_error_is_retried(channels, tg) -> None:
 async def test_web_session_and_unknown_session(channels, sessionmaker, chart) -> None:
     await ensure_session(sessionmaker, "sess-1", channel="web")
     r = await send_message(
-        channels, to=["web:sess-1", "web_admin:missing"], text="done", attachments=[str(chart)]
+        channels,
+        to=["web:sess-1", "web_admin:missing"],
+        text="done",
+        attachments=[str(chart)],
+        workspace=chart.parent,
     )
     assert r["sent"] == ["web:sess-1"]
     assert r["failed"] == [{"target": "web_admin:missing", "error": "unknown session 'missing'"}]
@@ -171,7 +179,8 @@ async def test_send_message_skill(repo_root, monkeypatch, tg, sessionmaker, tmp_
     monkeypatch.delenv("SKILLJOBS_REDIS_URL", raising=False)
     await ensure_session(sessionmaker, "s9")
     handler = load_handler(repo_root, "send_message")
-    ctx = {"db_factory": sessionmaker, "workspace_dir": str(tmp_path)}
+    # a business caller (not the chat line): recipients from its data
+    ctx = {"db_factory": sessionmaker, "workspace_dir": str(tmp_path), "chat_mode": False}
     r = await handler.execute({"to": ["telegram:1001", "web:s9"], "message": "from a skill"}, ctx)
     assert r["ok"] and r["sent"] == ["telegram:1001", "web:s9"]
     assert tg.sent[0]["text"] == "from a skill"
@@ -187,6 +196,7 @@ async def test_notify_skill(repo_root, monkeypatch, tmp_path) -> None:
             "SKILLJOBS_NOTIFY_TARGETS", json.dumps({"ops": f"json://127.0.0.1:{sink.port}/ops"})
         )
         monkeypatch.setenv("SKILLJOBS_DATA_DIR", str(tmp_path / "data"))
+        monkeypatch.setenv("SKILLJOBS_FETCH_ALLOW_HOSTS", "127.0.0.1")
         handler = load_handler(repo_root, "notify")
         r = await handler.execute(
             {"message": "hi", "target": "ops", "attach": ["r.txt"]},
@@ -216,6 +226,7 @@ async def test_skills_reachable_through_call_skill(
         monkeypatch.setenv(
             "SKILLJOBS_NOTIFY_TARGETS", json.dumps({"ops": f"json://127.0.0.1:{sink.port}/ops"})
         )
+        monkeypatch.setenv("SKILLJOBS_FETCH_ALLOW_HOSTS", "127.0.0.1")
         monkeypatch.delenv("SKILLJOBS_REDIS_URL", raising=False)
         skills = _os.pathsep.join(
             [str(repo_root / "skills"), str(repo_root / "tests/fakes/skills")]
