@@ -59,7 +59,9 @@ async def readyz(request: Request) -> JSONResponse:
                 await svc.redis.ping()
             checks["redis"] = "ok"
     except Exception as exc:
-        checks["redis"] = f"{type(exc).__name__}: {exc}"
+        # Say what is down, not why: exception text can carry hosts, users and paths.
+        log.warning("readyz: redis: %s: %s", type(exc).__name__, exc)
+        checks["redis"] = "unreachable"
     try:
         async with svc.engine.connect() as conn:
             async with asyncio.timeout(3.0):
@@ -70,7 +72,8 @@ async def readyz(request: Request) -> JSONResponse:
             "ok" if current else "not at the latest revision: run `skilljobs db upgrade`"
         )
     except Exception as exc:
-        checks.setdefault("database", f"{type(exc).__name__}: {exc}")
+        log.warning("readyz: database: %s: %s", type(exc).__name__, exc)
+        checks.setdefault("database", "unreachable")
         checks.setdefault("schema", "unknown")
     ok = all(v == "ok" for v in checks.values())
     return JSONResponse({"ok": ok, "checks": checks}, status_code=200 if ok else 503)

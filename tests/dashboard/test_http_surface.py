@@ -351,3 +351,23 @@ def test_web_refuses_a_public_bind_with_a_short_token(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "SKILLJOBS_API_TOKEN has 1 characters, at least 32" in done.stderr
+
+
+async def test_readyz_says_what_is_down_without_internals(
+    client: httpx.AsyncClient, services
+) -> None:
+    from redis.asyncio import Redis
+
+    from tests.helpers.dashboard import free_port
+
+    live = services.redis
+    port = free_port()
+    services.redis = Redis(host="127.0.0.1", port=port)  # nothing listens there
+    try:
+        ready = await client.get("/readyz")
+    finally:
+        await services.redis.aclose()
+        services.redis = live
+    assert ready.status_code == 503
+    assert ready.json()["checks"] == {"redis": "unreachable", "database": "ok", "schema": "ok"}
+    assert str(port) not in ready.text and "Error" not in ready.text
