@@ -29,6 +29,7 @@ from delivery.channels.web_store import Outgoing, store_batch, store_batch_pg
 from jobs.batching import Batcher
 from jobs.constants import SESSION_EVENTS
 from jobs.db import DB_UNAVAILABLE, autocommit, engine_of
+from jobs.links import file_link, file_link_key
 from jobs.media import guess_mime
 from jobs.models import ChatSession, JSONType, SessionMessage
 from jobs.settings import Settings
@@ -228,6 +229,7 @@ class MessageBatcher:
         self._batcher: Batcher[list[Outgoing], list[Any]] = Batcher(
             self._flush, max_batch=max_batch, concurrency=2, name="web-messages"
         )
+        self._link_key: bytes | None = None
 
     async def post(self, msg: Outgoing) -> dict[str, Any]:
         """Store and push one message; its stored dict (raises on failure)."""
@@ -243,7 +245,20 @@ class MessageBatcher:
     ) -> list[dict[str, Any] | DeliveryPermanentError | None]:
         """Messages that go in the same batch, in order; per message what
         :func:`post_messages` returns. Raises :class:`DeliveryTransientError`."""
+        for msg in msgs:
+            self._sign_links(msg)
         return await self._batcher.submit(msgs)
+
+    def _sign_links(self, msg: Outgoing) -> None:
+        """Each delivered file gets a signed, expiring download link (``/files/<token>``)
+        that works without the API token, for that one file only."""
+        for att in msg.attachments:
+            if not isinstance(att, dict) or att.get("url") or not att.get("local_path"):
+                continue
+            if self._link_key is None:
+                self._link_key = file_link_key(self.settings)
+            ttl = self.settings.file_link_ttl_sec
+            att["url"] = file_link(self._link_key, msg.job_id, str(att["local_path"]), ttl)
 
     async def _flush(self, groups: list[list[Outgoing]]) -> list[list[Any]]:
         flat = [m for group in groups for m in group]
