@@ -36,7 +36,7 @@ def load_or_create_key(data_dir: Path, configured: str | None) -> bytes:
     path = data_dir / "secret.key"
     if path.exists():
         return path.read_bytes().strip()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = Fernet.generate_key()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as fh:

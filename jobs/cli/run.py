@@ -33,6 +33,7 @@ def worker(
     """Run an arq worker (and the chain scheduler) against SKILLJOBS_REDIS_URL."""
     settings = load_settings()
     setup_logging(settings)
+    private_files(settings)
     if not settings.redis_url and not embedded_url_file(settings).exists():
         fail(
             "SKILLJOBS_REDIS_URL is not set: point workers at your Redis "
@@ -64,6 +65,7 @@ def web(
     """Serve the dashboard, the JSON API and /metrics."""
     settings = load_settings()
     setup_logging(settings)
+    private_files(settings)
     check_bind(settings, host)
 
     async def _go() -> None:
@@ -85,7 +87,7 @@ def up(
     migrations, the demo schedule, a worker, the scheduler and the web app."""
     settings = load_settings()
     setup_logging(settings)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_files(settings)
     embedded = None
     if not settings.redis_url:
         from jobs.cli.embedded import EmbeddedRedis
@@ -162,6 +164,22 @@ def up(
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+def private_files(settings: Settings) -> None:
+    """What this process creates is its own: directories 0700, files 0600 (the database,
+    keys, tokens, workspaces and their files). State left by an older version is tightened."""
+    os.umask(0o077)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    targets = [settings.data_dir, settings.resolved_workspace_root]
+    db = settings.resolved_database_url
+    if db.startswith("sqlite") and ":///" in db:
+        name = db.split(":///", 1)[1]
+        targets += [Path(name + suffix) for suffix in ("", "-wal", "-shm")]
+    targets += [settings.data_dir / "secret.key", settings.data_dir / "api_token"]
+    for path in targets:
+        with contextlib.suppress(OSError):  # missing, or not ours to change
+            path.chmod(0o700 if path.is_dir() else 0o600)
 
 
 def embedded_url_file(settings: Settings) -> Path:
