@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
+import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -44,6 +46,20 @@ DB_UNAVAILABLE: tuple[type[BaseException], ...] = (
 T = TypeVar("T")
 
 
+def behind_pgbouncer(url: str) -> bool:
+    """Does ``url`` go through PgBouncer: ``?pgbouncer=true`` (what
+    ``SKILLJOBS_DATABASE_PGBOUNCER`` adds), or PgBouncer's usual port 6432."""
+    parsed = make_url(url)
+    flag = str(parsed.query.get("pgbouncer", "")).lower()
+    if flag:
+        return flag in {"1", "true", "yes", "on"}
+    return parsed.get_backend_name() == "postgresql" and parsed.port == 6432
+
+
+# Pools of engines whose connections go through PgBouncer in transaction mode.
+_PGBOUNCER: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     """An async engine with the settings each backend needs for concurrent workers."""
     parsed = make_url(url)
@@ -64,9 +80,31 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
             cur.close()
 
         return engine
+    if behind_pgbouncer(url):
+        return _pgbouncer_engine(parsed.difference_update_query(["pgbouncer"]), echo)
     # No pre-ping (a round trip per checkout): a connection broken by a server restart
     # fails once, SQLAlchemy then invalidates the pool, and callers retry (jobs.queue.worker).
     return create_async_engine(url, echo=echo, pool_size=10, max_overflow=20, pool_recycle=1800)
+
+
+def _pgbouncer_engine(url: URL, echo: bool) -> AsyncEngine:
+    """PgBouncer in transaction mode hands each transaction to any server connection: no
+    statement may outlive its transaction. So no statement caches, uniquely named
+    prepared statements, every statement inside a transaction (no autocommit view)."""
+    engine = create_async_engine(
+        url,
+        echo=echo,
+        pool_size=10,
+        max_overflow=20,
+        pool_recycle=1800,
+        connect_args={
+            "statement_cache_size": 0,
+            "prepared_statement_cache_size": 0,
+            "prepared_statement_name_func": lambda: f"__sj_{uuid.uuid4().hex}__",
+        },
+    )
+    _PGBOUNCER.add(engine.sync_engine.pool)
+    return engine
 
 
 _autocommit: dict[int, AsyncEngine] = {}
@@ -75,7 +113,7 @@ _autocommit: dict[int, AsyncEngine] = {}
 def autocommit(engine: AsyncEngine) -> AsyncEngine | None:
     """On PostgreSQL, a view of ``engine`` (same pool) whose connections autocommit: a
     single statement is one round trip (no BEGIN/COMMIT). None on other backends."""
-    if engine.dialect.name != "postgresql":
+    if engine.dialect.name != "postgresql" or engine.sync_engine.pool in _PGBOUNCER:
         return None
     ac = _autocommit.get(id(engine))
     if ac is None or ac.sync_engine.pool is not engine.sync_engine.pool:
@@ -115,8 +153,13 @@ async def raw_fetch(engine: AsyncEngine, sql: str, *args: Any) -> list[Any]:
     lost = _LOST or (_LOST := _lost_errors())
     async with engine.connect() as conn:
         fairy = await conn.get_raw_connection()
+        driver: Any = fairy.driver_connection
         try:
-            rows: list[Any] = await fairy.driver_connection.fetch(sql, *args)  # type: ignore[union-attr]
+            if engine.sync_engine.pool in _PGBOUNCER:  # one transaction: one server connection
+                async with driver.transaction():
+                    rows: list[Any] = await driver.fetch(sql, *args)
+            else:
+                rows = await driver.fetch(sql, *args)
             return rows
         except lost as exc:
             await conn.invalidate(exc if isinstance(exc, Exception) else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from urllib.parse import unquote
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -15,7 +16,7 @@ from jobs.settings import Settings
 from jobs.skill import SkillRegistry
 
 if TYPE_CHECKING:
-    from arq.connections import ArqRedis
+    from arq.connections import ArqRedis, RedisSettings
 
     from delivery.channels.base import Channel
     from jobs.execution.executor import Executor
@@ -86,7 +87,7 @@ class Services:
 
 
 async def connect_redis(settings: Settings) -> ArqRedis:
-    from arq.connections import RedisSettings, create_pool
+    from arq.connections import create_pool
 
     url = settings.redis_url
     if not url:
@@ -99,6 +100,36 @@ async def connect_redis(settings: Settings) -> ArqRedis:
             "SKILLJOBS_REDIS_URL is not set and no `skilljobs up` is running "
             "(only `skilljobs up` starts the embedded Redis)"
         )
-    rs = RedisSettings.from_dsn(url)
+    rs = redis_settings(url)
     rs.conn_retries = 5
     return await create_pool(rs, default_queue_name=settings.queue_name)
+
+
+def redis_settings(url: str) -> RedisSettings:
+    """arq's settings for ``redis://``, ``rediss://`` (TLS), ``unix://`` and
+    ``redis+sentinel://[:password@]host:port[,host:port…]/master[/db]``."""
+    from arq.connections import RedisSettings
+
+    if not url.startswith("redis+sentinel://"):
+        return RedisSettings.from_dsn(url)
+    rest = url.removeprefix("redis+sentinel://")
+    auth, _, rest = rest.rpartition("@")
+    hosts, _, path = rest.partition("/")
+    parts = [p for p in path.split("/") if p]
+    if not hosts or not parts:
+        raise ValueError(
+            "a Sentinel URL names its sentinels and master: redis+sentinel://h:26379/mymaster"
+        )
+    sentinels = []
+    for item in hosts.split(","):
+        host, _, port = item.rpartition(":")
+        sentinels.append((host or item, int(port) if host else 26379))
+    user, _, password = auth.partition(":") if auth else ("", "", "")
+    return RedisSettings(
+        host=sentinels,
+        sentinel=True,
+        sentinel_master=unquote(parts[0]),
+        database=int(parts[1]) if len(parts) > 1 else 0,
+        username=unquote(user) or None,
+        password=unquote(password) or None,
+    )

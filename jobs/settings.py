@@ -25,6 +25,8 @@ class Settings(BaseSettings):
 
     redis_url: str | None = None
     database_url: str | None = None
+    # PostgreSQL reached through PgBouncer in transaction mode (also detected on port 6432).
+    database_pgbouncer: bool = False
     data_dir: Path = Path("./.skilljobs")
     skills_path: str | None = None
     workspace_root: Path | None = None
@@ -125,6 +127,9 @@ class Settings(BaseSettings):
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:
+            if self.database_pgbouncer and "pgbouncer=" not in self.database_url:
+                sep = "&" if "?" in self.database_url else "?"
+                return f"{self.database_url}{sep}pgbouncer=true"
             return self.database_url
         return f"sqlite+aiosqlite:///{(self.data_dir / 'skilljobs.db').resolve()}"
 

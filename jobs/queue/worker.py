@@ -27,7 +27,7 @@ from chains.runner import chain_job
 from chains.scheduler import Scheduler
 from jobs.batching import Batcher
 from jobs.constants import CANCEL_CHANNEL, FN_RUN_CHAIN, FN_RUN_JOB, WAKE_CHANNEL
-from jobs.queue import broker, store
+from jobs.queue import broker, prune, store
 from jobs.queue.runner import JobRunner, retry_db
 from jobs.queue.stall import StallWatch
 from jobs.services import Services
@@ -345,6 +345,11 @@ def build_worker(
         runner.stall = StallWatch(threshold=settings.worker_stall_sec)
         runner.stall.start()
         background.append(asyncio.create_task(_listen_cancels(runner)))
+        prune_stop = asyncio.Event()
+        ctx["prune_stop"] = prune_stop
+        background.append(
+            asyncio.create_task(prune.run_forever(services.sessionmaker, settings, prune_stop))
+        )
         if scheduler:
             stop = asyncio.Event()
             ctx["scheduler_stop"] = stop
@@ -357,8 +362,9 @@ def build_worker(
         )
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
-        if "scheduler_stop" in ctx:
-            ctx["scheduler_stop"].set()
+        for key in ("scheduler_stop", "prune_stop"):
+            if key in ctx:
+                ctx[key].set()
         if runner.stall is not None:
             runner.stall.stop()
         for t in background:
