@@ -20,6 +20,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from chains import policies
 from chains import runstore as rs
 from chains.deliver import deliver_outcome
 from chains.guard import is_empty_output
@@ -244,6 +245,13 @@ class _ChainRun:
             )
         await rs.finish(self.sm, self.lease, status, error=error, result=self.svc.box.seal(result))
         log.info("chain run %s finished: %s", self.lease.run_id, status)
+        await policies.after_run(self.svc, self.schedule.id, status)
+        try:  # a run held behind this one (overlap ``queue_one``, catch-up replays) goes now
+            await policies.release_held(self.svc, self.schedule.id)
+        except Exception as exc:  # the reconciliation pass releases it later
+            log.warning(
+                "chain run %s: releasing the next held run failed: %s", self.lease.run_id, exc
+            )
         return status
 
 

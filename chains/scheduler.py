@@ -8,8 +8,10 @@ single scheduler. Claiming a fire time is one transaction:
 2. ``INSERT`` the run with the unique fire key ``cron:<schedule_id>:<epoch>`` — a second
    line of defence should a fire time ever be claimed twice.
 
-Missed fires after downtime are coalesced: the run is for the latest due fire time and
-the next fire time is computed from now. The arq job is enqueued after the commit; a run
+What the due fire times become follows the schedule's misfire and overlap policies
+(``chains.policies``): runs, ``missed`` or ``skipped`` rows (each with its fire key, so a
+fire time is decided once), or runs held until the previous run finishes. The next fire
+time is computed from now. The arq job is enqueued after the commit; a run
 whose enqueue was lost (Redis flushed, process killed in between) is re-enqueued by the
 reconciliation pass, as is a running run whose worker stopped renewing its lease.
 """
@@ -27,7 +29,9 @@ from sqlalchemy import Float, String, and_, bindparam, or_, select, text, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from chains.cron import CronError, latest_fire, next_fire
+from chains import policies
+from chains.cron import CronError, next_fire
+from chains.policies import Busy, Fire
 from chains.runs import QUEUED, arq_job_id, enqueue_number, enqueue_run
 from jobs.constants import FN_RUN_CHAIN
 from jobs.models import ChainRun, ChainRunStatus, Schedule
@@ -61,11 +65,13 @@ _ADVANCE = text(
 _INSERT_RUNS = text(
     """
     INSERT INTO chain_runs
-           (id, schedule_id, fire_key, trigger, fire_at, status, arq_job_id, lease_token, created_at)
-    SELECT r.id, r.sid, r.key, 'cron', r.fire, :status, r.arq, 0, :now
-      FROM unnest(:ids, :sids, :keys, :fires, :arqs) AS r(id, sid, key, fire, arq)
+           (id, schedule_id, fire_key, trigger, fire_at, status, error, arq_job_id,
+            lease_token, created_at, finished_at)
+    SELECT r.id, r.sid, r.key, 'cron', r.fire, r.status, r.error, r.arq, 0, :now, r.fin
+      FROM unnest(:ids, :sids, :keys, :fires, :arqs, :statuses, :errors, :fins)
+           AS r(id, sid, key, fire, arq, status, error, fin)
     ON CONFLICT (fire_key) DO NOTHING
-    RETURNING id
+    RETURNING id, status, arq_job_id
     """
 ).bindparams(
     bindparam("ids", type_=ARRAY(String)),
@@ -73,7 +79,9 @@ _INSERT_RUNS = text(
     bindparam("keys", type_=ARRAY(String)),
     bindparam("fires", type_=ARRAY(Float)),
     bindparam("arqs", type_=ARRAY(String)),
-    bindparam("status", type_=String),
+    bindparam("statuses", type_=ARRAY(String)),
+    bindparam("errors", type_=ARRAY(String)),
+    bindparam("fins", type_=ARRAY(Float)),
     bindparam("now", type_=Float),
 )
 
@@ -117,17 +125,33 @@ class Scheduler:
 
     def _due(self, now: float) -> Any:
         return (
-            select(Schedule.id, Schedule.cron, Schedule.timezone, Schedule.next_fire_at)
+            select(
+                Schedule.id,
+                Schedule.cron,
+                Schedule.timezone,
+                Schedule.next_fire_at,
+                Schedule.misfire,
+                Schedule.overlap,
+            )
             .where(Schedule.enabled.is_(True), Schedule.next_fire_at <= now)
             .order_by(Schedule.next_fire_at)
             .limit(_BATCH)
         )
 
     @staticmethod
-    def _plan(cron: str, tz_name: str, old: float, now: float) -> tuple[float, float]:
-        """(fire time to run — the latest due one, next fire time after now)."""
-        tz = ZoneInfo(tz_name)
-        return latest_fire(cron, tz, old, now) or old, next_fire(cron, tz, now)
+    def _plan(row: Any, now: float, busy: Busy) -> tuple[list[Fire], float]:
+        """(what each due fire time becomes, next fire time after now)."""
+        tz = ZoneInfo(row.timezone)
+        old = row.next_fire_at
+        grace = policies.grace_of(row.misfire, row.cron, tz, old)
+        cap = policies.MISSED_ROWS_CAP + policies.CATCH_UP_CAP
+        fires = policies.due_fires(row.cron, tz, old, now, cap) or [old]
+        plan = policies.plan_fires(
+            fires, now, misfire=row.misfire, overlap=row.overlap, grace=grace, busy=busy
+        )
+        if fires[0] > old:
+            log.info("schedule %s: fire times before %s not recorded (downtime)", row.id, fires[0])
+        return plan, next_fire(row.cron, tz, now)
 
     async def _claim_batch(self, now: float) -> list[str]:
         """PostgreSQL: one transaction claims the whole due batch. ``FOR UPDATE SKIP
@@ -138,69 +162,72 @@ class Scheduler:
             if not due:
                 await s.rollback()
                 return []
-            plans: list[tuple[str, float, float, float]] = []
+            busy = await policies.busy_of(self.sm, [row.id for row in due])
+            plans: dict[str, list[Fire]] = {}
+            advance: list[tuple[str, float, float, float]] = []
             for row in due:
                 try:
-                    fire_at, new_next = self._plan(row.cron, row.timezone, row.next_fire_at, now)
+                    plan, new_next = self._plan(row, now, busy.get(row.id, Busy()))
                 except (CronError, ValueError, KeyError) as exc:
                     await self._park(s, row.id, row.next_fire_at, exc)
                     continue
-                plans.append((row.id, row.next_fire_at, new_next, fire_at))
+                plans[row.id] = plan
+                advance.append((row.id, row.next_fire_at, new_next, plan[-1].at))
             won: set[str] = set()
-            if plans:
-                sids, olds, news, fires = (list(col) for col in zip(*plans, strict=True))
+            if advance:
+                sids, olds, news, fires = (list(col) for col in zip(*advance, strict=True))
                 res = await s.execute(
                     _ADVANCE, {"ids": sids, "olds": olds, "news": news, "fires": fires, "now": now}
                 )
                 won = set(res.scalars())
-            runs = [
-                self._run_values(sid, fire_at, now)
-                for sid, _old, _new, fire_at in plans
-                if sid in won
-            ]
-            created: list[str] = []
+            runs = [self._run_values(sid, f, now) for sid in won for f in plans[sid]]
+            created: list[Any] = []
             if runs:
-                res = await s.execute(
-                    _INSERT_RUNS,
-                    {
-                        "ids": [r["id"] for r in runs],
-                        "sids": [r["schedule_id"] for r in runs],
-                        "keys": [r["fire_key"] for r in runs],
-                        "fires": [r["fire_at"] for r in runs],
-                        "arqs": [r["arq_job_id"] for r in runs],
-                        "status": QUEUED,
-                        "now": now,
-                    },
-                )
-                created = list(res.scalars())
+                res = await s.execute(_INSERT_RUNS, {**self._columns(runs), "now": now})
+                created = list(res.all())
             await s.commit()
         if len(created) < len(runs):
             log.warning("%s fire time(s) already had a run", len(runs) - len(created))
-        return created
+        return [r.id for r in created if r.status == QUEUED and r.arq_job_id]
+
+    @staticmethod
+    def _columns(runs: list[dict[str, Any]]) -> dict[str, list[Any]]:
+        names = {
+            "ids": "id",
+            "sids": "schedule_id",
+            "keys": "fire_key",
+            "fires": "fire_at",
+            "arqs": "arq_job_id",
+            "statuses": "status",
+            "errors": "error",
+            "fins": "finished_at",
+        }
+        return {param: [r[col] for r in runs] for param, col in names.items()}
 
     async def _claim_each(self, now: float) -> list[str]:
         """Other backends: claim schedule by schedule with the conditional UPDATE."""
         async with self.sm() as s:
             due = (await s.execute(self._due(now))).all()
-        out = []
+        out: list[str] = []
         for row in due:
-            run_id = await self._claim(row.id, row.cron, row.timezone, row.next_fire_at, now)
-            if run_id:
-                out.append(run_id)
+            out.extend(await self._claim(row, now))
         return out
 
     @staticmethod
-    def _run_values(schedule_id: str, fire_at: float, now: float) -> dict[str, Any]:
+    def _run_values(schedule_id: str, fire: Fire, now: float) -> dict[str, Any]:
         run_id = uuid.uuid4().hex
+        enqueue = fire.status == QUEUED and not fire.hold
         return {
             "id": run_id,
             "schedule_id": schedule_id,
-            "fire_key": fire_key(schedule_id, fire_at),
+            "fire_key": fire_key(schedule_id, fire.at),
             "trigger": "cron",
-            "fire_at": fire_at,
-            "status": QUEUED,
-            "arq_job_id": arq_job_id(run_id, 0),
+            "fire_at": fire.at,
+            "status": fire.status,
+            "error": fire.note,
+            "arq_job_id": arq_job_id(run_id, 0) if enqueue else None,
             "created_at": now,
+            "finished_at": None if fire.status == QUEUED else now,
         }
 
     async def _park(self, s: Any, schedule_id: str, old: float, exc: Exception) -> None:
@@ -213,42 +240,42 @@ class Scheduler:
             .values(next_fire_at=None)
         )
 
-    async def _claim(
-        self, schedule_id: str, cron: str, tz_name: str, old: float, now: float
-    ) -> str | None:
+    async def _claim(self, row: Any, now: float) -> list[str]:
+        """Claim one schedule's due fire times; the ids of the runs to enqueue now."""
+        busy = (await policies.busy_of(self.sm, [row.id])).get(row.id, Busy())
         async with self.sm() as s:
             try:
-                fire_at, new_next = self._plan(cron, tz_name, old, now)
+                plan, new_next = self._plan(row, now, busy)
             except (CronError, ValueError, KeyError) as exc:
-                await self._park(s, schedule_id, old, exc)
+                await self._park(s, row.id, row.next_fire_at, exc)
                 await s.commit()
-                return None
+                return []
             res = await s.execute(
                 update(Schedule)
                 .where(
-                    Schedule.id == schedule_id,
-                    Schedule.next_fire_at == old,
+                    Schedule.id == row.id,
+                    Schedule.next_fire_at == row.next_fire_at,
                     Schedule.enabled.is_(True),
                 )
-                .values(next_fire_at=new_next, last_fire_at=fire_at, updated_at=now)
+                .values(next_fire_at=new_next, last_fire_at=plan[-1].at, updated_at=now)
             )
             if res.rowcount != 1:  # type: ignore[attr-defined]
                 await s.rollback()
-                return None  # another scheduler claimed it (or it was edited meanwhile)
-            run = self._run_values(schedule_id, fire_at, now)
-            ins = (
-                sqlite_insert(ChainRun)
-                .values(run)
-                .on_conflict_do_nothing(index_elements=["fire_key"])
-            )
-            inserted = await s.execute(ins)
+                return []  # another scheduler claimed it (or it was edited meanwhile)
+            out: list[str] = []
+            for fire in plan:
+                run = self._run_values(row.id, fire, now)
+                ins = (
+                    sqlite_insert(ChainRun)
+                    .values(run)
+                    .on_conflict_do_nothing(index_elements=["fire_key"])
+                )
+                if (await s.execute(ins)).rowcount != 1:  # type: ignore[attr-defined]
+                    log.warning("fire time %s of schedule %s already had a run", fire.at, row.id)
+                elif run["arq_job_id"]:
+                    out.append(str(run["id"]))
             await s.commit()
-        if inserted.rowcount != 1:  # type: ignore[attr-defined]
-            log.warning("fire time %s of schedule %s already had a run", fire_at, schedule_id)
-            return None
-        if fire_at > old:
-            log.info("schedule %s: missed fires since %s coalesced into one run", schedule_id, old)
-        return str(run["id"])
+        return out
 
     async def reconcile(self, now: float | None = None) -> list[str]:
         """Re-enqueue runs whose arq job was lost or whose worker died; returns their ids."""
@@ -261,6 +288,7 @@ class Scheduler:
                     or_(
                         and_(
                             ChainRun.status == QUEUED,
+                            ChainRun.arq_job_id.is_not(None),  # held runs wait their turn
                             ChainRun.created_at < now - grace,
                             or_(
                                 ChainRun.lease_expires_at.is_(None),
@@ -295,6 +323,24 @@ class Scheduler:
             await enqueue_run(self.svc, row.id, n)
             log.info("chain run %s re-enqueued (%s, attempt %s)", row.id, row.status, n)
             out.append(row.id)
+        out.extend(await self._release_held())
+        return out
+
+    async def _release_held(self) -> list[str]:
+        """Held runs whose turn came while the release after the previous run was lost."""
+        async with self.sm() as s:
+            q = (
+                select(ChainRun.schedule_id)
+                .where(ChainRun.status == QUEUED, ChainRun.arq_job_id.is_(None))
+                .distinct()
+                .limit(_BATCH)
+            )
+            held = list((await s.execute(q)).scalars())
+        out = []
+        for schedule_id in held:
+            run_id = await policies.release_held(self.svc, schedule_id)
+            if run_id:
+                out.append(run_id)
         return out
 
     async def _waiting_in_queue(self, job_id: str | None) -> bool:

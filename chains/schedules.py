@@ -6,7 +6,7 @@ import re
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -50,6 +50,7 @@ class Policy(BaseModel):
 
     chat_mode: bool = False
     wall_sec: float | None = Field(default=None, gt=0)
+    pause_after_failures: int | None = Field(default=None, ge=1)
 
     @field_validator("chat_mode")
     @classmethod
@@ -59,6 +60,25 @@ class Policy(BaseModel):
                 "must be false: a chain runs with nobody to answer a confirmation request"
             )
         return v
+
+
+class Misfire(BaseModel):
+    """What a fire time the scheduler sees late becomes (``chains.policies``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grace_sec: float | None = Field(default=None, gt=0)
+    catch_up: Literal["one", "none", "all"] = "one"
+
+
+class Alert(BaseModel):
+    """Notify ``target`` (an alias) after ``after`` failed runs in a row, once per cooldown."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str = Field(min_length=1)
+    after: int = Field(default=1, ge=1)
+    cooldown_sec: float = Field(default=3600, ge=0)
 
 
 class ScheduleSpec(BaseModel):
@@ -72,6 +92,9 @@ class ScheduleSpec(BaseModel):
     identity: dict[str, Any] = Field(default_factory=dict)
     deliver: dict[str, Any] | None = None
     policy: Policy = Field(default_factory=Policy)
+    misfire: Misfire = Field(default_factory=Misfire)
+    overlap: Literal["skip", "queue_one", "allow"] = "skip"
+    alert: Alert | None = None
     steps: list[StepSpec] = Field(min_length=1)
     enabled: bool = True
 
@@ -212,8 +235,12 @@ def to_dict(schedule: Schedule) -> dict[str, Any]:
         "identity": schedule.identity or {},
         "deliver": schedule.deliver,
         "policy": schedule.policy or {},
+        "misfire": schedule.misfire or Misfire().model_dump(),
+        "overlap": schedule.overlap or "skip",
+        "alert": schedule.alert,
         "steps": schedule.steps or [],
         "enabled": schedule.enabled,
+        "paused_reason": schedule.paused_reason,
         "next_fire_at": iso(schedule.next_fire_at) if schedule.enabled else None,
         "last_fire_at": iso(schedule.last_fire_at),
         "created_at": schedule.created_at,
@@ -231,6 +258,9 @@ def spec_of(schedule: Schedule) -> ScheduleSpec:
             "identity": schedule.identity or {},
             "deliver": schedule.deliver,
             "policy": schedule.policy or {},
+            "misfire": schedule.misfire or {},
+            "overlap": schedule.overlap or "skip",
+            "alert": schedule.alert,
             "steps": schedule.steps or [],
             "enabled": schedule.enabled,
         }
@@ -259,6 +289,9 @@ async def create(
         identity=fields["identity"],
         steps=fields["steps"],
         policy=fields["policy"],
+        misfire=fields["misfire"],
+        overlap=spec.overlap,
+        alert=fields["alert"],
         deliver=fields["deliver"],
         enabled=spec.enabled,
         next_fire_at=next_fire(spec.cron, spec.tz, now),
@@ -315,6 +348,7 @@ async def set_enabled(
     values: dict[str, Any] = {"enabled": enabled, "updated_at": now}
     if enabled and not row.enabled:
         values["next_fire_at"] = next_fire(row.cron, ZoneInfo(row.timezone), now)
+        values["paused_reason"] = None
     async with sm() as s:
         await s.execute(sa_update(Schedule).where(Schedule.id == row.id).values(**values))
         await s.commit()
@@ -346,6 +380,9 @@ async def update_schedule(
         "identity": fields["identity"],
         "steps": fields["steps"],
         "policy": fields["policy"],
+        "misfire": fields["misfire"],
+        "overlap": spec.overlap,
+        "alert": fields["alert"],
         "deliver": fields["deliver"],
         "enabled": spec.enabled,
         "updated_at": now,
@@ -353,6 +390,8 @@ async def update_schedule(
     timing_changed = (spec.cron, spec.timezone) != (row.cron, row.timezone)
     if timing_changed or (spec.enabled and not row.enabled):
         values["next_fire_at"] = next_fire(spec.cron, spec.tz, now)
+    if spec.enabled and not row.enabled:
+        values["paused_reason"] = None
     async with sm() as s:
         await s.execute(sa_update(Schedule).where(Schedule.id == row.id).values(**values))
         try:

@@ -185,7 +185,10 @@ async def test_three_schedulers_claim_each_fire_time_exactly_once(
     try:
         for i in range(n_sched):
             spec = validate(
-                base_spec(name=f"s{i}", cron="* * * * *", timezone="America/New_York"), registry
+                base_spec(
+                    name=f"s{i}", cron="* * * * *", timezone="America/New_York", overlap="allow"
+                ),
+                registry,
             )
             await schedules.create(svcs[0].sessionmaker, spec, now=T0 - 30)
         schedulers = [Scheduler(s) for s in svcs]
@@ -210,7 +213,7 @@ async def test_three_schedulers_claim_each_fire_time_exactly_once(
             await close_services(s)
 
 
-async def test_missed_fires_are_coalesced_into_one_run(
+async def test_downtime_within_the_grace_runs_the_latest_fire_once(
     settings, sessionmaker, redis, registry
 ) -> None:  # type: ignore[no-untyped-def]
     svc = make_services(
@@ -227,20 +230,22 @@ async def test_missed_fires_are_coalesced_into_one_run(
         spec = validate(base_spec(cron="*/5 * * * *"), registry)
         row = await schedules.create(svc.sessionmaker, spec, now=T0 + 1)
         sched = Scheduler(svc)
-        # the scheduler was down for ~3 hours
+        # the scheduler was down for ~3 hours; the latest fire is 2 min late (grace 2.5 min)
         now = T0 + 3 * 3600 + 2 * 60
         first = await sched.tick(now)
         assert len(first) == 1
         assert await sched.tick(now + 1) == []
         async with svc.sessionmaker() as s:
-            runs = list((await s.execute(select(ChainRun))).scalars())
+            runs = list((await s.execute(select(ChainRun).order_by(ChainRun.fire_at))).scalars())
             fresh = await s.get(Schedule, row.id)
-        assert len(runs) == 1
-        assert runs[0].fire_at == T0 + 3 * 3600  # the latest due fire time
+        assert [r.id for r in runs if r.status == "queued"] == first
+        assert runs[-1].fire_at == T0 + 3 * 3600  # the latest due fire time
+        # every earlier fire time of the downtime is a ``missed`` row, not a run
+        assert [r.status for r in runs[:-1]] == ["missed"] * 35
+        assert {r.fire_at for r in runs[:-1]} == {T0 + 300 * k for k in range(1, 36)}
+        assert all(r.finished_at == now and "grace" in (r.error or "") for r in runs[:-1])
         assert fresh.last_fire_at == T0 + 3 * 3600  # type: ignore[union-attr]
         assert fresh.next_fire_at == T0 + 3 * 3600 + 300  # type: ignore[union-attr]
-        # a later tick picks up the next fire time normally
-        assert len(await sched.tick(T0 + 3 * 3600 + 300)) == 1
         await _arq_cleanup(redis, [r.id for r in runs] + first)
     finally:
         await close_services(svc)
