@@ -303,9 +303,21 @@ def job_results_dir(root: str | os.PathLike[str], job: Any) -> Path:
     return job_workspace(root, job) or Path(root) / job_segment(job)
 
 
+_SAFE_SEGMENT = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
 def _segment(value: str | None) -> str:
-    s = _str(value).strip().replace("/", "_").replace("\\", "_").replace("\x00", "")
-    return "" if s in {"", ".", ".."} else s
+    """An id as one path segment that is also safe in a shell command: ``[A-Za-z0-9._-]``
+    ids are kept; any other id becomes its safe characters plus a hash of the whole id (so
+    ``a/b`` and ``a_b`` never share a directory)."""
+    s = _str(value).strip()
+    if not s:
+        return ""
+    if _SAFE_SEGMENT.fullmatch(s) and s not in {".", ".."}:
+        return s
+    digest = hashlib.sha256(s.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", s)[:48]
+    return f"{safe}-{digest}"
 
 
 _SECRET_NAME: dict[str, bool] = {}

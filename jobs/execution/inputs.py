@@ -22,11 +22,13 @@ lists are checked with the same rules.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from jobs.crypto import ENC_TAG
 from jobs.envelope import failure
 
 STRONG_NAMES = frozenset(
@@ -50,6 +52,28 @@ MEDIA_NAMES = frozenset(
 )
 PATH_FORMATS = frozenset({"path", "file", "file-path"})
 MAX_DEPTH = 64
+
+
+def shape_problem(value: Any, where: str) -> str | None:
+    """Why a dispatched value is not plain data, or None: containers nested deeper than
+    ``MAX_DEPTH``, non-finite numbers, or our sealed-value key (user input is never
+    unsealed, so it may not look sealed either)."""
+    stack: list[tuple[Any, str, int]] = [(value, where, 1)]
+    while stack:
+        v, path, depth = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"{path} is not a finite number ({v})"
+        if not isinstance(v, dict | list | tuple):
+            continue
+        if depth > MAX_DEPTH:
+            return f"{where} is nested deeper than {MAX_DEPTH} levels"
+        if isinstance(v, dict):
+            if ENC_TAG in v:
+                return f"{path}: the key {ENC_TAG!r} is reserved"
+            stack.extend((x, f"{path}.{k}", depth + 1) for k, x in v.items())
+        else:
+            stack.extend((x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v))
+    return None
 
 
 class Refused(ValueError):

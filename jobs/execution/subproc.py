@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -85,6 +86,10 @@ def _runtime(*names: str) -> str:
 
 def _placeholders(text: str, *, workspace: str, skill_dir: str) -> str:
     return text.replace("{baseDir}", skill_dir).replace("{workspace}", workspace)
+
+
+def _quoted(value: str) -> str:
+    return shlex.quote(value) if value else value
 
 
 def interpreter(skill: Skill) -> list[str]:
@@ -182,7 +187,10 @@ def build_command(
     prefix = interpreter(skill)
     args = build_args(skill, input_data, workspace=workspace, skill_dir=skill_dir)
     if skill.exec_type is ExecType.INLINE_SHELL:
-        command = _placeholders(skill.command or "", workspace=workspace, skill_dir=skill_dir)
+        # the command is shell source: every value put into it is quoted
+        command = _placeholders(
+            skill.command or "", workspace=_quoted(workspace), skill_dir=_quoted(skill_dir)
+        )
         return [*prefix, command, skill.name, *args]
     return [*prefix, *args]
 

@@ -19,6 +19,7 @@ from jobs.constants import FN_RUN_JOB
 from jobs.db import once_more_if_disconnected
 from jobs.envelope import failure, offload_sync
 from jobs.execution.executor import Executor
+from jobs.execution.inputs import shape_problem
 from jobs.models import new_id
 from jobs.queue import idempotency, store
 from jobs.queue.broker import enqueue, job_event
@@ -85,6 +86,9 @@ class Dispatcher:
         (and receipt); with another skill or input it is a 409."""
         if not isinstance(input or {}, dict) or not isinstance(context or {}, dict):
             return refusal(400, "input and context must be JSON objects")
+        for value, where in ((input, "input"), (context, "context")):
+            if (bad := shape_problem(value, where)) is not None:
+                return refusal(400, f"{where} refused: {bad}", skill=skill)
         if idempotency_key is not None and (bad := idempotency.key_problem(idempotency_key)):
             return refusal(400, bad)
         input_data = dict(input or {})
@@ -192,6 +196,8 @@ class Dispatcher:
             else {}
         )
         bg = background_context(ctx, skill=skill.name, configs=configs)
+        if ext.startswith(ORGDELEG_PREFIX):  # delegated: force_raw_prompt does not apply
+            bg["external_id"] = ext
         job_id = new_id()
         if idempotency_key is not None:
             key = await idempotency.claim(

@@ -310,3 +310,76 @@ async def test_a_forged_live_push_reaches_no_web_session(sessionmaker, redis, se
         {"id": 424242, "text": "click", "attachments": [], "created_at": 1.0, "job_id": None},
         stored,
     ]
+
+
+# --- inputs are data -----------------------------------------------------------------------
+
+
+def _deep(n: int) -> dict:
+    value: dict = {"leaf": 1}
+    for _ in range(n):
+        value = {"x": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("inp", "ctx_extra", "needle"),
+    [
+        ({"api_key": {"$enc": "x"}}, {}, "'$enc' is reserved"),
+        ({"q": [{"$enc": "gAAAA"}]}, {}, "'$enc' is reserved"),
+        ({}, {"api_token": {"$enc": "x"}}, "'$enc' is reserved"),
+        (_deep(500), {}, "deeper than 64"),
+        ({"n": float("nan")}, {}, "not a finite number"),
+        ({"n": [1, float("inf")]}, {}, "not a finite number"),
+    ],
+)
+async def test_inputs_that_are_not_plain_data_are_refused_at_dispatch(
+    services, inp: dict, ctx_extra: dict, needle: str
+) -> None:
+    from jobs.queue.dispatcher import Dispatcher
+
+    ctx = {"channel": "web", "role_id": "r1", "session_id": "s1", **ctx_extra}
+    res = await Dispatcher(services).dispatch("sync_echo", inp, ctx)
+    assert res.status_code == 400, res.body
+    assert needle in res.body["error"]
+
+
+def test_nesting_up_to_the_limit_is_data() -> None:
+    from jobs.execution.inputs import shape_problem
+
+    assert shape_problem(_deep(63), "input") is None
+    assert shape_problem(_deep(64), "input") is not None
+    assert shape_problem({"enc": "x", "n": 1.5, "t": (1, 2)}, "input") is None
+
+
+async def test_a_session_id_with_shell_syntax_runs_nothing(ex: Executor, tmp_path: Path) -> None:
+    """The id becomes a safe path segment (others are hashed) and every value put into an
+    inline shell command is quoted."""
+    marker = tmp_path / "ran"
+    for session in (f"s;touch {marker};", f"$(touch {marker})", f"`touch {marker}`"):
+        out = await ex.execute("iso_inline", {}, dict(CTX, session_id=session))
+        assert out.status == "succeeded", out.result
+        assert not marker.exists(), session
+        pwd = Path(out.result["pwd"])
+        assert pwd.parent == ex.workspace_root / "r1"
+        assert all(c.isalnum() or c in "._-" for c in pwd.name), pwd.name
+    # a workspace handed in by the caller is quoted too
+    odd = tmp_path / f"w;touch {marker.name}"
+    odd.mkdir()
+    out = await ex.execute("iso_inline", {}, dict(CTX, workspace_dir=str(odd)))
+    assert out.status == "succeeded" and Path(out.result["pwd"]) == odd
+    assert not (odd / marker.name).exists() and not marker.exists()
+
+
+def test_ids_as_path_segments(tmp_path: Path) -> None:
+    from jobs.context import workspace_dir
+
+    assert workspace_dir(tmp_path, "r1", "abc-1.2_x") == tmp_path / "r1" / "abc-1.2_x"
+    a = workspace_dir(tmp_path, "r1", "a/b")
+    b = workspace_dir(tmp_path, "r1", "a_b")
+    assert a is not None and b is not None and a != b
+    assert a.parent == tmp_path / "r1" and a.name.startswith("a_b-")
+    for odd in ("..", ".", "x y", "é", "$(id)"):
+        seg = workspace_dir(tmp_path, "r1", odd)
+        assert seg is not None and seg.parent == tmp_path / "r1"
+        assert all((c.isalnum() and c.isascii()) or c in "._-" for c in seg.name)
