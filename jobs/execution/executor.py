@@ -34,7 +34,7 @@ from jobs.context import (
 from jobs.crypto import redact
 from jobs.db import DB_UNAVAILABLE, LazySession
 from jobs.envelope import failure, is_failure, normalize
-from jobs.execution import envs, inprocess, inputs, subproc
+from jobs.execution import envs, inprocess, input_rules, inputs, subproc
 from jobs.execution.callskill import bind_call_skill
 from jobs.execution.skill_output import exit_failure
 from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillType
@@ -247,6 +247,10 @@ class Executor:
         log_text = ""
         try:
             data = input_data or {}
+            try:  # attachment ids, force_raw_prompt (seed §3.3, §3.4)
+                data = input_rules.apply(found, data, rc, depth=depth)
+            except input_rules.Refused as refused:
+                return self._outcome(refused.envelope, t0, name=name)
             if found.exec_type is not ExecType.HTTP:
                 data = resolve_file_params(data, rc.get("workspace_dir"))
                 try:

@@ -1,0 +1,2 @@
+async def execute(input_data, runtime_context):
+    return {"ok": True, "input": input_data}
