@@ -9,6 +9,7 @@ import time
 
 BENCHES = [
     "bench.offload",
+    "bench.render",
     "bench.executor",
     "bench.queue",
     "bench.materialize",

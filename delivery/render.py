@@ -63,6 +63,7 @@ def render(
 ) -> str:
     """The delivered text of a successful result. With ``fallback``, an empty result
     becomes "<skill> finished."; otherwise it is ``""`` (e.g. a file that needs no text)."""
+    cap = limit if limit is not None else (RICH_TEXT_CAP if rich else TEXT_CAP)
     body = main_text(result)
     md = result.get("display_md")
     md = md.strip() if isinstance(md, str) else ""
@@ -70,7 +71,8 @@ def render(
         body = readable(result, lang=lang) or None
     parts = [body] if body else []
     if md and md != body:
-        parts.append(md if rich else markdown_to_text(md))
+        # only what can be shown is converted: the work is bounded by the channel limit
+        parts.append(md if rich else markdown_to_text(md[: cap + 1]))
     if is_partial(result):
         warning = result.get("warning")
         reason = warning.strip() if isinstance(warning, str) and warning.strip() else ""
@@ -78,7 +80,6 @@ def render(
     out = "\n\n".join(parts)
     if not out and fallback:
         return text("finished", lang, name=skill or text("the_task", lang))
-    cap = limit if limit is not None else (RICH_TEXT_CAP if rich else TEXT_CAP)
     return cut(out, cap, lang)
 
 

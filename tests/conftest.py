@@ -279,3 +279,35 @@ def fs():  # type: ignore[no-untyped-def]
 
     with FakeFeishu() as server:
         yield server
+
+
+# --- the corpus of realistic skills on both lines ------------------------------------------
+
+
+@pytest.fixture
+async def real_services(request, tmp_path, sqlite_url, redis_server_url, redis_prefix, tg):  # type: ignore[no-untyped-def]
+    """Services over ``tests/real_skills`` on SQLite + Redis, Telegram at the fake server;
+    ``SKILLJOBS_LANGUAGE`` is the indirect parameter (default ``en``)."""
+    from jobs.services import Services
+    from tests.helpers.real import REAL_SKILLS
+
+    tg.known_chats.update(f"20{i:02d}" for i in range(40))
+    s = make_settings(
+        tmp_path,
+        redis_url=redis_server_url,
+        prefix=redis_prefix,
+        database_url=sqlite_url,
+        skills_path=str(REAL_SKILLS),
+        telegram_bot_token=tg.token,
+        telegram_api_base=tg.url,
+        language=getattr(request, "param", "en"),
+        worker_lease_sec=5.0,
+        retry_backoff_sec=0.05,
+    )
+    svc = await Services.open(s)
+    yield svc
+    if svc.redis is not None:
+        keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*")]
+        if keys:
+            await svc.redis.delete(*keys)
+    await svc.close()

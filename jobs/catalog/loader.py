@@ -484,11 +484,13 @@ def _as_document(skill: Skill) -> None:
     )
     example = scripts[0] if scripts else "scripts/<your script>"
     skill.hint = (
-        "it is a document skill (no exec block, no handler.py); to make it runnable add "
-        f"one line to its SKILL.md frontmatter: exec: {{primary: {{entry: {example}}}}}"
+        "to make it runnable add one line to its SKILL.md frontmatter: "
+        f"exec: {{primary: {{entry: {example}}}}}"
     )
-    found = f" ({', '.join(scripts[:5])} found)" if scripts else ""
-    skill.warnings.append(f"loaded as a document skill (skill_md){found}: {skill.hint}")
+    found = f", {', '.join(scripts[:5])} found" if scripts else ""
+    skill.warnings.append(
+        f"loaded as a document skill (skill_md: no exec block, no handler.py{found}); " + skill.hint
+    )
 
 
 def _detect_python(skill: Skill, entry: Path) -> None:
