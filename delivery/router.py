@@ -21,7 +21,8 @@ from delivery.channels.base import (
     with_retries,
 )
 from delivery.channels.registry import channels_for
-from delivery.channels.web import WEB_CHANNELS, Outgoing, WebChannel, attachment_dict
+from delivery.channels.web import WEB_CHANNELS, WebChannel, attachment_dict
+from delivery.channels.web_store import Outgoing
 from delivery.ledger import LeaseLost, LedgerEntry, deliver_once, ledger_key, owner_id
 from delivery.render import TEXT_CAP, failure_text, render
 from jobs.context import job_segment, results_dir

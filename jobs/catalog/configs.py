@@ -28,10 +28,10 @@ MAX_VALUE_CHARS = 64_000
 def _check_id(what: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{what} must be a non-empty string")
-    value = value.strip()
-    if len(value) > MAX_ID:
+    text: str = value.strip()
+    if len(text) > MAX_ID:
         raise ValueError(f"{what} is longer than {MAX_ID} characters")
-    return value
+    return text
 
 
 def _check_key(key: Any) -> str:
