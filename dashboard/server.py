@@ -78,7 +78,8 @@ class AcceptErrorFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = str(record.msg)
-        if "accept" not in text and "Too many open files" not in text:
+        # asyncio's retry after EMFILE also fails noisily once the socket is gone.
+        if not any(m in text for m in ("accept", "Too many open files", "_start_serving")):
             return True
         now = time.monotonic()
         if now - self.last < self.every_s:
@@ -100,9 +101,17 @@ def install_accept_filter() -> None:
             logger.addFilter(_ACCEPT_FILTER)
 
 
-def protocol_class(head_timeout_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol with a deadline for each request head: a connection that
-    does not deliver a complete head in time is closed (slow-header attacks)."""
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n"
+    b"content-length: 5\r\nconnection: close\r\n\r\nbusy\n"
+)
+
+
+def protocol_class(head_timeout_s: float, max_connections: int) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a deadline for each request head (a connection that
+    does not deliver a complete head in time is closed: slow-header attacks), and
+    connections past ``max_connections`` answered 503 and closed at once, so descriptors
+    never run out (asyncio's accept retries after EMFILE storm the log)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class GuardedH11(H11Protocol):
@@ -110,6 +119,10 @@ def protocol_class(head_timeout_s: float) -> type[asyncio.Protocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                transport.write(BUSY)
+                transport.close()
+                return
             self._watch_head()
 
         def data_received(self, data: bytes) -> None:
@@ -162,19 +175,22 @@ def build_config(
         settings.allowed_hosts = ",".join([*names, host.strip("[]")])
     fds = raise_fd_limit()
     install_accept_filter()
+    limit = max(16, min(settings.web_max_connections, fds - FD_RESERVE))
     return uvicorn.Config(
         app if app is not None else create_app(settings),
         host=host,
         port=port,
         log_level=(log_level or settings.log_level).lower(),
         lifespan="on",
-        http=protocol_class(settings.web_header_timeout_sec),
+        # Past `limit` requests get uvicorn's 503; past what the descriptors allow,
+        # connections are answered 503 and closed as they arrive.
+        http=protocol_class(settings.web_header_timeout_sec, max(limit, fds - FD_RESERVE)),
         proxy_headers=False,
         # Event-stream URLs may carry ?token=: request lines are never logged.
         access_log=False,
         timeout_keep_alive=KEEP_ALIVE_S,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
-        limit_concurrency=max(16, min(settings.web_max_connections, fds - FD_RESERVE)),
+        limit_concurrency=limit,
         # Open event streams would otherwise hold shutdown forever.
         timeout_graceful_shutdown=5,
     )

@@ -371,3 +371,47 @@ async def test_readyz_says_what_is_down_without_internals(
     assert ready.status_code == 503
     assert ready.json()["checks"] == {"redis": "unreachable", "database": "ok", "schema": "ok"}
     assert str(port) not in ready.text and "Error" not in ready.text
+
+
+@pytest.mark.slow
+def test_past_the_connection_cap_answers_are_a_fast_503(
+    tmp_path: Path, sqlite_url: str, redis_server_url: str, redis_prefix: str
+) -> None:
+    env = {"SKILLJOBS_WEB_MAX_CONNECTIONS": "16"}
+    with WebProcess(tmp_path, sqlite_url, redis_server_url, redis_prefix, env=env) as proc:
+        socks = half_open(proc.port, 20)
+        try:
+            t0 = time.perf_counter()
+            resp = httpx.get(proc.url + "/healthz", timeout=5)
+            assert resp.status_code == 503 and time.perf_counter() - t0 < 0.5
+        finally:
+            for s in socks:
+                s.close()
+        time.sleep(0.3)
+        assert httpx.get(proc.url + "/healthz", timeout=5).status_code == 200
+
+
+@pytest.mark.slow
+def test_descriptor_exhaustion_is_logged_sparingly(
+    tmp_path: Path, sqlite_url: str, redis_server_url: str, redis_prefix: str
+) -> None:
+    with WebProcess(
+        tmp_path, sqlite_url, redis_server_url, redis_prefix, nofile=200, nofile_hard=200
+    ) as proc:
+        socks = []
+        try:
+            for _ in range(400):  # past the hard limit: accept() fails with EMFILE
+                try:
+                    socks.append(half_open(proc.port, 1)[0])
+                except OSError:
+                    break
+            time.sleep(3)
+        finally:
+            for s in socks:
+                s.close()
+        time.sleep(0.5)
+        assert httpx.get(proc.url + "/healthz", timeout=5).status_code == 200
+    text = proc.log.read_text()
+    # One line per interval, not thousands a second (nor a storm of retries at shutdown).
+    assert text.count("out of system resource") <= 1, text[-3000:]
+    assert len(text) < 30_000

@@ -32,6 +32,7 @@ class WebProcess:
         *,
         env: dict[str, str] | None = None,
         nofile: int | None = None,
+        nofile_hard: int | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -51,6 +52,7 @@ class WebProcess:
         self.env = base
         self.cwd = tmp_path
         self.nofile = nofile
+        self.nofile_hard = nofile_hard
         self.proc: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
@@ -60,7 +62,7 @@ class WebProcess:
         # A low soft descriptor limit, as on many hosts (the server raises it itself).
         boot = (
             "import resource, runpy, sys\n"
-            "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+            f"hard = {self.nofile_hard} or resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
             f"resource.setrlimit(resource.RLIMIT_NOFILE, ({self.nofile}, hard))\n"
             f"sys.argv = ['skilljobs', *{args!r}]\n"
             "runpy.run_module('jobs.cli.app', run_name='__main__')\n"
