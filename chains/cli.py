@@ -1,4 +1,5 @@
-"""``skilljobs schedules add FILE | list | show ID | run ID | enable ID | disable ID | runs ID``."""
+"""``skilljobs schedules add FILE | list | show ID | run ID | enable ID | disable ID | runs ID |
+rerun RUN_ID --from STEP``."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ STATUS_STYLE = {
     "queued": "blue",
     "skipped": "dim",
     "pending": "dim",
+    "missed": "magenta",
 }
 
 
@@ -271,6 +273,46 @@ def runs(
         console.print(table)
 
     _with_services(go, redis=False)
+
+
+@schedules_app.command("rerun")
+def rerun(
+    run_id: str = typer.Argument(..., help="The chain run to re-run."),
+    from_step: str = typer.Option("0", "--from", help="Step index or step id to start at."),
+    inline: bool = typer.Option(
+        False, "--inline", help="Run the chain in this process instead of queueing it."
+    ),
+) -> None:
+    """A new run from a step, reusing the recorded outputs of the earlier steps."""
+    from chains.rerun import rerun_from
+
+    step: int | str = int(from_step) if from_step.isdigit() else from_step
+
+    async def go(svc: Any) -> int:
+        new_id, _ = await rerun_from(svc, run_id, step, actor="cli", enqueue=not inline)
+        if not inline:
+            console.print(f"run {new_id} queued (re-run of {run_id} from step {from_step})")
+            return 0
+        return await _run_inline(svc, new_id)
+
+    settings = load_settings()
+    if not inline and not settings.redis_url:
+        fail("SKILLJOBS_REDIS_URL is not set: nothing can pick a queued run up; use --inline")
+    raise typer.Exit(_with_services(go, redis=not inline))
+
+
+async def _run_inline(svc: Any, run_id: str) -> int:
+    from chains import schedules
+    from chains.runner import run_chain
+
+    executor = svc.executor
+    try:
+        with console.status(f"run {run_id}: running"):
+            status = await run_chain(svc, executor, run_id, worker_id=f"cli:{time.time_ns()}")
+    finally:
+        await executor.aclose()
+    _print_run(await schedules.get_run(svc, run_id))
+    return 0 if status in ("succeeded", "stopped_empty") else 1
 
 
 def register(app: typer.Typer) -> None:

@@ -124,3 +124,19 @@ async def chain_run(run_id: str, request: Request) -> Any:
     if run is None:
         raise not_found(f"chain run {run_id}")
     return safe(run)
+
+
+@router.post("/chain-runs/{run_id}/rerun", status_code=202)
+async def rerun_chain_run(
+    run_id: str, request: Request, body: dict[str, Any] | None = Body(None)
+) -> JSONResponse:
+    """``{"from_step": index or step id}`` (default 0): a new run that reuses the recorded
+    outputs of the earlier steps; 202 ``{"run_id", "rerun_of", "from_step"}``."""
+    from chains.rerun import rerun_from
+
+    from_step = (body or {}).get("from_step", 0)
+    if not isinstance(from_step, int | str) or isinstance(from_step, bool):
+        raise ApiError(422, "from_step must be a step index or a step id")
+    svc = services_of(request)
+    new_id, index = await _call(rerun_from, svc, run_id, from_step, actor=actor_of(request))
+    return JSONResponse({"run_id": new_id, "rerun_of": run_id, "from_step": index}, status_code=202)
