@@ -34,7 +34,7 @@ from jobs.context import (
 from jobs.crypto import redact
 from jobs.db import DB_UNAVAILABLE, LazySession
 from jobs.envelope import failure, is_failure, normalize
-from jobs.execution import envs, inprocess, input_rules, inputs, subproc
+from jobs.execution import compat, envs, inprocess, input_rules, inputs, subproc
 from jobs.execution.callskill import bind_call_skill
 from jobs.execution.skill_output import exit_failure
 from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillType
@@ -486,6 +486,7 @@ class Executor:
         self, skill: Skill, input_data: dict[str, Any], rc: dict[str, Any], wall: float
     ) -> Any:
         envs.expose(await self.envs.prepare(skill))
+        compat.install()  # backend.infra.providers.base for ported skills (seed §10.1)
         entry = await inprocess.get_entry(self.entries, skill, wall)
         return await inprocess.run_entry(entry, input_data, rc, wall, skill.name)
 

@@ -3,13 +3,16 @@ skills get instead (SPEC §2, skill spec §10).
 
 Two wire protocols through httpx: OpenAI-compatible ``POST {base}/v1/chat/completions``
 (every ``SKILLJOBS_LLM_PROVIDER`` other than ``anthropic``) and Anthropic
-``POST {base}/v1/messages``.
+``POST {base}/v1/messages``. The surface is the one the skill spec documents (seed §10.1):
+``complete()``, ``stream()`` (text chunks, usage once it ends), ``tool_call()``, and the
+attributes ``model`` / ``provider_name`` / ``last_usage``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -49,6 +52,20 @@ class CompletionResult:
     output_tokens: int
     model: str = ""
     raw: dict[str, Any] | None = None
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ToolCallResult(CompletionResult):
+    """A completion that may ask for tools: ``tool_calls`` in the order the model gave."""
+
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 def _strip_v1(base: str) -> str:
@@ -139,8 +156,94 @@ def _opt(options: Any, name: str) -> Any:
     return getattr(options, name, None)
 
 
+def _tool_spec(tool: Any) -> tuple[str, str, dict[str, Any]]:
+    """(name, description, JSON schema) of a tool given in either wire shape or plainly
+    as ``{name, description, parameters | input_schema}``."""
+    t: dict[str, Any] = dict(tool) if isinstance(tool, Mapping) else {"name": str(tool)}
+    if isinstance(t.get("function"), Mapping):  # OpenAI {"type": "function", "function": …}
+        t = dict(t["function"])
+    schema = t.get("parameters") or t.get("input_schema") or {"type": "object", "properties": {}}
+    return str(t.get("name") or ""), str(t.get("description") or ""), dict(schema)
+
+
+def _tool_arguments(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    try:
+        parsed = json.loads(raw or "{}")
+    except (TypeError, ValueError):
+        return {"_raw": raw}
+    return parsed if isinstance(parsed, dict) else {"_value": parsed}
+
+
+class TextStream:
+    """``async for chunk in provider.stream(...)``: the text as it arrives. Once the
+    iteration ends, ``text``, ``stop_reason`` and ``usage`` (also the provider's
+    ``last_usage``) hold the whole answer."""
+
+    def __init__(self, provider: Provider, events: AsyncIterator[dict[str, Any]]) -> None:
+        self._provider = provider
+        self._events = events
+        self.parts: list[str] = []
+        self.stop_reason: str | None = None
+        self.usage: dict[str, int] = {"input_tokens": 0, "output_tokens": 0}
+        self.done = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[str]:
+        anthropic = self._provider.kind == "anthropic"
+        async for event in self._events:
+            chunk = self._anthropic(event) if anthropic else self._openai(event)
+            if chunk:
+                self.parts.append(chunk)
+                yield chunk
+        self.done = True
+        self._provider.last_usage = dict(self.usage)
+
+    def _openai(self, event: dict[str, Any]) -> str:
+        usage = event.get("usage")
+        if isinstance(usage, Mapping):
+            self.usage = {
+                "input_tokens": int(usage.get("prompt_tokens") or 0),
+                "output_tokens": int(usage.get("completion_tokens") or 0),
+            }
+        for choice in event.get("choices") or []:
+            if choice.get("finish_reason"):
+                self.stop_reason = choice["finish_reason"]
+            return str((choice.get("delta") or {}).get("content") or "")
+        return ""
+
+    def _anthropic(self, event: dict[str, Any]) -> str:
+        kind = event.get("type")
+        if kind == "message_start":
+            usage = (event.get("message") or {}).get("usage") or {}
+            self.usage["input_tokens"] = int(usage.get("input_tokens") or 0)
+        elif kind == "content_block_delta":
+            delta = event.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                return str(delta.get("text") or "")
+        elif kind == "message_delta":
+            self.stop_reason = (event.get("delta") or {}).get("stop_reason") or self.stop_reason
+            usage = event.get("usage") or {}
+            self.usage["output_tokens"] = int(usage.get("output_tokens") or 0)
+        elif kind == "error":
+            err = event.get("error") or {}
+            msg = f"{self._provider.provider_name} model stream failed: {err.get('message') or err}"
+            if err.get("type") in ("overloaded_error", "api_error", "rate_limit_error"):
+                raise ProviderUnavailable(msg)
+            raise ProviderError(msg)
+        return ""
+
+
 class Provider:
-    """``await complete(messages, *, system, max_tokens, temperature, options)``."""
+    """``await complete(messages, *, system, max_tokens, temperature, options)``,
+    ``async for chunk in stream(...)``, ``await tool_call(messages, tools, ...)``."""
 
     def __init__(
         self,
@@ -177,6 +280,8 @@ class Provider:
             await self._own_http.aclose()
             self._own_http = None
 
+    # --- the surface skills call ------------------------------------------------------------
+
     async def complete(
         self,
         messages: Sequence[Any] | str,
@@ -186,6 +291,68 @@ class Provider:
         temperature: float | None = None,
         options: Any = None,
     ) -> CompletionResult:
+        path, body, headers = self._request(messages, system, max_tokens, temperature, options)
+        data = await self._post(path, body, headers)
+        result: CompletionResult = self._parse(data, body["model"], CompletionResult)
+        self._note_usage(result)
+        return result
+
+    def stream(
+        self,
+        messages: Sequence[Any] | str,
+        *,
+        system: str | None = None,
+        max_tokens: int = 1024,
+        temperature: float | None = None,
+        options: Any = None,
+    ) -> TextStream:
+        """The answer in text chunks as the model produces them (server-sent events)."""
+        path, body, headers = self._request(messages, system, max_tokens, temperature, options)
+        body["stream"] = True
+        if self.kind == "openai":
+            body["stream_options"] = {"include_usage": True}
+        return TextStream(self, self._events(path, body, headers))
+
+    async def tool_call(
+        self,
+        messages: Sequence[Any] | str,
+        tools: Sequence[Any],
+        *,
+        system: str | None = None,
+        max_tokens: int = 1024,
+        temperature: float | None = None,
+        options: Any = None,
+        tool_choice: str | None = None,
+    ) -> ToolCallResult:
+        """A completion that may call ``tools`` (OpenAI ``function`` tools, Anthropic
+        tools, or ``{name, description, parameters}``). ``tool_choice``: ``"auto"``
+        (default), ``"required"`` / ``"any"``, ``"none"`` or a tool's name."""
+        path, body, headers = self._request(messages, system, max_tokens, temperature, options)
+        specs = [_tool_spec(t) for t in tools]
+        if self.kind == "anthropic":
+            body["tools"] = [{"name": n, "description": d, "input_schema": s} for n, d, s in specs]
+        else:
+            body["tools"] = [
+                {"type": "function", "function": {"name": n, "description": d, "parameters": s}}
+                for n, d, s in specs
+            ]
+        if tool_choice:
+            body["tool_choice"] = self._tool_choice(tool_choice, {n for n, _, _ in specs})
+        data = await self._post(path, body, headers)
+        result: ToolCallResult = self._parse(data, body["model"], ToolCallResult)
+        self._note_usage(result)
+        return result
+
+    # --- wire formats -----------------------------------------------------------------------
+
+    def _request(
+        self,
+        messages: Sequence[Any] | str,
+        system: str | None,
+        max_tokens: int,
+        temperature: float | None,
+        options: Any,
+    ) -> tuple[str, dict[str, Any], dict[str, str]]:
         if isinstance(messages, str):
             messages = [Message("user", messages)]
         msgs = [_message(m) for m in messages]
@@ -196,14 +363,95 @@ class Provider:
         t = _opt(options, "temperature")
         temperature = t if t is not None else temperature
         if self.kind == "anthropic":
-            result = await self._anthropic(msgs, system, model, max_tokens, temperature)
+            sys_parts = [m["content"] for m in msgs if m["role"] == "system"]
+            msgs = [m for m in msgs if m["role"] != "system"]
+            if system:
+                sys_parts.insert(0, system)
+            body: dict[str, Any] = {"model": model, "messages": msgs, "max_tokens": max_tokens}
+            if sys_parts:
+                body["system"] = "\n\n".join(str(s) for s in sys_parts)
+            headers = {"x-api-key": self._key, "anthropic-version": ANTHROPIC_VERSION}
+            path = "/v1/messages"
         else:
-            result = await self._openai(msgs, system, model, max_tokens, temperature)
+            if system:
+                msgs = [{"role": "system", "content": system}, *msgs]
+            body = {"model": model, "messages": msgs, "max_tokens": max_tokens}
+            headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+            path = "/v1/chat/completions"
+        if temperature is not None:
+            body["temperature"] = temperature
+        return path, body, headers
+
+    def _tool_choice(self, choice: str, names: set[str]) -> Any:
+        c = choice.strip()
+        if self.kind == "anthropic":
+            if c in names:
+                return {"type": "tool", "name": c}
+            return {"type": {"required": "any", "none": "none"}.get(c, c)}
+        if c in names:
+            return {"type": "function", "function": {"name": c}}
+        return {"any": "required"}.get(c, c)
+
+    def _parse(self, data: dict[str, Any], model: str, cls: type[Any]) -> Any:
+        if self.kind == "anthropic":
+            blocks = [b for b in data.get("content") or [] if isinstance(b, dict)]
+            text = "".join(str(b.get("text") or "") for b in blocks if b.get("type") == "text")
+            calls = [
+                ToolCall(
+                    str(b.get("id") or ""),
+                    str(b.get("name") or ""),
+                    _tool_arguments(b.get("input")),
+                )
+                for b in blocks
+                if b.get("type") == "tool_use"
+            ]
+            usage = data.get("usage") or {}
+            stop, tin, tout = (
+                data.get("stop_reason"),
+                usage.get("input_tokens"),
+                usage.get("output_tokens"),
+            )
+        else:
+            choice = (data.get("choices") or [{}])[0]
+            message = choice.get("message") or {}
+            text = str(message.get("content") or "")
+            calls = [
+                ToolCall(
+                    str(c.get("id") or ""),
+                    str((c.get("function") or {}).get("name") or ""),
+                    _tool_arguments((c.get("function") or {}).get("arguments")),
+                )
+                for c in message.get("tool_calls") or []
+                if isinstance(c, dict)
+            ]
+            usage = data.get("usage") or {}
+            stop = choice.get("finish_reason")
+            tin, tout = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        result = cls(
+            text=text,
+            stop_reason=stop,
+            input_tokens=int(tin or 0),
+            output_tokens=int(tout or 0),
+            model=str(data.get("model") or model),
+            raw=data,
+        )
+        if isinstance(result, ToolCallResult):
+            result.tool_calls = calls
+        return result
+
+    def _note_usage(self, result: CompletionResult) -> None:
         self.last_usage = {
             "input_tokens": result.input_tokens,
             "output_tokens": result.output_tokens,
         }
-        return result
+
+    # --- transport --------------------------------------------------------------------------
+
+    def _status_error(self, status: int, detail: str) -> Exception:
+        msg = f"{self.provider_name} model at {self.base} answered HTTP {status}: {detail}"
+        if status == 429 or status >= 500:
+            return ProviderUnavailable(msg)
+        return ProviderError(msg)
 
     async def _post(
         self, path: str, body: dict[str, Any], headers: dict[str, str]
@@ -216,11 +464,7 @@ class Provider:
                 f"{self.provider_name} model at {self.base}: {exc!r}"
             ) from exc
         if resp.status_code >= 400:
-            detail = resp.text[:300].strip()
-            msg = f"{self.provider_name} model at {self.base} answered HTTP {resp.status_code}: {detail}"
-            if resp.status_code == 429 or resp.status_code >= 500:
-                raise ProviderUnavailable(msg)
-            raise ProviderError(msg)
+            raise self._status_error(resp.status_code, resp.text[:300].strip())
         try:
             data = resp.json()
         except ValueError as exc:
@@ -233,68 +477,39 @@ class Provider:
             )
         return data
 
-    async def _openai(
-        self,
-        msgs: list[dict[str, Any]],
-        system: str | None,
-        model: str,
-        max_tokens: int,
-        temperature: float | None,
-    ) -> CompletionResult:
-        if system:
-            msgs = [{"role": "system", "content": system}, *msgs]
-        body: dict[str, Any] = {"model": model, "messages": msgs, "max_tokens": max_tokens}
-        if temperature is not None:
-            body["temperature"] = temperature
-        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
-        data = await self._post("/v1/chat/completions", body, headers)
-        choice = (data.get("choices") or [{}])[0]
-        usage = data.get("usage") or {}
-        result = CompletionResult(
-            text=str((choice.get("message") or {}).get("content") or ""),
-            stop_reason=choice.get("finish_reason"),
-            input_tokens=int(usage.get("prompt_tokens") or 0),
-            output_tokens=int(usage.get("completion_tokens") or 0),
-            model=str(data.get("model") or model),
-            raw=data,
-        )
-        return result
+    async def _events(
+        self, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The JSON payloads of a server-sent-events answer (``data:`` lines)."""
+        url = self.base + path
+        try:
+            async with self._client().stream(
+                "POST", url, json=body, headers=headers, timeout=self.timeout
+            ) as resp:
+                if resp.status_code >= 400:
+                    detail = (await resp.aread()).decode(errors="replace")[:300].strip()
+                    raise self._status_error(resp.status_code, detail)
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        return
+                    try:
+                        event = json.loads(payload)
+                    except ValueError as exc:
+                        raise ProviderError(
+                            f"{self.provider_name} model at {self.base} streamed non-JSON"
+                        ) from exc
+                    if isinstance(event, dict):
+                        yield event
+        except httpx.TransportError as exc:
+            raise ProviderUnavailable(
+                f"{self.provider_name} model at {self.base}: {exc!r}"
+            ) from exc
 
-    async def _anthropic(
-        self,
-        msgs: list[dict[str, Any]],
-        system: str | None,
-        model: str,
-        max_tokens: int,
-        temperature: float | None,
-    ) -> CompletionResult:
-        sys_parts = [m["content"] for m in msgs if m["role"] == "system"]
-        msgs = [m for m in msgs if m["role"] != "system"]
-        if system:
-            sys_parts.insert(0, system)
-        body: dict[str, Any] = {"model": model, "messages": msgs, "max_tokens": max_tokens}
-        if sys_parts:
-            body["system"] = "\n\n".join(str(s) for s in sys_parts)
-        if temperature is not None:
-            body["temperature"] = temperature
-        data = await self._post(
-            "/v1/messages", body, {"x-api-key": self._key, "anthropic-version": ANTHROPIC_VERSION}
-        )
-        text = "".join(
-            str(b.get("text") or "")
-            for b in data.get("content") or []
-            if isinstance(b, dict) and b.get("type") == "text"
-        )
-        usage = data.get("usage") or {}
-        result = CompletionResult(
-            text=text,
-            stop_reason=data.get("stop_reason"),
-            input_tokens=int(usage.get("input_tokens") or 0),
-            output_tokens=int(usage.get("output_tokens") or 0),
-            model=str(data.get("model") or model),
-            raw=data,
-        )
-        return result
+
+LLMProvider = Provider  # the name the skill spec's base module uses
 
 
 def provider_from(values: LLMValues, http: httpx.AsyncClient | None = None) -> Provider | None:

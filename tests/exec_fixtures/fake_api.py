@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 64
@@ -55,6 +55,10 @@ class FakeAPI:
             return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
         body = req["body"]
         last = body["messages"][-1]["content"]
+        if body.get("stream"):
+            return _sse(openai_events(body, f"openai says: {last}"))
+        if body.get("tools"):
+            return JSONResponse(openai_tool_call(body))
         return JSONResponse(
             {
                 "id": "chatcmpl-1",
@@ -80,6 +84,10 @@ class FakeAPI:
             return JSONResponse({"type": "error", "error": {"message": "bad key"}}, status_code=401)
         body = req["body"]
         last = body["messages"][-1]["content"]
+        if body.get("stream"):
+            return _sse(anthropic_events(body, f"claude says: {last}"), named=True)
+        if body.get("tools"):
+            return JSONResponse(anthropic_tool_call(body))
         return JSONResponse(
             {
                 "id": "msg_1",
@@ -125,6 +133,108 @@ class FakeAPI:
                 Route("/chart.png", self.image),
             ]
         )
+
+
+# --- streaming (server-sent events) and tool calls, in each wire format ----------------------
+
+
+def _words(text: str) -> list[str]:
+    words = text.split(" ")
+    return [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)]
+
+
+def _sse(events: list[dict[str, Any]], *, named: bool = False) -> StreamingResponse:
+    async def gen() -> Any:
+        for event in events:
+            prefix = f"event: {event['type']}\n" if named else ""
+            yield f"{prefix}data: {json.dumps(event)}\n\n".encode()
+            await asyncio.sleep(0)
+        if not named:
+            yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(gen(), media_type="text/event-stream")
+
+
+def openai_events(body: dict[str, Any], text: str) -> list[dict[str, Any]]:
+    base = {"id": "chatcmpl-s", "object": "chat.completion.chunk", "model": body["model"]}
+    events = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
+    events += [
+        {**base, "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]}
+        for w in _words(text)
+    ]
+    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    if (body.get("stream_options") or {}).get("include_usage"):
+        usage = {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}
+        events.append({**base, "choices": [], "usage": usage})
+    return events
+
+
+def anthropic_events(body: dict[str, Any], text: str) -> list[dict[str, Any]]:
+    message = {"id": "msg_s", "type": "message", "role": "assistant", "model": body["model"]}
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {**message, "usage": {"input_tokens": 13}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "ping"},
+    ]
+    events += [
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": w}}
+        for w in _words(text)
+    ]
+    events += [
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn"},
+            "usage": {"output_tokens": 7},
+        },
+        {"type": "message_stop"},
+    ]
+    return events
+
+
+def _first_tool(tools: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """The first tool's name and arguments filled with the names of its required fields."""
+    tool = tools[0].get("function") or tools[0]
+    schema = tool.get("parameters") or tool.get("input_schema") or {}
+    return tool["name"], {k: f"<{k}>" for k in schema.get("required") or []}
+
+
+def openai_tool_call(body: dict[str, Any]) -> dict[str, Any]:
+    name, args = _first_tool(body["tools"])
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
+    return {
+        "id": "chatcmpl-t",
+        "object": "chat.completion",
+        "model": body["model"],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                "finish_reason": "tool_calls",
+            }
+        ],
+        "usage": {"prompt_tokens": 21, "completion_tokens": 9, "total_tokens": 30},
+    }
+
+
+def anthropic_tool_call(body: dict[str, Any]) -> dict[str, Any]:
+    name, args = _first_tool(body["tools"])
+    return {
+        "id": "msg_t",
+        "type": "message",
+        "role": "assistant",
+        "model": body["model"],
+        "content": [
+            {"type": "text", "text": "calling a tool"},
+            {"type": "tool_use", "id": "toolu_1", "name": name, "input": args},
+        ],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 23, "output_tokens": 10},
+    }
 
 
 class Running:
