@@ -75,6 +75,16 @@ def test_redis_keeps_an_append_only_file(services: dict[str, Any], compose: dict
     assert "redis-cli" in redis["healthcheck"]["test"] and "ping" in redis["healthcheck"]["test"]
 
 
+def test_redis_requires_a_password(services: dict[str, Any]) -> None:
+    redis = services["redis"]
+    cmd = redis["command"]
+    password = cmd[cmd.index("--requirepass") + 1]
+    assert password.startswith("${REDIS_PASSWORD:?")  # no default password
+    assert cmd[cmd.index("--protected-mode") + 1] == "yes"
+    assert _env(redis)["REDISCLI_AUTH"] == password  # the healthcheck authenticates
+    assert "ports" not in redis  # reachable inside the compose network only
+
+
 def test_postgres_has_a_named_volume_and_readiness(
     services: dict[str, Any], compose: dict[str, Any]
 ) -> None:
@@ -123,7 +133,9 @@ def test_shared_environment(services: dict[str, Any]) -> None:
         env = _env(services[name])
         assert env["SKILLJOBS_DATABASE_URL"].startswith("postgresql+asyncpg://")
         assert "@postgres:5432/" in env["SKILLJOBS_DATABASE_URL"]
-        assert env["SKILLJOBS_REDIS_URL"] == "redis://redis:6379/0"
+        assert env["SKILLJOBS_REDIS_URL"] == (
+            "redis://:${REDIS_PASSWORD:?set REDIS_PASSWORD in .env}@redis:6379/0"
+        )
         assert env["SKILLJOBS_SECRET_KEY"].startswith("${SKILLJOBS_SECRET_KEY:?")
         assert services[name]["env_file"] == ".env"
         unknown = {k for k in env if k.startswith("SKILLJOBS_")} - known
@@ -267,7 +279,12 @@ def test_env_example_documents_every_setting() -> None:
     assert not missing, f".env.example lacks {sorted(missing)}"
     unknown = {n for n in names if n.startswith("SKILLJOBS_")} - _settings_env_names()
     assert unknown <= {"SKILLJOBS_IMAGE"}, unknown  # the compose image name is not a setting
-    for secret in ("SKILLJOBS_SECRET_KEY", "SKILLJOBS_API_TOKEN", "POSTGRES_PASSWORD"):
+    for secret in (
+        "SKILLJOBS_SECRET_KEY",
+        "SKILLJOBS_API_TOKEN",
+        "POSTGRES_PASSWORD",
+        "REDIS_PASSWORD",
+    ):
         assert names[secret] == ""  # secrets ship empty
     assert "Fernet.generate_key()" in (ROOT / ".env.example").read_text()
 

@@ -361,6 +361,43 @@ async def check_redis_persistence(settings: Settings, timeout_sec: float = 5.0) 
     return warn(name, "neither AOF nor RDB snapshots are enabled", AOF_FIX)
 
 
+REDIS_AUTH_FIX = (
+    "give Redis a password (requirepass; compose: REDIS_PASSWORD in .env) and put it in "
+    "SKILLJOBS_REDIS_URL: redis://:PASSWORD@host:6379/0"
+)
+
+
+def _without_credentials(url: str) -> str | None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        return None  # sentinel and other forms: not probed
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=host))
+
+
+async def check_redis_auth(settings: Settings, timeout_sec: float = 5.0) -> Check | None:
+    """A Redis that answers without a password lets anyone who reaches it plant, cancel or
+    read jobs: warn about it."""
+    name = "redis auth"
+    bare = _without_credentials(settings.redis_url or "") if settings.redis_url else None
+    if bare is None:
+        return None
+    probe = settings.model_copy(update={"redis_url": bare})
+    try:
+        await _redis(probe, timeout_sec, ("PING",))
+    except Exception as exc:
+        text = str(exc).lower()
+        if "noauth" in text or "authentication" in text or "auth" in type(exc).__name__.lower():
+            return ok(name, "Redis refuses clients without a password")
+        return warn(name, f"could not tell whether Redis needs a password ({_first_line(exc)})")
+    return warn(
+        name,
+        "Redis answers clients without a password: anyone who can reach it can plant, "
+        "cancel or read jobs",
+        REDIS_AUTH_FIX,
+    )
+
+
 def _config_value(reply: Any, key: str) -> str:
     if isinstance(reply, dict):
         return str(reply.get(key, ""))
@@ -577,6 +614,7 @@ async def run_checks(
     redis = await check_redis(settings, timeout_sec)
     checks.append(redis)
     if redis.status is not Status.FAIL:
+        checks.append(await check_redis_auth(settings, timeout_sec))
         checks.append(await check_redis_persistence(settings, timeout_sec))
     checks.append(check_skills(settings))
     checks.extend(check_channel(settings, c) for c in CHANNELS)

@@ -4,12 +4,14 @@ started in the data dir when no ``SKILLJOBS_REDIS_URL`` is configured."""
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 
 def redis_server_binary() -> str:
@@ -36,27 +38,67 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by this user only (0600), also when it exists."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
+def redis_password(path: Path) -> str:
+    """The embedded Redis password kept in ``path`` (0600), generated on first use."""
+    if path.exists():
+        found = path.read_text().strip()
+        if found:
+            return found
+    path.parent.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(32)
+    write_private(path, password)
+    return password
+
+
 class EmbeddedRedis:
     """A redis-server child process bound to loopback, with its files in ``directory``.
 
     ``persist=True`` keeps an append-only file so queued jobs survive a restart of
-    ``skilljobs up``; tests run it without persistence.
+    ``skilljobs up``; tests run it without persistence. With a ``password`` the server
+    requires it (``requirepass``, given in a 0600 config file, never on the command line
+    where ``ps`` would show it) and ``url`` carries it.
     """
 
-    def __init__(self, directory: Path, *, port: int | None = None, persist: bool = True) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        port: int | None = None,
+        persist: bool = True,
+        password: str | None = None,
+    ) -> None:
         self.directory = Path(directory)
         self.port = port or free_port()
         self.persist = persist
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def _config(self) -> list[str]:
+        if not self.password:
+            return []
+        conf = self.directory / "redis.conf"
+        write_private(conf, f"requirepass {self.password}\n")
+        return [str(conf.resolve())]
 
     def start(self, timeout: float = 10.0) -> str:
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.chmod(0o700)
         args = [
             redis_server_binary(),
+            *self._config(),
             "--bind",
             "127.0.0.1",
             "--port",

@@ -90,16 +90,18 @@ def up(
     private_files(settings)
     embedded = None
     if not settings.redis_url:
-        from jobs.cli.embedded import EmbeddedRedis
+        from jobs.cli.embedded import EmbeddedRedis, redis_password, write_private
 
-        embedded = EmbeddedRedis(settings.data_dir / "redis", persist=True)
+        # A password even on loopback: any local account can reach a loopback port.
+        password = redis_password(settings.data_dir / "redis.password")
+        embedded = EmbeddedRedis(settings.data_dir / "redis", persist=True, password=password)
         try:
             url = embedded.start()
         except RuntimeError as exc:
             fail(str(exc))
             raise
         settings.redis_url = url
-        embedded_url_file(settings).write_text(url)
+        write_private(embedded_url_file(settings), url)  # it holds the password
     token = (
         settings.api_token.get_secret_value()
         if settings.api_token
@@ -177,6 +179,7 @@ def private_files(settings: Settings) -> None:
         name = db.split(":///", 1)[1]
         targets += [Path(name + suffix) for suffix in ("", "-wal", "-shm")]
     targets += [settings.data_dir / "secret.key", settings.data_dir / "api_token"]
+    targets += [settings.data_dir / "redis.password", embedded_url_file(settings)]
     for path in targets:
         with contextlib.suppress(OSError):  # missing, or not ours to change
             path.chmod(0o700 if path.is_dir() else 0o600)
@@ -246,6 +249,7 @@ async def install_demo_schedule(svc: Any) -> None:
 def _print_banner(
     settings: Settings, host: str, port: int, token: str, registry: Any = None
 ) -> None:
+    from jobs.cli.checks import mask_url
     from jobs.cli.skills import try_it
     base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     # The command as the user can paste it (`make run` starts `.venv/bin/skilljobs up`).
@@ -258,7 +262,7 @@ def _print_banner(
         "skilljobs is up.",
         f"  dashboard : {base}/?token={token}",
         f"  API token : {token}",
-        f"  redis     : {settings.redis_url}",
+        f"  redis     : {mask_url(settings.redis_url or '')}",
         f"  database  : {settings.resolved_database_url}",
         "",
         *try_it(registry, exe, f"curl -s -H 'Authorization: Bearer {token}' {base}"),

@@ -383,3 +383,46 @@ def test_ids_as_path_segments(tmp_path: Path) -> None:
         seg = workspace_dir(tmp_path, "r1", odd)
         assert seg is not None and seg.parent == tmp_path / "r1"
         assert all((c.isalnum() and c.isascii()) or c in "._-" for c in seg.name)
+
+
+# --- Redis with a password ------------------------------------------------------------------
+
+
+async def test_the_embedded_redis_refuses_clients_without_its_password(
+    tmp_path: Path, redis_server_url: str
+) -> None:
+    import redis
+    from redis.asyncio import Redis
+
+    from jobs.cli.checks import Status, check_redis_auth
+    from jobs.cli.embedded import EmbeddedRedis, redis_password
+
+    secret = tmp_path / "data" / "redis.password"
+    password = redis_password(secret)
+    assert secret.stat().st_mode & 0o777 == 0o600 and redis_password(secret) == password
+    with EmbeddedRedis(tmp_path / "redis", persist=False, password=password) as server:
+        conf = tmp_path / "redis" / "redis.conf"
+        assert conf.stat().st_mode & 0o777 == 0o600
+        cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes()  # type: ignore[union-attr]
+        assert password.encode() not in cmdline  # not visible in ps
+        anonymous = Redis(port=server.port)
+        try:
+            with pytest.raises(redis.AuthenticationError):
+                await anonymous.ping()
+        finally:
+            await anonymous.aclose()
+        authed = Redis.from_url(server.url)
+        try:
+            assert await authed.ping()
+        finally:
+            await authed.aclose()
+        settings = make_settings(tmp_path, redis_url=server.url, prefix="t")
+        check = await check_redis_auth(settings, timeout_sec=5)
+        assert check is not None and check.status is Status.OK
+    # doctor warns about a Redis that answers anyone
+    open_redis = make_settings(tmp_path, redis_url=redis_server_url, prefix="t")
+    check = await check_redis_auth(open_redis, timeout_sec=5)
+    assert check is not None
+    if "@" not in redis_server_url:  # the test server has no password
+        assert check.status is Status.WARN
+        assert "without a password" in check.detail and check.fix

@@ -63,6 +63,21 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
     return proc.wait(60)
 
 
+def _bundled_redis_is_private(data: Path, port: int, banner: str) -> None:
+    """The bundled Redis refuses a client without its password; the password and the URL
+    holding it are readable by this user only."""
+    import redis
+
+    for name in ("redis.password", "redis/url"):
+        assert (data / name).stat().st_mode & 0o777 == 0o600, name
+    password = (data / "redis.password").read_text().strip()
+    assert len(password) >= 32 and password not in banner
+    assert password in (data / "redis" / "url").read_text()
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=port, socket_timeout=5).ping()
+    assert redis.Redis(port=port, password=password, socket_timeout=5).ping()
+
+
 def test_up_runs_the_demo_and_stops_without_leftovers(tmp_path):
     port = free_port()
     log = tmp_path / "up.log"
@@ -70,8 +85,11 @@ def test_up_runs_the_demo_and_stops_without_leftovers(tmp_path):
     try:
         token = _wait_ready(proc, log, port)
         banner = log.read_text()
-        redis_port = int(re.search(r"redis\s+: redis://127\.0\.0\.1:(\d+)", banner).group(1))
+        found = re.search(r"redis\s+: redis://:\*\*\*\*@127\.0\.0\.1:(\d+)", banner)
+        assert found, banner  # the password is never printed
+        redis_port = int(found.group(1))
         assert _listening(redis_port)
+        _bundled_redis_is_private(tmp_path / "data", redis_port, banner)
         # The page and API need the token; health does not.
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/api/v1/jobs").status_code == 401
