@@ -10,6 +10,7 @@ from jobs.settings import Settings
 TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent
 JOB_SKILLS = TESTS / "job_skills"
+TRUST_SKILLS = TESTS / "trust_skills"
 EXEC_FIXTURES = TESTS / "exec_fixtures"
 SKILL_FIXTURES = TESTS / "skill_fixtures"
 FAKE_SKILLS = TESTS / "fakes" / "skills"
