@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chains.runstore import FAILED, STOPPED_EMPTY, Lease, LeaseLost, renew
+from jobs.texts import language_of
 
 if TYPE_CHECKING:
     from chains.schedules import ScheduleSpec
@@ -26,20 +27,26 @@ TEXT_CAP = 3500
 _TEXT_FIELDS = ("message", "result", "text", "display_md", "summary")
 
 
-def outcome_text(name: str, status: str, final: Any, error: str | None) -> str:
-    """The short, user-facing text for a chain outcome (never a stack trace)."""
+def outcome_text(
+    name: str, status: str, final: Any, error: str | None, lang: str = "en"
+) -> str:
+    """The short, user-facing text for a chain outcome (never a stack trace), in ``lang``."""
+    from delivery.render import render
+    from jobs.texts import text as say
+
     if status == STOPPED_EMPTY:
-        return f"{name}: nothing to report this time — {error or 'a step returned no data'}."
+        reason = error or say("chain_empty_reason", lang)
+        return say("chain_empty", lang, name=name, reason=reason)
     if status == FAILED:
-        reason = (error or "a step failed").splitlines()[0][:500]
-        return f"{name} did not complete: {reason}"
+        reason = (error or say("chain_failed_reason", lang)).splitlines()[0][:500]
+        return say("chain_failed", lang, name=name, reason=reason)
     if isinstance(final, dict):
         for key in _TEXT_FIELDS:
             value = final.get(key)
             if isinstance(value, str) and value.strip():
                 return value[:TEXT_CAP]
-        payload = {k: v for k, v in final.items() if k not in ("ok", "success")}
-        text = json.dumps(payload, ensure_ascii=False, default=str)
+        # a readable rendering of the content, never a JSON dump (C3)
+        return render(final, skill=name, lang=lang, limit=TEXT_CAP)
     else:
         text = final if isinstance(final, str) else json.dumps(final, ensure_ascii=False)
     return f"{name}: {text}"[:TEXT_CAP]
@@ -86,7 +93,8 @@ async def deliver_outcome(
 
     deliver = dict(spec.deliver or {})
     route, recipient = _recipient(deliver)
-    text = outcome_text(spec.name, status, final, error)
+    lang = language_of(services.settings, spec.identity)
+    text = outcome_text(spec.name, status, final, error, lang)
     attach = _attachments(final) if status not in (FAILED, STOPPED_EMPTY) else []
     sm = services.sessionmaker
 

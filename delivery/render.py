@@ -21,7 +21,8 @@ TEXT_KEYS = ("message", "result", "text", "output")
 NOT_CONTENT = frozenset(
     "ok success error_type offloaded _hint display_only completed warning action_note "
     "display_md filename local_path media images videos files audios urls download_url "
-    "abs_url exit_code stdout_tail stderr_tail skill".split()
+    "abs_url exit_code stdout_tail stderr_tail skill artifact_problems postprocess_error "
+    "offload_error fetches".split()
 )
 TEXT_CAP = 4000  # a chat message, not a data dump: the full result stays with the job
 RICH_TEXT_CAP = 20_000  # web sessions show Markdown and scroll

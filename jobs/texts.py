@@ -52,6 +52,13 @@ TEXTS: dict[str, dict[str, str]] = {
     "items": {"en": "{n} items", "zh": "{n} 项"},
     "fields": {"en": "{n} fields", "zh": "{n} 个字段"},
     "more_lines": {"en": "… {n} more", "zh": "……另有 {n} 项"},
+    "chain_empty": {
+        "en": "{name}: nothing to report this time — {reason}.",
+        "zh": "{name}：本次没有可报告的内容 — {reason}。",
+    },
+    "chain_empty_reason": {"en": "a step returned no data", "zh": "某个步骤没有返回数据"},
+    "chain_failed": {"en": "{name} did not complete: {reason}", "zh": "{name} 未完成：{reason}"},
+    "chain_failed_reason": {"en": "a step failed", "zh": "某个步骤失败"},
 }
 
 

@@ -311,7 +311,8 @@ function jobRow(j) {
     dataset: { jobId: j.id }, class: j.id === state.detailId ? "selected" : "",
     onclick: () => openDetail(j.id) },
   el("td", {}, fmtTime(j.created_at)), el("td", { class: "mono" }, j.id.slice(0, 12)),
-  el("td", {}, j.skill), el("td", { class: "status" }, statusBadge(j.status)),
+  el("td", {}, j.skill), el("td", { class: "status" }, statusBadge(j.status),
+    j.partial ? [" ", el("span", { class: "badge st-partial" }, "partial")] : ""),
   el("td", {}, j.attempts), el("td", {}, j.origin.channel || "–"),
   el("td", {}, j.origin.role_id || "–"), el("td", {}, fmtMs(j.duration_ms)));
 }
@@ -348,7 +349,8 @@ async function openDetail(jobId) {
   panel.hidden = false;
   panel.dataset.jobId = job.id;
   panel.dataset.status = job.status;
-  clear($("#detail-title")).append(job.skill, " ", statusBadge(job.status));
+  clear($("#detail-title")).append(job.skill, " ", statusBadge(job.status),
+    ...(job.partial ? [" ", el("span", { class: "badge st-partial" }, "partial")] : []));
 
   const fields = [
     ["id", job.id], ["attempts", job.attempts], ["created", fmtTime(job.created_at)],

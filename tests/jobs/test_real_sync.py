@@ -104,3 +104,20 @@ def test_up_advertises_a_skill_that_is_loaded() -> None:
     name = text.split("dispatch ", 1)[1].split()[0]
     assert load_registry([REAL_SKILLS]).get(name).runnable
     assert "--external-id orgdeleg:demo" in text  # an async skill: shown on the background line
+
+
+def test_chain_outcomes_are_rendered_and_spoken_in_both_languages() -> None:
+    from chains.deliver import outcome_text
+
+    final = {"ok": True, "total_usd": 33.0, "models": [{"model": "gpt-4o"}]}
+    assert outcome_text("costs", "succeeded", final, None) == (
+        "total_usd: 33.0\nmodels: 1 items: {model=gpt-4o}"
+    )
+    assert outcome_text("costs", "succeeded", final, None, "zh").endswith("1 项: {model=gpt-4o}")
+    assert outcome_text("daily", "failed", None, "step fetch: boom\ntrace", "zh") == (
+        "daily 未完成：step fetch: boom"
+    )
+    assert outcome_text("daily", "stopped_empty", None, None) == (
+        "daily: nothing to report this time — a step returned no data."
+    )
+    assert "本次没有可报告的内容" in outcome_text("daily", "stopped_empty", None, None, "zh")
