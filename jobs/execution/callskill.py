@@ -3,8 +3,9 @@
 Input precedence: explicit dict / kwargs > ``template`` > ``passthrough`` > the callee's
 own configuration. The callee sees exactly the pass-through whitelist of the caller's
 context plus its own configs (looked up again for ``role_id`` + callee) and its own
-provider, db session and call_skill. At most ``MAX_DEPTH`` levels; no self-calls; no
-``async: true`` callees. Never raises: failures come back as
+provider, db session and call_skill. At most ``MAX_DEPTH`` levels; no self-calls. An
+``async: true`` callee runs inline, within the caller's remaining wall clock, with a
+warning in the log (C9). Never raises: failures come back as
 ``{"ok": False, "error", "skill", "output"}``.
 """
 
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from jobs.context import CALL_PASS_KEYS, fixed_segment, flatten_configs
@@ -28,6 +31,18 @@ MAX_DEPTH = 3
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.\-]*)\}")
 
 CallSkill = Callable[..., Awaitable[dict[str, Any]]]
+
+# When the skill running in this task must be done (monotonic clock): a callee gets at
+# most what is left of its caller's wall clock.
+WALL_DEADLINE: ContextVar[float | None] = ContextVar("skilljobs_wall_deadline", default=None)
+
+
+def within_caller(wall: float) -> float:
+    """``wall`` capped to the caller's remaining wall clock (unchanged at the top level)."""
+    deadline = WALL_DEADLINE.get()
+    if deadline is None:
+        return wall
+    return max(0.0, min(wall, deadline - time.monotonic()))
 
 
 def _refused(name: Any, error: str, output: Any = None) -> dict[str, Any]:
@@ -148,10 +163,15 @@ async def _call(
     if callee is None:
         return _refused(name, f"unknown skill {name!r}: no skill folder with that name is loaded")
     if callee.is_async:
-        return _refused(
+        left = WALL_DEADLINE.get()
+        log.warning(
+            "call_skill %s → %s: %s is a background (async: true) skill; it runs inline "
+            "within %s's remaining wall clock (%s); dispatch it for a job of its own",
+            caller,
             name,
-            f"skill {name!r} is a background (async: true) skill and cannot "
-            "run inside another skill through call_skill; dispatch it instead",
+            name,
+            caller,
+            f"{max(0.0, left - time.monotonic()):.0f} s" if left is not None else "unbounded",
         )
     bad = _bad_arguments(input, source, template, passthrough)
     if bad:

@@ -35,7 +35,7 @@ from jobs.crypto import redact
 from jobs.db import DB_UNAVAILABLE, LazySession
 from jobs.envelope import failure, is_failure, normalize
 from jobs.execution import compat, envs, inprocess, input_rules, inputs, subproc
-from jobs.execution.callskill import bind_call_skill
+from jobs.execution.callskill import WALL_DEADLINE, bind_call_skill, within_caller
 from jobs.execution.skill_output import exit_failure
 from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillType
 
@@ -243,7 +243,8 @@ class Executor:
         assert isinstance(found, Skill) and isinstance(ctx, Mapping)
         provider, llm = await self.llm_for(_role_of(ctx))
         rc = self._runtime_context(ctx, found, depth, provider)
-        wall = found.effective_wall_sec(policy_wall_sec)
+        wall = within_caller(found.effective_wall_sec(policy_wall_sec))
+        deadline = WALL_DEADLINE.set(time.monotonic() + wall)  # what a callee may use (C9)
         log_text = ""
         try:
             data = input_data or {}
@@ -290,6 +291,7 @@ class Executor:
                 transient=transient,
             )
         finally:
+            WALL_DEADLINE.reset(deadline)
             db = rc.get("db")
             if isinstance(db, LazySession) and db.opened and db is not ctx.get("db"):
                 await asyncio.shield(db.close())
