@@ -11,6 +11,7 @@ BENCHES = [
     "bench.offload",
     "bench.render",
     "bench.executor",
+    "bench.envs",
     "bench.queue",
     "bench.materialize",
     "bench.web_delivery",
