@@ -200,6 +200,31 @@ class SafeFetcher:
             final_url=str(response.url),
         )
 
+    async def send(
+        self,
+        method: str,
+        url: str | httpx.URL,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpx's per-request timeout
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """One request under the outbound policy (no redirect followed), streamed: the
+        caller reads and closes the response. ``kwargs`` go to ``build_request`` (params,
+        json, content). Raises ``RefusedURL`` or ``FetchError``."""
+        client = self._http()
+        target = check_url(url, self.allow_hosts)
+        await self._vet(target)
+        with _translated(target.host):
+            request = client.build_request(
+                method,
+                target.url,
+                headers=headers,
+                timeout=httpx.Timeout(timeout) if timeout else httpx.USE_CLIENT_DEFAULT,
+                **kwargs,
+            )
+            return await client.send(request, stream=True)
+
     async def _stream(
         self, response: httpx.Response, dest_dir: Path, max_bytes: int
     ) -> tuple[Path, int, str]:

@@ -96,6 +96,7 @@ class Executor:
         self.box = box
         self._http = http
         self._own_http: httpx.AsyncClient | None = None
+        self._outbound: Any = None
         if config_store is None and sessionmaker is not None and box is not None:
             from jobs.catalog.configs import ConfigStore
 
@@ -128,11 +129,24 @@ class Executor:
             self._own_http = httpx.AsyncClient(timeout=60.0)
         return self._own_http
 
+    def outbound(self) -> Any:
+        """The client HTTP skills send through: the outbound policy (public https, or the
+        hosts of ``SKILLJOBS_FETCH_ALLOW_HOSTS``), each connection to the address checked."""
+        if self._outbound is None:
+            from delivery.fetch import SafeFetcher
+
+            allow = self.settings.allow_hosts if self.settings is not None else []
+            self._outbound = SafeFetcher(allow, timeout=60.0)
+        return self._outbound
+
     async def aclose(self) -> None:
         """Close what the executor opened itself (never the injected client)."""
         if self._own_http is not None:
             await self._own_http.aclose()
             self._own_http = None
+        if self._outbound is not None:
+            await self._outbound.aclose()
+            self._outbound = None
         for p in (self.provider, *self._role_providers):
             if p is not None:
                 await p.aclose()
@@ -462,7 +476,9 @@ class Executor:
             if et is ExecType.HTTP:
                 from jobs.execution.http_skill import run_http
 
-                coro = run_http(skill, input_data, rc, self.http, wall=wall)
+                coro = run_http(
+                    skill, input_data, rc, self.http, wall=wall, fetcher=self.outbound()
+                )
                 return await inprocess.with_wall(coro, wall), ""
         except subproc.SetupError as exc:
             return failure(

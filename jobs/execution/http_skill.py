@@ -15,8 +15,13 @@ The TOML (flat, or under a ``[request]`` table)::
     [response]
     path = "data.items"                  # optional: return only this part of the JSON
 
-``{name}`` placeholders are filled from the input, then the skill's configs (§5.1 order,
-then the environment), then ``{workspace}`` / ``{baseDir}``. Without ``body``, POST/PUT/PATCH
+``{name}`` placeholders are filled from the skill's configs (§5.1 order, then the
+environment), then the input, then ``{workspace}`` / ``{baseDir}``: configs win, so an input
+can never replace a configured base URL or token. The scheme, host, port and path prefix of
+the URL (everything before the first placeholder the input fills) come only from the TOML
+and the configs; input values are quoted into the rest. The request goes through the
+outbound policy (public https, or hosts in ``SKILLJOBS_FETCH_ALLOW_HOSTS``) and follows no
+redirect. Without ``body``, POST/PUT/PATCH
 send the input as JSON; without ``query``, GET/DELETE send the unused scalar inputs as query
 parameters. A JSON answer is the result; text becomes ``{"output": ...}``; a media answer is
 saved into the workspace.
@@ -30,6 +35,7 @@ import re
 import secrets
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -38,8 +44,8 @@ import httpx
 
 from jobs.context import lookup_config
 from jobs.envelope import failure
-from jobs.execution.skill_output import media_kind
 from jobs.execution.subproc import OUTPUT_CAP
+from jobs.media import media_kind
 from jobs.skill import Skill
 
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_\-]*)\}")
@@ -76,28 +82,53 @@ class _Filler:
         self.extra = {"workspace": str(ctx.get("workspace_dir") or ""), "baseDir": str(skill.path)}
 
     def value(self, name: str) -> Any:
-        if name in self.input and self.input[name] is not None:
-            self.used.add(name)
-            return self.input[name]
+        return self.lookup(name)[0]
+
+    def lookup(self, name: str) -> tuple[Any, bool]:
+        """(value, came from the input): configs first, so an input never overrides them."""
         v = lookup_config(self.ctx, self.skill.name, name)
         if v is not None:
-            return v
+            return v, False
+        if name in self.input and self.input[name] is not None:
+            self.used.add(name)
+            return self.input[name], True
         if name in self.extra:
-            return self.extra[name]
+            return self.extra[name], False
         raise TemplateError(
             f"the request template needs {{{name}}}, which is neither in the input nor in "
             f"the skill's configuration (set it with: skilljobs config set ROLE "
             f"{self.skill.name} {name} VALUE)"
         )
 
-    def text(self, template: str, *, url: bool = False) -> str:
+    def text(self, template: str) -> str:
         def sub(m: re.Match[str]) -> str:
-            v = self.value(m.group(1))
-            s = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
-            # A value that is itself a URL (a configured base) goes in as is.
-            return quote(s, safe="") if url and "://" not in s else s
+            return _as_text(self.value(m.group(1)))
 
         return _PLACEHOLDER.sub(sub, template)
+
+    def url(self, template: str) -> tuple[str, str]:
+        """(the URL, its trusted prefix): the text before the first value the input fills.
+        Configured values that are URLs (a base) go in as they are, every other value
+        quoted; an input value is always quoted and may not be ``.`` or ``..``."""
+        out: list[str] = []
+        prefix: str | None = None
+        pos = 0
+        for m in _PLACEHOLDER.finditer(template):
+            out.append(template[pos : m.start()])
+            pos = m.end()
+            value, from_input = self.lookup(m.group(1))
+            text = _as_text(value)
+            if from_input:
+                if prefix is None:
+                    prefix = "".join(out)
+                if text.strip() in {".", ".."}:
+                    raise TemplateError(f"the input {m.group(1)!r} may not be {text!r}")
+                out.append(quote(text, safe=""))
+            else:
+                out.append(text if "://" in text else quote(text, safe=""))
+        out.append(template[pos:])
+        whole = "".join(out)
+        return whole, whole if prefix is None else prefix
 
     def deep(self, obj: Any) -> Any:
         if isinstance(obj, str):
@@ -108,6 +139,34 @@ class _Filler:
         if isinstance(obj, list):
             return [self.deep(v) for v in obj]
         return obj
+
+
+def _as_text(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+
+
+def _check_prefix(url: str, prefix: str) -> None:
+    """The input may only fill the URL after its trusted prefix: same scheme, host and port,
+    and a path that stays under the prefix's path."""
+    want, got = urlsplit(prefix), urlsplit(url)
+    if "://" not in prefix or not want.netloc:
+        raise TemplateError(
+            "the URL's scheme and host must come from the skill's TOML or configuration, "
+            "not from the input"
+        )
+    try:
+        final = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise TemplateError(f"invalid URL: {exc}") from exc
+    if (got.scheme, got.netloc) != (want.scheme, want.netloc) or final.host != (
+        want.hostname or ""
+    ):
+        raise TemplateError(
+            "the input may not change the URL's scheme, host or port "
+            f"({want.scheme}://{want.netloc})"
+        )
+    if "?" not in prefix and not final.path.startswith(want.path):
+        raise TemplateError(f"the input may not leave the URL path {want.path!r}")
 
 
 def _pick(data: Any, path: str) -> Any:
@@ -121,6 +180,92 @@ def _pick(data: Any, path: str) -> Any:
     return data
 
 
+@dataclass
+class _Request:
+    method: str
+    url: str
+    headers: dict[str, str]
+    params: Any
+    timeout: float
+    kwargs: dict[str, Any]
+
+
+def _build(skill: Skill, spec: dict[str, Any], fill: _Filler, wall: float) -> _Request:
+    input_data = fill.input
+    method = str(spec.get("method") or "GET").upper()
+    url, prefix = fill.url(spec["url"])
+    _check_prefix(url, prefix)
+    headers = {str(k): str(fill.deep(v)) for k, v in (spec.get("headers") or {}).items()}
+    params = fill.deep(spec["query"]) if isinstance(spec.get("query"), dict) else None
+    kwargs: dict[str, Any] = {}
+    if "body" in spec:
+        body = fill.deep(spec["body"])
+        if isinstance(body, str):
+            kwargs["content"] = body.encode()
+            headers.setdefault("Content-Type", str(spec.get("content_type") or "text/plain"))
+        else:
+            kwargs["json"] = body
+    elif method in _BODY_METHODS:
+        kwargs["json"] = {k: v for k, v in input_data.items() if not k.startswith("_")}
+    if params is None and method not in _BODY_METHODS:
+        params = {
+            k: v
+            for k, v in input_data.items()
+            if not k.startswith("_") and k not in fill.used and isinstance(v, str | int | float)
+        }
+    timeout = min(float(spec.get("timeout") or 60.0), wall)
+    return _Request(method, url, headers, params or None, timeout, kwargs)
+
+
+@dataclass
+class _Answer:
+    status: int
+    ctype: str
+    encoding: str
+    data: bytes
+
+
+async def _send(
+    req: _Request, http: httpx.AsyncClient, fetcher: Any, where: str, skill: str
+) -> _Answer | dict[str, Any]:
+    """The answer, read up to the cap; through the outbound policy when a ``fetcher``
+    (``delivery.fetch.SafeFetcher``) is given, never following a redirect."""
+    if fetcher is not None:
+        resp = await fetcher.send(
+            req.method,
+            req.url,
+            headers=req.headers,
+            params=req.params,
+            timeout=req.timeout,
+            **req.kwargs,
+        )
+    else:
+        resp = await http.send(
+            http.build_request(
+                req.method,
+                req.url,
+                headers=req.headers,
+                params=req.params,
+                timeout=req.timeout,
+                **req.kwargs,
+            ),
+            stream=True,
+            follow_redirects=False,
+        )
+    try:
+        data = bytearray()
+        async for chunk in resp.aiter_bytes():
+            data += chunk
+            if len(data) > OUTPUT_CAP:
+                return failure(
+                    f"{where} answered with more than {OUTPUT_CAP // (1 << 20)} MB", skill=skill
+                )
+    finally:
+        await resp.aclose()
+    ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
+    return _Answer(resp.status_code, ctype, resp.encoding or "utf-8", bytes(data))
+
+
 async def run_http(
     skill: Skill,
     input_data: Mapping[str, Any],
@@ -128,54 +273,58 @@ async def run_http(
     http: httpx.AsyncClient,
     *,
     wall: float,
+    fetcher: Any = None,
 ) -> Any:
     """Send the skill's request; return the raw result (the executor normalizes it)."""
     assert skill.entry is not None
     try:
         spec = load_spec(Path(skill.entry))
-        fill = _Filler(skill, input_data, ctx)
-        method = str(spec.get("method") or "GET").upper()
-        url = fill.text(spec["url"], url=True)
-        headers = {str(k): str(fill.deep(v)) for k, v in (spec.get("headers") or {}).items()}
-        params = fill.deep(spec["query"]) if isinstance(spec.get("query"), dict) else None
-        kwargs: dict[str, Any] = {}
-        if "body" in spec:
-            body = fill.deep(spec["body"])
-            if isinstance(body, str):
-                kwargs["content"] = body.encode()
-                headers.setdefault("Content-Type", str(spec.get("content_type") or "text/plain"))
-            else:
-                kwargs["json"] = body
-        elif method in _BODY_METHODS:
-            kwargs["json"] = {k: v for k, v in input_data.items() if not k.startswith("_")}
-        if params is None and method not in _BODY_METHODS:
-            params = {
-                k: v
-                for k, v in input_data.items()
-                if not k.startswith("_") and k not in fill.used and isinstance(v, str | int | float)
-            }
-        timeout = min(float(spec.get("timeout") or 60.0), wall)
+        req = _build(skill, spec, _Filler(skill, input_data, ctx), wall)
     except (TemplateError, tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
         return failure(f"HTTP skill {skill.name!r}: {exc}", error_type="config", skill=skill.name)
 
-    parts = urlsplit(url)
-    where = f"{method} {parts.scheme}://{parts.netloc}{parts.path}"  # never the query (tokens)
-    async with http.stream(
-        method, url, headers=headers, params=params or None, timeout=timeout, **kwargs
-    ) as resp:
-        data = bytearray()
-        async for chunk in resp.aiter_bytes():
-            data += chunk
-            if len(data) > OUTPUT_CAP:
-                return failure(
-                    f"{where} answered with more than {OUTPUT_CAP // (1 << 20)} MB",
-                    skill=skill.name,
-                )
-        ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
-        status = resp.status_code
-        encoding = resp.encoding or "utf-8"
+    parts = urlsplit(req.url)
+    where = f"{req.method} {parts.scheme}://{parts.netloc}{parts.path}"  # never the query
+    try:
+        answer = await _send(req, http, fetcher, where, skill.name)
+    except Exception as exc:
+        refused = _policy_refusal(exc, where, skill.name)
+        if refused is None:
+            raise
+        return refused
+    if isinstance(answer, dict):
+        return answer
+    return _result(answer, spec, where, parts.path, ctx, skill.name)
+
+
+def _policy_refusal(exc: Exception, where: str, skill: str) -> dict[str, Any] | None:
+    from delivery.fetch import FetchError
+    from delivery.urlsafety import RefusedURL
+
+    if isinstance(exc, RefusedURL):
+        return failure(
+            f"{where} refused by the outbound policy: {exc.reason} (internal APIs need "
+            "their host in SKILLJOBS_FETCH_ALLOW_HOSTS)",
+            error_type="config",
+            non_retriable=True,
+            skill=skill,
+        )
+    if isinstance(exc, FetchError):
+        return failure(f"{where}: {exc}", error_type="transient", skill=skill)
+    return None
+
+
+def _result(
+    answer: _Answer,
+    spec: dict[str, Any],
+    where: str,
+    url_path: str,
+    ctx: Mapping[str, Any],
+    skill: str,
+) -> Any:
+    status, ctype, encoding, data = answer.status, answer.ctype, answer.encoding, answer.data
     if status >= 400:
-        snippet = bytes(data[:500]).decode(encoding, errors="replace").strip()
+        snippet = data[:500].decode(encoding, errors="replace").strip()
         kind = (
             "config"
             if status in (401, 403)
@@ -187,15 +336,15 @@ async def run_http(
             f"{where} answered HTTP {status}: {snippet or '(empty body)'}",
             error_type=kind,
             status_code=status,
-            skill=skill.name,
+            skill=skill,
         )
     if ctype.startswith(("image/", "video/", "audio/")) or ctype in (
         "application/pdf",
         "application/octet-stream",
         "application/zip",
     ):
-        return _save(bytes(data), ctype, parts.path, ctx)
-    text = bytes(data).decode(encoding, errors="replace")
+        return _save(data, ctype, url_path, ctx)
+    text = data.decode(encoding, errors="replace")
     if ctype.endswith("json") or text.lstrip().startswith(("{", "[")):
         try:
             value = json.loads(text)
@@ -206,7 +355,7 @@ async def run_http(
             try:
                 value = _pick(value, str(path))
             except TemplateError as exc:
-                return failure(f"HTTP skill {skill.name!r}: {exc}", skill=skill.name)
+                return failure(f"HTTP skill {skill!r}: {exc}", skill=skill)
         return value
     return {"output": text, "status_code": status}
 

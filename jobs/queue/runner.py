@@ -22,7 +22,7 @@ from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS
 from jobs.db import DB_UNAVAILABLE
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT
-from jobs.queue import broker, store
+from jobs.queue import broker, incidents, store
 from jobs.queue.stall import StallWatch
 from jobs.runscope import RunScope, begin_run
 from jobs.services import Services
@@ -302,6 +302,9 @@ class JobRunner:
             return
         if ok and ok[0]:
             self.event(job.id, FAILED, job.skill)
+            await incidents.note_failure(
+                self.svc.sessionmaker, job.id, job.skill, "internal", error
+            )
 
     async def _postprocess(self, job: Any, token: int, result: dict[str, Any]) -> Any:
         from delivery.pipeline import postprocess
@@ -349,6 +352,10 @@ class JobRunner:
             )
         if ok:
             self.event(job.id, status, job.skill)
+            if status in (FAILED, TIMED_OUT):
+                await incidents.note_failure(
+                    self.svc.sessionmaker, job.id, job.skill, error_type or status, error
+                )
         else:
             log.warning("job %s: not recorded, this attempt no longer holds the lease", job.id)
 

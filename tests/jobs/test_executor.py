@@ -47,7 +47,8 @@ def build(tmp_path: Path, sqlite_url: str, registry, **settings_kw):  # type: ig
 
 @pytest.fixture
 async def ex(tmp_path: Path, sqlite_url: str, registry):  # type: ignore[no-untyped-def]
-    executor, engine = build(tmp_path, sqlite_url, registry)
+    # the loopback fake APIs of the HTTP-skill tests are allow-listed by the outbound policy
+    executor, engine = build(tmp_path, sqlite_url, registry, fetch_allow_hosts="127.0.0.1")
     yield executor
     await executor.aclose()
     await engine.dispose()
@@ -415,7 +416,8 @@ async def test_http_skill(ex: Executor) -> None:
         assert "wrong" not in (out.error or "")
         out = await ex.execute("http_get", {"item_id": "1"}, {})
         assert out.status == "failed" and "{base}" in (out.error or "")
-        r = await ex.run("http_post", {"name": "Ann", "tags": ["a", "b"], "base": api.url}, {})
+        post = {"skill_configs": {"http_post": {"base": api.url}}}
+        r = await ex.run("http_post", {"name": "Ann", "tags": ["a", "b"]}, post)
         assert r["received"] == {"name": "Ann", "tags": ["a", "b"], "note": "hello Ann"}
 
 

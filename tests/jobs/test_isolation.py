@@ -426,3 +426,62 @@ async def test_the_embedded_redis_refuses_clients_without_its_password(
     if "@" not in redis_server_url:  # the test server has no password
         assert check.status is Status.WARN
         assert "without a password" in check.detail and check.fix
+
+
+# --- HTTP skills ------------------------------------------------------------------------------
+
+
+async def test_an_http_skill_cannot_be_pointed_at_another_host(
+    tmp_path: Path, sqlite_url: str, registry
+) -> None:
+    """Configs win over the input for every placeholder; the scheme, host, port and path
+    prefix never come from the input; the request passes the outbound policy. The other
+    server never sees a connection, let alone the configured token."""
+    from tests.exec_fixtures.fake_api import FakeAPI, Running
+
+    settings = make_settings(tmp_path, redis_url=None, prefix="t", fetch_allow_hosts="127.0.0.1")
+    engine = create_engine(sqlite_url)
+    ex = Executor(
+        settings=settings,
+        registry=registry,
+        sessionmaker=create_sessionmaker(engine),
+        box=SecretBox(KEY),
+    )
+    try:
+        async with Running(FakeAPI()) as api, Running(FakeAPI(key="none")) as evil:
+            cfg = {"api_token": api.key, "base": api.url}
+            ctx = dict(CTX, skill_configs={"http_get": cfg})
+            # an input "base" does not replace the configured one
+            r = await ex.run("http_get", {"base": evil.url, "item_id": "7"}, ctx)
+            assert r["id"] == "7" and len(api.requests) == 1
+            # an input may not supply the scheme and host at all
+            only_token = dict(CTX, skill_configs={"http_get": {"api_token": api.key}})
+            out = await ex.execute("http_get", {"base": evil.url, "item_id": "7"}, only_token)
+            assert out.status == "failed" and "scheme and host" in (out.error or "")
+            # nor climb out of the configured path
+            out = await ex.execute("http_get", {"item_id": ".."}, ctx)
+            assert out.status == "failed" and "'..'" in (out.error or "")
+            r = await ex.run("http_get", {"item_id": "../../admin"}, ctx)
+            assert api.requests[-1]["path"].startswith("/items/")
+            assert evil.requests == []
+            assert api.key not in json.dumps([e["headers"] for e in evil.requests])
+        # a host outside the outbound policy is refused before any connection
+        async with Running(FakeAPI()) as internal:
+            strict = Executor(
+                settings=make_settings(tmp_path, redis_url=None, prefix="u"),
+                registry=registry,
+                sessionmaker=None,
+                box=SecretBox(KEY),
+            )
+            try:
+                cfg = {"api_token": internal.key, "base": internal.url}
+                out = await strict.execute(
+                    "http_get", {"item_id": "1"}, dict(CTX, skill_configs={"http_get": cfg})
+                )
+            finally:
+                await strict.aclose()
+            assert out.status == "failed" and "outbound policy" in (out.error or "")
+            assert out.result["error_type"] == "config" and internal.requests == []
+    finally:
+        await ex.aclose()
+        await engine.dispose()
