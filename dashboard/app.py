@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dashboard import api_files, api_jobs, api_misc, api_schedules, api_tokens
+from dashboard import api_files, api_incidents, api_jobs, api_misc, api_schedules, api_tokens
 from dashboard.auth import AuthError, require_token
 from dashboard.errors import ApiError, envelope
 from dashboard.guard import Guard
@@ -105,6 +105,7 @@ def create_app(settings: Settings, *, services: Services | None = None) -> FastA
     app.include_router(api_misc.stream_router)
     app.include_router(api_jobs.router, dependencies=[Depends(require_token)])
     app.include_router(api_schedules.router, dependencies=[Depends(require_token)])
+    app.include_router(api_incidents.router, dependencies=[Depends(require_token)])
     app.include_router(api_misc.router, dependencies=[Depends(require_token)])
     app.include_router(api_tokens.router, dependencies=[Depends(require_token)])
 

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from dashboard import queries
+from jobs.queue import incidents
 
 METRICS_WINDOW_S = 3600.0
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -127,11 +128,26 @@ class SnapshotCollector(Collector):
         for kind, n in sorted(snap.get("pruned", {}).items()):
             pruned.add_metric([kind], n)
         yield pruned
+        yield from _incident_metrics(snap.get("incidents", []))
         yield GaugeMetricFamily(
             "skilljobs_workers_alive",
             "Workers with a heartbeat newer than 30 s.",
             value=sum(1 for _, alive, _ in snap["workers"] if alive),
         )
+
+
+def _incident_metrics(open_incidents: list[tuple[str, str, str, int]]) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "skilljobs_incidents_open", "Open (unacknowledged) incidents.", value=len(open_incidents)
+    )
+    per = GaugeMetricFamily(
+        "skilljobs_incident_failures",
+        "Failures counted so far in each open incident.",
+        labels=["incident", "skill", "error_type"],
+    )
+    for incident_id, skill, error_type, n in open_incidents:
+        per.add_metric([incident_id, skill, error_type], n)
+    yield per
 
 
 def _le(ms: float) -> str:
@@ -151,6 +167,7 @@ class Metrics:
     ) -> bytes:
         async with sessionmaker() as session:
             snap = await queries.metrics_snapshot(session, time.time(), window)
+        snap["incidents"] = await incidents.open_incidents(sessionmaker)
         # No await between setting the snapshot and rendering: concurrent scrapes on the
         # event loop can never see each other's snapshot.
         self._collector.snapshot = snap

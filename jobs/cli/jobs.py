@@ -1,4 +1,5 @@
-"""``skilljobs dispatch`` and ``skilljobs jobs list|show|retry|cancel``."""
+"""``skilljobs dispatch`` and ``skilljobs jobs list|show|retry|cancel`` (one job, or every
+job a filter matches: ``jobs retry --status failed --skill X --since 2h [--dry-run]``)."""
 
 from __future__ import annotations
 
@@ -238,16 +239,100 @@ def _action(name: str, job_id: str) -> None:
     run_async(_go)
 
 
+def _bulk(name: str, filters: dict[str, Any], dry_run: bool, yes: bool) -> None:
+    """Count what the filter matches, confirm (unless --yes), then act."""
+    settings = load_settings()
+
+    async def _go() -> None:
+        from jobs.queue import control
+
+        svc = await open_services(settings)
+        try:
+            try:
+                flt = control.JobFilter.parse(filters)
+                preview = await control.bulk_action(svc, name, flt, dry_run=True)
+            except (LookupError, ValueError) as exc:
+                fail(str(exc.args[0] if exc.args else exc))
+            n = preview["matched"]
+            what = f"{n} job{'s' if n != 1 else ''}"
+            console.print(f"{name}: {what} match {json.dumps(flt.to_dict(), default=str)}")
+            for job_id in preview["job_ids"][:20]:
+                console.print(f"  {job_id}")
+            if dry_run or not n:
+                return
+            if not yes and not typer.confirm(f"{name.capitalize()} {what}?"):
+                fail("nothing done", code=1)
+            done = await control.bulk_action(svc, name, flt, dry_run=False, actor="cli")
+        finally:
+            await svc.close()
+        console.print(f"{name}: {done['affected']} of {done['matched']} done")
+        for r in done["refused"][:20]:
+            console.print(f"  {r['job_id']}: {r['error']}")
+
+    run_async(_go)
+
+
+def _act(name: str, job_id: str | None, filters: dict[str, Any], dry_run: bool, yes: bool) -> None:
+    given = {k: v for k, v in filters.items() if v}
+    if job_id and given:
+        fail("give a job id or filter options, not both")
+    if job_id:
+        if dry_run:
+            fail("--dry-run applies to filters (--status, --skill, --since, …)")
+        _action(name, job_id)
+    elif given:
+        _bulk(name, given, dry_run, yes)
+    else:
+        fail(f"give a job id, or filter options to {name} many (e.g. --status failed --since 2h)")
+
+
+STATUS_OPT = typer.Option(
+    "",
+    "--status",
+    help="Comma list of statuses (default: failed,timed_out for retry; queued,running for cancel).",
+)
+SKILL_OPT = typer.Option("", "--skill", help="Only jobs of this skill.")
+ERROR_TYPE_OPT = typer.Option("", "--error-type", help="Only jobs failed with this error type.")
+SINCE_OPT = typer.Option("", "--since", help="Finished since: 2h, 30m, 7d, an ISO time.")
+UNTIL_OPT = typer.Option("", "--until", help="Finished until: 2h, 30m, 7d, an ISO time.")
+INCIDENT_OPT = typer.Option("", "--incident", help="Only the failures of this incident.")
+DRY_RUN_OPT = typer.Option(False, "--dry-run", help="Only count and list what matches.")
+YES_OPT = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation.")
+
+
 @jobs_app.command("retry")
-def retry(job_id: str) -> None:
-    """Run a finished job again as a new attempt."""
-    _action("retry", job_id)
+def retry(
+    job_id: str = typer.Argument(None, help="One job; or use filter options."),
+    status: str = STATUS_OPT,
+    skill: str = SKILL_OPT,
+    error_type: str = ERROR_TYPE_OPT,
+    since: str = SINCE_OPT,
+    until: str = UNTIL_OPT,
+    incident: str = INCIDENT_OPT,
+    dry_run: bool = DRY_RUN_OPT,
+    yes: bool = YES_OPT,
+) -> None:
+    """Run a finished job again as a new attempt — or every job a filter matches."""
+    filters = {"status": status, "skill": skill, "error_type": error_type}
+    filters |= {"since": since, "until": until, "incident": incident}
+    _act("retry", job_id, filters, dry_run, yes)
 
 
 @jobs_app.command("cancel")
-def cancel(job_id: str) -> None:
-    """Cancel a queued job, or stop a running one."""
-    _action("cancel", job_id)
+def cancel(
+    job_id: str = typer.Argument(None, help="One job; or use filter options."),
+    status: str = STATUS_OPT,
+    skill: str = SKILL_OPT,
+    error_type: str = ERROR_TYPE_OPT,
+    since: str = SINCE_OPT,
+    until: str = UNTIL_OPT,
+    dry_run: bool = DRY_RUN_OPT,
+    yes: bool = YES_OPT,
+) -> None:
+    """Cancel a queued job, or stop a running one — or every job a filter matches."""
+    filters = {"status": status, "skill": skill, "error_type": error_type}
+    filters |= {"since": since, "until": until}
+    _act("cancel", job_id, filters, dry_run, yes)
 
 
 def register(app: typer.Typer) -> None:
