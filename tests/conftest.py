@@ -285,9 +285,10 @@ def fs():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-async def real_services(request, tmp_path, sqlite_url, redis_server_url, redis_prefix, tg):  # type: ignore[no-untyped-def]
+async def real_services(request, tmp_path, redis_server_url, redis_prefix, tg):  # type: ignore[no-untyped-def]
     """Services over ``tests/real_skills`` on SQLite + Redis, Telegram at the fake server;
-    ``SKILLJOBS_LANGUAGE`` is the indirect parameter (default ``en``)."""
+    ``SKILLJOBS_LANGUAGE`` is the indirect parameter (default ``en``). A test that also
+    asks for ``database_url`` runs on both backends."""
     from jobs.services import Services
     from tests.helpers.real import REAL_SKILLS
 
@@ -296,7 +297,9 @@ async def real_services(request, tmp_path, sqlite_url, redis_server_url, redis_p
         tmp_path,
         redis_url=redis_server_url,
         prefix=redis_prefix,
-        database_url=sqlite_url,
+        database_url=request.getfixturevalue(
+            "database_url" if "database_url" in request.fixturenames else "sqlite_url"
+        ),
         skills_path=str(REAL_SKILLS),
         telegram_bot_token=tg.token,
         telegram_api_base=tg.url,

@@ -52,7 +52,9 @@ async def run_corpus(svc, tg) -> dict[str, dict]:
     return out
 
 
-async def test_every_real_skill_reaches_telegram_and_the_web_session(real_services, tg) -> None:
+async def test_every_real_skill_reaches_telegram_and_the_web_session(
+    database_url, real_services, tg
+) -> None:
     got = await run_corpus(real_services, tg)
     for skill, seen in got.items():
         for text in seen["tg"] + seen["web"]:

@@ -121,3 +121,18 @@ def test_chain_outcomes_are_rendered_and_spoken_in_both_languages() -> None:
         "daily: nothing to report this time — a step returned no data."
     )
     assert "本次没有可报告的内容" in outcome_text("daily", "stopped_empty", None, None, "zh")
+
+
+async def test_secret_values_never_reach_the_stream_tails(tmp_path) -> None:
+    settings = make_settings(tmp_path, redis_url=None, prefix="t")
+    ex = Executor(
+        settings=settings, registry=load_registry([EXEC_FIXTURES]), sessionmaker=None, box=None
+    )
+    secret = "sk-live-0123456789abcdef"
+    ctx = {"role_id": "r1", "skill_configs": {"leaky": {"LEAKY_API_KEY": secret}}}
+    out = await ex.execute("leaky", {"fail": True}, ctx)
+    env = out.result
+    assert out.status == "failed" and env["exit_code"] == 1
+    blob = json.dumps(env) + out.log + (out.error or "")
+    assert secret not in blob and "auth failed for ••••••" in env["stderr_tail"]
+    await ex.aclose()
