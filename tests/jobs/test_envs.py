@@ -289,3 +289,53 @@ def test_cli_prepare_list_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert "env: ready (requirements.txt)" in res.output
     res = runner.invoke(app, ["skills", "prepare", "nope"])
     assert res.exit_code != 0 and "nope" in res.output
+
+
+# --- as a background job on a real worker --------------------------------------------------
+
+
+@pytest.fixture
+async def market_services(
+    tmp_path: Path, sqlite_url: str, redis_server_url: str, redis_prefix: str
+):  # type: ignore[no-untyped-def]
+    from jobs.services import Services
+
+    settings = make_settings(
+        tmp_path,
+        redis_url=redis_server_url,
+        prefix=redis_prefix,
+        database_url=sqlite_url,
+        skills_path=str(MARKET),
+        retry_backoff_sec=0.05,
+    )
+    svc = await Services.open(settings)
+    yield svc
+    if svc.redis is not None:
+        keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*")]
+        if keys:
+            await svc.redis.delete(*keys)
+    await svc.close()
+
+
+@network
+async def test_textbook_async_pep723_job(market_services) -> None:  # type: ignore[no-untyped-def]
+    """The OpenClaw image generator: async, PEP 723, MEDIA line — built by the worker on
+    first use, run once, its picture kept; a broken dependency fails once, as config."""
+    from jobs.queue.dispatcher import Dispatcher
+    from tests.helpers.jobs import drain, job_and_attempts
+
+    ctx = {"channel": "web", "role_id": "r1", "org_id": "o1", "session_id": "sess-1"}
+    svc = market_services
+    ok = await Dispatcher(svc).dispatch(
+        "pep723_media", {"prompt": "A Red Fox"}, ctx, "orgdeleg:acme"
+    )
+    bad = await Dispatcher(svc).dispatch("bad_dep", {}, ctx, "orgdeleg:acme")
+    assert ok.status_code == 202 and bad.status_code == 202, (ok.body, bad.body)
+    await drain(svc)
+    job, attempts = await job_and_attempts(svc, ok.body["job_id"])
+    assert job.status == "succeeded" and len(attempts) == 1, job.error
+    assert "a-red-fox.png" in json.dumps(svc.box.unseal(job.result))
+    job, attempts = await job_and_attempts(svc, bad.body["job_id"])
+    assert job.status == "failed" and len(attempts) == 1  # never re-run
+    assert job.error_type == "config" and "skilljobs-no-such-package-zz9" in (job.error or "")
+    assert "again" not in (job.error or "").lower()
