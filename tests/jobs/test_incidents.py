@@ -219,3 +219,45 @@ async def test_api_incidents_bulk_and_metrics(svc: Services) -> None:
         assert (await client.get("/api/v1/incidents?status=open")).json()["items"] == []
         assert "skilljobs_incidents_open 0.0" in (await client.get("/metrics")).text
         assert (await client.post("/api/v1/incidents/nope/ack")).status_code == 404
+
+
+async def test_cli_bulk_retry_counts_first(svc: Services, monkeypatch, redis_prefix: str) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from typer.testing import CliRunner
+
+    from jobs.cli.app import app
+
+    orders = await _fail_orders(svc, 2)
+    quota = await dispatch(svc, "quota_report")
+    await drain(svc)
+    s = svc.settings
+    for key, value in {
+        "SKILLJOBS_DATA_DIR": str(s.data_dir),
+        "SKILLJOBS_DATABASE_URL": s.resolved_database_url,
+        "SKILLJOBS_REDIS_URL": str(s.redis_url),
+        "SKILLJOBS_REDIS_PREFIX": redis_prefix,
+        "SKILLJOBS_QUEUE_NAME": s.queue_name,
+        "SKILLJOBS_SKILLS_PATH": str(s.skills_path),
+        "COLUMNS": "200",
+    }.items():
+        monkeypatch.setenv(key, value)
+    runner = CliRunner()
+    args = ["jobs", "retry", "--status", "failed", "--skill", "order_export", "--since", "2h"]
+    res = await asyncio.to_thread(runner.invoke, app, [*args, "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "retry: 2 jobs match" in res.output
+    assert all(j in res.output for j in orders) and quota not in res.output
+    res = await asyncio.to_thread(
+        runner.invoke, app, args, input="n\n"
+    )  # the count first, then the question
+    assert res.exit_code == 1 and "Retry 2 jobs?" in res.output
+    res = await asyncio.to_thread(runner.invoke, app, args, input="y\n")
+    assert res.exit_code == 0 and "retry: 2 of 2 done" in res.output
+    async with svc.sessionmaker() as session:
+        jobs = {j.id: j.status for j in (await session.execute(select(Job))).scalars()}
+    assert [jobs[j] for j in orders] == ["queued", "queued"] and jobs[quota] == "failed"
+    res = await asyncio.to_thread(runner.invoke, app, ["jobs", "retry", orders[0], "--skill", "x"])
+    assert res.exit_code == 1 and "not both" in res.output
+    res = await asyncio.to_thread(runner.invoke, app, ["jobs", "retry", "--since", "soon"])
+    assert res.exit_code == 1 and "not a time" in res.output
