@@ -97,6 +97,8 @@ class Executor:
         self._http = http
         self._own_http: httpx.AsyncClient | None = None
         self._outbound: Any = None
+        self._skill_engine: Any = None
+        self._skill_sessions: Any = None
         if config_store is None and sessionmaker is not None and box is not None:
             from jobs.catalog.configs import ConfigStore
 
@@ -147,6 +149,9 @@ class Executor:
         if self._outbound is not None:
             await self._outbound.aclose()
             self._outbound = None
+        if self._skill_engine is not None:
+            await self._skill_engine.dispose()
+            self._skill_engine = self._skill_sessions = None
         for p in (self.provider, *self._role_providers):
             if p is not None:
                 await p.aclose()
@@ -417,18 +422,47 @@ class Executor:
         elif ws and ws not in self._made_dirs:
             Path(ws).mkdir(parents=True, exist_ok=True)
             self._made_dirs.add(ws)
-        # A caller's own objects are kept; anything else under these names (e.g. a string in
-        # a JSON context) is replaced, so a skill never calls into garbage.
-        if self.sessionmaker is not None:
-            if not callable(rc.get("db_factory")):
-                rc["db_factory"] = self.sessionmaker
-            db = rc.get("db")
-            if not isinstance(db, LazySession) and not hasattr(db, "execute"):
-                rc["db"] = LazySession(self.sessionmaker)
+        self._databases(rc, skill)
         if not hasattr(rc.get("provider"), "complete"):
             rc["provider"] = provider
         rc["call_skill"] = bind_call_skill(self, rc, skill.name, depth)
         return rc
+
+    def _databases(self, rc: dict[str, Any], skill: Skill) -> None:
+        """``db_factory`` / ``db``: sessions on the business database, never on the job
+        store. A caller's own objects are kept; anything else under these names (e.g. a
+        string in a JSON context) is replaced, so a skill never calls into garbage. The
+        bundled delivery skills (platform code) also get the job store, as
+        ``_platform_sessions`` (never serialized, never passed on by call_skill)."""
+        rc.pop("_platform_sessions", None)
+        if self.sessionmaker is None:
+            return
+        business = self.skill_sessionmaker()
+        if not callable(rc.get("db_factory")):
+            rc["db_factory"] = business
+        db = rc.get("db")
+        if not isinstance(db, LazySession) and not hasattr(db, "execute"):
+            rc["db"] = LazySession(business)
+        if _is_bundled(skill):
+            rc["_platform_sessions"] = self.sessionmaker
+
+    def skill_sessionmaker(self) -> Any:
+        """Sessions on ``SKILLJOBS_SKILL_DATABASE_URL`` (default: ``<data dir>/skills.db``),
+        the database skills get; created on first use."""
+        if self._skill_sessions is None:
+            from jobs.db import create_engine, create_sessionmaker
+
+            if self.settings is None:
+                return self.sessionmaker
+            url = self.settings.resolved_skill_database_url
+            if url == self.settings.resolved_database_url:
+                log.warning(
+                    "SKILLJOBS_SKILL_DATABASE_URL is the job store's own database: skills "
+                    "can read every job, configuration and secret in it"
+                )
+            self._skill_engine = create_engine(url)
+            self._skill_sessions = create_sessionmaker(self._skill_engine)
+        return self._skill_sessions
 
     def _workspace(self, role_id: Any, session_id: Any) -> str | None:
         """``<root>/<role_id>/<session_id or shared>``, created once, memoized per id pair."""
@@ -587,6 +621,15 @@ def _run_dir(workspace: str) -> Iterator[str]:
 def _role_of(ctx: Any) -> str:
     role = ctx.get("role_id") if isinstance(ctx, Mapping) else None
     return role if isinstance(role, str) else str(role or "")
+
+
+def _is_bundled(skill: Skill) -> bool:
+    from jobs.settings import BUNDLED_SKILLS
+
+    try:
+        return Path(skill.path).resolve().is_relative_to(BUNDLED_SKILLS.resolve())
+    except (OSError, ValueError):
+        return False
 
 
 def _attachments(ctx: Mapping[str, Any]) -> list[Any]:

@@ -24,7 +24,8 @@ async def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, 
         import redis.asyncio as aioredis
 
         redis = aioredis.from_url(settings.redis_url)
-    sessionmaker = ctx.get("db_factory")
+    # the job store (web sessions, the delivery ledger): given to the bundled skills only
+    sessionmaker = ctx.get("_platform_sessions") or ctx.get("db_factory")
     engine = None
     if sessionmaker is None:
         from jobs.db import create_engine, create_sessionmaker

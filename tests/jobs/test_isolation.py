@@ -485,3 +485,34 @@ async def test_an_http_skill_cannot_be_pointed_at_another_host(
     finally:
         await ex.aclose()
         await engine.dispose()
+
+
+# --- db_factory is not the job store --------------------------------------------------------
+
+
+async def test_db_factory_is_the_business_database_not_the_job_store(
+    ex: Executor, sqlite_url: str
+) -> None:
+    """A skill's sessions reach ``SKILLJOBS_SKILL_DATABASE_URL`` (default a separate SQLite
+    file), where skilljobs's own tables (jobs, skill_configs) do not exist."""
+    from sqlalchemy import text
+
+    out = await ex.execute("iso_db", {}, dict(CTX))
+    assert out.status == "succeeded", out.result
+    r = out.result
+    assert r["jobs"].startswith("ERR") and r["configs"].startswith("ERR")
+    assert r["lazy"] == 1 and r["url"].endswith("skills.db") and r["platform"] is False
+    async with ex.sessionmaker() as s:  # the job store is untouched and still there
+        assert (await s.execute(text("select count(*) from jobs"))).scalar() == 0
+        tables = (await s.execute(text("select name from sqlite_master"))).scalars().all()
+    assert "notes" not in tables and sqlite_url.endswith(".db")
+
+
+def test_bundled_delivery_skills_alone_get_the_job_store(tmp_path: Path) -> None:
+    from jobs.execution.executor import _is_bundled
+    from jobs.settings import BUNDLED_SKILLS
+    from jobs.skill import Skill
+
+    assert _is_bundled(Skill(name="send_message", path=BUNDLED_SKILLS / "send_message"))
+    assert not _is_bundled(Skill(name="iso_db", path=EXEC_FIXTURES / "iso_db"))
+    assert not _is_bundled(Skill(name="x", path=tmp_path))
