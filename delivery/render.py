@@ -22,7 +22,7 @@ NOT_CONTENT = frozenset(
     "ok success error_type offloaded _hint display_only completed warning action_note "
     "display_md filename local_path media images videos files audios urls download_url "
     "abs_url exit_code stdout_tail stderr_tail skill artifact_problems postprocess_error "
-    "offload_error fetches".split()
+    "offload_error fetches mediaUrl mediaUrls".split()
 )
 TEXT_CAP = 4000  # a chat message, not a data dump: the full result stays with the job
 RICH_TEXT_CAP = 20_000  # web sessions show Markdown and scroll
@@ -78,7 +78,8 @@ def render(
         warning = result.get("warning")
         reason = warning.strip() if isinstance(warning, str) and warning.strip() else ""
         parts.insert(0, text("partial", lang, reason=reason or text("partial_default", lang)))
-    out = "\n\n".join(parts)
+    # directives are delivery metadata, never literal text (seed 004); bounded work
+    out = strip_directives("\n\n".join(parts)[: cap * 2], rich=rich)
     if not out and fallback:
         return text("finished", lang, name=skill or text("the_task", lang))
     return cut(out, cap, lang)
@@ -149,6 +150,28 @@ def _short(value: Any, lang: str, cap: int) -> str:
             return s if len(s) <= cap else s[: cap - 1] + "…"
         return text("fields", lang, n=len(pairs))
     return _short(str(value), lang, cap)
+
+
+# --------------------------------------------------------------------------- directives
+
+_REPLY_TAGS = re.compile(
+    r"[ \t]?\[\[\s*(?:audio_as_voice|reply_to_current|reply_to\s*:[^\]]*)\s*\]\]"
+)
+_EMBED = re.compile(
+    r"\[(?:embed|view)\b[^\]]*/\]|\[(?:embed|view)\b[^\]]*\].*?\[/(?:embed|view)\]", re.S
+)
+_VIEW = re.compile(r"\[view\b[^\]]*/?\](?:.*?\[/view\])?", re.S)
+
+
+def strip_directives(value: str, *, rich: bool) -> str:
+    """``value`` without the outbound directives of the output protocol: ``[[audio_as_voice]]``
+    and ``[[reply_to…]]`` tags always; ``[embed …]`` shortcodes except on rich channels
+    (the web UI renders them); the retired ``[view …]`` everywhere."""
+    if "[" not in value:
+        return value
+    out = _REPLY_TAGS.sub("", value)
+    out = _VIEW.sub("", out) if rich else _EMBED.sub("", out)
+    return re.sub(r"[ \t]+\n", "\n", out).strip() if out != value else value
 
 
 # --------------------------------------------------------------------------- Markdown

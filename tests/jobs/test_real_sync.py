@@ -136,3 +136,14 @@ async def test_secret_values_never_reach_the_stream_tails(tmp_path) -> None:
     blob = json.dumps(env) + out.log + (out.error or "")
     assert secret not in blob and "auth failed for ••••••" in env["stderr_tail"]
     await ex.aclose()
+
+
+def test_outbound_directives_are_never_sent_as_text() -> None:
+    from delivery.render import render
+
+    result = {
+        "message": 'Done [[reply_to_current]]\n[embed ref="cv_1" title="Status" /]\n[[audio_as_voice]]'
+    }
+    assert render(result) == "Done"
+    assert render(result, rich=True) == 'Done\n[embed ref="cv_1" title="Status" /]'
+    assert render({"message": "a [view id=1]old[/view] b"}, rich=True) == "a  b"
