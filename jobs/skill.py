@@ -10,6 +10,8 @@ from typing import Any
 DEFAULT_WALL_SEC = 600.0
 MAX_WALL_SEC = 1800.0
 SUBPROCESS_TIMEOUT_SEC = 60.0
+FANOUT_SEP = "__"  # cli_commands fan out as tools named <skill>__<sub>
+MAX_FANOUT = 45
 
 
 class ExecType(enum.StrEnum):
@@ -96,6 +98,15 @@ class SkillRegistry:
 
     def get(self, name: str) -> Skill | None:
         return self._skills.get(name)
+
+    def fanned(self, name: str) -> tuple[Skill, str] | None:
+        """``<skill>__<sub>`` → (the skill, ``sub``) when the skill declares 1–45
+        ``cli_commands`` including ``sub`` (each fans out as a tool of its own)."""
+        base, sep, sub = name.rpartition(FANOUT_SEP)
+        skill = self._skills.get(base) if sep else None
+        if skill is None or not 1 <= len(skill.cli_commands) <= MAX_FANOUT:
+            return None
+        return (skill, sub) if sub in skill.cli_commands else None
 
     def __contains__(self, name: object) -> bool:
         return name in self._skills

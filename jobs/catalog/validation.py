@@ -64,8 +64,13 @@ def _validator(schema: dict[str, Any]) -> Draft202012Validator | str:
 
 
 def input_problem(skill: Skill, data: dict[str, Any]) -> InputProblem | None:
-    """None when ``data`` fits the skill's schema, else what is wrong and with which field."""
+    """None when ``data`` fits the skill's schema (its subcommand's, with ``cli_commands``),
+    else what is wrong and with which field."""
     schema = skill.input_schema
+    sub = data.get("_subcommand")
+    if sub not in (None, "") and isinstance(skill.cli_command_schemas.get(str(sub)), dict):
+        schema = skill.cli_command_schemas[str(sub)]
+        data = {k: v for k, v in data.items() if k != "_subcommand"}
     if not schema:
         return None
     required = schema.get("required") or []

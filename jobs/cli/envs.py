@@ -34,6 +34,15 @@ def env_state(skill: Skill, envs: EnvManager | None) -> str:
     return f"{'ready' if envs.is_ready(spec) else 'missing'} ({spec.source})"
 
 
+def fanout_names(skill: Skill) -> list[str]:
+    """The tool names a skill's ``cli_commands`` fan out as: ``<skill>__<sub>``."""
+    from jobs.skill import FANOUT_SEP, MAX_FANOUT
+
+    if not skill.runnable or not 1 <= len(skill.cli_commands) <= MAX_FANOUT:
+        return []
+    return [f"{skill.name}{FANOUT_SEP}{sub}" for sub in skill.cli_commands]
+
+
 def skill_at(folder: Path) -> Skill | None:
     from jobs.catalog.loader import load_skill
 

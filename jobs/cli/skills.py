@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from jobs.cli.envs import env_state, manager, skill_at
+from jobs.cli.envs import env_state, fanout_names, manager, skill_at
 from jobs.cli.envs import register as register_envs
 from jobs.skill import Skill
 
@@ -40,6 +40,7 @@ def _row(skill: Skill, envs: Any = None) -> dict[str, object]:
         "error": skill.error,
         "warnings": list(skill.warnings),
         "env": env_state(skill, envs),
+        "tools": fanout_names(skill),
     }
 
 
@@ -115,6 +116,8 @@ def list_skills(
             env_state(s, envs),
             status,
         )
+        for tool in fanout_names(s):  # cli_commands: one tool per subcommand
+            table.add_row(f"  ↳ {tool}", "", "subcommand", "", "", "", "", "")
     console.print(table)
     for problem in registry.problems:
         console.print(f"[yellow]warning:[/yellow] {problem}")

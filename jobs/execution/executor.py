@@ -256,6 +256,10 @@ class Executor:
         t0: float,
     ) -> Outcome:
         found = self.registry.get(skill) if isinstance(skill, str) else skill
+        if found is None and isinstance(skill, str) and (fan := self.registry.fanned(skill)):
+            found = fan[0]  # <skill>__<sub> (cli_commands fan-out)
+            if isinstance(input_data, dict) or input_data is None:
+                input_data = {**(input_data or {}), "_subcommand": fan[1]}
         problem = self._refuse(found, name, input_data, ctx)
         if problem is not None:
             return self._outcome(problem, t0, name=name)

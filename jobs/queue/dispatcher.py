@@ -96,6 +96,9 @@ class Dispatcher:
         ext = str(external_id if external_id is not None else ctx.get("external_id") or "")
 
         found = self.services.registry.get(skill)
+        if found is None and (fan := self.services.registry.fanned(skill)) is not None:
+            found, skill = fan[0], fan[0].name  # <skill>__<sub>: the skill + its subcommand
+            input_data["_subcommand"] = fan[1]
         if found is None:
             return refusal(
                 404,

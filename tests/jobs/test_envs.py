@@ -294,29 +294,6 @@ def test_cli_prepare_list_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 # --- as a background job on a real worker --------------------------------------------------
 
 
-@pytest.fixture
-async def market_services(
-    tmp_path: Path, sqlite_url: str, redis_server_url: str, redis_prefix: str
-):  # type: ignore[no-untyped-def]
-    from jobs.services import Services
-
-    settings = make_settings(
-        tmp_path,
-        redis_url=redis_server_url,
-        prefix=redis_prefix,
-        database_url=sqlite_url,
-        skills_path=str(MARKET),
-        retry_backoff_sec=0.05,
-    )
-    svc = await Services.open(settings)
-    yield svc
-    if svc.redis is not None:
-        keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*")]
-        if keys:
-            await svc.redis.delete(*keys)
-    await svc.close()
-
-
 @network
 async def test_textbook_async_pep723_job(market_services) -> None:  # type: ignore[no-untyped-def]
     """The OpenClaw image generator: async, PEP 723, MEDIA line — built by the worker on

@@ -150,3 +150,45 @@ async def test_executor_forces_raw_prompt(ex: Executor) -> None:
     assert out.result["input"]["prompt"] == "画一只在雪地里的狐狸"
     deleg = await ex.execute("raw_prompt_gen", data, dict(ctx, external_id="orgdeleg:acme"))
     assert deleg.result["input"]["prompt"] == "a fox in snow"
+
+
+# --- cli_commands fan-out: <skill>__<sub> ----------------------------------------------------
+
+
+async def test_fanout_name_runs_the_subcommand(ex: Executor) -> None:
+    out = await ex.execute("deck_cli__add", {"front": "hola", "back": "hello"}, dict(CTX))
+    assert out.status == "succeeded", out.result
+    assert out.result["argv"] == ["add", "hola", "--back", "hello"]
+    unknown = await ex.execute("deck_cli__remove", {}, dict(CTX))
+    assert unknown.error_type == "config" and "unknown skill" in unknown.result["error"]
+
+
+async def test_fanout_dispatch_validates_the_subcommand_schema(market_services) -> None:  # type: ignore[no-untyped-def]
+    from jobs.queue.dispatcher import Dispatcher
+
+    web = {"channel": "web", "role_id": "r1", "session_id": "s1"}
+    d = Dispatcher(market_services)
+    missing = await d.dispatch("deck_cli__add", {"front": "hola"}, web)
+    assert missing.status_code == 422 and "'back'" in missing.body["error"]
+    extra = await d.dispatch("deck_cli__add", {"front": "a", "back": "b", "x": 1}, web)
+    assert extra.status_code == 422
+    ok = await d.dispatch("deck_cli__count", {"deck": "es"}, web)
+    assert ok.status_code == 200 and ok.body["cmd"] == "count", ok.body
+    assert ok.body["args"]["deck"] == "es"
+
+
+def test_fanout_names_in_skills_list(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from jobs.cli.app import app
+
+    monkeypatch.setenv("SKILLJOBS_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SKILLJOBS_SKILLS_PATH", str(MARKET))
+    monkeypatch.setenv("COLUMNS", "200")
+    res = CliRunner().invoke(app, ["skills", "list", "--json"], catch_exceptions=False)
+    rows = {r["name"]: r for r in json.loads(res.output)["items"]}
+    assert rows["deck_cli"]["tools"] == ["deck_cli__add", "deck_cli__count"]
+    table = CliRunner().invoke(app, ["skills", "list"], catch_exceptions=False)
+    assert "deck_cli__add" in table.output and "deck_cli__count" in table.output
