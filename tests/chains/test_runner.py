@@ -455,6 +455,7 @@ async def test_outcome_to_a_person_and_to_a_notify_alias(  # type: ignore[no-unt
             telegram_bot_token=tg.token,
             telegram_api_base=tg.url,
             notify_targets=json.dumps({"ops": [f"json://127.0.0.1:{sink.port}/ops"]}),
+            fetch_allow_hosts="127.0.0.1",  # the loopback sink passes the outbound policy
         )
         svc = make_services(
             settings,
