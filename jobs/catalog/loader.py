@@ -173,7 +173,19 @@ def inspect_python(path: Path) -> dict[str, Any]:
 
 
 def _scan_markers(tree: ast.Module, info: dict[str, Any]) -> None:
+    # sys.argv read only inside the `if __name__ == "__main__":` block (a handler's local
+    # test harness) never runs on import: it does not make the file a script.
+    guarded = {
+        id(inner)
+        for top in tree.body
+        if isinstance(top, ast.If) and isinstance(top.test, ast.Compare)
+        if _is_main_guard(top.test)
+        for stmt in top.body
+        for inner in ast.walk(stmt)
+    }
     for node in ast.walk(tree):
+        if id(node) in guarded and isinstance(node, ast.Attribute | ast.ImportFrom):
+            continue
         if isinstance(node, ast.Import):
             names = {a.name for a in node.names}
             info["argparse"] |= "argparse" in names
