@@ -617,6 +617,9 @@ async def run_checks(
         checks.append(await check_redis_auth(settings, timeout_sec))
         checks.append(await check_redis_persistence(settings, timeout_sec))
     checks.append(check_skills(settings))
+    from jobs.cli.envs import check_skill_envs  # dependency environments (skills prepare)
+
+    checks.append(check_skill_envs(settings))
     checks.extend(check_channel(settings, c) for c in CHANNELS)
     checks += [
         check_notify_targets(settings),

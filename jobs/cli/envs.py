@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
+    from jobs.cli.checks import Check
     from jobs.execution.envs import EnvManager, EnvSpec
     from jobs.skill import Skill
 
@@ -124,3 +125,33 @@ def prepare(
 
 def register(skills_app: typer.Typer) -> None:
     skills_app.command("prepare")(prepare)
+
+
+def check_skill_envs(settings: Any) -> Check | None:
+    """``doctor``: whether the skills' dependency environments are built (a missing one is
+    built by the worker on first use, so it is a warning, not a failure)."""
+    from jobs.catalog.loader import load_registry
+    from jobs.cli.checks import ok, warn
+
+    name = "skill environments"
+    try:
+        registry = load_registry(settings.skill_dirs)
+    except Exception:  # the skills check reports why
+        return None
+    envs = manager(settings)
+    states = {s.name: env_state(s, envs) for s in registry if s.runnable}
+    declared = {n: st for n, st in states.items() if st != "-"}
+    if not declared:
+        return ok(name, "no skill declares dependencies")
+    if envs.uv is None:
+        note = "uv not installed: venv + pip builds them (slower)"
+    else:
+        note = "built with uv"
+    pending = sorted(n for n, st in declared.items() if not st.startswith("ready"))
+    if pending:
+        return warn(
+            name,
+            f"{len(pending)} of {len(declared)} not built yet: {', '.join(pending[:10])}; {note}",
+            "run `skilljobs skills prepare` (a worker otherwise builds them on first use)",
+        )
+    return ok(name, f"{len(declared)} ready under {envs.root}; {note}")

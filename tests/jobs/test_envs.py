@@ -290,6 +290,14 @@ def test_cli_prepare_list_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     res = runner.invoke(app, ["skills", "prepare", "nope"])
     assert res.exit_code != 0 and "nope" in res.output
 
+    from jobs.cli.checks import Status
+    from jobs.cli.common import load_settings
+    from jobs.cli.envs import check_skill_envs
+
+    check = check_skill_envs(load_settings())
+    assert check is not None and check.status is Status.WARN  # broken_reqs is not built
+    assert "1 of 2 not built yet: broken_reqs" in check.detail and "prepare" in check.fix
+
 
 # --- as a background job on a real worker --------------------------------------------------
 
