@@ -13,12 +13,15 @@ from pydantic import BaseModel, Field
 from dashboard import queries
 from dashboard.auth import identity_of
 from dashboard.errors import ApiError, not_found
+from dashboard.sync_pool import SyncPool
+from jobs.context import fixed_segment
 from jobs.crypto import ENC_TAG, REDACTED, redact
 from jobs.envelope import is_partial
 from jobs.models import Artifact, Delivery, Job, JobAttempt
 from jobs.queue import control
-from jobs.queue.dispatcher import Dispatcher
+from jobs.queue.dispatcher import Dispatcher, is_background
 from jobs.services import Services
+from jobs.skill import SkillType
 
 router = APIRouter(prefix="/api/v1")
 
@@ -151,7 +154,15 @@ class DispatchBody(BaseModel):
 async def dispatch(body: DispatchBody, request: Request) -> JSONResponse:
     """Relay to the dispatcher: 202 receipt, 200 result envelope, or a 4xx refusal."""
     key = body.idempotency_key or request.headers.get("idempotency-key") or None
-    answer = await Dispatcher(services_of(request)).dispatch(
+    svc = services_of(request)
+    pool: SyncPool | None = getattr(request.app.state, "sync_pool", None)
+    if pool is not None and runs_now(svc, body):
+        # The sync line runs in an executor process: a CPU-bound skill cannot stall us.
+        status, answer_body = await pool.dispatch(
+            skill=body.skill, input=body.input, context=body.context, external_id=body.external_id
+        )
+        return JSONResponse(answer_body, status_code=status)
+    answer = await Dispatcher(svc).dispatch(
         skill=body.skill,
         input=body.input,
         context=body.context,
@@ -159,6 +170,17 @@ async def dispatch(body: DispatchBody, request: Request) -> JSONResponse:
         idempotency_key=key,
     )
     return JSONResponse(answer.body, status_code=answer.status_code)
+
+
+def runs_now(svc: Services, body: DispatchBody) -> bool:
+    """A loadable handler skill that the dispatcher would run on the sync line (refusals
+    and background jobs are answered here, without a hop)."""
+    found = svc.registry.get(body.skill)
+    if found is None or found.error or found.skill_type is not SkillType.HANDLER:
+        return False
+    channel = fixed_segment(body.context)["channel"]
+    ext = str(body.external_id or body.context.get("external_id") or "")
+    return not is_background(found, channel, ext)
 
 
 # --- reading -------------------------------------------------------------------------

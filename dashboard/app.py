@@ -3,6 +3,7 @@ Prometheus metrics and health checks. This is where the dashboard is wired toget
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ from dashboard.errors import ApiError, envelope
 from dashboard.guard import Guard
 from dashboard.metrics import CONTENT_TYPE, Metrics
 from dashboard.queries import BadQuery
+from dashboard.sync_pool import SyncPool
 from dashboard.tokens import TokenKey
 from jobs.services import Services
 from jobs.settings import Settings
@@ -65,21 +67,35 @@ class SecurityHeaders:
         await self.app(scope, receive, _send)
 
 
-def create_app(settings: Settings, *, services: Services | None = None) -> FastAPI:
-    """The dashboard app. Without ``services`` the lifespan opens (and closes) its own."""
+def create_app(
+    settings: Settings, *, services: Services | None = None, sync_pool: bool = False
+) -> FastAPI:
+    """The dashboard app. Without ``services`` the lifespan opens (and closes) its own.
+    ``sync_pool``: sync-line dispatches run in ``SKILLJOBS_SYNC_PROCESSES`` executor
+    processes (``skilljobs web``/``up``) instead of on this event loop."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if services is not None:
-            app.state.services = services
-            yield
-            return
-        opened = await Services.open(settings)
-        app.state.services = opened
+        pool = None
+        if sync_pool and settings.sync_processes > 0:
+            pool = SyncPool(settings, settings.sync_processes)
+            pool.start()
+            app.state.sync_pool = pool
         try:
-            yield
+            if services is not None:
+                app.state.services = services
+                yield
+                return
+            opened = await Services.open(settings)
+            app.state.services = opened
+            try:
+                yield
+            finally:
+                await opened.close()
         finally:
-            await opened.close()
+            if pool is not None:
+                app.state.sync_pool = None
+                await asyncio.to_thread(pool.close)
 
     app = FastAPI(
         title="skilljobs",

@@ -177,7 +177,7 @@ def build_config(
     install_accept_filter()
     limit = max(16, min(settings.web_max_connections, fds - FD_RESERVE))
     return uvicorn.Config(
-        app if app is not None else create_app(settings),
+        app if app is not None else create_app(settings, sync_pool=True),
         host=host,
         port=port,
         log_level=(log_level or settings.log_level).lower(),

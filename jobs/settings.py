@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     allowed_hosts: str = ""
     web_max_connections: int = Field(default=2048, ge=16)
     web_header_timeout_sec: float = Field(default=10.0, gt=0)
+    sync_processes: int = Field(default=2, ge=0, le=32)  # sync-line executor processes of web
     notify_targets: str | None = None
     fetch_allow_hosts: str = ""
     # Where skills may send: bare Apprise URLs (comma list of scheme://host[:port]; aliases

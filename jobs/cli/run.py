@@ -226,7 +226,8 @@ def _web_server(svc: Any, host: str, port: int) -> Any:
     from dashboard.server import server_for
 
     # Timeouts, connection cap and descriptor limit of the web app (dashboard.server).
-    return server_for(svc.settings, host, port, app=create_app(svc.settings, services=svc))
+    app = create_app(svc.settings, services=svc, sync_pool=True)
+    return server_for(svc.settings, host, port, app=app)
 
 
 async def _serve_web(svc: Any, host: str, port: int) -> None:
