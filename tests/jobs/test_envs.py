@@ -324,3 +324,11 @@ async def test_textbook_async_pep723_job(market_services) -> None:  # type: igno
     assert job.status == "failed" and len(attempts) == 1  # never re-run
     assert job.error_type == "config" and "skilljobs-no-such-package-zz9" in (job.error or "")
     assert "again" not in (job.error or "").lower()
+
+
+@network
+async def test_in_process_skill_with_requirements(ex: Executor, envs_root: Path) -> None:
+    out = await ex.execute("inproc_reqs", {"text": "café Zürich"}, dict(CTX))
+    assert out.status == "succeeded", out.result
+    assert out.result["ascii"] == "cafe Zurich"
+    assert any(str(envs_root) in p for p in sys.path[-3:])  # after the worker's own paths
