@@ -71,10 +71,18 @@ def run(processes: int, burns: int, seconds: float) -> dict[str, float]:
                 except httpx.HTTPError:
                     time.sleep(0.1)
             auth = {"authorization": f"Bearer {TOKEN}"}
-            body = {"skill": "cpu_burn", "input": {"seconds": seconds}, "context": {"channel": "web"}}
+            body = {
+                "skill": "cpu_burn",
+                "input": {"seconds": seconds},
+                "context": {"channel": "web"},
+            }
             # warm-up (pool processes import and load the skills)
-            httpx.post(base + "/api/v1/dispatch", json={**body, "input": {"seconds": 0.01}},
-                       headers=auth, timeout=60).raise_for_status()
+            httpx.post(
+                base + "/api/v1/dispatch",
+                json={**body, "input": {"seconds": 0.01}},
+                headers=auth,
+                timeout=60,
+            ).raise_for_status()
             done = threading.Event()
             answers: list[int] = []
 
