@@ -1,12 +1,15 @@
-"""Fixtures of tests/jobs that need the marketplace skill corpus (tests/market_skills)."""
+"""Fixtures of tests/jobs that need the marketplace skill corpus (tests/market_skills), and
+the ``network`` marker: tests that install from PyPI / npm are skipped, saying so, when the
+registries cannot be reached — except in CI, where they must run."""
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.settings import make_settings
+from tests.helpers.settings import IN_CI, make_settings
 
 MARKET = Path(__file__).resolve().parents[1] / "market_skills"
 
@@ -33,3 +36,23 @@ async def market_services(  # type: ignore[no-untyped-def]
         if keys:
             await svc.redis.delete(*keys)
     await svc.close()
+
+
+@pytest.fixture(scope="session")
+def registries_reachable() -> str | None:
+    """None when PyPI answers, else why not (proxies from the environment are honoured)."""
+    try:
+        with urllib.request.urlopen("https://pypi.org/simple/six/", timeout=5) as resp:
+            resp.read(1)
+    except OSError as exc:
+        return f"PyPI is not reachable ({exc})"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _network_marker(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("network") is None or IN_CI:
+        return
+    why = request.getfixturevalue("registries_reachable")
+    if why:
+        pytest.skip(f"needs the package registries: {why}")
