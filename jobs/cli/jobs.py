@@ -1,5 +1,6 @@
-"""``skilljobs dispatch`` and ``skilljobs jobs list|show|retry|cancel`` (one job, or every
-job a filter matches: ``jobs retry --status failed --skill X --since 2h [--dry-run]``)."""
+"""``skilljobs dispatch``, ``skilljobs jobs list|show|retry|cancel`` (one job, or every
+job a filter matches: ``jobs retry --status failed --skill X --since 2h [--dry-run]``) and
+``skilljobs incidents list|ack``."""
 
 from __future__ import annotations
 
@@ -335,6 +336,71 @@ def cancel(
     _act("cancel", job_id, filters, dry_run, yes)
 
 
+incidents_app = typer.Typer(help="Failures grouped by signature.", no_args_is_help=True)
+
+
+@incidents_app.command("list")
+def list_incidents(
+    status: str = typer.Option("open", "--status", help="open, acked or all."),
+    skill: str = typer.Option("", "--skill", help="Only incidents of this skill."),
+    limit: int = typer.Option(50, "--limit", "-n", min=1, max=500),
+) -> None:
+    """Incidents, most recently seen first."""
+    settings = load_settings()
+
+    async def _go() -> None:
+        from jobs.queue import incidents
+
+        svc = await open_services(settings, redis=False)
+        try:
+            items = await incidents.list_incidents(
+                svc.sessionmaker,
+                status=None if status == "all" else status,
+                skill=skill or None,
+                limit=limit,
+            )
+        finally:
+            await svc.close()
+        table = Table(title=f"incidents ({status})")
+        for col in ("id", "skill", "type", "count", "first seen", "last seen", "status", "error"):
+            table.add_column(col, overflow="fold")
+        for i in items:
+            table.add_row(
+                i["id"],
+                i["skill"],
+                i["error_type"],
+                str(i["count"]),
+                _ts(i["first_seen"]),
+                _ts(i["last_seen"]),
+                i["status"],
+                i["pattern"][:120],
+            )
+        console.print(table)
+
+    run_async(_go)
+
+
+@incidents_app.command("ack")
+def ack_incident(incident_id: str) -> None:
+    """Acknowledge an incident (a new failure of its signature re-opens it)."""
+    settings = load_settings()
+
+    async def _go() -> None:
+        from jobs.queue import incidents
+
+        svc = await open_services(settings, redis=False)
+        try:
+            done = await incidents.ack(svc.sessionmaker, incident_id, actor="cli")
+        except LookupError as exc:
+            fail(str(exc.args[0]))
+        finally:
+            await svc.close()
+        console.print(f"incident {incident_id} acknowledged ({done['count']} failures so far)")
+
+    run_async(_go)
+
+
 def register(app: typer.Typer) -> None:
     app.command("dispatch")(dispatch)
     app.add_typer(jobs_app, name="jobs")
+    app.add_typer(incidents_app, name="incidents")

@@ -261,3 +261,13 @@ async def test_cli_bulk_retry_counts_first(svc: Services, monkeypatch, redis_pre
     assert res.exit_code == 1 and "not both" in res.output
     res = await asyncio.to_thread(runner.invoke, app, ["jobs", "retry", "--since", "soon"])
     assert res.exit_code == 1 and "not a time" in res.output
+
+    res = await asyncio.to_thread(runner.invoke, app, ["incidents", "list"])
+    assert res.exit_code == 0 and "order_export" in res.output and "quota_report" in res.output
+    [inc] = await incidents.list_incidents(svc.sessionmaker, skill="order_export")
+    res = await asyncio.to_thread(runner.invoke, app, ["incidents", "ack", inc["id"]])
+    assert res.exit_code == 0 and "acknowledged (2 failures so far)" in res.output
+    res = await asyncio.to_thread(runner.invoke, app, ["incidents", "list"])
+    assert "order_export" not in res.output and "quota_report" in res.output
+    res = await asyncio.to_thread(runner.invoke, app, ["incidents", "ack", "nope"])
+    assert res.exit_code == 1 and "no incident" in res.output
