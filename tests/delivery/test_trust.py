@@ -8,9 +8,11 @@ caller's workspace and allow-lists, logs carry no credential, and file links are
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -344,19 +346,74 @@ async def test_no_credential_in_the_worker_log(trust, tg) -> None:
     trust.settings.log_level = "DEBUG"
     setup_logging(trust.settings, stream=out)
     try:
-        await dispatch(
-            trust, "ws_tool", {"write": {"r.csv": "1\n"}, "log": f"token {tg.token} in"}, TG_A
-        )
+        await dispatch(trust, "ws_tool", {"write": {"r.csv": "1\n"}, "log": "careless:"}, TG_A)
         tg.fail_next(f"/bot{tg.token}/sendDocument", httpx_error_reply())
         await drain(trust)
     finally:
         root.handlers[:], _ = saved
         root.setLevel(saved[1])
     text = out.getvalue()
-    assert "ws_tool" in text and "token •••••• in ••••••" in text  # the skill's own line
+    assert "ws_tool" in text and "careless: •••••• bot ••••••" in text  # the skill's own line
     secrets = [tg.token, role_secret, trust.settings.secret_key.get_secret_value()]
     assert [s for s in secrets if s in text] == []
     assert tg.sent and tg.sent[-1]["method"] == "sendDocument"
+    assert [s for s in secrets if s in await stored_text(trust)] == []
+
+
+async def stored_text(svc: Any) -> str:
+    """Every row the deployment wrote about jobs and deliveries, as the database returns it."""
+    from sqlalchemy import text
+
+    out = []
+    async with svc.sessionmaker() as s:
+        for table in ("jobs", "job_attempts", "deliveries", "artifacts", "session_messages"):
+            for row in (await s.execute(text(f"SELECT * FROM {table}"))).all():
+                out.append(json.dumps([str(v) for v in row]))
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+async def test_no_credential_in_a_worker_process_log(trust, tg, tmp_path) -> None:
+    """A real ``skilljobs worker`` at DEBUG: its whole log, and every stored row, is free of
+    the bot token, the role's secret config and the secret key."""
+    import signal
+    import subprocess
+    import sys
+
+    from jobs.catalog.configs import ConfigStore
+    from tests.helpers.settings import ROOT
+
+    role_secret = "sk-role-secret-7a6b5c4d"
+    await ConfigStore(trust.sessionmaker, trust.box).set("r1", "ws_tool", "api_key", role_secret)
+    job_id = await dispatch(trust, "ws_tool", {"write": {"r.csv": "1\n"}, "log": "careless:"}, TG_A)
+    log_path = tmp_path / "worker.log"
+    env = {
+        k: v for k, v in os.environ.items() if k.startswith("SKILLJOBS_") or k in ("PATH", "HOME")
+    }
+    env["SKILLJOBS_LOG_LEVEL"] = "DEBUG"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(  # noqa: ASYNC220 (started once; polled below)
+            [sys.executable, "-m", "jobs.cli.app", "worker", "--no-scheduler"],
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=str(ROOT),
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while (await store.get_job(trust.sessionmaker, job_id)).status != "succeeded":
+                assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()
+                await asyncio.sleep(0.1)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+    text = log_path.read_text()
+    assert "ws_tool" in text and "careless: •••••• bot ••••••" in text, text
+    secrets = [tg.token, role_secret, trust.settings.secret_key.get_secret_value()]
+    assert [s for s in secrets if s in text] == []
+    assert [s for s in secrets if s in await stored_text(trust)] == []
+    assert [m["method"] for m in tg.sent] == ["sendDocument"]
 
 
 def httpx_error_reply() -> Any:

@@ -26,7 +26,9 @@ async def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, 
         os.symlink(target, ws / name)
     await asyncio.sleep(float(input_data.get("sleep_after") or 0))
     if input_data.get("log"):
-        log.warning("%s %s", input_data["log"], ctx.get("api_key"))
+        # a careless skill: its secret config and the worker's bot token in a log line
+        bot = os.environ.get("SKILLJOBS_TELEGRAM_BOT_TOKEN")
+        log.warning("%s %s bot %s", input_data["log"], ctx.get("api_key"), bot)
     out: dict[str, Any] = {"message": input_data.get("message") or "done", "workspace": str(ws)}
     if "declare" in input_data:
         out["local_path"] = input_data["declare"]
