@@ -49,6 +49,11 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"request body larger than {limit // MB} MB")
 
 
+class BodyTimeout(HTTPException):
+    def __init__(self) -> None:
+        super().__init__(408, "the request body did not arrive in time")
+
+
 class Refusal(Exception):
     """A request refused by the guard: answered with an error envelope."""
 
@@ -288,10 +293,10 @@ class Guard:
             if started:
                 raise
             await self.refuse(scope, send, exc)
-        except BodyTooLarge as exc:
+        except (BodyTooLarge, BodyTimeout) as exc:  # if the app let them through
             if started:
                 raise
-            await self.refuse(scope, send, Refusal(413, str(exc.detail)))
+            await self.refuse(scope, send, Refusal(exc.status_code, str(exc.detail)))
 
     async def admit(self, scope: Scope, receive: Receive) -> Receive:
         """Everything decided on the head; the ``receive`` the app gets."""
@@ -412,16 +417,26 @@ class Guard:
 
 
 def counting(receive: Receive, limit: int) -> Callable[[], Awaitable[Message]]:
-    """``receive`` that raises ``BodyTooLarge`` once more than ``limit`` bytes came in."""
+    """``receive`` that raises ``BodyTooLarge`` once more than ``limit`` bytes came in, and
+    ``BodyTimeout`` when the body takes longer than ``BODY_TIMEOUT_S`` (slow-body clients)."""
     size = 0
+    deadline = time.monotonic() + BODY_TIMEOUT_S
+    complete = False
 
     async def _receive() -> Message:
-        nonlocal size
-        message = await receive()
+        nonlocal size, complete
+        if complete:  # after the body only a disconnect can come: no deadline
+            return await receive()
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                message = await receive()
+        except TimeoutError as exc:
+            raise BodyTimeout() from exc
         if message["type"] == "http.request":
             size += len(message.get("body", b""))
             if size > limit:
                 raise BodyTooLarge(limit)
+            complete = not message.get("more_body", False)
         return message
 
     return _receive

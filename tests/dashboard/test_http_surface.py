@@ -415,3 +415,22 @@ def test_descriptor_exhaustion_is_logged_sparingly(
     # One line per interval, not thousands a second (nor a storm of retries at shutdown).
     assert text.count("out of system resource") <= 1, text[-3000:]
     assert len(text) < 30_000
+
+
+async def test_slow_bodies_time_out(client: httpx.AsyncClient, monkeypatch) -> None:
+    import asyncio
+
+    from dashboard import guard
+
+    monkeypatch.setattr(guard, "BODY_TIMEOUT_S", 0.3)
+
+    async def slow() -> AsyncIterator[bytes]:
+        yield b'{"a": '
+        await asyncio.sleep(1.0)
+        yield b"1}"
+
+    for ctype in ("application/json", "text/plain"):
+        resp = await client.put(
+            "/api/v1/roles/r1/skills/demo/config", content=slow(), headers={"content-type": ctype}
+        )
+        assert resp.status_code == 408, (ctype, resp.text)
