@@ -129,7 +129,9 @@ def list_cmd() -> None:
                 r.name,
                 r.cron,
                 r.timezone,
-                "yes" if r.enabled else "[dim]no[/dim]",
+                "yes"
+                if r.enabled
+                else ("[red]paused[/red]" if r.paused_reason else "[dim]no[/dim]"),
                 _local(r.next_fire_at, r.timezone) if r.enabled else "-",
                 last_text,
                 str(len(r.steps or [])),
@@ -165,6 +167,8 @@ def _toggle(schedule: str, enabled: bool) -> None:
             else "disabled"
         )
         console.print(f"schedule [bold]{row.name}[/bold] {state}")
+        if not enabled and row.paused_reason:
+            console.print(f"  {row.paused_reason}")
 
     _with_services(go, redis=False)
 

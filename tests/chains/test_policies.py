@@ -202,7 +202,7 @@ async def _fail_runs(svc, ex, schedule_id: str, n: int) -> None:  # type: ignore
         assert await run_chain(svc, ex, run_id, worker_id="w1") == "failed"
 
 
-async def test_auto_pause_after_consecutive_failures(env) -> None:  # type: ignore[no-untyped-def]
+async def test_auto_pause_after_consecutive_failures(env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     body = spec(policy={"pause_after_failures": 3}, steps=[{"skill": "fail_step"}])
     row = await schedules.create(svc, body)
@@ -219,6 +219,21 @@ async def test_auto_pause_after_consecutive_failures(env) -> None:  # type: igno
             await s.execute(select(OpsAction).where(OpsAction.action == "schedule.pause"))
         ).scalars()
         assert [a.target for a in audit] == [row.id]
+    # the CLI says so
+    from typer.testing import CliRunner
+
+    from jobs.cli.app import app
+
+    st = svc.settings
+    for key, value in {
+        "SKILLJOBS_DATA_DIR": str(st.data_dir),
+        "SKILLJOBS_DATABASE_URL": st.resolved_database_url,
+        "SKILLJOBS_SKILLS_PATH": str(st.skills_path or ""),
+        "COLUMNS": "250",
+    }.items():
+        monkeypatch.setenv(key, value)
+    res = await asyncio.to_thread(CliRunner().invoke, app, ["schedules", "list"])
+    assert res.exit_code == 0 and "paused" in res.output, res.output
     # enabling it again clears the reason
     again = await schedules.set_enabled(svc, row.id, True)
     assert again.enabled and again.paused_reason is None
