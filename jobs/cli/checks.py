@@ -619,7 +619,7 @@ async def run_checks(
     checks.append(check_skills(settings))
     from jobs.cli.envs import check_skill_envs  # dependency environments (skills prepare)
 
-    checks.append(check_skill_envs(settings))
+    checks.append(check_skill_envs(settings, ok, warn))
     checks.extend(check_channel(settings, c) for c in CHANNELS)
     checks += [
         check_notify_targets(settings),

@@ -3,6 +3,7 @@ and the environment state ``skills list`` / ``skills check`` show."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,11 +128,13 @@ def register(skills_app: typer.Typer) -> None:
     skills_app.command("prepare")(prepare)
 
 
-def check_skill_envs(settings: Any) -> Check | None:
+def check_skill_envs(
+    settings: Any, ok: Callable[[str, str], Check], warn: Callable[[str, str, str], Check]
+) -> Check | None:
     """``doctor``: whether the skills' dependency environments are built (a missing one is
-    built by the worker on first use, so it is a warning, not a failure)."""
+    built by the worker on first use, so it is a warning, not a failure). ``ok``/``warn``
+    are the report's constructors (jobs.cli.checks)."""
     from jobs.catalog.loader import load_registry
-    from jobs.cli.checks import ok, warn
 
     name = "skill environments"
     try:

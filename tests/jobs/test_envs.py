@@ -290,11 +290,11 @@ def test_cli_prepare_list_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     res = runner.invoke(app, ["skills", "prepare", "nope"])
     assert res.exit_code != 0 and "nope" in res.output
 
-    from jobs.cli.checks import Status
+    from jobs.cli.checks import Status, ok, warn
     from jobs.cli.common import load_settings
     from jobs.cli.envs import check_skill_envs
 
-    check = check_skill_envs(load_settings())
+    check = check_skill_envs(load_settings(), ok, warn)
     assert check is not None and check.status is Status.WARN  # broken_reqs is not built
     assert "1 of 2 not built yet: broken_reqs" in check.detail and "prepare" in check.fix
 
