@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.context import job_workspace, secret_values
+from jobs.context import job_results_dir, job_workspace, secret_values
 from jobs.logs import register_secrets
 
 RUNS_DIR = ".skilljobs-runs"
@@ -125,16 +125,19 @@ def begin(workspace: Path, job_id: str) -> RunScope:
     return scope
 
 
-def begin_run(settings: Any, job: Any, ctx: dict[str, Any]) -> RunScope | None:
+def begin_run(settings: Any, job: Any, ctx: dict[str, Any]) -> RunScope:
     """A queued job's run is about to start: its secret configs join the log filter,
     ``ctx`` points at the job's own workspace (a per-recipient one for third-party
     channels without a session), and that workspace is snapshotted."""
     register_secrets(secret_values(ctx, str(job.skill)))
-    ws = job_workspace(settings.resolved_workspace_root, job)
-    if ws is None:
-        return None
-    ctx["workspace_dir"] = str(ws)
-    return begin(ws, str(job.id))
+    root = settings.resolved_workspace_root
+    ws = job_workspace(root, job)
+    if ws is not None:
+        ctx["workspace_dir"] = str(ws)
+        return begin(ws, str(job.id))
+    # No role, no workspace for the skill; its results are still post-processed in a
+    # folder that earlier jobs' downloads may have filled.
+    return begin(job_results_dir(root, job), str(job.id))
 
 
 def _markers(workspace: Path, now: int) -> list[dict[str, Any]]:

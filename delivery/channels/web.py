@@ -107,6 +107,7 @@ async def post_message(
     if not session_id:
         raise DeliveryPermanentError("unknown session '' (empty session id)")
     atts = list(attachments or [])
+    sign_links(settings, atts, job_id)
     now = time.time()
     # One statement: insert only when the session exists.
     src = select(
@@ -208,6 +209,19 @@ async def _push(
     return out
 
 
+def sign_links(
+    settings: Settings, attachments: list[Any], job_id: str | None, key: bytes | None = None
+) -> None:
+    """Each delivered file gets a signed, expiring download link (``/files/<token>``) that
+    works without the API token, for that one file only (of ``job_id``, when given)."""
+    for att in attachments:
+        if not isinstance(att, dict) or att.get("url") or not att.get("local_path"):
+            continue
+        key = key or file_link_key(settings)
+        ttl = settings.file_link_ttl_sec
+        att["url"] = file_link(key, job_id, str(att["local_path"]), ttl)
+
+
 class MessageBatcher:
     """Coalesces concurrent web deliveries (group commit, :class:`jobs.batching.Batcher`):
     while a batch is being written, new messages queue up and go together in the next one.
@@ -250,15 +264,10 @@ class MessageBatcher:
         return await self._batcher.submit(msgs)
 
     def _sign_links(self, msg: Outgoing) -> None:
-        """Each delivered file gets a signed, expiring download link (``/files/<token>``)
-        that works without the API token, for that one file only."""
-        for att in msg.attachments:
-            if not isinstance(att, dict) or att.get("url") or not att.get("local_path"):
-                continue
+        if any(isinstance(a, dict) and not a.get("url") for a in msg.attachments):
             if self._link_key is None:
                 self._link_key = file_link_key(self.settings)
-            ttl = self.settings.file_link_ttl_sec
-            att["url"] = file_link(self._link_key, msg.job_id, str(att["local_path"]), ttl)
+            sign_links(self.settings, msg.attachments, msg.job_id, self._link_key)
 
     async def _flush(self, groups: list[list[Outgoing]]) -> list[list[Any]]:
         flat = [m for group in groups for m in group]

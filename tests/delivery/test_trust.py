@@ -158,6 +158,27 @@ async def test_symlink_and_declared_paths_outside_are_refused(trust, tg) -> None
     assert reasons[2] == "../../x resolves outside the workspace"
 
 
+def test_run_scope_of_a_job_without_a_role(tmp_path: Path) -> None:
+    """No workspace for the skill, yet older downloads in its results folder are not this
+    run's files."""
+    from jobs.context import job_results_dir
+    from jobs.runscope import begin_run
+    from tests.helpers.settings import make_settings
+
+    class J:
+        id, skill, role_id, session_id = "j1", "s", "", ""
+        channel, actor_key, external_id = "telegram", "1001", ""
+
+    settings = make_settings(tmp_path, redis_url=None, prefix="p")
+    results = job_results_dir(settings.resolved_workspace_root, J)
+    results.mkdir(parents=True)
+    (results / "old.png").write_bytes(b"x")
+    ctx: dict[str, Any] = {}
+    scope = begin_run(settings, J, ctx)
+    (results / "new.png").write_bytes(b"y")
+    assert "workspace_dir" not in ctx and scope.finish().mine == ("new.png",)
+
+
 def test_backfill_caps_files_and_bytes(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
