@@ -11,6 +11,7 @@ JSON body must hold only finite numbers that fit in 64 bits (422, naming the fie
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import logging
@@ -64,6 +65,7 @@ class Refusal(Exception):
         self.error_type = error_type
 
 
+@functools.lru_cache(maxsize=512)
 def is_loopback(host: str) -> bool:
     if host in {"localhost", "localhost.localdomain"}:
         return True
@@ -71,6 +73,11 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+@functools.lru_cache(maxsize=8)
+def _names(raw: str) -> frozenset[str]:
+    return frozenset(h.strip().lower() for h in raw.split(",") if h.strip())
 
 
 def host_name(value: str) -> str:
@@ -201,9 +208,8 @@ class Guard:
 
     # --- decisions on the head ----------------------------------------------------------
 
-    def allowed_hosts(self) -> set[str]:
-        raw = str(getattr(self.settings, "allowed_hosts", "") or "")
-        return {h.strip().lower() for h in raw.split(",") if h.strip()}
+    def allowed_hosts(self) -> frozenset[str]:
+        return _names(str(getattr(self.settings, "allowed_hosts", "") or ""))
 
     def check_host(self, headers: dict[bytes, bytes]) -> str:
         raw = headers.get(b"host", b"").decode("latin-1")
