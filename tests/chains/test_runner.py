@@ -25,6 +25,7 @@ from tests.helpers.chains import (
     PROBE,
     SLEEP_ONCE,
     SLOW,
+    chain_workspace,
     close_services,
     make_services,
     write_skill,
@@ -141,7 +142,7 @@ async def test_chain_succeeds_and_records_every_step(env, tmp_path: Path) -> Non
 
 async def test_empty_result_guard_stops_the_chain(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
-    counter = tmp_path / "after.count"
+    counter = chain_workspace(svc.settings) / "after.count"
     run_id = await start_run(
         svc,
         chain(
@@ -163,7 +164,7 @@ async def test_empty_result_guard_stops_the_chain(env, tmp_path: Path) -> None: 
 
 async def test_failed_step_fails_the_run_with_its_error(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
-    counter = tmp_path / "after.count"
+    counter = chain_workspace(svc.settings) / "after.count"
     run_id = await start_run(
         svc,
         chain(
@@ -181,7 +182,7 @@ async def test_failed_step_fails_the_run_with_its_error(env, tmp_path: Path) -> 
 
 async def test_unresolved_reference_fails_before_the_step_runs(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
-    counter = tmp_path / "c.count"
+    counter = chain_workspace(svc.settings) / "c.count"
     run_id = await start_run(
         svc,
         chain(
@@ -233,7 +234,7 @@ async def test_transient_failures_are_re_run(env, tmp_path: Path, monkeypatch) -
 
     monkeypatch.setattr(chains.runner, "TRANSIENT_BACKOFF_SEC", 0.01)
     svc, ex = env
-    counter = tmp_path / "flaky.count"
+    counter = chain_workspace(svc.settings) / "flaky.count"
     run_id = await start_run(
         svc, chain({"skill": "flaky", "input": {"counter_file": str(counter)}})
     )
@@ -285,7 +286,7 @@ async def test_purge_completes_in_a_chain_but_asks_in_chat(env) -> None:  # type
 
 async def test_resume_skips_succeeded_steps_and_refuses_a_live_lease(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
-    counter, marker = tmp_path / "step0.count", tmp_path / "slept"
+    counter, marker = chain_workspace(svc.settings) / "step0.count", tmp_path / "slept"
     run_id = await start_run(
         svc,
         chain(

@@ -43,6 +43,13 @@ def make_services(
     )
 
 
+def chain_workspace(settings: Settings, role_id: str = "r1", session_id: str = "s1") -> Path:
+    """The workspace chain runs of that identity work in (file inputs must be inside it)."""
+    folder = settings.resolved_workspace_root / role_id / session_id
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 async def close_services(svc: Services) -> None:
     await svc.http.aclose()
     await svc.engine.dispose()
