@@ -170,7 +170,11 @@ def up(
 
 def private_files(settings: Settings) -> None:
     """What this process creates is its own: directories 0700, files 0600 (the database,
-    keys, tokens, workspaces and their files). State left by an older version is tightened."""
+    keys, tokens, workspaces and their files). State left by an older version is tightened.
+    The process is made non-dumpable: skills cannot read its environment or memory."""
+    from jobs.privileges import make_undumpable
+
+    make_undumpable()
     os.umask(0o077)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     targets = [settings.data_dir, settings.resolved_workspace_root]
@@ -180,6 +184,7 @@ def private_files(settings: Settings) -> None:
         targets += [Path(name + suffix) for suffix in ("", "-wal", "-shm")]
     targets += [settings.data_dir / "secret.key", settings.data_dir / "api_token"]
     targets += [settings.data_dir / "redis.password", embedded_url_file(settings)]
+    targets.append(settings.data_dir / "skills.db")
     for path in targets:
         with contextlib.suppress(OSError):  # missing, or not ours to change
             path.chmod(0o700 if path.is_dir() else 0o600)

@@ -14,7 +14,9 @@ import contextlib
 import errno
 import json
 import logging
+import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -24,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from jobs import privileges
 from jobs.context import (
     lookup_config,
     resolve_file_params,
@@ -98,6 +101,9 @@ class Executor:
         self._own_http: httpx.AsyncClient | None = None
         self._outbound: Any = None
         self._skill_engine: Any = None
+        self._skill_user: privileges.SkillUser | bool | None = False  # False: not resolved
+        self._opened: set[str] = set()
+        self._lent: dict[str, int] = {}  # workspace → runs as the skill user using it
         self._skill_sessions: Any = None
         if config_store is None and sessionmaker is not None and box is not None:
             from jobs.catalog.configs import ConfigStore
@@ -573,8 +579,7 @@ class Executor:
             argv = prepared.apply(argv, env)
         timeout = min(self.subprocess_timeout(skill, wall), wall)
         try:
-            with _run_dir(ws) as cwd:
-                res = await subproc.run_process(argv, env=env, cwd=cwd, timeout=timeout)
+            res = await self._launch(argv, env, ws, skill_dir, timeout)
         except OSError as exc:
             if exc.errno == errno.E2BIG:
                 sizes = {k: len(env[k]) for k in ("SKILL_INPUT", "SKILL_CONTEXT")}
@@ -601,6 +606,73 @@ class Executor:
             missing = envs.import_failure(skill, subproc.decode(res.stderr[-subproc.ERROR_TAIL :]))
             return missing or exit_failure(skill.name, code, res.stdout, res.stderr), log_text
         return subproc.parse_stdout(subproc.decode(res.stdout), ws or None), log_text
+
+    async def _launch(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        ws: str,
+        skill_dir: str,
+        timeout: float,  # noqa: ASYNC109 - handed to run_process, which kills the group
+    ) -> subproc.ProcessResult:
+        """Start the skill process: as the skill user when the worker is root (its
+        workspace handed over, a private temp dir), else as the worker."""
+        user = self.skill_user()
+        if user is not None and ws:
+            self._open_parents(ws)
+        if user is not None and not privileges.usable(user, argv[0], skill_dir, ws):
+            user = None
+        if user is None:
+            with _run_dir(ws) as cwd:
+                return await subproc.run_process(argv, env=env, cwd=cwd, timeout=timeout)
+        await self._lend(ws, user)
+        try:
+            with privileges.private_tmp(user) as tmp:
+                env = {**env, "TMPDIR": tmp}
+                return await subproc.run_process(argv, env=env, cwd=ws, timeout=timeout, user=user)
+        finally:
+            await asyncio.shield(self._take_back(ws))
+
+    async def _lend(self, ws: str, user: privileges.SkillUser) -> None:
+        """The workspace belongs to the skill user while at least one run uses it."""
+        self._lent[ws] = self._lent.get(ws, 0) + 1
+        if self._lent[ws] == 1:
+            await asyncio.to_thread(privileges.hand_over, ws, user.uid, user.gid)
+
+    async def _take_back(self, ws: str) -> None:
+        self._lent[ws] -= 1
+        if self._lent[ws] == 0:
+            del self._lent[ws]
+            await asyncio.to_thread(privileges.hand_over, ws, os.getuid(), os.getgid())
+
+    def skill_user(self) -> privileges.SkillUser | None:
+        """Who subprocess skills run as (None: the worker's own user), resolved once."""
+        if self._skill_user is False:
+            configured = getattr(self.settings, "skill_user", None)
+            try:
+                self._skill_user = privileges.resolve_skill_user(configured)
+            except ValueError as exc:
+                log.error("subprocess skills run as the worker's user: %s", exc)
+                self._skill_user = None
+        return self._skill_user  # type: ignore[return-value]
+
+    def _open_parents(self, ws: str) -> None:
+        """Let other users traverse (not list) the directories above a workspace inside the
+        workspace root — and the data dir when the root is in it — so that the skill user
+        reaches its own workspace. Files there stay 0600."""
+        if self.workspace_root is None or ws in self._opened:
+            return
+        root = Path(self.workspace_root)
+        dirs = [p for p in Path(ws).parents if p == root or root in p.parents]
+        data = getattr(self.settings, "data_dir", None)
+        if data is not None and root.parent == Path(data).resolve():
+            dirs.append(root.parent)
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                d.chmod(stat.S_IMODE(d.stat().st_mode) | 0o111)
+        if len(self._opened) >= WORKSPACE_MEMO:
+            self._opened.clear()
+        self._opened.add(ws)
 
     @staticmethod
     def subprocess_timeout(skill: Skill, wall: float) -> float:

@@ -355,12 +355,17 @@ async def run_process(
     cwd: str | os.PathLike[str] | None,
     timeout: float,  # noqa: ASYNC109 - the group must be killed, not just the await
     cap: int = OUTPUT_CAP,
+    user: Any = None,
 ) -> ProcessResult:
     """Run ``argv`` in its own process group; read stdout/stderr concurrently (each capped).
 
+    ``user`` (a :class:`jobs.privileges.SkillUser`): run as that uid/gid, no other groups.
     Cancellation kills the whole group and re-raises ``CancelledError``.
     """
     loop = asyncio.get_running_loop()
+    as_user: dict[str, Any] = {}
+    if user is not None:
+        as_user = {"user": user.uid, "group": user.gid, "extra_groups": []}
     transport, protocol = await loop.subprocess_exec(
         lambda: _Protocol(loop),
         *argv,
@@ -370,6 +375,7 @@ async def run_process(
         cwd=cwd,
         env=dict(env),
         start_new_session=True,
+        **as_user,
     )
     proc = asyncio.subprocess.Process(transport, protocol, loop)
     assert proc.stdout is not None and proc.stderr is not None

@@ -516,3 +516,79 @@ def test_bundled_delivery_skills_alone_get_the_job_store(tmp_path: Path) -> None
     assert _is_bundled(Skill(name="send_message", path=BUNDLED_SKILLS / "send_message"))
     assert not _is_bundled(Skill(name="iso_db", path=EXEC_FIXTURES / "iso_db"))
     assert not _is_bundled(Skill(name="x", path=tmp_path))
+
+
+# --- skills run as less than the worker --------------------------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a separate skill user needs a root worker")
+async def test_a_subprocess_skill_of_a_root_worker_runs_as_the_skill_user(
+    sqlite_url: str, registry
+) -> None:
+    """It cannot read the secret key, the database file, another role's workspace or the
+    worker's environment; it can write its own workspace and its private temp dir."""
+    import shutil
+    import tempfile
+
+    from jobs.privileges import DEFAULT_SKILL_USER
+
+    base = Path(tempfile.mkdtemp(prefix="sjt-iso-"))
+    base.chmod(0o711)  # like a deployment's parent directory: others may traverse it
+    try:
+        settings = make_settings(base, redis_url=None, prefix="t")
+        data = settings.data_dir
+        for name, text in (("secret.key", "canary-key"), ("skilljobs.db", "canary-db")):
+            (data / name).write_text(text)
+            (data / name).chmod(0o600)
+        engine = create_engine(sqlite_url)
+        ex = Executor(
+            settings=settings,
+            registry=registry,
+            sessionmaker=create_sessionmaker(engine),
+            box=SecretBox(KEY),
+        )
+        try:
+            ws_other = ex.workspace_root / "r2" / "s9"
+            first = await ex.execute(
+                "iso_probe", {"targets": ["/dev/null"]}, dict(CTX, role_id="r2", session_id="s9")
+            )
+            assert first.status == "succeeded", first.result
+            assert (ws_other / "mine.txt").stat().st_uid == 0  # handed back after the run
+            targets = [
+                str(data / "secret.key"),
+                str(data / "skilljobs.db"),
+                str(ws_other / "mine.txt"),
+                f"/proc/{os.getpid()}/environ",
+                "/dev/null",
+            ]
+            out = await ex.execute("iso_probe", {"targets": targets}, dict(CTX))
+            assert out.status == "succeeded", out.result
+            r = out.result
+            import pwd
+
+            assert r["uid"] == pwd.getpwnam(DEFAULT_SKILL_USER).pw_uid != 0
+            assert [r[f"r{i}"] for i in range(5)] == [False, False, False, False, True]
+            assert r["ws"] is True and r["tmp"] is True and r["skill_dir"] is False
+            assert not Path(r["tmpdir"]).exists()  # the private temp dir is gone
+            ws = ex.workspace_root / "r1" / "s1"
+            assert (ws / "mine.txt").exists() and ws.stat().st_uid == 0
+            assert (data / "secret.key").stat().st_mode & 0o777 == 0o600
+        finally:
+            await ex.aclose()
+            await engine.dispose()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_worker_is_not_dumpable() -> None:
+    """``make_undumpable`` is what the worker and web processes call at start: a process of
+    the same user can then not read their environment or memory."""
+    import subprocess
+    import sys
+
+    code = (
+        "from jobs.privileges import is_dumpable, make_undumpable;"
+        "before = is_dumpable(); ok = make_undumpable(); print(before, ok, is_dumpable())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "True", "False"], done.stderr
