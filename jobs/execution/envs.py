@@ -374,12 +374,12 @@ class EnvManager:
         return "ready" if (self.path_of(spec) / READY).is_file() else "missing"
 
     def is_ready(self, spec: EnvSpec) -> bool:
+        # one stat per run: an environment removed meanwhile (cleanup) is built again
         path = self.path_of(spec)
-        if path in self._ready:
-            return True
         if (path / READY).is_file():
             self._ready.add(path)
             return True
+        self._ready.discard(path)
         return False
 
     def forget(self, spec: EnvSpec) -> None:

@@ -332,3 +332,12 @@ async def test_in_process_skill_with_requirements(ex: Executor, envs_root: Path)
     assert out.status == "succeeded", out.result
     assert out.result["ascii"] == "cafe Zurich"
     assert any(str(envs_root) in p for p in sys.path[-3:])  # after the worker's own paths
+
+
+@network
+async def test_removed_environment_is_built_again(ex: Executor, envs_root: Path) -> None:
+    first = await ex.execute("req_skill", {}, dict(CTX))
+    assert first.status == "succeeded", first.result
+    shutil.rmtree(Path(first.result["prefix"]))
+    again = await ex.execute("req_skill", {}, dict(CTX))
+    assert again.status == "succeeded" and again.result["prefix"] == first.result["prefix"]
