@@ -27,7 +27,8 @@ router = APIRouter(prefix="/api/v1")
 
 
 def services_of(request: Request) -> Services:
-    return request.app.state.services
+    svc: Services = request.app.state.services
+    return svc
 
 
 def actor_of(request: Request) -> str:
