@@ -11,8 +11,8 @@ worker processes (or hosts sharing the volume) see each other.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -52,7 +52,10 @@ class RunScope:
 
     @property
     def marker(self) -> Path:
-        return self.workspace / RUNS_DIR / f"{self.run_id}.json"
+        """``o-<start ns>-<run>-<job>`` while the run lives; renamed to
+        ``c-<start ns>-<end ns>-<run>-<job>`` when it ends. Everything is in the name: a
+        listing of the folder is all another run reads."""
+        return self.workspace / RUNS_DIR / f"o-{self.started_ns}-{self.run_id}-{_safe(self.job_id)}"
 
     def finish(self) -> RunChanges:
         """Compare the workspace with the snapshot and close the marker (once; later calls
@@ -60,36 +63,45 @@ class RunScope:
         if self._changes is not None:
             return self._changes
         now = time.time_ns()
-        others = [o for o in _markers(self.workspace, now) if o["run"] != self.run_id]
+        # Files first, then markers: a run whose writes are in this listing made its
+        # marker before them, so it is in the marker listing below.
+        current = listing(self.workspace)
+        markers = [m for m in _markers(self.workspace, now) if m.run != self.run_id]
+        # an open marker older than any run can last: its worker died without closing it
+        others = [m for m in markers if m.end is not None or _alive(m, now)]
         mine: list[str] = []
         ambiguous: dict[str, tuple[str, ...]] = {}
-        for name, stamp in listing(self.workspace).items():
+        for name, stamp in current.items():
             if self.before.get(name) == stamp:
                 continue
             mtime = stamp[1]
-            rivals = tuple(
-                sorted(
-                    {
-                        str(o["job"])
-                        for o in others
-                        if int(o["start"]) <= mtime <= int(o.get("end") or now)
-                    }
-                )
-            )
+            rivals = sorted({m.job for m in others if m.start <= mtime <= (m.end or now)})
             if rivals:
-                ambiguous[name] = rivals
+                ambiguous[name] = tuple(rivals)
             else:
                 mine.append(name)
         self._changes = RunChanges(tuple(sorted(mine)), ambiguous)
-        self.close(now)
+        _prune(self.workspace, markers, now, self.close(now))
         return self._changes
 
-    def close(self, now_ns: int | None = None) -> None:
-        """Record the run's end on its marker (idempotent, best effort)."""
-        with contextlib.suppress(OSError):
-            data = {"run": self.run_id, "job": self.job_id, "start": self.started_ns}
-            data["end"] = now_ns or time.time_ns()
-            _write(self.marker, data)
+    def close(self, now_ns: int | None = None) -> str | None:
+        """Record the run's end on its marker (idempotent, best effort); the closed name."""
+        end = now_ns or time.time_ns()
+        closed = f"c-{self.started_ns}-{end}-{self.run_id}-{_safe(self.job_id)}"
+        try:
+            os.rename(self.marker, self.marker.with_name(closed))
+        except OSError:
+            return None
+        return closed
+
+
+@dataclass(frozen=True, slots=True)
+class _Marker:
+    name: str
+    start: int
+    end: int | None
+    run: str
+    job: str
 
 
 def listing(workspace: Path) -> dict[str, Stamp]:
@@ -117,8 +129,8 @@ def begin(workspace: Path, job_id: str) -> RunScope:
     scope = RunScope(workspace, job_id, uuid.uuid4().hex[:16], now, {})
     try:
         (workspace / RUNS_DIR).mkdir(parents=True, exist_ok=True)
-        _prune(workspace, now)
-        _write(scope.marker, {"run": scope.run_id, "job": job_id, "start": now, "end": None})
+        with open(scope.marker, "x"):
+            pass
     except OSError:
         pass  # an unwritable workspace: the skill will say so itself
     scope.before = listing(workspace)
@@ -140,38 +152,41 @@ def begin_run(settings: Any, job: Any, ctx: dict[str, Any]) -> RunScope:
     return begin(job_results_dir(root, job), str(job.id))
 
 
-def _markers(workspace: Path, now: int) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
+def _markers(workspace: Path, now: int) -> list[_Marker]:
+    found: list[_Marker] = []
     try:
-        with os.scandir(workspace / RUNS_DIR) as it:
-            for entry in it:
-                if not entry.name.endswith(".json"):
-                    continue
-                try:
-                    with open(entry.path, encoding="utf-8") as fh:
-                        data = json.load(fh)
-                except (OSError, ValueError):
-                    continue
-                if not isinstance(data, dict) or not isinstance(data.get("start"), int):
-                    continue
-                if data.get("end") is None and now - data["start"] > STALE_NS:
-                    continue
-                found.append(data)
+        names = os.listdir(workspace / RUNS_DIR)
     except OSError:
-        pass
+        return found
+    for name in names:
+        parts = name.split("-", 4 if name.startswith("c-") else 3)
+        try:
+            if parts[0] == "o" and len(parts) == 4:
+                found.append(_Marker(name, int(parts[1]), None, parts[2], parts[3]))
+            elif parts[0] == "c" and len(parts) == 5:
+                found.append(_Marker(name, int(parts[1]), int(parts[2]), parts[3], parts[4]))
+        except ValueError:
+            continue
     return found
 
 
-def _prune(workspace: Path, now: int) -> None:
-    with os.scandir(workspace / RUNS_DIR) as it:
-        for entry in it:
-            with contextlib.suppress(OSError):
-                if now - entry.stat().st_mtime_ns > STALE_NS:
-                    os.unlink(entry.path)
+def _prune(workspace: Path, others: list[_Marker], now: int, own: str | None) -> None:
+    """Forget ended runs that no living run overlapped, and open markers of runs that
+    cannot still be alive: nobody can need them any more."""
+    living = [m.start for m in others if m.end is None and now - m.start <= STALE_NS]
+    horizon = min(living) if living else now + 1
+    doomed = [m.name for m in others if (m.end or 0) < horizon and not _alive(m, now)]
+    if own is not None and not living:
+        doomed.append(own)
+    for name in doomed:
+        with contextlib.suppress(OSError):
+            os.unlink(workspace / RUNS_DIR / name)
 
 
-def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, path)
+def _alive(m: _Marker, now: int) -> bool:
+    return m.end is None and now - m.start <= STALE_NS
+
+
+def _safe(job_id: str) -> str:
+    text = re.sub(r"[^A-Za-z0-9_]", "_", job_id)[:64]
+    return text or "job"

@@ -158,6 +158,30 @@ async def test_symlink_and_declared_paths_outside_are_refused(trust, tg) -> None
     assert reasons[2] == "../../x resolves outside the workspace"
 
 
+def test_run_markers_overlap_and_are_forgotten(tmp_path: Path) -> None:
+    from jobs.runscope import RUNS_DIR, STALE_NS
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "old.csv").write_text("before")
+    a = begin(ws, "job-a")
+    (ws / "early.csv").write_text("only a was running")
+    time.sleep(0.01)
+    b = begin(ws, "job-b")
+    (ws / "shared.csv").write_text("a or b?")
+    changes_a = a.finish()
+    assert changes_a.mine == ("early.csv",) and changes_a.ambiguous == {"shared.csv": ("job_b",)}
+    changes_b = b.finish()  # a ended meanwhile, but overlapped b's run
+    assert changes_b.mine == () and changes_b.ambiguous == {"shared.csv": ("job_a",)}
+    assert os.listdir(ws / RUNS_DIR) == []  # nobody alive needs them any more
+    # a dead worker's open marker does not make every later run ambiguous
+    dead = time.time_ns() - STALE_NS - 1
+    (ws / RUNS_DIR / f"o-{dead}-deadbeef-job_dead").touch()
+    c = begin(ws, "job-c")
+    (ws / "late.csv").write_text("c")
+    assert c.finish().mine == ("late.csv",) and os.listdir(ws / RUNS_DIR) == []
+
+
 def test_run_scope_of_a_job_without_a_role(tmp_path: Path) -> None:
     """No workspace for the skill, yet older downloads in its results folder are not this
     run's files."""
