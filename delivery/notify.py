@@ -46,7 +46,7 @@ def mask_url(url: str) -> str:
     try:
         import apprise
 
-        plugin = apprise.Apprise.instantiate(url, suppress_exceptions=True)
+        plugin: Any = apprise.Apprise.instantiate(url, suppress_exceptions=True)
         if plugin:
             # drop the long list of default parameters Apprise adds
             return urlsplit(str(plugin.url(privacy=True)))._replace(query="").geturl()
