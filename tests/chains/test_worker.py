@@ -20,7 +20,14 @@ from chains import schedules
 from chains.schedules import validate
 from jobs.models import ChainRun
 from jobs.settings import BUNDLED_SKILLS
-from tests.helpers.chains import COUNTER, SLEEP_ONCE, close_services, make_services, write_skill
+from tests.helpers.chains import (
+    COUNTER,
+    SLEEP_ONCE,
+    chain_workspace,
+    close_services,
+    make_services,
+    write_skill,
+)
 from tests.helpers.settings import make_settings
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis_server, pytest.mark.slow]
@@ -75,7 +82,7 @@ async def test_kill_9_mid_chain_resumes_without_repeating_steps(
         "SKILLJOBS_SCHEDULER_INTERVAL_SEC": "0.2",
     }
     svc = make_services(settings, redis, extra_skills=skills)
-    counter, marker = tmp_path / "step0.count", tmp_path / "slept"
+    counter, marker = chain_workspace(settings) / "step0.count", tmp_path / "slept"
     spec = {
         "name": "killed",
         "cron": "0 0 1 1 *",
