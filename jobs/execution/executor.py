@@ -624,14 +624,29 @@ class Executor:
             user = None
         if user is None:
             with _run_dir(ws) as cwd:
+                argv = self._sandboxed(argv, cwd, skill_dir)
                 return await subproc.run_process(argv, env=env, cwd=cwd, timeout=timeout)
         await self._lend(ws, user)
         try:
             with privileges.private_tmp(user) as tmp:
                 env = {**env, "TMPDIR": tmp}
+                argv = self._sandboxed(argv, ws, skill_dir)
                 return await subproc.run_process(argv, env=env, cwd=ws, timeout=timeout, user=user)
         finally:
             await asyncio.shield(self._take_back(ws))
+
+    def _sandboxed(self, argv: list[str], cwd: str, skill_dir: str) -> list[str]:
+        """``argv`` inside the configured sandbox (``SKILLJOBS_SANDBOX``), if any."""
+        mode = str(getattr(self.settings, "sandbox", "") or "").strip().lower()
+        if mode in ("", "none"):
+            return argv
+        if mode != "bwrap":
+            raise subproc.SetupError(f"SKILLJOBS_SANDBOX={mode!r} is not known (use bwrap)")
+        data = Path(self.settings.data_dir).resolve()
+        hide = [str(data), str(self.workspace_root or "")]
+        return subproc.bwrap_argv(
+            argv, cwd=cwd, skill_dir=skill_dir, hide=hide, show=[str(data / "envs")]
+        )
 
     async def _lend(self, ws: str, user: privileges.SkillUser) -> None:
         """The workspace belongs to the skill user while at least one run uses it."""

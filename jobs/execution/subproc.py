@@ -294,6 +294,37 @@ def build_env(
     return env
 
 
+# --- sandbox ----------------------------------------------------------------------------
+
+
+def bwrap_argv(
+    argv: list[str],
+    *,
+    cwd: str,
+    skill_dir: str,
+    hide: list[str],
+    show: list[str],
+) -> list[str]:
+    """``argv`` under bubblewrap: the system read-only, a fresh ``/tmp`` and ``/proc`` (own
+    pid namespace: no worker process is visible), the ``hide`` directories (data dir,
+    workspace root) replaced by empty ones, the skill folder and ``show`` read-only again,
+    and only ``cwd`` (the workspace) writable."""
+    tool = shutil.which("bwrap")
+    if tool is None:
+        raise SetupError("SKILLJOBS_SANDBOX=bwrap, but bubblewrap (bwrap) is not installed")
+    out = [tool, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    out += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    out += ["--perms", "1777", "--tmpfs", "/tmp"]
+    for path in hide:
+        if path and path != "/" and os.path.isdir(path):
+            out += ["--tmpfs", path]
+    for path in (skill_dir, *show):
+        if path and os.path.exists(path):
+            out += ["--ro-bind", path, path]
+    out += ["--bind", cwd, cwd, "--chdir", cwd, "--setenv", "TMPDIR", "/tmp", "--", *argv]
+    return out
+
+
 # --- running ----------------------------------------------------------------------------
 
 

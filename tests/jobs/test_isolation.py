@@ -595,3 +595,50 @@ def test_the_worker_is_not_dumpable() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["True", "True", "False"], done.stderr
+
+
+async def test_the_bwrap_sandbox_shows_only_the_system_and_the_workspace(
+    tmp_path: Path, sqlite_url: str, registry
+) -> None:
+    """``SKILLJOBS_SANDBOX=bwrap``: the data dir and the other workspaces are empty
+    directories inside the sandbox, the system is read-only, no worker process is visible."""
+    import shutil
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    settings = make_settings(tmp_path, redis_url=None, prefix="t", sandbox="bwrap")
+    data = settings.data_dir
+    (data / "secret.key").write_text("canary-key")
+    engine = create_engine(sqlite_url)
+    ex = Executor(
+        settings=settings,
+        registry=registry,
+        sessionmaker=create_sessionmaker(engine),
+        box=SecretBox(KEY),
+    )
+    try:
+        other = ex.workspace_root / "r2" / "s9"
+        other.mkdir(parents=True)
+        (other / "theirs.txt").write_text("not yours")
+        targets = [
+            str(data / "secret.key"),
+            str(other / "theirs.txt"),
+            f"/proc/{os.getpid()}/environ",
+            "/etc/hostname",
+        ]
+        out = await ex.execute("iso_probe", {"targets": targets}, dict(CTX))
+        if out.status == "failed" and "bwrap" in (out.error or ""):
+            pytest.skip(f"bubblewrap cannot run here: {out.error}")
+        assert out.status == "succeeded", out.result
+        r = out.result
+        assert [r[f"r{i}"] for i in range(4)] == [False, False, False, True]
+        assert r["ws"] is True and r["tmp"] is True and r["skill_dir"] is False
+        assert r["tmpdir"] == "/tmp"
+        assert (ex.workspace_root / "r1" / "s1" / "mine.txt").exists()
+        bad = make_settings(tmp_path, redis_url=None, prefix="t", sandbox="jail")
+        ex.settings = bad
+        out = await ex.execute("iso_probe", {"targets": []}, dict(CTX))
+        assert out.status == "failed" and "SKILLJOBS_SANDBOX" in (out.error or "")
+    finally:
+        await ex.aclose()
+        await engine.dispose()
