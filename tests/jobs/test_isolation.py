@@ -642,3 +642,35 @@ async def test_the_bwrap_sandbox_shows_only_the_system_and_the_workspace(
     finally:
         await ex.aclose()
         await engine.dispose()
+
+
+async def test_the_dispatch_endpoint_refuses_what_is_not_plain_data(services) -> None:
+    """The same refusals over HTTP: a 4xx with an error envelope, never a 500."""
+    import httpx
+    from pydantic import SecretStr
+
+    from dashboard.app import create_app
+
+    services.settings.api_token = SecretStr("iso-token-0123456789abcdef0123456789")
+    app = create_app(services.settings, services=services)
+    ctx = {"channel": "web", "role_id": "r1", "session_id": "s1"}
+    deep = "[" * 500 + "]" * 500
+    head = '{"skill": "sync_echo", "context": ' + json.dumps(ctx)
+    bodies = [
+        head + ', "input": {"n": NaN}}',
+        head + ', "input": {"d": ' + deep + "}}",
+        json.dumps({"skill": "sync_echo", "input": {"k": {"$enc": "x"}}, "context": ctx}),
+    ]
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://127.0.0.1",
+        headers={
+            "authorization": "Bearer iso-token-0123456789abcdef0123456789",
+            "content-type": "application/json",
+        },
+    ) as client:
+        for body in bodies:
+            resp = await client.post("/api/v1/dispatch", content=body)
+            # 400 from the dispatcher, or 422 when the request layer refuses it first
+            assert resp.status_code in (400, 422), (body[:60], resp.status_code, resp.text)
+            assert resp.json()["ok"] is False
