@@ -16,7 +16,17 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dashboard import api_files, api_incidents, api_jobs, api_misc, api_schedules, api_tokens
+from dashboard import (
+    api_audit,
+    api_deliveries,
+    api_files,
+    api_incidents,
+    api_jobs,
+    api_misc,
+    api_schedules,
+    api_stats,
+    api_tokens,
+)
 from dashboard.auth import AuthError, require_token
 from dashboard.errors import ApiError, envelope
 from dashboard.guard import Guard
@@ -124,6 +134,9 @@ def create_app(
     app.include_router(api_incidents.router, dependencies=[Depends(require_token)])
     app.include_router(api_misc.router, dependencies=[Depends(require_token)])
     app.include_router(api_tokens.router, dependencies=[Depends(require_token)])
+    app.include_router(api_stats.router, dependencies=[Depends(require_token)])
+    app.include_router(api_audit.router, dependencies=[Depends(require_token)])
+    app.include_router(api_deliveries.router, dependencies=[Depends(require_token)])
 
     @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
     async def metrics(request: Request) -> Response:
