@@ -41,6 +41,11 @@ EXPLICIT_FIELDS = (
     "cdn_url",
     "download_url",
     "abs_url",
+    # the outbound media protocol of the chat platform (seed 004): explicit media
+    "mediaUrl",
+    "mediaUrls",
+    "media_url",
+    "media_urls",
 )
 AMBIGUOUS_FIELDS = ("url", "link", "href", "src", "image", "video", "audio", "file")
 TEXT_FIELDS = ("message", "result", "text", "display_md")

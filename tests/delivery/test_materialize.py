@@ -105,6 +105,22 @@ async def test_explicit_fields_are_downloaded_without_probing(
     assert by_url(records)[server.url("/a.png")]["artifact"] == image["local_path"]
 
 
+async def test_media_protocol_fields_are_explicit(
+    server: LoopbackServer, fetcher: SafeFetcher, tmp_path: Path
+) -> None:
+    """``mediaUrl`` / ``mediaUrls`` of the outbound media protocol are downloaded without a
+    probe, and the file's kind comes from its bytes."""
+    result = {"ok": True, "mediaUrl": server.url("/a.png"), "mediaUrls": [server.url("/clip")]}
+    out, records = await materialize(result, tmp_path, fetcher)
+    assert all(method == "GET" for method, _ in requests_of(server))
+    assert {r["status"] for r in records} == {"downloaded"}
+    assert by_url(records)[server.url("/a.png")]["field"] == "mediaUrl"
+    (image,) = out["images"]
+    assert read(image["local_path"]) == PNG and image["media"] == "image"
+    (video,) = out["videos"]
+    assert video["media"] == "video"
+
+
 async def test_ambiguous_fields_are_probed_and_pages_skipped(
     server: LoopbackServer, fetcher: SafeFetcher, tmp_path: Path
 ) -> None:
