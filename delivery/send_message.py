@@ -2,7 +2,9 @@
 
 ``to`` accepts ``"feishu:ou_x"``, ``"ou_x"`` with ``channel="feishu"``,
 ``{"channel": "feishu", "contact": "ou_x"}``, or a list of those. For ``web``/``web_admin``
-the contact is the chat ``session_id``. Fire-and-forget: nothing waits for replies.
+the contact is the chat ``session_id``. A group conversation is ``"feishu:chat:oc_x"`` (or
+``{"channel", "chat"}``); ``…#<message id>`` (or ``"reply_to"``) answers that message where
+the platform has replies. Fire-and-forget: nothing waits for replies.
 
 Who may be reached: attachments only from inside the caller's workspace (no workspace, no
 attachments). A skill's send to a web session needs that session to belong to the skill's
@@ -110,6 +112,10 @@ def parse_recipients(
         if isinstance(item, dict):
             ch = str(item.get("channel") or default or "").strip().lower() or None
             contact = str(item.get("contact") or item.get("to") or "").strip()
+            if not contact and item.get("chat"):  # a group conversation (channels/limits.py)
+                contact = f"chat:{str(item['chat']).strip()}"
+            if contact and item.get("reply_to") and "#" not in contact:
+                contact = f"{contact}#{str(item['reply_to']).strip()}"
             label = f"{ch}:{contact}" if ch else contact or repr(item)
         elif isinstance(item, str) and item.strip():
             text = item.strip()

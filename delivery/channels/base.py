@@ -9,11 +9,11 @@ import time
 from collections.abc import Awaitable, Callable
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-from delivery.errors import DeliveryPermanentError, DeliveryTransientError
+from delivery.errors import DeliveryError, DeliveryPermanentError, DeliveryTransientError
 
 
 def read_file(path: str | Path) -> bytes:
@@ -109,6 +109,13 @@ def json_body(resp: httpx.Response, what: str) -> dict[str, Any]:
     return body
 
 
+T = TypeVar("T")
+
+
+class TokenRejected(Exception):
+    """The API answered that the access token is invalid or expired (each platform's code)."""
+
+
 class TokenCache:
     """One access token, fetched on demand, kept until shortly before it expires, refreshed
     by a single caller at a time."""
@@ -138,6 +145,25 @@ class TokenCache:
         if token is None or token == self._token:
             self._token = None
             self._expires_at = 0.0
+
+    async def call(self, use: Callable[[str], Awaitable[T]], what: str) -> T:
+        """``use(token)``; when it raises :class:`TokenRejected` the token is refreshed once
+        and ``use`` repeated. Concurrent calls holding the same stale token share one
+        refresh: only the first ``invalidate`` forgets it, the rest wait on the lock."""
+        token = await self.get()
+        try:
+            return await use(token)
+        except TokenRejected:
+            self.invalidate(token)
+        token = await self.get()
+        try:
+            return await use(token)
+        except TokenRejected as exc:
+            self.invalidate(token)
+            raise DeliveryPermanentError(
+                f"{what}: the platform refused a freshly issued access token ({exc}); "
+                "check the app's credentials and that it is enabled"
+            ) from exc
 
 
 class Channel:
@@ -210,6 +236,7 @@ __all__ = [
     "DeliveryPermanentError",
     "DeliveryTransientError",
     "TokenCache",
+    "TokenRejected",
     "file_size",
     "json_body",
     "read_file",

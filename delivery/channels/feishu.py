@@ -1,26 +1,58 @@
-"""Feishu / Lark adapter: tenant access token, image and file uploads, im/v1/messages."""
+"""Feishu / Lark adapter: tenant access token, image and file uploads, im/v1/messages.
+
+Limits (open platform docs "上传图片", "上传文件", "发送消息", "发送消息内容结构"): images up to
+10 MB (JPG JPEG PNG WEBP GIF BMP ICO TIFF HEIC), files up to 30 MB and never empty, with
+``file_type`` ``opus`` / ``mp4`` / ``pdf`` / ``doc`` / ``xls`` / ``ppt`` / ``stream``; a
+``media`` (video) message is an mp4 plus a cover image, an ``audio`` message an opus file.
+The tenant access token lives at most 2 hours; a refused token (99991663, 99991664,
+99991668, 99991671) is refreshed once. ``oc_…`` (or ``chat:<id>``) is a group chat
+(``receive_id_type=chat_id``); replies go through ``/messages/{message_id}/reply``.
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from delivery.channels.base import (
-    Channel,
     DeliveryPermanentError,
+    DeliveryTransientError,
     TokenCache,
-    file_size,
+    TokenRejected,
     json_body,
     read_file_async,
     request,
 )
+from delivery.channels.limits import (
+    DoesNotFit,
+    LimitedChannel,
+    LinkFor,
+    Target,
+    rule,
+)
+from delivery.channels.probe import MediaProbe
 
 IMAGE_LIMIT = 10 * 1024 * 1024
 FILE_LIMIT = 30 * 1024 * 1024
-INVALID_TOKEN_CODES = {99991663, 99991661, 99991668}
+# A text message's request body may be 150 KB: pieces are cut well under it, measured as
+# the bytes of the text once escaped into ``content`` and again into the request body.
+TEXT_BYTES = 100_000
+INVALID_TOKEN_CODES = {99991661, 99991663, 99991664, 99991668, 99991671}
+BUSY_CODES = {230020, 99991400}  # frequency limits
+DOES_NOT_FIT_CODES = {234006, 234010, 234011}  # too large, empty, unreadable image
+REASONS = {
+    230002: "the bot is not in this group chat; add the app's bot to the group",
+    230006: "the app's bot capability is off; enable Bot in the developer console and publish",
+    230013: "the user is outside the app's availability range; add them and publish a version",
+    230027: "the app lacks a permission (im:message / im:resource); add it and publish",
+    99991672: "the app lacks a permission (im:message / im:resource); add it and publish",
+    230018: "the group settings forbid this (only admins may post?)",
+    230025: "the message is too long for Feishu",
+}
 
 _FILE_TYPES = {
     ".opus": "opus",
@@ -52,13 +84,21 @@ def file_type(path: str) -> str:
     return _FILE_TYPES.get(Path(path).suffix.lower(), "stream")
 
 
-class _InvalidToken(Exception):
-    pass
+def _escaped(text: str) -> int:
+    inner = json.dumps(text, ensure_ascii=False)[1:-1]
+    return len(json.dumps(inner, ensure_ascii=False).encode()) - 2
 
 
-class FeishuChannel(Channel):
+class FeishuChannel(LimitedChannel):
     name = "feishu"
     supports_caption = False
+    TEXT_LIMIT = TEXT_BYTES
+    RULES = {
+        "image": rule(10, "jpg jpeg png webp gif bmp ico tif tiff heic"),
+        "video": rule(30, "mp4"),
+        "audio": rule(30, "opus"),
+        "file": rule(30),
+    }
 
     def __init__(
         self,
@@ -67,12 +107,19 @@ class FeishuChannel(Channel):
         app_secret: str,
         *,
         api_base: str = "https://open.feishu.cn",
+        link_for: LinkFor | None = None,
+        probe: MediaProbe | None = None,
+        lang: str = "en",
     ) -> None:
+        super().__init__(link_for=link_for, probe=probe, lang=lang)
         self._http = http
         self._app_id = app_id
         self._app_secret = app_secret
         self._base = api_base.rstrip("/")
         self.tokens = TokenCache(self._fetch_token)
+
+    def text_size(self, text: str) -> int:
+        return _escaped(text)
 
     async def _fetch_token(self) -> tuple[str, float]:
         what = "feishu tenant_access_token"
@@ -85,95 +132,122 @@ class FeishuChannel(Channel):
         )
         body = json_body(resp, what)
         if body.get("code") != 0 or not body.get("tenant_access_token"):
-            raise DeliveryPermanentError(f"{what}: {body.get('msg') or body.get('code')}")
+            raise DeliveryPermanentError(
+                f"{what}: {body.get('msg') or body.get('code')} — check "
+                "SKILLJOBS_FEISHU_APP_ID / SKILLJOBS_FEISHU_APP_SECRET"
+            )
         return str(body["tenant_access_token"]), float(body.get("expire") or 7200)
 
-    async def _call_once(self, method: str, path: str, what: str, **kwargs: Any) -> dict[str, Any]:
-        token = await self.tokens.get()
-        headers = {"Authorization": f"Bearer {token}"}
-        resp = await request(
-            self._http, method, f"{self._base}{path}", what=what, headers=headers, **kwargs
-        )
-        body = json_body(resp, what)
-        code = body.get("code")
-        if code in INVALID_TOKEN_CODES:
-            self.tokens.invalidate(token)
-            raise _InvalidToken(str(body.get("msg") or code))
-        if code != 0:
-            raise DeliveryPermanentError(f"{what}: {body.get('msg') or 'error'} (code {code})")
-        data = body.get("data")
-        return data if isinstance(data, dict) else {}
+    async def _call(self, path: str, what: str, **kwargs: Any) -> dict[str, Any]:
+        """One POST; an expired or revoked token is refreshed once and the call repeated."""
 
-    async def _call(self, method: str, path: str, what: str, **kwargs: Any) -> dict[str, Any]:
-        """One API call; an expired or revoked token is refreshed once and the call repeated."""
-        try:
-            return await self._call_once(method, path, what, **kwargs)
-        except _InvalidToken:
+        async def use(token: str) -> dict[str, Any]:
+            headers = {"Authorization": f"Bearer {token}"}
+            resp = await request(
+                self._http, "POST", f"{self._base}{path}", what=what, headers=headers, **kwargs
+            )
+            body = json_body(resp, what)
+            code = body.get("code")
+            msg = str(body.get("msg") or "error")
+            if code in INVALID_TOKEN_CODES:
+                raise TokenRejected(f"code {code}: {msg}")
+            if code != 0:
+                raise _error(what, code, msg)
+            data = body.get("data")
+            return data if isinstance(data, dict) else {}
+
+        return await self.tokens.call(use, what)
+
+    # --- sends -----------------------------------------------------------------------------
+
+    async def _send(self, target: Target, msg_type: str, content: dict[str, Any]) -> str:
+        body = {"msg_type": msg_type, "content": json.dumps(content, ensure_ascii=False)}
+        if target.reply_to:
             try:
-                return await self._call_once(method, path, what, **kwargs)
-            except _InvalidToken as exc:
-                raise DeliveryPermanentError(f"{what}: access token refused ({exc})") from exc
-
-    async def _send(self, contact: str, msg_type: str, content: dict[str, Any]) -> str:
+                data = await self._call(
+                    f"/open-apis/im/v1/messages/{target.reply_to}/reply",
+                    "feishu reply message",
+                    json=body,
+                )
+                return str(data.get("message_id", ""))
+            except DeliveryPermanentError:
+                pass  # the message is gone or not ours to answer: say it in the chat instead
+            target = replace(target, reply_to=None)
+        id_type = "chat_id" if target.chat else receive_id_type(target.id)
         data = await self._call(
-            "POST",
             "/open-apis/im/v1/messages",
             "feishu send message",
-            params={"receive_id_type": receive_id_type(contact)},
-            json={
-                "receive_id": contact,
-                "msg_type": msg_type,
-                "content": json.dumps(content, ensure_ascii=False),
-            },
+            params={"receive_id_type": id_type},
+            json={"receive_id": target.id, **body},
         )
         return str(data.get("message_id", ""))
 
+    async def _post_text(self, target: Target, text: str) -> str:
+        return await self._send(target, "text", {"text": text})
+
+    async def _send_as(self, kind: str, target: Target, path: str, caption: str | None) -> str:
+        if kind == "image":
+            return await self._send(target, "image", {"image_key": await self._upload_image(path)})
+        if kind == "video":
+            # An inline video is an mp4 plus its cover; without a cover it goes as a file.
+            cover = await self.probe.cover(path)
+            if cover is None:
+                why = self.probe.missing or "no frame could be read for the cover"
+                raise DoesNotFit(f"a video message needs a cover image: {why}")
+            info = await self.probe.info(path)
+            key = await self._upload_file(path, "mp4", info.duration_ms if info else None)
+            image_key = await self._upload_image_bytes("cover.jpg", cover)
+            return await self._send(target, "media", {"file_key": key, "image_key": image_key})
+        if kind == "audio":
+            info = await self.probe.info(path)
+            key = await self._upload_file(path, "opus", info.duration_ms if info else None)
+            return await self._send(target, "audio", {"file_key": key})
+        key = await self._upload_file(path, file_type(path), None)
+        return await self._send(target, "file", {"file_key": key})
+
     async def _upload_image(self, path: str) -> str:
-        content = await read_file_async(path)
+        return await self._upload_image_bytes(Path(path).name, await read_file_async(path))
+
+    async def _upload_image_bytes(self, name: str, content: bytes) -> str:
         data = await self._call(
-            "POST",
             "/open-apis/im/v1/images",
             "feishu image upload",
             data={"image_type": "message"},
-            files={"image": (Path(path).name, content)},
+            files={"image": (name, content)},
         )
         return str(data["image_key"])
 
-    async def _upload_file(self, path: str) -> tuple[str, str]:
-        if file_size(path) > FILE_LIMIT:
-            raise DeliveryPermanentError(
-                f"file too large for feishu: {Path(path).name} (limit {FILE_LIMIT} bytes)"
-            )
-        ftype = file_type(path)
+    async def _upload_file(self, path: str, ftype: str, duration_ms: int | None) -> str:
+        fields = {"file_type": ftype, "file_name": Path(path).name}
+        if duration_ms:
+            fields["duration"] = str(duration_ms)
         content = await read_file_async(path)
         data = await self._call(
-            "POST",
             "/open-apis/im/v1/files",
             "feishu file upload",
-            data={"file_type": ftype, "file_name": Path(path).name},
+            data=fields,
             files={"file": (Path(path).name, content)},
         )
-        return str(data["file_key"]), ftype
+        return str(data["file_key"])
 
-    async def send_text(self, contact: str, text: str) -> str:
-        if not text.strip():
-            raise DeliveryPermanentError("feishu send message: empty text")
-        return await self._send(contact, "text", {"text": text})
 
-    async def send_image(self, contact: str, path: str, caption: str | None = None) -> str:
-        if file_size(path) > IMAGE_LIMIT:
-            return await self.send_file(contact, path)
-        return await self._send(contact, "image", {"image_key": await self._upload_image(path)})
+def _error(what: str, code: Any, msg: str) -> Exception:
+    """The right exception for a Feishu error body."""
+    if code in DOES_NOT_FIT_CODES:
+        return DoesNotFit(f"Feishu refused it: {msg} (code {code})")
+    if code in BUSY_CODES:
+        return DeliveryTransientError(f"{what}: {msg} (code {code})")
+    human = REASONS.get(code) if isinstance(code, int) else None
+    if human:
+        return DeliveryPermanentError(f"{what}: {human} ({msg}, code {code})")
+    return DeliveryPermanentError(f"{what}: {msg} (code {code})")
 
-    async def send_video(self, contact: str, path: str, caption: str | None = None) -> str:
-        key, ftype = await self._upload_file(path)
-        # Only mp4 plays inline ("media"); anything else arrives as a file.
-        return await self._send(contact, "media" if ftype == "mp4" else "file", {"file_key": key})
 
-    async def send_audio(self, contact: str, path: str, caption: str | None = None) -> str:
-        key, ftype = await self._upload_file(path)
-        return await self._send(contact, "audio" if ftype == "opus" else "file", {"file_key": key})
-
-    async def send_file(self, contact: str, path: str, caption: str | None = None) -> str:
-        key, _ = await self._upload_file(path)
-        return await self._send(contact, "file", {"file_key": key})
+__all__ = [
+    "FILE_LIMIT",
+    "IMAGE_LIMIT",
+    "INVALID_TOKEN_CODES",
+    "FeishuChannel",
+    "file_type",
+    "receive_id_type",
+]

@@ -1,11 +1,18 @@
 """Telegram Bot API adapter: sendMessage / sendPhoto / sendVideo / sendAudio / sendDocument.
 
-The only adapter that turns Markdown images (``![alt](url)``) in text into photos.
+Limits (Bot API reference, "sendMessage", "sendPhoto", "Sending files"): text 1–4096
+characters, captions 0–1024 (counted here in UTF-16 code units, which is never fewer);
+uploads of photos up to 10 MB (width + height ≤ 10000, ratio ≤ 20), other files up to 50 MB.
+A group is a chat id like any other (negative, ``-100…`` for supergroups and channels);
+replies use ``reply_parameters``. The only adapter that turns Markdown images
+(``![alt](url)``) in text into photos.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,27 +20,65 @@ import httpx
 
 from delivery.channels.base import (
     MARKDOWN_IMAGE,
-    Channel,
     DeliveryPermanentError,
-    file_size,
     json_body,
     read_file_async,
     request,
 )
+from delivery.channels.limits import (
+    DoesNotFit,
+    LimitedChannel,
+    LinkFor,
+    Target,
+    rule,
+    utf16_len,
+)
+from delivery.channels.probe import MediaProbe
 from delivery.urlsafety import RefusedURL, check_url
 
-PHOTO_LIMIT = 10 * 1024 * 1024
-UPLOAD_LIMIT = 50 * 1024 * 1024
 TEXT_LIMIT = 4096
 CAPTION_LIMIT = 1024
-
+PHOTO_LIMIT = 10 * 1024 * 1024
+UPLOAD_LIMIT = 50 * 1024 * 1024
+THUMB_SIDE = 320  # the Bot API's thumbnail bound (JPEG, ≤ 320 px, < 200 kB)
+THUMB_BYTES = 200 * 1024
 
 _METHODS = {
-    "photo": "sendPhoto",
-    "video": "sendVideo",
-    "audio": "sendAudio",
-    "document": "sendDocument",
+    "image": ("sendPhoto", "photo"),
+    "video": ("sendVideo", "video"),
+    "audio": ("sendAudio", "audio"),
+    "file": ("sendDocument", "document"),
 }
+
+# Description fragments (lower case) → what the operator or the user has to do.
+_REASONS = (
+    ("bot was blocked by the user", "the user blocked the bot; they must unblock it"),
+    (
+        "bot can't initiate conversation",
+        "the user never started a chat with the bot; they must open it and press Start",
+    ),
+    ("user is deactivated", "the user's Telegram account was deleted"),
+    ("bot was kicked", "the bot was removed from this chat; add it to the group again"),
+    ("bot is not a member", "the bot is not a member of this chat; add it to the group"),
+    (
+        "chat not found",
+        "no such chat for this bot: check the chat id and that the bot was added there",
+    ),
+    ("not enough rights", "the bot may not post this here; a group admin must allow it"),
+    ("have no rights to send", "the bot may not post this here; a group admin must allow it"),
+    ("chat_write_forbidden", "the bot may not post in this chat; a group admin must allow it"),
+    ("need administrator rights", "the bot must be an administrator to post in this channel"),
+    ("unauthorized", "the bot token was refused: check SKILLJOBS_TELEGRAM_BOT_TOKEN"),
+)
+# Answers that mean "not as this kind": the file goes as the next kind instead.
+_DOES_NOT_FIT = (
+    "too big",
+    "too large",
+    "photo_invalid_dimensions",
+    "image_process_failed",
+    "photo_save_file_invalid",
+    "video_file_invalid",
+)
 
 
 def _sendable(url: str, allow_hosts: tuple[str, ...]) -> bool:
@@ -64,22 +109,27 @@ def split_markdown_images(text: str, allow_hosts: tuple[str, ...] = ()) -> tuple
     return rest, urls
 
 
-def _chunks(text: str, size: int) -> list[str]:
-    out: list[str] = []
-    while len(text) > size:
-        cut = text.rfind("\n", 0, size)
-        cut = cut if cut > size // 2 else size
-        out.append(text[:cut])
-        text = text[cut:].lstrip("\n")
-    if text:
-        out.append(text)
-    return out
+def reason_for(description: str) -> str:
+    """A human reason for a Bot API error description (the description itself follows)."""
+    low = description.lower()
+    for fragment, human in _REASONS:
+        if fragment in low:
+            return f"{human} ({description})"
+    return description
 
 
-class TelegramChannel(Channel):
+class TelegramChannel(LimitedChannel):
     name = "telegram"
     supports_caption = True
     converts_markdown_images = True
+    TEXT_LIMIT = TEXT_LIMIT
+    RULES = {
+        # GIFs go as documents: Telegram keeps them animated there, a photo would be a still.
+        "image": rule(10, "jpg jpeg png webp bmp"),
+        "video": rule(50, "mp4"),
+        "audio": rule(50, "mp3 m4a"),
+        "file": rule(50),
+    }
 
     def __init__(
         self,
@@ -88,74 +138,137 @@ class TelegramChannel(Channel):
         *,
         api_base: str = "https://api.telegram.org",
         allow_hosts: tuple[str, ...] | list[str] = (),
+        link_for: LinkFor | None = None,
+        probe: MediaProbe | None = None,
+        lang: str = "en",
     ) -> None:
+        super().__init__(link_for=link_for, probe=probe, lang=lang)
         self._http = http
         self._token = token
         self._base = api_base.rstrip("/")
         self._allow_hosts = tuple(allow_hosts)
 
+    def text_size(self, text: str) -> int:
+        return utf16_len(text)
+
     def _url(self, method: str) -> str:
         return f"{self._base}/bot{self._token}/{method}"
 
-    async def _call(self, method: str, **kwargs: Any) -> str:
-        # The token is part of the URL path: never let it reach an error message.
-        resp = await request(self._http, "POST", self._url(method), what=method, **kwargs)
-        body = json_body(resp, method)
-        if not body.get("ok"):
-            desc = body.get("description") or f"error {body.get('error_code', resp.status_code)}"
-            raise DeliveryPermanentError(f"telegram {method}: {desc}")
-        result = body.get("result")
-        if isinstance(result, dict) and "message_id" in result:
-            return str(result["message_id"])
-        return ""
+    async def _call(self, method: str, fields: dict[str, Any], files: Any = None) -> str:
+        """One Bot API call (JSON, or multipart when ``files``); a group that became a
+        supergroup is followed once to its new id."""
+        for _ in range(2):
+            body = await self._call_once(method, fields, files)
+            if body.get("ok"):
+                result = body.get("result")
+                if isinstance(result, dict) and "message_id" in result:
+                    return str(result["message_id"])
+                return ""
+            params = body.get("parameters")
+            moved = params.get("migrate_to_chat_id") if isinstance(params, dict) else None
+            if moved is None or str(moved) == str(fields.get("chat_id")):
+                break
+            fields = {**fields, "chat_id": str(moved)}
+        desc = str(body.get("description") or f"error {body.get('error_code')}")
+        if any(f in desc.lower() for f in _DOES_NOT_FIT):
+            raise DoesNotFit(f"Telegram refused it: {desc}")
+        raise DeliveryPermanentError(f"telegram {method}: {reason_for(desc)}")
 
-    async def send_text(self, contact: str, text: str) -> str:
+    async def _call_once(self, method: str, fields: dict[str, Any], files: Any) -> dict[str, Any]:
+        # The token is part of the URL path: never let it reach an error message.
+        if files:
+            kwargs: dict[str, Any] = {"data": fields, "files": files}
+        else:
+            kwargs = {"json": fields}
+        resp = await request(self._http, "POST", self._url(method), what=method, **kwargs)
+        if resp.status_code == 413:
+            raise DoesNotFit("Telegram refused the upload as too large (HTTP 413)")
+        return json_body(resp, method)
+
+    def _fields(self, target: Target, *, multipart: bool) -> dict[str, Any]:
+        fields: dict[str, Any] = {"chat_id": target.id}
+        if target.reply_to and target.reply_to.lstrip("-").isdigit():
+            reply = {"message_id": int(target.reply_to), "allow_sending_without_reply": True}
+            fields["reply_parameters"] = json.dumps(reply) if multipart else reply
+        return fields
+
+    # --- text ----------------------------------------------------------------------------
+
+    async def _post_text(self, target: Target, text: str) -> str:
+        return await self._call(
+            "sendMessage", {**self._fields(target, multipart=False), "text": text}
+        )
+
+    async def _text(self, target: Target, text: str) -> str:
         rest, images = split_markdown_images(text, self._allow_hosts)
-        first = ""
-        for chunk in _chunks(rest, TEXT_LIMIT):
-            mid = await self._call("sendMessage", json={"chat_id": contact, "text": chunk})
-            first = first or mid
+        first = await super()._text(target, rest) if rest else ""
         for url in images:
+            fields = self._fields(
+                target if not first else replace(target, reply_to=None), multipart=False
+            )
             try:
-                mid = await self._call("sendPhoto", json={"chat_id": contact, "photo": url})
-            except DeliveryPermanentError:
+                mid = await self._call("sendPhoto", {**fields, "photo": url})
+            except (DeliveryPermanentError, DoesNotFit):
                 # Telegram could not fetch it: the link still reaches the reader
-                mid = await self._call("sendMessage", json={"chat_id": contact, "text": url})
+                mid = await self._call("sendMessage", {**fields, "text": url})
             first = first or mid
-        if not first and not rest and not images:
-            raise DeliveryPermanentError("telegram sendMessage: empty text")
+        if not first:
+            raise DeliveryPermanentError("telegram sendMessage: empty text, nothing to send")
         return first
 
-    async def _upload(self, field: str, contact: str, path: str, caption: str | None) -> str:
-        size = file_size(path)
-        if field == "photo" and size > PHOTO_LIMIT:
-            field = "document"
-        if size > UPLOAD_LIMIT:
-            raise DeliveryPermanentError(
-                f"file too large for telegram: {Path(path).name} is {size} bytes "
-                f"(limit {UPLOAD_LIMIT})"
-            )
+    # --- media ---------------------------------------------------------------------------
+
+    async def _send_as(self, kind: str, target: Target, path: str, caption: str | None) -> str:
+        method, field = _METHODS[kind]
         extra_text = None
-        if caption and (len(caption) > CAPTION_LIMIT or MARKDOWN_IMAGE.search(caption)):
-            caption, extra_text = None, caption
-        data = {"chat_id": contact}
+        if caption and (utf16_len(caption) > CAPTION_LIMIT or MARKDOWN_IMAGE.search(caption)):
+            caption, extra_text = None, caption  # too long for a caption: it follows as text
+        fields = self._fields(target, multipart=True)
         if caption:
-            data["caption"] = caption
-        content = await read_file_async(path)
-        files = {field: (Path(path).name, content)}
-        mid = await self._call(_METHODS[field], data=data, files=files)
+            fields["caption"] = caption
+        name = Path(path).name
+        files: dict[str, tuple[str, bytes]] = {}
+        if kind == "image":
+            await self._check_photo(path)
+        elif kind == "video":
+            await self._video_details(path, fields, files)
+        files[field] = (name, await read_file_async(path))
+        mid = await self._call(method, fields, files)
         if extra_text:
-            await self.send_text(contact, extra_text)
+            await self._text(replace(target, reply_to=None), extra_text)
         return mid
 
-    async def send_image(self, contact: str, path: str, caption: str | None = None) -> str:
-        return await self._upload("photo", contact, path, caption)
+    async def _check_photo(self, path: str) -> None:
+        info = await self.probe.info(path)
+        if info is None or not info.width or not info.height:
+            return  # unknown: Telegram says so if it minds (PHOTO_INVALID_DIMENSIONS)
+        w, h = info.width, info.height
+        if w + h > 10000 or max(w, h) / min(w, h) > 20:
+            raise DoesNotFit(f"{w}×{h} px is outside the photo bounds (w+h ≤ 10000, ratio ≤ 20)")
 
-    async def send_video(self, contact: str, path: str, caption: str | None = None) -> str:
-        return await self._upload("video", contact, path, caption)
+    async def _video_details(
+        self, path: str, fields: dict[str, Any], files: dict[str, tuple[str, bytes]]
+    ) -> None:
+        """Duration, size and a thumbnail when ffprobe/ffmpeg are there (optional here)."""
+        fields["supports_streaming"] = "true"
+        info = await self.probe.info(path)
+        if info is not None:
+            if info.duration_s:
+                fields["duration"] = str(info.duration_s)
+            if info.width and info.height:
+                fields["width"], fields["height"] = str(info.width), str(info.height)
+        thumb = await self.probe.cover(path, max_side=THUMB_SIDE)
+        if thumb and len(thumb) < THUMB_BYTES:
+            files["thumb_jpg"] = ("thumb.jpg", thumb)
+            fields["thumbnail"] = "attach://thumb_jpg"
 
-    async def send_audio(self, contact: str, path: str, caption: str | None = None) -> str:
-        return await self._upload("audio", contact, path, caption)
 
-    async def send_file(self, contact: str, path: str, caption: str | None = None) -> str:
-        return await self._upload("document", contact, path, caption)
+__all__ = [
+    "CAPTION_LIMIT",
+    "PHOTO_LIMIT",
+    "TEXT_LIMIT",
+    "UPLOAD_LIMIT",
+    "TelegramChannel",
+    "reason_for",
+    "split_markdown_images",
+]

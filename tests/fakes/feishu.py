@@ -1,4 +1,12 @@
-"""Fake Feishu/Lark open platform: tenant token, image/file upload, im/v1/messages."""
+"""Fake Feishu/Lark open platform: tenant token, image/file upload, im/v1/messages and replies.
+
+Enforced as documented: images up to 10 MB in the listed formats, files up to 30 MB, never
+empty, with a ``file_type`` from the list (``mp4`` for a ``media`` message, ``opus`` for
+``audio``); a ``media`` message carries its cover ``image_key``; a text request body stays
+under 150 KB. A group chat (``oc_…``) takes messages unless the bot is not in it
+(``outside``); a token can be revoked, or expire after ``tokens.expire_after`` uses (answer
+99991663 either way).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +14,19 @@ import itertools
 import json
 from typing import Any
 
-from tests.fakes.server import FakeServer, Request, Response
+from tests.fakes.server import FakeServer, Request, Response, Tokens, suffix
 
 ID_TYPES = {"open_id", "union_id", "chat_id", "user_id", "email"}
+FILE_TYPES = {"opus", "mp4", "pdf", "doc", "xls", "ppt", "stream"}
+IMAGE_FORMATS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "ico", "tif", "tiff", "heic"}
+IMAGE_LIMIT = 10 * 1024 * 1024
+FILE_LIMIT = 30 * 1024 * 1024
+TEXT_BODY_LIMIT = 150 * 1024
+GROUP = "oc_group1"
+
+
+def fail(code: int, msg: str, status: int = 400) -> Response:
+    return Response(status, {"code": code, "msg": msg})
 
 
 class FakeFeishu(FakeServer):
@@ -16,85 +34,162 @@ class FakeFeishu(FakeServer):
         super().__init__()
         self.app_id, self.app_secret = app_id, app_secret
         self.token_ttl = 7200
-        self.valid_tokens: set[str] = set()
+        self.tokens = Tokens("t-")
+        self.valid_tokens = self.tokens.valid
         self.images: dict[str, bytes] = {}
         self.files: dict[str, tuple[str, str, bytes]] = {}  # key → (file_type, name, bytes)
+        self.durations: dict[str, str] = {}  # file key → the duration field of its upload
         self.sent: list[dict[str, Any]] = []
+        self.messages: dict[str, str] = {}  # message id → the chat it is in
         self.unreachable = {"ou_blocked"}
+        self.outside = {"oc_elsewhere"}  # group chats the bot is not in
         self._n = itertools.count(1)
         self.route("POST", "/open-apis/auth/v3/tenant_access_token/internal", self._token)
         self.route("POST", "/open-apis/im/v1/images", self._image)
         self.route("POST", "/open-apis/im/v1/files", self._file)
         self.route("POST", "/open-apis/im/v1/messages", self._message)
+        self.route("POST", "/open-apis/im/v1/messages/*", self._reply)
 
     def revoke_tokens(self) -> None:
-        self.valid_tokens.clear()
+        self.tokens.revoke()
+
+    def receive(self, chat_id: str = GROUP) -> str:
+        """A message someone wrote in ``chat_id``; returns its id (to reply to)."""
+        mid = f"om_in{next(self._n)}"
+        self.messages[mid] = chat_id
+        return mid
 
     async def _token(self, req: Request) -> Response:
         body = req.json or {}
         if body.get("app_id") != self.app_id or body.get("app_secret") != self.app_secret:
             return Response(200, {"code": 10014, "msg": "app secret invalid"})
-        tok = f"t-{next(self._n)}"
-        self.valid_tokens.add(tok)
+        tok = self.tokens.issue()
         return Response(
             200, {"code": 0, "msg": "ok", "tenant_access_token": tok, "expire": self.token_ttl}
         )
 
     def _auth(self, req: Request) -> Response | None:
         auth = req.headers.get("authorization", "")
-        if not auth.startswith("Bearer ") or auth[7:] not in self.valid_tokens:
-            return Response(
-                400, {"code": 99991663, "msg": "Invalid access token for authorization."}
-            )
+        token = auth[7:] if auth.startswith("Bearer ") else None
+        if self.tokens.check(token) != "ok":
+            return fail(99991663, "Invalid access token for authorization.")
         return None
 
     async def _image(self, req: Request) -> Response:
         if (err := self._auth(req)) is not None:
             return err
-        if req.form.get("image_type") != "message" or "image" not in req.files:
-            return Response(400, {"code": 234001, "msg": "Invalid request param."})
+        up = req.files.get("image")
+        if req.form.get("image_type") != "message" or up is None:
+            return fail(234001, "Invalid request param.")
+        if suffix(up.filename) not in IMAGE_FORMATS:
+            return fail(234011, "Can't regonise the image format.")
+        if not up.content:
+            return fail(234010, "File's size can't be 0.")
+        if len(up.content) > IMAGE_LIMIT:
+            return fail(234006, "The file size exceed the max value.")
         key = f"img_v2_{next(self._n)}"
-        self.images[key] = req.files["image"].content
+        self.images[key] = up.content
         return Response(200, {"code": 0, "msg": "success", "data": {"image_key": key}})
 
     async def _file(self, req: Request) -> Response:
         if (err := self._auth(req)) is not None:
             return err
-        ftype = req.form.get("file_type")
-        if (
-            ftype not in {"opus", "mp4", "pdf", "doc", "xls", "ppt", "stream"}
-            or "file" not in req.files
-        ):
-            return Response(400, {"code": 234001, "msg": "Invalid request param."})
+        ftype, up = req.form.get("file_type"), req.files.get("file")
+        if ftype not in FILE_TYPES or up is None or not req.form.get("file_name"):
+            return fail(234001, "Invalid request param.")
+        if ftype in {"mp4", "opus"} and suffix(up.filename) != ftype:
+            return fail(234001, f"file_type {ftype} needs a .{ftype} file.")
+        if not up.content:
+            return fail(234010, "File's size can't be 0.")
+        if len(up.content) > FILE_LIMIT:
+            return fail(234006, "The file size exceed the max value.")
         key = f"file_v2_{next(self._n)}"
-        self.files[key] = (ftype, req.form.get("file_name", ""), req.files["file"].content)
+        self.files[key] = (ftype, req.form["file_name"], up.content)
+        if "duration" in req.form:
+            self.durations[key] = req.form["duration"]
         return Response(200, {"code": 0, "msg": "success", "data": {"file_key": key}})
+
+    def _content(self, req: Request) -> tuple[str, dict[str, Any]] | Response:
+        body = req.json or {}
+        mtype = body.get("msg_type")
+        if not isinstance(body.get("content"), str):
+            return fail(230001, "Your request contains an invalid request parameter.")
+        if mtype == "text" and len(req.body) > TEXT_BODY_LIMIT:
+            return fail(230025, "The length of the message content reaches its limit.")
+        content = json.loads(body["content"])
+        if mtype == "text" and not str(content.get("text", "")).strip():
+            return fail(230001, "text is empty")
+        if mtype == "image" and content.get("image_key") not in self.images:
+            return fail(230001, "invalid image_key")
+        need = {"media": "mp4", "audio": "opus"}.get(str(mtype))
+        if mtype in {"file", "media", "audio"}:
+            found = self.files.get(content.get("file_key"))
+            if found is None or (need is not None and found[0] != need):
+                return fail(230001, "invalid file_key")
+        if mtype == "media" and content.get("image_key") not in self.images:
+            return fail(230001, "a media message needs its cover image_key")
+        return str(mtype), content
+
+    def _record(
+        self, id_type: str, receive_id: str, mtype: str, content: Any, **extra: Any
+    ) -> Response:
+        mid = f"om_{next(self._n)}"
+        chat = receive_id if id_type == "chat_id" else f"p2p:{receive_id}"
+        self.messages[mid] = chat
+        self.sent.append(
+            {
+                "receive_id_type": id_type,
+                "receive_id": receive_id,
+                "msg_type": mtype,
+                "content": content,
+                "message_id": mid,
+                **extra,
+            }
+        )
+        return Response(200, {"code": 0, "msg": "success", "data": {"message_id": mid}})
+
+    def _target_refusal(self, id_type: str, receive_id: str) -> Response | None:
+        if id_type == "chat_id":
+            if receive_id in self.outside:
+                return fail(230002, "The bot can not be outside the group.")
+        elif receive_id.startswith("oc_"):
+            return fail(230001, "receive_id_type does not match the receive_id.")
+        if receive_id in self.unreachable:
+            return fail(230013, "Bot has NO availability to this user.")
+        return None
 
     async def _message(self, req: Request) -> Response:
         if (err := self._auth(req)) is not None:
             return err
         id_type = req.query.get("receive_id_type")
-        body = req.json or {}
-        if id_type not in ID_TYPES or not isinstance(body.get("content"), str):
-            return Response(
-                400, {"code": 230001, "msg": "Your request contains an invalid request parameter."}
+        if id_type not in ID_TYPES:
+            return fail(230001, "Your request contains an invalid request parameter.")
+        receive_id = str((req.json or {}).get("receive_id", ""))
+        if (refused := self._target_refusal(id_type, receive_id)) is not None:
+            return refused
+        parsed = self._content(req)
+        if isinstance(parsed, Response):
+            return parsed
+        return self._record(id_type, receive_id, *parsed)
+
+    async def _reply(self, req: Request) -> Response:
+        if (err := self._auth(req)) is not None:
+            return err
+        head, _, action = req.path.removeprefix("/open-apis/im/v1/messages/").partition("/")
+        if action != "reply":
+            return Response(404, {"code": 404, "msg": "no such route"})
+        chat = self.messages.get(head)
+        if chat is None:
+            return fail(230011, "The message was withdrawn.")
+        parsed = self._content(req)
+        if isinstance(parsed, Response):
+            return parsed
+        id_type, receive_id = (
+            ("chat_id", chat)
+            if chat.startswith("oc_")
+            else (
+                "open_id",
+                chat.removeprefix("p2p:"),
             )
-        if body.get("receive_id") in self.unreachable:
-            return Response(400, {"code": 230013, "msg": "Bot has NO availability to this user."})
-        content = json.loads(body["content"])
-        mtype = body.get("msg_type")
-        if mtype == "image" and content.get("image_key") not in self.images:
-            return Response(400, {"code": 230001, "msg": "invalid image_key"})
-        if mtype in {"file", "media", "audio"} and content.get("file_key") not in self.files:
-            return Response(400, {"code": 230001, "msg": "invalid file_key"})
-        mid = f"om_{next(self._n)}"
-        self.sent.append(
-            {
-                "receive_id_type": id_type,
-                "receive_id": body["receive_id"],
-                "msg_type": mtype,
-                "content": content,
-                "message_id": mid,
-            }
         )
-        return Response(200, {"code": 0, "msg": "success", "data": {"message_id": mid}})
+        return self._record(id_type, receive_id, *parsed, reply_to=head)

@@ -3,6 +3,8 @@
 Every request is recorded (method, path, query, headers, JSON body, form fields, uploaded
 files with their bytes) so tests can check exactly what went over the wire. ``fail_next``
 scripts the next responses for a path (rate limits, server errors, body-level errors).
+:class:`Tokens` is the access-token book of the fakes that have tokens: revoked at once, or
+expired after a number of uses.
 """
 
 from __future__ import annotations
@@ -52,6 +54,51 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Tokens:
+    """Access tokens a fake issues. A token is valid until :meth:`revoke` or, with
+    ``expire_after`` set, until it has been used that many times (then it is ``expired``)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.valid: set[str] = set()
+        self.expired: set[str] = set()
+        self.expire_after: int | None = None
+        self.issued = 0
+        self._uses: dict[str, int] = {}
+
+    def issue(self) -> str:
+        self.issued += 1
+        token = f"{self.prefix}{self.issued}"
+        self.valid.add(token)
+        return token
+
+    def check(self, token: str | None) -> str:
+        """``ok`` (and one use counted), ``expired`` or ``unknown``."""
+        if token in self.expired:
+            return "expired"
+        if not token or token not in self.valid:
+            return "unknown"
+        used = self._uses.get(token, 0)
+        if self.expire_after is not None and used >= self.expire_after:
+            self.valid.discard(token)
+            self.expired.add(token)
+            return "expired"
+        self._uses[token] = used + 1
+        return "ok"
+
+    def revoke(self) -> None:
+        self.expired |= self.valid
+        self.valid.clear()
+
+
+def utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def suffix(name: str) -> str:
+    return name.rpartition(".")[2].lower() if "." in name else ""
 
 
 def parse_multipart(content_type: str, body: bytes) -> tuple[dict[str, str], dict[str, Upload]]:

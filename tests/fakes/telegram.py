@@ -1,11 +1,22 @@
-"""Fake Telegram Bot API (``/bot<token>/<method>``)."""
+"""Fake Telegram Bot API (``/bot<token>/<method>``), with the Bot API's documented limits.
+
+Chats: users who started the bot (``known_chats``), groups the bot is in (``groups``,
+negative ids), and the ones that answer the way Telegram does when something is wrong —
+``blocked`` users, users who never pressed Start (``not_started``), groups the bot was
+removed from (``left``), groups where it may not post (``read_only``), groups that became
+supergroups (``migrated``). Limits: text 4096 and captions 1024 (UTF-16 code units), photos
+10 MB and within 10000 px (w + h) and a 1:20 ratio, uploads 50 MB. ``receive`` makes a
+message someone sent, so a reply has something to answer.
+"""
 
 from __future__ import annotations
 
 import itertools
+import json
+import struct
 from typing import Any
 
-from tests.fakes.server import FakeServer, Request, Response
+from tests.fakes.server import FakeServer, Request, Response, utf16_len
 
 MEDIA_FIELDS = {
     "sendPhoto": "photo",
@@ -13,6 +24,29 @@ MEDIA_FIELDS = {
     "sendAudio": "audio",
     "sendDocument": "document",
 }
+TEXT_LIMIT = 4096
+CAPTION_LIMIT = 1024
+PHOTO_LIMIT = 10 * 1024 * 1024
+UPLOAD_LIMIT = 50 * 1024 * 1024
+GROUP = "-1001234567890"
+
+
+def error(status: int, description: str, **parameters: Any) -> Response:
+    body: dict[str, Any] = {"ok": False, "error_code": status, "description": description}
+    if parameters:
+        body["parameters"] = parameters
+    return Response(status, body)
+
+
+def png_size(content: bytes) -> tuple[int, int] | None:
+    """Width and height from a PNG's IHDR chunk (None when it does not read as one: the
+    fake does not decode pictures, so test bytes that are not a real PNG pass)."""
+    if content[:8] != b"\x89PNG\r\n\x1a\n" or content[12:16] != b"IHDR":
+        return None
+    width, height = struct.unpack(">II", content[16:24])
+    if not (0 < width <= 1_000_000 and 0 < height <= 1_000_000):
+        return None
+    return int(width), int(height)
 
 
 class FakeTelegram(FakeServer):
@@ -20,57 +54,137 @@ class FakeTelegram(FakeServer):
         super().__init__()
         self.token = token
         self.known_chats = {"1001", "1002"}
+        self.migrated = {"-42": "-1004200000042"}  # old group id → its supergroup
+        self.groups = {GROUP, *self.migrated.values()}
+        self.blocked = {"1003"}
+        self.not_started = {"1004"}
+        self.left = {"-1009"}
+        self.read_only = {"-1008"}
         self.sent: list[dict[str, Any]] = []  # what a chat would show, in order
+        self.messages: dict[tuple[str, int], str] = {}  # (chat, message id) → who wrote it
         self._ids = itertools.count(1)
         self.route("POST", "/bot*", self._handle)
+
+    def receive(self, chat_id: str) -> int:
+        """A message someone sent in ``chat_id``; returns its id."""
+        mid = next(self._ids)
+        self.messages[(chat_id, mid)] = "user"
+        return mid
 
     async def _handle(self, req: Request) -> Response:
         _, _, rest = req.path.partition("/bot")
         token, _, method = rest.partition("/")
         if token != self.token:
-            return Response(401, {"ok": False, "error_code": 401, "description": "Unauthorized"})
+            return error(401, "Unauthorized")
+        if len(req.body) > UPLOAD_LIMIT + 1024 * 1024:
+            return Response(413, "<html><body>413 Request Entity Too Large</body></html>")
         params: dict[str, Any] = dict(req.form) if req.form or req.files else (req.json or {})
         chat = str(params.get("chat_id", ""))
-        if chat not in self.known_chats:
-            return Response(
-                400, {"ok": False, "error_code": 400, "description": "Bad Request: chat not found"}
-            )
+        refused = self._chat_refusal(chat)
+        if refused is not None:
+            return refused
         entry: dict[str, Any] = {"method": method, "chat_id": chat}
+        reply = self._reply(chat, params.get("reply_parameters"))
+        if isinstance(reply, Response):
+            return reply
+        if reply is not None:
+            entry["reply_to"] = reply
         if method == "sendMessage":
-            if not params.get("text"):
-                return Response(
-                    400,
-                    {
-                        "ok": False,
-                        "error_code": 400,
-                        "description": "Bad Request: message text is empty",
-                    },
-                )
-            entry["text"] = params["text"]
+            problem = self._text(params, entry)
         elif method in MEDIA_FIELDS:
-            field = MEDIA_FIELDS[method]
-            if field in req.files:
-                up = req.files[field]
-                entry.update(filename=up.filename, content=up.content)
-            elif isinstance(params.get(field), str):
-                entry["url"] = params[field]
-            else:
-                return Response(
-                    400,
-                    {
-                        "ok": False,
-                        "error_code": 400,
-                        "description": f"Bad Request: there is no {field} in the request",
-                    },
-                )
-            if params.get("caption"):
-                entry["caption"] = params["caption"]
+            problem = self._media(method, req, params, entry)
         else:
-            return Response(404, {"ok": False, "error_code": 404, "description": "Not Found"})
+            return error(404, "Not Found")
+        if problem is not None:
+            return problem
         mid = next(self._ids)
         entry["message_id"] = mid
+        self.messages[(chat, mid)] = "bot"
         self.sent.append(entry)
         return Response(200, {"ok": True, "result": {"message_id": mid, "chat": {"id": int(chat)}}})
+
+    def _chat_refusal(self, chat: str) -> Response | None:
+        if chat in self.migrated:
+            return error(
+                400,
+                "Bad Request: group chat was upgraded to a supergroup chat",
+                migrate_to_chat_id=int(self.migrated[chat]),
+            )
+        if chat in self.blocked:
+            return error(403, "Forbidden: bot was blocked by the user")
+        if chat in self.not_started:
+            return error(403, "Forbidden: bot can't initiate conversation with a user")
+        if chat in self.left:
+            return error(403, "Forbidden: bot was kicked from the supergroup chat")
+        if chat in self.read_only:
+            return error(400, "Bad Request: not enough rights to send text messages to the chat")
+        if chat not in self.known_chats and chat not in self.groups:
+            return error(400, "Bad Request: chat not found")
+        return None
+
+    def _reply(self, chat: str, raw: Any) -> int | Response | None:
+        if raw is None:
+            return None
+        reply = json.loads(raw) if isinstance(raw, str) else raw
+        mid = reply.get("message_id") if isinstance(reply, dict) else None
+        if not isinstance(mid, int):
+            return error(400, "Bad Request: invalid reply parameters")
+        if (chat, mid) not in self.messages:
+            if reply.get("allow_sending_without_reply"):
+                return None
+            return error(400, "Bad Request: message to be replied not found")
+        return mid
+
+    def _text(self, params: dict[str, Any], entry: dict[str, Any]) -> Response | None:
+        text = params.get("text")
+        if not text:
+            return error(400, "Bad Request: message text is empty")
+        if utf16_len(str(text)) > TEXT_LIMIT:
+            return error(400, "Bad Request: message is too long")
+        entry["text"] = text
+        return None
+
+    def _media(
+        self, method: str, req: Request, params: dict[str, Any], entry: dict[str, Any]
+    ) -> Response | None:
+        field = MEDIA_FIELDS[method]
+        if field in req.files:
+            up = req.files[field]
+            if method == "sendPhoto":
+                problem = self._photo(up.content)
+                if problem is not None:
+                    return problem
+            entry.update(filename=up.filename, content=up.content)
+        elif isinstance(params.get(field), str):
+            entry["url"] = params[field]
+        else:
+            return error(400, f"Bad Request: there is no {field} in the request")
+        caption = params.get("caption")
+        if caption:
+            if utf16_len(str(caption)) > CAPTION_LIMIT:
+                return error(400, "Bad Request: message caption is too long")
+            entry["caption"] = caption
+        if method == "sendVideo":
+            for key in ("duration", "width", "height", "supports_streaming"):
+                if key in params:
+                    entry[key] = params[key]
+            thumb = params.get("thumbnail")
+            if thumb:
+                attached = req.files.get(str(thumb).removeprefix("attach://"))
+                if attached is None:
+                    return error(400, "Bad Request: wrong thumbnail")
+                entry["thumbnail"] = attached.content
+        return None
+
+    def _photo(self, content: bytes) -> Response | None:
+        if len(content) > PHOTO_LIMIT:
+            return error(400, "Bad Request: file is too big")
+        size = png_size(content)
+        if size is not None:
+            w, h = size
+            if w + h > 10000 or max(w, h) > 20 * max(min(w, h), 1):
+                return error(400, "Bad Request: PHOTO_INVALID_DIMENSIONS")
+        return None
 
 
 def rate_limited(retry_after: int) -> Response:
