@@ -12,6 +12,7 @@ from cryptography.fernet import Fernet, InvalidToken
 SECRET_MARKERS = ("key", "token", "secret", "password", "credential", "auth")
 REDACTED = "••••••"
 ENC_TAG = "$enc"
+LIT_TAG = "$lit"  # wraps data that only looks sealed: it is data, never decrypted
 
 _norm_re = re.compile(r"[^a-z0-9]+")
 
@@ -66,21 +67,31 @@ class SecretBox:
                 "it was written with"
             ) from exc
 
+    def ours(self, v: Any) -> bool:
+        """A sealed value this key wrote (not data that merely has the same shape)."""
+        if not _is_sealed(v) or not isinstance(v[ENC_TAG], str):
+            return False
+        try:
+            self._fernet.decrypt(v[ENC_TAG].encode())
+        except (InvalidToken, ValueError):
+            return False
+        return True
+
     def seal(self, obj: Any) -> Any:
-        """Copy of ``obj`` with every secret-named key's value encrypted."""
+        """Copy of ``obj`` with every secret-named key's value encrypted. Values sealed
+        already are kept; anything else shaped like a sealed value (``{"$enc": …}``,
+        ``{"$lit": …}``) is wrapped as ``{"$lit": …}`` so that unsealing returns it as the
+        data it is and never tries to decrypt it."""
         if isinstance(obj, dict):
+            if self.ours(obj):
+                return obj
             out = {}
             for k, v in obj.items():
-                if (
-                    isinstance(k, str)
-                    and is_secret_key(k)
-                    and v not in (None, "")
-                    and not _is_sealed(v)
-                ):
-                    out[k] = self.encrypt(v)
+                if isinstance(k, str) and is_secret_key(k) and v not in (None, ""):
+                    out[k] = v if self.ours(v) else self.encrypt(v)
                 else:
                     out[k] = self.seal(v)
-            return out
+            return {LIT_TAG: out} if _looks_sealed(obj) else out
         if isinstance(obj, list):
             return [self.seal(v) for v in obj]
         return obj
@@ -89,6 +100,8 @@ class SecretBox:
         if isinstance(obj, dict):
             if _is_sealed(obj):
                 return self.decrypt(obj)
+            if len(obj) == 1 and isinstance(obj.get(LIT_TAG), dict):
+                return {k: self.unseal(v) for k, v in obj[LIT_TAG].items()}
             return {k: self.unseal(v) for k, v in obj.items()}
         if isinstance(obj, list):
             return [self.unseal(v) for v in obj]
@@ -97,6 +110,10 @@ class SecretBox:
 
 def _is_sealed(v: Any) -> bool:
     return isinstance(v, dict) and len(v) == 1 and ENC_TAG in v
+
+
+def _looks_sealed(v: dict[Any, Any]) -> bool:
+    return len(v) == 1 and (ENC_TAG in v or LIT_TAG in v)
 
 
 def redact(obj: Any) -> Any:

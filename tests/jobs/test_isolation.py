@@ -674,3 +674,22 @@ async def test_the_dispatch_endpoint_refuses_what_is_not_plain_data(services) ->
             # 400 from the dispatcher, or 422 when the request layer refuses it first
             assert resp.status_code in (400, 422), (body[:60], resp.status_code, resp.text)
             assert resp.json()["ok"] is False
+
+
+def test_data_shaped_like_a_sealed_value_is_never_decrypted() -> None:
+    """User data is never unsealed: look-alikes survive a seal/unseal round trip as the
+    data they are; values this key sealed are kept and decrypted."""
+    box = SecretBox(KEY)
+    other = SecretBox(b"Jf3yqkYl8b1m6p8hHn2mH0cKdCmQ4R1y5p6wXy4j3TQ=")
+    forged = other.encrypt("theirs")
+    data = {
+        "a": {"$enc": "x"},
+        "b": [{"$enc": "gAAAAAforged"}, {"$lit": {"z": 1}}, {"$lit": 5}],
+        "c": forged,
+        "api_key": {"$enc": "y"},
+        "token": "plain-secret",
+    }
+    sealed = box.seal(data)
+    assert sealed["token"] != "plain-secret" and box.ours(sealed["token"])
+    assert box.unseal(sealed) == data
+    assert box.unseal(box.seal({"token": sealed["token"]})) == {"token": "plain-secret"}
