@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PORT   ?= 8000
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench chaos clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -29,6 +29,12 @@ lint: install
 
 bench: install
 	$(BIN)/python -m bench.run_all
+
+# Faults under load (kill -9, SIGTERM, Redis and PostgreSQL restarts, pool exhaustion, a
+# stalled worker) against a private PostgreSQL cluster and Redis; the table is appended to
+# bench/RESULTS.md and the exit status is non-zero when a must-be-0 figure is not 0.
+chaos: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .skilljobs .pytest_cache

@@ -90,6 +90,10 @@ class JobRunner:
         self._linger_fut: asyncio.Future[None] | None = None
         # job id → until when our lease is certainly ours (as of the last claim/renewal).
         self.lease_until: dict[str, float] = {}
+        # Jobs whose skill was stopped because this process was paused long enough for a
+        # peer to presume it dead (see :meth:`resumed`); handed back, never recorded.
+        self.suspect: set[str] = set()
+        self.last_beat = time.time()  # the last heartbeat key written
         # Group commit: the claims, outcomes and live events of concurrent jobs travel
         # together, one statement (or one Redis round trip) per batch.
         sm, s = services.sessionmaker, services.settings
@@ -111,17 +115,23 @@ class JobRunner:
     # --- the job function ----------------------------------------------------------------
 
     async def run(self, job_id: str, enqueue_token: int) -> str:
-        s = self.svc.settings
         asked_at = time.time()
         claim = await retry_db("claim", self.claims.submit, (job_id, enqueue_token))
         if claim is None:
             return "superseded"  # cancelled, re-enqueued or already running elsewhere
         job, token = claim.job, claim.token
         self.held[job_id] = token
-        self.lease_until[job_id] = asked_at + s.worker_lease_sec
+        self.lease_until[job_id] = asked_at + self.certain_for
         handed_off = False
         try:
-            done = await self._run_claimed(job, token, claim.attempt)
+            try:
+                done = await self._run_claimed(job, token, claim.attempt)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never only logged: the job would be lost, re-run
+                log.exception("job %s: running it failed", job_id)
+                await asyncio.shield(self._fail_internal(job, token, "run", exc))
+                return FAILED
             if isinstance(done, str):
                 return done
             # The skill has finished: its post-processing and delivery go on in the
@@ -159,6 +169,7 @@ class JobRunner:
         self.inner.pop(job_id, None)
         self.cancel_asked.discard(job_id)
         self.lost.discard(job_id)
+        self.suspect.discard(job_id)
         scope = self.scopes.pop(job_id, None)
         if scope is not None:
             scope.close()
@@ -204,6 +215,12 @@ class JobRunner:
                 raise
             if job_id in self.lost:
                 log.warning("job %s: lease lost, dropping this attempt's outcome", job_id)
+                return "lost"
+            if job_id in self.suspect:
+                # Fenced: a no-op when a peer has taken the job over meanwhile.
+                await asyncio.shield(
+                    self._hand_back(job, token, "worker paused past its heartbeat, handed back")
+                )
                 return "lost"
             await asyncio.shield(
                 self._record(job, token, CANCELLED, None, "cancelled by an operator", None)
@@ -276,10 +293,11 @@ class JobRunner:
             self._release(job_id)
 
     async def _fail_internal(self, job: Any, token: int, stage: str, exc: BaseException) -> None:
-        """End a job whose finishing stage raised: ``failed``/``internal``, the person told
+        """End a job whose run or finishing stage raised: ``failed``/``internal``, the person told
         through the normal failure delivery, the record retried while the database is
         away (never abandoned)."""
-        error = f"internal error in the finishing stage ({stage}): {type(exc).__name__}: {exc}"
+        where = "while running it" if stage == "run" else f"in the finishing stage ({stage})"
+        error = f"internal error {where}: {type(exc).__name__}: {exc}"
         if job.id not in self.lost:
             notice = {"ok": False, "error": INTERNAL_NOTICE, "error_type": "internal"}
             try:
@@ -309,11 +327,12 @@ class JobRunner:
     async def _postprocess(self, job: Any, token: int, result: dict[str, Any]) -> Any:
         from delivery.pipeline import postprocess
 
-        margin = self.svc.settings.worker_lease_sec / 3  # room for clock skew between hosts
+        margin = self.certain_for / 3  # room for clock skew between hosts
 
         async def fence() -> bool:
-            # Nobody can take a lease before it expires, so while ours is comfortably
-            # unexpired the answer is known without asking the database.
+            # Nobody can take a lease before it expires or before our heartbeat has been
+            # missing for 3 intervals, so while both are comfortably ahead the answer is
+            # known without asking the database.
             if job.id in self.lost:
                 return False
             if time.time() < self.lease_until.get(job.id, 0.0) - margin:
@@ -422,6 +441,31 @@ class JobRunner:
         return True
 
     @property
+    def certain_for(self) -> float:
+        """How long after a renewal our lease is certainly ours: until it expires, or
+        until peers may presume us dead, whichever comes first."""
+        return min(self.svc.settings.worker_lease_sec, self.missing_after)
+
+    def resumed(self) -> None:
+        """This process was continued after a stop (SIGCONT). When it was stopped long
+        enough for peers to presume it dead, its skills must not go on to complete as if
+        nothing happened (a peer may be running them again): they are stopped before they
+        take another step, and their jobs handed back (fenced)."""
+        gap = time.time() - self.last_beat
+        if gap < self.missing_after - 1.0:
+            return
+        for job_id, task in list(self.inner.items()):
+            if not task.done():
+                log.warning(
+                    "job %s: this worker was paused %.1fs (peers may have taken over), "
+                    "stopping its run",
+                    job_id,
+                    gap,
+                )
+                self.suspect.add(job_id)
+                task.cancel()
+
+    @property
     def missing_after(self) -> float:
         """Seconds without a heartbeat after which a worker is presumed dead: 3 intervals,
         plus a second for scheduling jitter (a worker paused 5 s is not presumed dead)."""
@@ -445,6 +489,7 @@ class JobRunner:
                     },
                     self.missing_after,
                 )
+                self.last_beat = time.time()
             except Exception as exc:
                 log.warning("heartbeat key not written: %s: %s", type(exc).__name__, exc)
         held = dict(self.held)
@@ -454,7 +499,7 @@ class JobRunner:
         )
         for job_id in still:
             if job_id in self.lease_until:
-                self.lease_until[job_id] = asked_at + s.worker_lease_sec
+                self.lease_until[job_id] = asked_at + self.certain_for
         for job_id in held:
             if job_id not in still and job_id in self.held and self.held[job_id] == held[job_id]:
                 # Someone else owns it now (we were presumed dead): stop, record nothing.

@@ -344,6 +344,9 @@ def build_worker(
         )
         runner.stall = StallWatch(threshold=settings.worker_stall_sec)
         runner.stall.start()
+        # Continued after a stop (SIGSTOP, a frozen VM): handled before any skill resumes.
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGCONT, runner.resumed)
         background.append(asyncio.create_task(_listen_cancels(runner)))
         prune_stop = asyncio.Event()
         ctx["prune_stop"] = prune_stop

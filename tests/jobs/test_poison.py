@@ -164,3 +164,19 @@ async def test_a_blocked_event_loop_is_reported_with_its_stack(caplog):
             watch.stop()
     assert watch.stalls == 1 and watch.max_lag > 0.3
     assert "test_a_blocked_event_loop_is_reported_with_its_stack" in caplog.text
+
+
+async def test_an_exception_while_running_fails_the_job_instead_of_losing_it(services, monkeypatch):
+    """Not only logged by arq (the job would stay running, be lost and re-run 3 times)."""
+    from jobs.execution.executor import Executor
+
+    async def broken(self, *args, **kwargs):
+        raise RuntimeError("executor bug")
+
+    monkeypatch.setattr(Executor, "execute", broken)
+    job_id = await dispatch(services, "bg_sleep", {"seconds": 0})
+    await drain(services)
+    job, attempts = await job_and_attempts(services, job_id)
+    assert job.status == "failed" and job.error_type == "internal" and job.attempts == 1
+    assert "while running it: RuntimeError: executor bug" in job.error
+    assert [a.outcome for a in attempts] == ["failed"]
