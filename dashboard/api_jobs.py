@@ -14,7 +14,7 @@ from dashboard import queries
 from dashboard.auth import identity_of
 from dashboard.errors import ApiError, not_found
 from dashboard.sync_pool import SyncPool
-from jobs.context import fixed_segment
+from jobs.context import fixed_segment, scrub, secret_values
 from jobs.crypto import ENC_TAG, REDACTED, redact
 from jobs.envelope import is_partial
 from jobs.models import Artifact, Delivery, Job, JobAttempt
@@ -55,6 +55,17 @@ def safe(obj: Any, *, by_name: bool = True) -> Any:
         return v
 
     return strip(redact(obj) if by_name else obj)
+
+
+def job_secrets(job: Job, box: Any) -> list[str]:
+    """The job's secret values (from its sealed context): what is scrubbed from its result
+    wherever it is shown (C12: by value, never by the result's field names)."""
+    if box is None or not isinstance(job.context, dict):
+        return []
+    try:
+        return secret_values(box.unseal(job.context), job.skill)
+    except ValueError:  # written with another key: the sealed values stay masked anyway
+        return []
 
 
 def artifact_dict(a: Artifact) -> dict[str, Any]:
@@ -103,6 +114,7 @@ def job_dict(
     artifacts: list[Artifact],
     deliveries: list[Delivery],
     attempts: list[JobAttempt] | None = None,
+    box: Any = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": job.id,
@@ -114,7 +126,7 @@ def job_dict(
         "started_at": job.started_at,
         "finished_at": job.finished_at,
         "duration_ms": job.duration_ms,
-        "result": safe(job.result, by_name=False),
+        "result": safe(scrub(job.result, job_secrets(job, box)), by_name=False),
         "partial": is_partial(job.result),
         "error": job.error,
         "error_type": job.error_type,
@@ -209,11 +221,12 @@ async def list_jobs(
         until=until,
         q=q or None,
     )
+    box = services_of(request).box
     async with services_of(request).sessionmaker() as session:
         rows, next_cursor = await queries.list_jobs(session, flt, limit=limit, cursor=cursor)
         arts, dels = await queries.job_children(session, [j.id for j in rows])
     return {
-        "items": [job_dict(j, arts.get(j.id, []), dels.get(j.id, [])) for j in rows],
+        "items": [job_dict(j, arts.get(j.id, []), dels.get(j.id, []), box=box) for j in rows],
         "next_cursor": next_cursor,
     }
 
@@ -226,7 +239,8 @@ async def get_job(job_id: str, request: Request) -> dict[str, Any]:
             raise not_found(f"job {job_id}")
         arts, dels = await queries.job_children(session, [job_id])
         attempts = await queries.job_attempts(session, job_id)
-    return job_dict(job, arts.get(job_id, []), dels.get(job_id, []), attempts)
+    box = services_of(request).box
+    return job_dict(job, arts.get(job_id, []), dels.get(job_id, []), attempts, box=box)
 
 
 def _servable(local_path: str, root: Path) -> tuple[Path, str | None]:
