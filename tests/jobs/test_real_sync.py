@@ -147,3 +147,22 @@ def test_outbound_directives_are_never_sent_as_text() -> None:
     assert render(result) == "Done"
     assert render(result, rich=True) == 'Done\n[embed ref="cv_1" title="Status" /]'
     assert render({"message": "a [view id=1]old[/view] b"}, rich=True) == "a  b"
+
+
+def test_skills_list_shows_how_each_real_skill_runs(monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from jobs.cli.app import app
+
+    monkeypatch.setenv("SKILLJOBS_SKILLS_PATH", str(REAL_SKILLS))
+    res = CliRunner().invoke(app, ["skills", "list", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["name"]: r for r in json.loads(res.output)["items"]}
+    assert rows["sysinfo_report"]["exec_type"] == "python_cli"
+    assert rows["sysinfo_report"]["cli_reason"] == "reads sys.argv"
+    assert rows["flashcards"]["cli_reason"] == "argparse + __main__"
+    assert (
+        rows["model_costs"]["exec_type"] == "python" and rows["model_costs"]["cli_reason"] is None
+    )
+    assert rows["skill_packager"]["skill_type"] == "skill_md"
+    assert "scripts/package_skill.py" in rows["skill_packager"]["hint"]
