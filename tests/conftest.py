@@ -285,7 +285,15 @@ def fs():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-async def real_services(request, tmp_path, redis_server_url, redis_prefix, tg):  # type: ignore[no-untyped-def]
+def real_database_url(request: pytest.FixtureRequest) -> str:
+    """SQLite, or both backends for a test that also asks for ``database_url`` (resolved
+    here, outside the event loop: the backends' setup runs its own loop)."""
+    name = "database_url" if "database_url" in request.fixturenames else "sqlite_url"
+    return str(request.getfixturevalue(name))
+
+
+@pytest.fixture
+async def real_services(request, tmp_path, real_database_url, redis_server_url, redis_prefix, tg):  # type: ignore[no-untyped-def]
     """Services over ``tests/real_skills`` on SQLite + Redis, Telegram at the fake server;
     ``SKILLJOBS_LANGUAGE`` is the indirect parameter (default ``en``). A test that also
     asks for ``database_url`` runs on both backends."""
@@ -297,9 +305,7 @@ async def real_services(request, tmp_path, redis_server_url, redis_prefix, tg): 
         tmp_path,
         redis_url=redis_server_url,
         prefix=redis_prefix,
-        database_url=request.getfixturevalue(
-            "database_url" if "database_url" in request.fixturenames else "sqlite_url"
-        ),
+        database_url=real_database_url,
         skills_path=str(REAL_SKILLS),
         telegram_bot_token=tg.token,
         telegram_api_base=tg.url,
