@@ -18,6 +18,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from sqlalchemy.exc import DBAPIError
+
 from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS
 from jobs.db import DB_UNAVAILABLE
@@ -31,6 +33,25 @@ log = logging.getLogger("skilljobs.worker")
 T = TypeVar("T")
 
 DB_ERRORS = DB_UNAVAILABLE
+# Server states that mean "the database is away", not "this statement is wrong": connection
+# exceptions (08…), shutting down or starting up (57P01–57P03), too many connections.
+_AWAY_STATES = ("08", "57P01", "57P02", "57P03", "53300")
+
+
+def db_unavailable(exc: BaseException) -> bool:
+    """Is ``exc`` the database being unreachable (wait and retry) rather than a bug or a
+    refused value (report)? asyncpg's "the database system is starting up" arrives as a
+    plain ``DBAPIError``, told apart by its SQLSTATE."""
+    if isinstance(exc, DB_UNAVAILABLE):
+        return True
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        state = getattr(exc.orig, "sqlstate", None) or ""
+        return isinstance(state, str) and state.startswith(_AWAY_STATES)
+    return False
+
+
 #: what the person is told when the finishing stage itself failed (one short line)
 INTERNAL_NOTICE = "Sorry, the result of this task could not be processed (an internal error)."
 
@@ -47,8 +68,8 @@ async def retry_db(
     while True:
         try:
             return await fn(*args, **kw)
-        except DB_ERRORS as exc:
-            if time.monotonic() > deadline:
+        except Exception as exc:
+            if not db_unavailable(exc) or time.monotonic() > deadline:
                 raise
             log.warning(
                 "%s: database unavailable (%s), retrying in %.1fs",
@@ -356,9 +377,9 @@ class JobRunner:
         outcome = store.Outcome(job.id, token, status, stored, error, error_type, fetches=fetches)
         try:
             ok = await retry_db("finish", self.outcomes.submit, outcome, patience=float("inf"))
-        except DB_ERRORS:
-            raise
         except Exception as exc:
+            if db_unavailable(exc):
+                raise
             # The batch failed for a reason other than the database being away: perhaps
             # another job's outcome. Alone, this outcome says whether it is the cause.
             log.warning("job %s: batched record failed (%r), recording alone", job.id, exc)
@@ -579,4 +600,4 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-__all__ = ["DB_ERRORS", "MAX_RUNS", "JobRunner", "retry_db"]
+__all__ = ["DB_ERRORS", "MAX_RUNS", "JobRunner", "db_unavailable", "retry_db"]

@@ -180,3 +180,22 @@ async def test_an_exception_while_running_fails_the_job_instead_of_losing_it(ser
     assert job.status == "failed" and job.error_type == "internal" and job.attempts == 1
     assert "while running it: RuntimeError: executor bug" in job.error
     assert [a.outcome for a in attempts] == ["failed"]
+
+
+def test_a_database_starting_up_is_waited_out_but_a_refused_value_is_not():
+    from sqlalchemy.exc import DBAPIError
+
+    from jobs.queue.runner import db_unavailable
+
+    class Orig(Exception):
+        def __init__(self, sqlstate: str) -> None:
+            super().__init__(sqlstate)
+            self.sqlstate = sqlstate
+
+    def err(state: str) -> DBAPIError:
+        return DBAPIError("SELECT 1", None, Orig(state))
+
+    assert db_unavailable(err("57P03"))  # the database system is starting up
+    assert db_unavailable(err("53300")) and db_unavailable(err("08006"))
+    assert not db_unavailable(err("22021"))  # a value the database refuses: reported
+    assert not db_unavailable(RuntimeError("bug"))
