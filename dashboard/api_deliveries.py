@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 
 from dashboard import queries
-from dashboard.api_jobs import delivery_dict, services_of
+from dashboard.api_jobs import actor_of, delivery_dict, services_of
 from dashboard.errors import ApiError
 
 router = APIRouter(prefix="/api/v1")
@@ -49,3 +49,25 @@ async def list_deliveries(
             {**delivery_dict(d), "job_id": d.job_id, "chain_run_id": d.chain_run_id} for d in rows
         ]
     }
+
+
+@router.post("/deliveries/{delivery_id}/resend")
+async def resend_delivery(delivery_id: int, request: Request) -> dict[str, Any]:
+    """Send an ``unknown``, ``failed`` or ``dismissed`` delivery again (a new generation)."""
+    from delivery.custody import resend
+
+    out = await resend(services_of(request), delivery_id, actor=actor_of(request))
+    if not out.ok:
+        raise ApiError(out.status_code, out.message)
+    return out.to_dict()
+
+
+@router.post("/deliveries/{delivery_id}/dismiss")
+async def dismiss_delivery(delivery_id: int, request: Request) -> dict[str, Any]:
+    """Close an ``unknown`` or ``failed`` delivery: it is never sent again."""
+    from delivery.custody import dismiss
+
+    out = await dismiss(services_of(request).sessionmaker, delivery_id, actor=actor_of(request))
+    if not out.ok:
+        raise ApiError(out.status_code, out.message)
+    return out.to_dict()

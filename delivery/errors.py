@@ -16,6 +16,11 @@ class DeliveryTransientError(DeliveryError):
         self.retry_after = retry_after
 
 
+class DeliveryOutcomeUnknown(DeliveryTransientError):
+    """The request may have reached the platform but no answer came back (a read timeout, a
+    connection dropped after the body was sent): it may or may not have been delivered."""
+
+
 class DeliveryPermanentError(DeliveryError):
     """The channel refused the message; sending it again will not help."""
 
@@ -24,4 +29,9 @@ class DeliveryPermanentError(DeliveryError):
         self.reason = reason
 
 
-__all__ = ["DeliveryError", "DeliveryPermanentError", "DeliveryTransientError"]
+__all__ = [
+    "DeliveryError",
+    "DeliveryOutcomeUnknown",
+    "DeliveryPermanentError",
+    "DeliveryTransientError",
+]

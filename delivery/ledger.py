@@ -39,13 +39,25 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from delivery.errors import DeliveryPermanentError, DeliveryTransientError
+from delivery.channels.base import SEND_KEY
+from delivery.errors import (
+    DeliveryOutcomeUnknown,
+    DeliveryPermanentError,
+    DeliveryTransientError,
+)
 from jobs import storable
-from jobs.models import PENDING, SENT, Delivery, Worker
+from jobs.logs import SECRETS
+from jobs.models import PENDING, SENT, Delivery, DeliveryStatus, Worker
 
 log = logging.getLogger(__name__)
 
-FAILED = "failed"
+FAILED = DeliveryStatus.FAILED
+SENDING = DeliveryStatus.SENDING
+UNKNOWN = DeliveryStatus.UNKNOWN
+DISMISSED = DeliveryStatus.DISMISSED
+UNKNOWN_DIED = "outcome unknown: the worker sending it stopped before recording the answer"
+#: characters of a stored item body (what a resend sends)
+CONTENT_CAP = 100_000
 DEFAULT_TRIES = 3
 MAX_WAIT = 60.0
 
@@ -85,6 +97,32 @@ def delivery_dict(row: Delivery) -> dict[str, Any]:
     return {"recipient": row.recipient, "kind": row.kind, "status": row.status, "error": row.error}
 
 
+def custody_dict(row: Delivery) -> dict[str, Any]:
+    """A delivery as operators see it (``deliveries list``, ``GET /api/v1/deliveries``):
+    the public shape plus custody, the receipt and what a resend would send."""
+    content = row.content or {}
+    return {
+        "id": row.id,
+        "recipient": row.recipient,
+        "kind": row.kind,
+        "status": row.status,
+        "error": row.error,
+        "item": content.get("path") or row.item,
+        "resendable": bool(content),
+        "job_id": row.job_id,
+        "chain_run_id": row.chain_run_id,
+        "generation": row.generation,
+        "tries": row.tries,
+        "message_id": row.message_id,
+        "verified": row.verified if row.status == SENT else None,
+        "note": row.note,
+        "sent_as": row.sent_as,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "sent_at": row.sent_at,
+    }
+
+
 def _insert(session: AsyncSession) -> Any:
     if session.get_bind().dialect.name == "postgresql":
         return postgresql.insert(Delivery)
@@ -105,6 +143,51 @@ async def _claimant_gone(
     return w.stopped_at is not None or w.last_heartbeat < now - dead_after
 
 
+async def _cas(s: AsyncSession, row: Delivery, **values: Any) -> bool:
+    """Change ``row`` only if nobody changed it since it was read."""
+    res = await s.execute(
+        update(Delivery)
+        .where(
+            Delivery.id == row.id,
+            Delivery.status == row.status,
+            Delivery.updated_at == row.updated_at,
+            Delivery.generation == row.generation,
+        )
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    await s.commit()
+    return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+
+
+async def _take_over(
+    s: AsyncSession,
+    row: Delivery,
+    owner: str,
+    now: float,
+    *,
+    dedup: bool,
+    dead_after: float,
+    stale_after: float,
+) -> Delivery | None:
+    """The existing row for this claim, or None when it is not ours to send."""
+    if row.status in (SENT, DISMISSED):
+        return None
+    if row.status == UNKNOWN and not dedup:
+        return None  # an operator decides (resend or dismiss)
+    if row.status in (PENDING, SENDING) and row.claimed_by != owner:
+        if not await _claimant_gone(s, row, now, dead_after, stale_after):
+            return None
+        if row.status == SENDING and not dedup:
+            # its claimant died between sending and recording: nobody knows if it arrived
+            await _cas(s, row, status=UNKNOWN, error=UNKNOWN_DIED, updated_at=now)
+            return None
+    if not await _cas(s, row, status=PENDING, claimed_by=owner, updated_at=now):
+        return None
+    await s.refresh(row)
+    return row
+
+
 async def claim(
     sessionmaker: Sessions,
     key: str,
@@ -116,10 +199,15 @@ async def claim(
     channel: str = "",
     job_id: str | None = None,
     chain_run_id: str | None = None,
+    content: dict[str, Any] | None = None,
+    dedup: bool = False,
     dead_after: float = 60.0,
     stale_after: float = 900.0,
 ) -> Delivery | None:
-    """Claim the item for ``owner``; None when it was sent already or someone alive holds it."""
+    """Claim the item for ``owner``; None when it was sent (or dismissed) already, someone
+    alive holds it, or its outcome is ``unknown`` on a channel that does not de-duplicate
+    (a row found ``sending`` whose claimant died becomes ``unknown`` here). ``dedup``: the
+    platform drops a repeat, so an ``unknown`` item may be sent again under the same key."""
     now = time.time()
     async with sessionmaker() as s:
         stmt = (
@@ -134,6 +222,8 @@ async def claim(
                 item=item,
                 status=PENDING,
                 tries=0,
+                generation=0,
+                content=stored_content(content),
                 claimed_by=owner,
                 created_at=now,
                 updated_at=now,
@@ -141,72 +231,135 @@ async def claim(
             .on_conflict_do_nothing(index_elements=["ledger_key"])
             .returning(Delivery)
         )
-        created = (await s.execute(stmt)).scalar_one_or_none()
+        created: Delivery | None = (await s.execute(stmt)).scalar_one_or_none()
         await s.commit()
         if created is not None:
             return created
         row = (await s.execute(select(Delivery).where(Delivery.ledger_key == key))).scalar_one()
-        if row.status == SENT:
-            return None
-        if row.status == PENDING and row.claimed_by != owner:
-            if not await _claimant_gone(s, row, now, dead_after, stale_after):
-                return None
-        # Take it over only if nobody changed it since we looked.
-        res = await s.execute(
-            update(Delivery)
-            .where(
-                Delivery.id == row.id,
-                Delivery.status == row.status,
-                Delivery.updated_at == row.updated_at,
-            )
-            .values(status=PENDING, claimed_by=owner, updated_at=now)
-            .execution_options(synchronize_session=False)
+        return await _take_over(
+            s, row, owner, now, dedup=dedup, dead_after=dead_after, stale_after=stale_after
         )
-        await s.commit()
-        if res.rowcount != 1:  # type: ignore[attr-defined]
-            return None
-        await s.refresh(row)
-        return row
 
 
-async def _finish(sessionmaker: Sessions, key: str, owner: str, **values: Any) -> bool:
+def stored_content(content: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What is needed to send an item again, fit for the database and free of known secret
+    values (``{"text"}`` or ``{"path", "caption"?}``)."""
+    if not content:
+        return None
+    clean = {
+        k: SECRETS.scrub(v) if isinstance(v, str) else v
+        for k, v in content.items()
+        if v is not None
+    }
+    value = storable.json_value(clean, cap=CONTENT_CAP)
+    return value if isinstance(value, dict) else None
+
+
+async def _finish(
+    sessionmaker: Sessions, key: str, owner: str, generation: int | None = None, **values: Any
+) -> bool:
     values["updated_at"] = time.time()
     if isinstance(values.get("error"), str):  # a channel's answer can hold anything
         values["error"] = storable.text(values["error"], cap=2000)
+    if isinstance(values.get("note"), str):
+        values["note"] = storable.text(values["note"], cap=2000)
+    where = [Delivery.ledger_key == key, Delivery.claimed_by == owner]
+    if generation is not None:  # a stale claim never records over a newer generation
+        where.append(Delivery.generation == generation)
     async with sessionmaker() as s:
-        res = await s.execute(
-            update(Delivery)
-            .where(Delivery.ledger_key == key, Delivery.claimed_by == owner)
-            .values(**values)
-        )
+        res = await s.execute(update(Delivery).where(*where).values(**values))
         await s.commit()
         return bool(res.rowcount == 1)  # type: ignore[attr-defined]
 
 
-async def mark_sent(sessionmaker: Sessions, key: str, owner: str, tries: int = 1) -> bool:
-    """Record the item as sent (``tries``: send attempts made by this claim)."""
+async def begin_send(sessionmaker: Sessions, key: str, owner: str, generation: int) -> bool:
+    """``pending`` → ``sending`` right before the request goes out; False when the claim is
+    no longer this owner's (taken over, resent as a newer generation)."""
+    return await _finish(sessionmaker, key, owner, generation, status=SENDING)
+
+
+async def mark_sent(
+    sessionmaker: Sessions,
+    key: str,
+    owner: str,
+    tries: int = 1,
+    *,
+    receipt: Any = None,
+    generation: int | None = None,
+) -> bool:
+    """Record the item as sent (``tries``: send attempts made by this claim) with the
+    platform's receipt: its message id (``verified`` false when it gave none), and the
+    adapter's note and kind when it went other than asked."""
+    message_id = str(receipt) if receipt not in (None, "") else None
     return await _finish(
         sessionmaker,
         key,
         owner,
+        generation,
         status=SENT,
         error=None,
         sent_at=time.time(),
         tries=Delivery.tries + tries,
+        message_id=message_id[:255] if message_id else None,
+        verified=message_id is not None,
+        note=getattr(receipt, "note", None) or None,
+        sent_as=getattr(receipt, "kind", None) or None,
     )
 
 
 async def mark_failed(
-    sessionmaker: Sessions, key: str, owner: str, error: str, tries: int = 1
+    sessionmaker: Sessions,
+    key: str,
+    owner: str,
+    error: str,
+    tries: int = 1,
+    *,
+    generation: int | None = None,
 ) -> bool:
     return await _finish(
-        sessionmaker, key, owner, status=FAILED, error=error, tries=Delivery.tries + tries
+        sessionmaker,
+        key,
+        owner,
+        generation,
+        status=FAILED,
+        error=error,
+        tries=Delivery.tries + tries,
     )
 
 
-async def release(sessionmaker: Sessions, key: str, owner: str, note: str | None = None) -> bool:
+async def mark_unknown(
+    sessionmaker: Sessions,
+    key: str,
+    owner: str,
+    error: str,
+    tries: int = 1,
+    *,
+    generation: int | None = None,
+) -> bool:
+    """The request may have been delivered: never sent again without an operator."""
+    return await _finish(
+        sessionmaker,
+        key,
+        owner,
+        generation,
+        status=UNKNOWN,
+        error=error,
+        tries=Delivery.tries + tries,
+    )
+
+
+async def release(
+    sessionmaker: Sessions,
+    key: str,
+    owner: str,
+    note: str | None = None,
+    *,
+    generation: int | None = None,
+) -> bool:
     """Give a pending claim back (it was not sent) so the next run picks it up."""
-    return await _finish(sessionmaker, key, owner, status=PENDING, claimed_by=None, error=note)
+    return await _finish(
+        sessionmaker, key, owner, generation, status=PENDING, claimed_by=None, error=note
+    )
 
 
 async def get(sessionmaker: Sessions, key: str) -> Delivery | None:
@@ -225,6 +378,29 @@ async def for_job(sessionmaker: Sessions, job_id: str) -> list[dict[str, Any]]:
         return [delivery_dict(r) for r in rows]
 
 
+async def _wait_for_claim(
+    sessionmaker: Sessions,
+    claim_once: Callable[[], Awaitable[Delivery | None]],
+    key: str,
+    owner: str,
+    recipient: str,
+    fence: Fence | None,
+    wait: float,
+    dead_after: float,
+) -> Delivery | None:
+    row = await claim_once()
+    deadline = time.monotonic() + wait
+    while row is None and time.monotonic() < deadline:
+        held = await get(sessionmaker, key)
+        if held is None or held.status not in (PENDING, SENDING) or held.claimed_by == owner:
+            break
+        if fence is not None and not await fence():
+            raise LeaseLost(recipient)
+        await asyncio.sleep(min(1.0, max(dead_after / 4, 0.05)))
+        row = await claim_once()
+    return row
+
+
 async def deliver_once(
     sessionmaker: Sessions,
     send: Callable[[], Awaitable[Any]],
@@ -237,6 +413,8 @@ async def deliver_once(
     channel: str = "",
     job_id: str | None = None,
     chain_run_id: str | None = None,
+    content: dict[str, Any] | None = None,
+    dedup: bool = False,
     fence: Fence | None = None,
     tries: int = DEFAULT_TRIES,
     backoff: float = 1.0,
@@ -244,9 +422,12 @@ async def deliver_once(
     stale_after: float = 900.0,
     wait: float = 0.0,
 ) -> dict[str, Any]:
-    """Claim → send (transient failures retried with backoff, ``retry_after`` honoured) →
-    record. Returns the delivery dict; raises :class:`LeaseLost` when ``fence`` says this
-    attempt no longer owns the job (nothing is sent then).
+    """Claim → ``sending`` → send (transient failures retried with backoff, ``retry_after``
+    honoured) → record ``sent`` with the receipt ``send`` returns, ``failed``, or
+    ``unknown`` when the request may have landed without an answer (on a ``dedup`` channel
+    that one is repeated under the same key instead). Returns the delivery dict; raises
+    :class:`LeaseLost` when ``fence`` says this attempt no longer owns the job (nothing is
+    sent then).
 
     ``wait``: how long to keep trying when another claimant that still looks alive holds
     the item — a re-run of a job whose worker was killed mid-delivery waits until that
@@ -266,58 +447,121 @@ async def deliver_once(
             channel=channel,
             job_id=job_id,
             chain_run_id=chain_run_id,
+            content=content,
+            dedup=dedup,
             dead_after=dead_after,
             stale_after=stale_after,
         )
 
-    row = await _claim()
-    deadline = time.monotonic() + wait
-    while row is None and time.monotonic() < deadline:
-        held = await get(sessionmaker, key)
-        if held is None or held.status != PENDING or held.claimed_by == owner:
-            break
-        if fence is not None and not await fence():
-            raise LeaseLost(recipient)
-        await asyncio.sleep(min(1.0, max(dead_after / 4, 0.05)))
-        row = await _claim()
+    row = await _wait_for_claim(
+        sessionmaker, _claim, key, owner, recipient, fence, wait, dead_after
+    )
     if row is None:
         existing = await get(sessionmaker, key)
         status = existing.status if existing is not None else PENDING
-        note = None if status == SENT else "being delivered by another worker"
+        note: str | None = "being delivered by another worker"
+        if status == SENT:
+            note = None
+        elif status in (UNKNOWN, DISMISSED, FAILED) and existing is not None:
+            note = existing.error
         return {**base, "status": status, "error": note, "duplicate": True}
+    return await _send_claimed(
+        sessionmaker,
+        send,
+        row,
+        key,
+        owner,
+        base,
+        dedup=dedup,
+        fence=fence,
+        tries=tries,
+        backoff=backoff,
+    )
 
+
+async def _send_claimed(
+    sessionmaker: Sessions,
+    send: Callable[[], Awaitable[Any]],
+    row: Delivery,
+    key: str,
+    owner: str,
+    base: dict[str, Any],
+    *,
+    dedup: bool,
+    fence: Fence | None,
+    tries: int,
+    backoff: float,
+) -> dict[str, Any]:
+    gen = row.generation
+    recipient = base["recipient"]
     error = ""
     for attempt in range(1, max(1, tries) + 1):
         if fence is not None and not await fence():
-            await asyncio.shield(release(sessionmaker, key, owner, "not sent: lease lost"))
+            await asyncio.shield(
+                release(sessionmaker, key, owner, "not sent: lease lost", generation=gen)
+            )
             raise LeaseLost(recipient)
+        if not await begin_send(sessionmaker, key, owner, gen):
+            return {**base, "status": PENDING, "error": "taken over", "duplicate": True}
+        marker = SEND_KEY.set(f"{key}:{gen}")
         try:
-            await send()
+            receipt = await send()
+        except DeliveryOutcomeUnknown as exc:
+            error = exc.reason
+            if not dedup or attempt >= tries:
+                await mark_unknown(sessionmaker, key, owner, error, attempt, generation=gen)
+                return {**base, "status": UNKNOWN, "error": error}
+            log.info("delivery to %s: outcome unknown (%s), repeating it", recipient, error)
+            await asyncio.sleep(min(backoff * 2 ** (attempt - 1), MAX_WAIT))
+            continue
         except DeliveryTransientError as exc:
             error = exc.reason
             if attempt >= tries:
                 break
-            wait = exc.retry_after if exc.retry_after is not None else backoff * 2 ** (attempt - 1)
-            log.info("delivery to %s failed (%s), retrying in %.1fs", recipient, error, wait)
-            await asyncio.sleep(min(max(wait, 0.0), MAX_WAIT))
+            pause = exc.retry_after if exc.retry_after is not None else backoff * 2 ** (attempt - 1)
+            log.info("delivery to %s failed (%s), retrying in %.1fs", recipient, error, pause)
+            await asyncio.sleep(min(max(pause, 0.0), MAX_WAIT))
             continue
         except DeliveryPermanentError as exc:
-            await mark_failed(sessionmaker, key, owner, exc.reason, attempt)
+            await mark_failed(sessionmaker, key, owner, exc.reason, attempt, generation=gen)
             return {**base, "status": FAILED, "error": exc.reason}
         except asyncio.CancelledError:
-            # Unknown whether it went out; leave it for the next run rather than lose it.
-            await asyncio.shield(release(sessionmaker, key, owner, "interrupted while sending"))
+            # The request may have gone out: unknown, unless the platform drops repeats.
+            if dedup:
+                await asyncio.shield(
+                    release(sessionmaker, key, owner, "interrupted while sending", generation=gen)
+                )
+            else:
+                await asyncio.shield(
+                    mark_unknown(
+                        sessionmaker, key, owner, "interrupted while sending", generation=gen
+                    )
+                )
             raise
         except Exception as exc:  # an adapter bug must not lose the rest of the delivery
             log.exception("delivery to %s: unexpected error", recipient)
             reason = f"internal error: {type(exc).__name__}: {exc}"
-            await mark_failed(sessionmaker, key, owner, reason, attempt)
+            await mark_failed(sessionmaker, key, owner, reason, attempt, generation=gen)
             return {**base, "status": FAILED, "error": reason}
-        await asyncio.shield(mark_sent(sessionmaker, key, owner, attempt))
-        return {**base, "status": SENT, "error": None}
+        finally:
+            SEND_KEY.reset(marker)
+        await asyncio.shield(
+            mark_sent(sessionmaker, key, owner, attempt, receipt=receipt, generation=gen)
+        )
+        return {**base, "status": SENT, "error": None, **_receipt_fields(receipt)}
     reason = f"gave up after {tries} tries: {error}"
-    await mark_failed(sessionmaker, key, owner, reason, tries)
+    await mark_failed(sessionmaker, key, owner, reason, tries, generation=gen)
     return {**base, "status": FAILED, "error": reason}
+
+
+def _receipt_fields(receipt: Any) -> dict[str, Any]:
+    mid = str(receipt) if receipt not in (None, "") else None
+    return {
+        "message_id": mid,
+        "verified": mid is not None,
+        "note": getattr(receipt, "note", None) or None,
+        "sent_as": getattr(receipt, "kind", None) or None,
+    }
 
 
 async def record_web_deliveries(

@@ -279,8 +279,8 @@ async def _send_item(
     if item.path is None:
         text = item.text or ""
 
-        async def send_text() -> None:
-            await adapter.send_text(origin.contact, text)
+        async def send_text() -> str:
+            return await adapter.send_text(origin.contact, text)
 
         return [
             _public(
@@ -290,16 +290,18 @@ async def _send_item(
                     key=ledger_key(job_id, origin.recipient, item.key),
                     kind="text",
                     item=item.key,
+                    content={"text": text},
+                    dedup=adapter.dedups_for(origin.contact),
                     **common,
                 )
             )
         ]
     path, caption = item.path, item.text
 
-    async def send_media() -> None:
+    async def send_media() -> str:
         if not Path(path).is_relative_to(workspace):
             raise DeliveryPermanentError(f"{Path(path).name} is outside the job's workspace")
-        await adapter.send_media(item.kind, origin.contact, path, caption)
+        return await adapter.send_media(item.kind, origin.contact, path, caption)
 
     res = _public(
         await deliver_once(
@@ -308,6 +310,8 @@ async def _send_item(
             key=ledger_key(job_id, origin.recipient, item.key),
             kind=item.kind,
             item=path,
+            content={"path": path, "caption": caption},
+            dedup=adapter.dedups_for(origin.contact),
             **common,
         )
     )

@@ -260,6 +260,15 @@ class Delivery(Base):
     created_at: Mapped[float] = mapped_column(Float, default=now)
     updated_at: Mapped[float] = mapped_column(Float, default=now)
     sent_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Custody (SPEC C13): a resend starts a new generation; only a claim of the current
+    # generation may record an outcome.
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    message_id: Mapped[str | None] = mapped_column(String(255), nullable=True)  # receipt
+    verified: Mapped[bool | None] = mapped_column(Boolean, nullable=True)  # id returned
+    note: Mapped[str | None] = mapped_column(Text, nullable=True)  # how it went, if not as asked
+    sent_as: Mapped[str | None] = mapped_column(String(16), nullable=True)  # kind it went as
+    # what is needed to send it again: {"text"} or {"path", "caption"?} (secret-free)
+    content: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
 
 class Schedule(Base):

@@ -4,6 +4,7 @@ that translates transport failures once, and a token cache for the APIs that nee
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -13,7 +14,16 @@ from typing import Any, TypeVar
 
 import httpx
 
-from delivery.errors import DeliveryError, DeliveryPermanentError, DeliveryTransientError
+from delivery.errors import (
+    DeliveryError,
+    DeliveryOutcomeUnknown,
+    DeliveryPermanentError,
+    DeliveryTransientError,
+)
+
+#: the idempotency key of the send in progress (set by the ledger): adapters whose platform
+#: de-duplicates on a client key (Feishu ``uuid``) send it, so a repeat is not delivered twice
+SEND_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("send_key", default=None)
 
 
 def read_file(path: str | Path) -> bytes:
@@ -69,10 +79,16 @@ async def request(
     """
     try:
         resp = await http.request(method, url, **kwargs)
-    except httpx.TimeoutException as exc:
-        raise DeliveryTransientError(f"{what}: timed out") from exc
-    except httpx.TransportError as exc:
+    except (httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        raise DeliveryTransientError(f"{what}: timed out connecting") from exc
+    except httpx.TimeoutException as exc:  # read/write timeout: the request may have landed
+        raise DeliveryOutcomeUnknown(f"{what}: timed out waiting for the answer") from exc
+    except (httpx.ConnectError, httpx.UnsupportedProtocol, httpx.ProxyError) as exc:
         raise DeliveryTransientError(f"{what}: connection failed ({type(exc).__name__})") from exc
+    except httpx.TransportError as exc:  # dropped after the request went out
+        raise DeliveryOutcomeUnknown(
+            f"{what}: connection lost before the answer ({type(exc).__name__})"
+        ) from exc
     if resp.status_code == 429 or resp.status_code >= 500:
         body = _json_or_none(resp)
         detail = _short_detail(body) or resp.reason_phrase
@@ -175,6 +191,13 @@ class Channel:
     supports_caption = False
     #: ``![alt](url)`` in text is turned into media by this adapter
     converts_markdown_images = False
+    #: the platform drops a repeated send itself (Feishu ``uuid``, WeCom duplicate check),
+    #: so a send whose outcome is unknown may be repeated with the same key
+    dedups = False
+
+    def dedups_for(self, contact: str) -> bool:
+        """Whether the platform drops a repeat of a send to ``contact`` (see ``dedups``)."""
+        return self.dedups
 
     async def send_text(self, contact: str, text: str) -> str:
         raise NotImplementedError
@@ -219,6 +242,8 @@ async def with_retries(
     for attempt in range(1, tries + 1):
         try:
             return await send()
+        except DeliveryOutcomeUnknown:
+            raise  # it may have been delivered: repeating it is the caller's decision
         except DeliveryTransientError as exc:
             if attempt >= tries:
                 raise DeliveryTransientError(f"gave up after {tries} tries: {exc.reason}") from exc
@@ -230,9 +255,11 @@ async def with_retries(
 __all__ = [
     "MARKDOWN_IMAGE",
     "MAX_WAIT",
+    "SEND_KEY",
     "TRIES",
     "Channel",
     "DeliveryError",
+    "DeliveryOutcomeUnknown",
     "DeliveryPermanentError",
     "DeliveryTransientError",
     "TokenCache",

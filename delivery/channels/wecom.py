@@ -30,6 +30,7 @@ from delivery.channels.limits import (
     LinkFor,
     Target,
     fit,
+    parse_target,
     rule,
     split_text,
     utf8_len,
@@ -54,6 +55,9 @@ FILE_LIMIT = 20 * 1024 * 1024
 TEXT_BYTES = 2048
 TITLE_BYTES = 128
 VOICE_SECONDS = 60
+#: ``duplicate_check_interval`` of ``message/send``: an identical message to the same user
+#: within it is sent once (the platform's default is 1800 s, at most 4 hours)
+DUPLICATE_CHECK_SEC = 600
 
 
 def byte_chunks(text: str, limit: int) -> list[str]:
@@ -64,6 +68,7 @@ def byte_chunks(text: str, limit: int) -> list[str]:
 
 class WeComChannel(LimitedChannel):
     name = "wecom"
+    dedups = True  # ``enable_duplicate_check`` on message/send (not on appchat/send)
     supports_caption = False
     TEXT_LIMIT = TEXT_BYTES
     RULES = {
@@ -72,6 +77,9 @@ class WeComChannel(LimitedChannel):
         "video": rule(10, "mp4", min_bytes=6),
         "file": rule(20, min_bytes=6),
     }
+
+    def dedups_for(self, contact: str) -> bool:
+        return not parse_target(contact).chat  # appchat/send has no duplicate check
 
     def __init__(
         self,
@@ -151,7 +159,15 @@ class WeComChannel(LimitedChannel):
             "POST",
             "/cgi-bin/message/send",
             "wecom message send",
-            json={"touser": target.id, "agentid": agent, "msgtype": msgtype, msgtype: payload},
+            json={
+                "touser": target.id,
+                "agentid": agent,
+                "msgtype": msgtype,
+                msgtype: payload,
+                # the same message to the same user within the interval is sent once
+                "enable_duplicate_check": 1,
+                "duplicate_check_interval": DUPLICATE_CHECK_SEC,
+            },
         )
         if body.get("invaliduser"):
             raise DeliveryPermanentError(

@@ -44,6 +44,7 @@ class FakeFeishu(FakeServer):
         self.unreachable = {"ou_blocked"}
         self.outside = {"oc_elsewhere"}  # group chats the bot is not in
         self._n = itertools.count(1)
+        self.uuids: dict[str, Response] = {}  # uuid → its answer: one message per uuid
         self.route("POST", "/open-apis/auth/v3/tenant_access_token/internal", self._token)
         self.route("POST", "/open-apis/im/v1/images", self._image)
         self.route("POST", "/open-apis/im/v1/files", self._file)
@@ -170,7 +171,13 @@ class FakeFeishu(FakeServer):
         parsed = self._content(req)
         if isinstance(parsed, Response):
             return parsed
-        return self._record(id_type, receive_id, *parsed)
+        key = str((req.json or {}).get("uuid") or "")
+        if key and key in self.uuids:
+            return self.uuids[key]  # documented: the same uuid within an hour sends once
+        answer = self._record(id_type, receive_id, *parsed)
+        if key:
+            self.uuids[key] = answer
+        return answer
 
     async def _reply(self, req: Request) -> Response:
         if (err := self._auth(req)) is not None:

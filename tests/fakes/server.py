@@ -124,6 +124,10 @@ class FakeServer:
         self.requests: list[Request] = []
         self._routes: dict[tuple[str, str], Handler] = {}
         self._scripted: dict[str, list[Response]] = {}
+        # path suffix → how many answers to lose: the request is processed, then the answer
+        # is held back for ``lose_delay`` s (the client times out reading it)
+        self.lose_answers: dict[str, int] = {}
+        self.lose_delay = 3.0
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -177,6 +181,11 @@ class FakeServer:
             req.form = dict(parse_qsl(body.decode()))
         self.requests.append(req)
         resp = await self._respond(req)
+        for tail, left in self.lose_answers.items():
+            if left > 0 and req.path.endswith(tail):
+                self.lose_answers[tail] = left - 1
+                await asyncio.sleep(self.lose_delay)
+                break
         payload = resp.body
         out_headers = dict(resp.headers)
         if isinstance(payload, dict | list):
