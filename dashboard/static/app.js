@@ -1,19 +1,30 @@
 // skilljobs queue dashboard. Plain DOM, no framework, no network beyond this origin.
-// Everything that comes from the API is put on the page with textContent (via el()),
-// never parsed as HTML: a skill that returns "<script>" shows that text, nothing more.
+// Everything that comes from the API is put on the page with textContent (via el() and
+// svg()), never parsed as HTML: a skill that returns "<script>" shows that text, nothing
+// more. Every page has an address (#/jobs?status=failed, #/jobs/<id>, #/schedules/<id>,
+// #/chain-runs/<id>, …): back/forward and reload show the same thing again.
 "use strict";
 
 const TOKEN_KEY = "skilljobs.token";
+const TABS = ["overview", "jobs", "schedules", "deliveries", "incidents", "workers", "audit"];
+const JOB_FILTERS = ["q", "status", "skill", "channel", "role", "since", "until"];
+const FINISHED = ["succeeded", "failed", "timed_out", "cancelled"];
 const state = {
   token: null,
-  tab: "overview",
-  filters: {},
+  canChange: true,
+  page: "overview",
+  id: null,
+  params: new URLSearchParams(),
+  listKey: null, // the job filters the list shows (their address form)
   cursors: [null], // cursor of each page seen; the last is the current page
   nextCursor: null,
   detailId: null,
   detail: null,
   events: null,
-  scheduleRunsId: null,
+  chartWindow: "1h",
+  auditBefore: [null],
+  auditNext: null,
+  blobs: [],
   timers: {},
 };
 
@@ -37,6 +48,20 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v !== null && v !== undefined) node.setAttribute(k, String(v));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
 function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); return node; }
 
 function fillRows(container, rows, emptyText, cols) {
@@ -50,12 +75,18 @@ function fillRows(container, rows, emptyText, cols) {
   for (const r of rows) container.append(r);
 }
 
+function pad2(n) { return String(n).padStart(2, "0"); }
+
 function fmtTime(ts) {
   if (!ts) return "–";
   const d = new Date(ts * 1000);
-  const pad = (n) => String(n).padStart(2, "0");
-  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
-    `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  return `${d.getFullYear()}-${pad2(d.getMonth() + 1)}-${pad2(d.getDate())} ` +
+    `${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())}`;
+}
+
+function fmtClock(ts) {
+  const d = new Date(ts * 1000);
+  return `${pad2(d.getHours())}:${pad2(d.getMinutes())}`;
 }
 
 function fmtAge(seconds) {
@@ -70,7 +101,8 @@ function fmtAge(seconds) {
 function fmtMs(ms) {
   if (ms === null || ms === undefined) return "–";
   if (ms < 1000) return `${Math.round(ms)} ms`;
-  return `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
+  if (ms < 600000) return `${(ms / 1000).toFixed(ms < 10000 ? 2 : 1)} s`;
+  return fmtAge(ms / 1000);
 }
 
 function pct(x) { return `${(100 * (x || 0)).toFixed(1)} %`; }
@@ -86,6 +118,12 @@ function pretty(value) {
   return JSON.stringify(value, null, 2);
 }
 
+function isoTime(value) {
+  if (!value) return "–";
+  const d = typeof value === "number" ? new Date(value * 1000) : new Date(value);
+  return Number.isNaN(d.getTime()) ? String(value) : fmtTime(d.getTime() / 1000);
+}
+
 function flash(message, isError) {
   const node = $("#flash");
   node.textContent = message;
@@ -93,6 +131,94 @@ function flash(message, isError) {
   node.hidden = false;
   clearTimeout(state.timers.flash);
   state.timers.flash = setTimeout(() => { node.hidden = true; }, 6000);
+}
+
+function report(err) {
+  if (err instanceof Unauthorized) return;
+  flash(err.message || String(err), true);
+}
+
+// A button that changes something: never made for a token that may not change anything
+// (the API refuses such a token's actions with 403 anyway).
+function action(label, onclick, attrs) {
+  if (!state.canChange) return null;
+  return el("button", Object.assign({ type: "button", class: "small action", onclick }, attrs || {}),
+    label);
+}
+
+function jobLink(id, text) {
+  return el("a", { href: `#/jobs/${encodeURIComponent(id)}`, class: "mono" }, text || String(id).slice(0, 8));
+}
+
+// --- addresses -------------------------------------------------------------------------
+
+function parseHash() {
+  const raw = window.location.hash.replace(/^#\/?/, "");
+  const cut = raw.indexOf("?");
+  const path = cut < 0 ? raw : raw.slice(0, cut);
+  const query = cut < 0 ? "" : raw.slice(cut + 1);
+  const parts = path.split("/").filter(Boolean).map((p) => {
+    try { return decodeURIComponent(p); } catch (e) { return p; }
+  });
+  return { page: parts[0] || "overview", id: parts[1] || null, params: new URLSearchParams(query) };
+}
+
+function address(page, id, params) {
+  const q = params && String(params) ? `?${params}` : "";
+  return `#/${page}${id ? `/${encodeURIComponent(id)}` : ""}${q}`;
+}
+
+function navigate(hash) {
+  if (window.location.hash === hash) route();
+  else window.location.hash = hash; // hashchange → route()
+}
+
+function route() {
+  const { page, id, params } = parseHash();
+  const known = TABS.includes(page) || page === "chain-runs";
+  state.page = known ? page : "overview";
+  state.id = id;
+  state.params = params;
+  const tab = state.page === "chain-runs" ? "schedules" : state.page;
+  for (const b of document.querySelectorAll("#tabs button")) {
+    const on = b.dataset.tab === tab;
+    b.classList.toggle("active", on);
+    if (on) b.setAttribute("aria-current", "page"); else b.removeAttribute("aria-current");
+  }
+  for (const s of document.querySelectorAll("main .tab")) s.hidden = s.id !== `tab-${state.page}`;
+  document.title = `skilljobs — ${state.page}${id ? ` ${id}` : ""}`;
+  refreshCurrent();
+}
+
+const LOADERS = {
+  overview: () => loadOverview(),
+  jobs: () => loadJobsPage(),
+  schedules: () => loadSchedules(),
+  "chain-runs": () => loadChainRun(state.id),
+  deliveries: () => loadDeliveries(),
+  incidents: () => loadIncidents(),
+  workers: () => loadWorkers(),
+  audit: () => loadAudit(),
+};
+
+function refreshCurrent() {
+  const run = LOADERS[state.page];
+  if (run) run().catch(report);
+}
+
+function fillForm(form, params, names) {
+  for (const name of names) {
+    if (form.elements[name]) form.elements[name].value = params.get(name) || "";
+  }
+}
+
+function formParams(form, names) {
+  const out = new URLSearchParams();
+  for (const name of names) {
+    const v = form.elements[name] ? form.elements[name].value.trim() : "";
+    if (v) out.set(name, v);
+  }
+  return out;
 }
 
 // --- token and API -------------------------------------------------------------------
@@ -111,12 +237,16 @@ function takeTokenFromAddress() {
   state.token = sessionStorage.getItem(TOKEN_KEY);
 }
 
+function authHeaders() {
+  return state.token ? { authorization: `Bearer ${state.token}` } : {};
+}
+
 async function api(path, options) {
   const opts = Object.assign({ method: "GET" }, options || {});
   // The custom header marks the page's own requests (the server refuses body-less
   // state-changing requests without it: a cross-site form cannot send one).
-  const headers = { accept: "application/json", "x-requested-with": "skilljobs-dashboard" };
-  if (state.token) headers.authorization = `Bearer ${state.token}`;
+  const headers = Object.assign({ accept: "application/json", "x-requested-with": "skilljobs-dashboard" },
+    authHeaders());
   if (opts.json !== undefined) {
     headers["content-type"] = "application/json";
     opts.body = JSON.stringify(opts.json);
@@ -149,16 +279,21 @@ function showLogin(message) {
 
 async function start() {
   $("#login").hidden = true;
+  let me;
   try {
-    await api("/api/v1/queue");
+    me = await api("/api/v1/me");
   } catch (err) {
     if (!(err instanceof Unauthorized)) showLogin(`Cannot reach the API: ${err.message}`);
     return;
   }
+  state.canChange = Boolean(me.can_change);
+  document.body.classList.toggle("read-only", !state.canChange);
+  $("#who").hidden = state.canChange;
+  $("#who").textContent = state.canChange ? "" : `${me.actor}: read only`;
   $("#app").hidden = false;
   $("#logout").hidden = !state.token;
   startEvents();
-  selectTab(state.tab);
+  route();
   clearInterval(state.timers.poll);
   state.timers.poll = setInterval(refreshCurrent, 10000);
 }
@@ -196,43 +331,112 @@ function onJobEvent(data) {
     const cell = row.querySelector("td.status");
     clear(cell).append(statusBadge(data.status));
   }
-  if (state.tab === "jobs") {
+  if (state.page === "jobs") {
     // A new job shows up on the first page; a known one gets its full row refreshed.
     if (row || state.cursors.length === 1) debounce("jobs", () => loadJobs().catch(report), 300);
   }
   if (state.detailId === data.id) debounce("detail", () => openDetail(data.id), 200);
-  if (state.tab === "overview") debounce("overview", () => loadOverview().catch(report), 500);
+  if (state.page === "overview") debounce("overview", () => loadOverview().catch(report), 500);
 }
 
-// --- tabs ------------------------------------------------------------------------------
+// --- charts (inline SVG) ---------------------------------------------------------------
 
-function selectTab(tab) {
-  state.tab = tab;
-  for (const b of document.querySelectorAll("#tabs button")) {
-    b.classList.toggle("active", b.dataset.tab === tab);
+const CHART_W = 600;
+const CHART_H = 150;
+const PAD = { l: 40, r: 8, t: 8, b: 20 };
+
+function niceMax(v) {
+  if (v <= 0) return 1;
+  const p = 10 ** Math.floor(Math.log10(v));
+  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+  return 10 * p;
+}
+
+function fmtNum(v) { return Number.isInteger(v) ? String(v) : v.toFixed(v < 10 ? 1 : 0); }
+
+// series: [{name, values}] drawn as lines over the bucket starts in t.
+function lineChart(container, t, step, series, label) {
+  clear(container);
+  const all = series.flatMap((s) => s.values);
+  const top = niceMax(Math.max(0, ...all));
+  const n = Math.max(1, t.length - 1);
+  const x = (i) => PAD.l + ((CHART_W - PAD.l - PAD.r) * i) / n;
+  const y = (v) => CHART_H - PAD.b - ((CHART_H - PAD.t - PAD.b) * v) / top;
+  const totals = series.map((s) => `${s.name} ${s.total !== undefined ? s.total
+    : fmtNum(s.values.reduce((a, b) => a + b, 0))}`);
+  const root = svg("svg", {
+    viewBox: `0 0 ${CHART_W} ${CHART_H}`, class: "chart-svg", role: "img",
+    "aria-label": `${label}: ${totals.join(", ")}`,
+  });
+  for (const frac of [0, 0.5, 1]) {
+    const v = top * frac;
+    root.append(svg("line", { x1: PAD.l, x2: CHART_W - PAD.r, y1: y(v), y2: y(v), class: "grid-line" }),
+      svg("text", { x: PAD.l - 4, y: y(v) + 4, class: "axis", "text-anchor": "end" }, fmtNum(v)));
   }
-  for (const s of document.querySelectorAll("main .tab")) s.hidden = s.id !== `tab-${tab}`;
-  refreshCurrent();
+  if (t.length) {
+    const ticks = [[0, "start"], [Math.floor(t.length / 2), "middle"], [t.length - 1, "end"]];
+    for (const [i, anchor] of ticks) {
+      root.append(svg("text", { x: x(i), y: CHART_H - 4, class: "axis", "text-anchor": anchor },
+        fmtClock(t[i])));
+    }
+  }
+  series.forEach((s, k) => {
+    const points = s.values.map((v, i) => `${x(i).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
+    root.append(svg("polyline", { points, class: `series s${k} s-${s.name}` },
+      svg("title", {}, `${s.name}: ${totals[k]}`)));
+  });
+  // one hover target per bucket, with the values of that bucket as its tooltip
+  const width = (CHART_W - PAD.l - PAD.r) / Math.max(1, t.length);
+  t.forEach((ts, i) => {
+    const tip = `${fmtTime(ts)} · ` + series.map((s) => `${s.name} ${fmtNum(s.values[i])}`).join(", ");
+    root.append(svg("rect", { x: x(i) - width / 2, y: PAD.t, width, height: CHART_H - PAD.t - PAD.b,
+      class: "hover" }, svg("title", {}, tip)));
+  });
+  container.append(root, el("div", { class: "legend" }, series.map((s, k) =>
+    el("span", { class: `key s${k} s-${s.name}` }, totals[k]))));
 }
 
-function refreshCurrent() {
-  const run = { overview: loadOverview, jobs: loadJobs, schedules: loadSchedules }[state.tab];
-  if (run) run().catch(report);
+function sum(values) { return values.reduce((a, b) => a + b, 0); }
+
+// Plotted per minute; the legend gives the count over the whole window.
+function perMinute(name, counts, step) {
+  return { name, values: counts.map((v) => (v * 60) / step), total: sum(counts) };
 }
 
-function report(err) {
-  if (err instanceof Unauthorized) return;
-  flash(err.message || String(err), true);
+async function loadCharts() {
+  const step = state.chartWindow === "24h" ? 600 : 60;
+  const data = await api(`/api/v1/stats/timeseries?window=${state.chartWindow}&step=${step}`);
+  const jobs = data.series.jobs;
+  lineChart($("#chart-jobs"), data.t, step, [
+    perMinute("succeeded", jobs.succeeded, step),
+    perMinute("failed", jobs.failed, step),
+    perMinute("cancelled", jobs.cancelled, step),
+  ], "jobs finished per minute");
+  const depth = data.series.queue_depth.queued;
+  lineChart($("#chart-depth"), data.t, step, [{ name: "queued", values: depth,
+    total: `now ${depth[depth.length - 1] || 0}, at most ${Math.max(0, ...depth)}` }], "jobs waiting");
+  const dl = Object.entries(data.series.deliveries)
+    .filter(([, v]) => v.some((n) => n > 0))
+    .map(([name, v]) => perMinute(name, v, step));
+  lineChart($("#chart-deliveries"), data.t, step,
+    dl.length ? dl : [perMinute("sent", data.t.map(() => 0), step)], "deliveries per minute");
+  $("#latency-window").textContent = `(jobs finished in the last ${state.chartWindow === "24h" ? "24 hours" : "hour"})`;
+  fillRows($("#latency tbody"), data.latency.map((r) => el("tr", {},
+    el("td", {}, el("a", { href: address("jobs", null, new URLSearchParams({ skill: r.skill })) }, r.skill)),
+    el("td", {}, r.jobs), el("td", {}, fmtMs(r.wait_p50_ms)), el("td", {}, fmtMs(r.wait_p95_ms)),
+    el("td", {}, fmtMs(r.run_p50_ms)), el("td", {}, fmtMs(r.run_p95_ms)))), "no finished jobs", 6);
+  return data;
 }
 
 // --- overview --------------------------------------------------------------------------
 
 async function loadOverview() {
-  const [q, w] = await Promise.all([api("/api/v1/queue"), api("/api/v1/workers")]);
+  const [q] = await Promise.all([api("/api/v1/queue"), loadCharts()]);
   $("#c-queued").textContent = q.queued;
   $("#c-running").textContent = q.running;
   $("#c-oldest").textContent = q.queued ? fmtAge(q.oldest_queued_age_s) : "–";
   $("#c-workers").textContent = `${q.workers} / ${q.workers_total}`;
+  rememberSkills(q.skills.map((s) => s.skill));
 
   fillRows($("#rates tbody"), Object.entries(q.rates).map(([win, r]) => el("tr", {},
     el("td", {}, win), el("td", {}, r.succeeded), el("td", {}, r.failed),
@@ -240,23 +444,14 @@ async function loadOverview() {
     el("td", { class: r.failure_rate > 0.1 ? "bad" : "" }, pct(r.failure_rate)))), "no data", 7);
 
   fillRows($("#skills tbody"), q.skills.map((s) => el("tr", { dataset: { skill: s.skill } },
-    el("td", {}, el("a", { href: "#", onclick: (e) => { e.preventDefault(); showJobs({ skill: s.skill }); } }, s.skill)),
+    el("td", {}, el("a", { href: address("jobs", null, new URLSearchParams({ skill: s.skill })) }, s.skill)),
     el("td", {}, s.queued), el("td", {}, s.running), el("td", {}, s.succeeded),
-    el("td", { class: s.failed ? "bad" : "" }, s.failed), el("td", {}, s.cancelled),
+    el("td", { class: s.failed ? "bad" : "" }, s.failed ? el("a", {
+      href: address("jobs", null, new URLSearchParams({ skill: s.skill, status: "failed", since: "24h" })),
+    }, s.failed) : 0), el("td", {}, s.cancelled),
     el("td", {}, fmtMs(s.p50_ms)), el("td", {}, fmtMs(s.p95_ms)),
-    el("td", {}, s.failed ? el("button", { type: "button", class: "small requeue",
-      onclick: () => requeueFailed(s.skill) }, "Requeue failed") : ""))),
+    el("td", {}, s.failed ? action("Requeue failed", () => requeueFailed(s.skill), { class: "small requeue action" }) : ""))),
   "no jobs in the last 24 hours", 9);
-
-  const now = Date.now() / 1000;
-  fillRows($("#workers tbody"), w.items.map((x) => el("tr", {},
-    el("td", {}, x.id), el("td", {}, x.host), el("td", {}, x.pid),
-    el("td", {}, `${fmtTime(x.last_heartbeat)} (${fmtAge(now - x.last_heartbeat)} ago)`),
-    el("td", {}, el("span", { class: x.alive ? "badge st-succeeded" : "badge st-failed" },
-      x.alive ? "alive" : (x.stopped_at ? "stopped" : "silent"))),
-    el("td", {}, x.running.length ? x.running.map((id) => el("a", { href: "#", class: "mono",
-      onclick: (e) => { e.preventDefault(); showJobs({}); openDetail(id); } }, String(id).slice(0, 8))) : "–"))),
-  "no worker has reported yet", 6);
 
   const f = q.deliveries_failing;
   $("#deliveries-summary").textContent = f.total
@@ -265,8 +460,7 @@ async function loadOverview() {
   fillRows($("#deliveries-failing tbody"), f.latest.map((d) => el("tr", {},
     el("td", {}, fmtTime(d.created_at)), el("td", {}, d.recipient), el("td", {}, d.kind),
     el("td", {}, d.tries), el("td", { class: "bad" }, d.error || "–"),
-    el("td", {}, d.job_id ? el("a", { href: "#", class: "mono",
-      onclick: (e) => { e.preventDefault(); showJobs({}); openDetail(d.job_id); } }, d.job_id.slice(0, 8)) : "–"))),
+    el("td", {}, d.job_id ? jobLink(d.job_id) : "–"))),
   "no failed deliveries", 6);
 }
 
@@ -279,38 +473,72 @@ async function requeueFailed(skill) {
   } catch (err) { report(err); }
 }
 
-// --- jobs ------------------------------------------------------------------------------
-
-function showJobs(filters) {
-  const form = $("#filters");
-  form.reset();
-  for (const [k, v] of Object.entries(filters || {})) if (form.elements[k]) form.elements[k].value = v;
-  state.filters = readFilters();
-  state.cursors = [null];
-  selectTab("jobs");
+function rememberSkills(names) {
+  const list = $("#skill-names");
+  const known = new Set([...list.options].map((o) => o.value));
+  for (const name of names) if (!known.has(name)) list.append(el("option", { value: name }));
 }
 
-function readFilters() {
-  const form = $("#filters");
-  const out = {};
-  for (const name of ["status", "skill", "channel", "role", "q"]) {
-    const v = form.elements[name].value.trim();
-    if (v) out[name] = v;
+// --- jobs ------------------------------------------------------------------------------
+
+const SPAN = /^(\d+(?:\.\d+)?)([smhd])$/;
+const UNIT = { s: 1, m: 60, h: 3600, d: 86400 };
+
+function toEpoch(value) {
+  if (!value) return null;
+  const span = SPAN.exec(value);
+  if (span) return Date.now() / 1000 - Number(span[1]) * UNIT[span[2]];
+  if (/^\d+(\.\d+)?$/.test(value)) return Number(value);
+  const t = new Date(value).getTime(); // datetime-local: the browser's local time
+  return Number.isNaN(t) ? null : t / 1000;
+}
+
+function jobQuery(params) {
+  const out = new URLSearchParams();
+  for (const name of ["q", "status", "skill", "channel", "role"]) {
+    if (params.get(name)) out.set(name, params.get(name));
   }
-  const range = form.elements.range.value;
-  if (range) out.since = String(Date.now() / 1000 - Number(range));
-  const until = form.elements.until.value; // local time, as the browser shows it
-  if (until && !Number.isNaN(new Date(until).getTime())) {
-    out.until = String(new Date(until).getTime() / 1000);
+  for (const name of ["since", "until"]) {
+    const t = toEpoch(params.get(name));
+    if (t !== null) out.set(name, String(t));
   }
   return out;
 }
 
+function jobFilterParams() {
+  const p = new URLSearchParams();
+  for (const name of JOB_FILTERS) if (state.params.get(name)) p.set(name, state.params.get(name));
+  return p;
+}
+
+async function loadJobsPage() {
+  const filters = jobFilterParams();
+  const key = String(filters);
+  const form = $("#filters");
+  if (key !== state.listKey) {
+    fillForm(form, filters, JOB_FILTERS);
+    const since = form.elements.since;
+    if (filters.get("since") && since.value !== filters.get("since")) {
+      since.append(el("option", { value: filters.get("since") }, filters.get("since")));
+      since.value = filters.get("since");
+    }
+    state.listKey = key;
+    state.cursors = [null];
+  }
+  updateBulk(filters);
+  const jobsDone = loadJobs();
+  if (state.id) await openDetail(state.id);
+  else closeDetailPanel();
+  await jobsDone;
+}
+
 function jobRow(j) {
+  const href = address("jobs", j.id, jobFilterParams());
   return el("tr", {
     dataset: { jobId: j.id }, class: j.id === state.detailId ? "selected" : "",
-    onclick: () => openDetail(j.id) },
-  el("td", {}, fmtTime(j.created_at)), el("td", { class: "mono" }, j.id.slice(0, 12)),
+    onclick: (e) => { if (e.target.tagName !== "A") navigate(href); } },
+  el("td", {}, fmtTime(j.created_at)),
+  el("td", {}, el("a", { href, class: "mono" }, j.id.slice(0, 12))),
   el("td", {}, j.skill), el("td", { class: "status" }, statusBadge(j.status),
     j.partial ? [" ", el("span", { class: "badge st-partial" }, "partial")] : ""),
   el("td", {}, j.attempts), el("td", {}, j.origin.channel || "–"),
@@ -318,19 +546,63 @@ function jobRow(j) {
 }
 
 async function loadJobs() {
-  const params = new URLSearchParams(state.filters);
+  const params = jobQuery(jobFilterParams());
   params.set("limit", "50");
   const cursor = state.cursors[state.cursors.length - 1];
   if (cursor) params.set("cursor", cursor);
   const page = await api(`/api/v1/jobs?${params}`);
   state.nextCursor = page.next_cursor;
+  rememberSkills(page.items.map((j) => j.skill));
   fillRows($("#jobs tbody"), page.items.map(jobRow), "no jobs match", 8);
   $("#page-newer").disabled = state.cursors.length <= 1;
   $("#page-older").disabled = !state.nextCursor;
   $("#page-info").textContent = `page ${state.cursors.length}`;
 }
 
+// Bulk actions take status, skill and a time range (the API's bulk filter); a search,
+// channel or role narrows the list further than a bulk action could, so it is refused.
+function bulkFilter(filters) {
+  const out = {};
+  for (const name of ["status", "skill", "since", "until"]) {
+    const v = filters.get(name);
+    if (v) out[name] = name === "until" ? toEpoch(v) : v;
+  }
+  return out;
+}
+
+function updateBulk(filters) {
+  const narrower = ["q", "channel", "role"].filter((n) => filters.get(n));
+  const ok = !narrower.length && (filters.get("status") || filters.get("skill"));
+  for (const id of ["#bulk-retry", "#bulk-cancel"]) $(id).disabled = !ok;
+  $("#bulk-note").textContent = narrower.length
+    ? `Bulk actions take status, skill and time only: clear ${narrower.join(", ")} to use them.`
+    : ok ? "Acts on every job the status, skill and time filters match (not only this page)."
+      : "Filter by status or skill to act on every matching job.";
+}
+
+async function bulk(actionName) {
+  const filter = bulkFilter(jobFilterParams());
+  try {
+    const dry = await api("/api/v1/jobs/bulk", { method: "POST", json: { action: actionName, filter, dry_run: true } });
+    const what = Object.entries(filter).map(([k, v]) => `${k}=${v}`).join(", ");
+    if (!dry.matched) { flash(`No job matches ${what}.`); return; }
+    const verb = actionName === "retry" ? "Retry" : "Cancel";
+    if (!window.confirm(`${verb} ${dry.matched} job(s) matching ${what}?`)) return;
+    const r = await api("/api/v1/jobs/bulk", { method: "POST", json: { action: actionName, filter, dry_run: false } });
+    const refused = (r.refused || []).length;
+    flash(`${verb}: ${r.affected} of ${r.matched} job(s)` + (refused ? `, ${refused} refused` : ""));
+  } catch (err) { report(err); }
+  loadJobs().catch(report);
+}
+
 // --- job detail --------------------------------------------------------------------------
+
+function closeDetailPanel() {
+  state.detailId = null;
+  state.detail = null;
+  $("#detail").hidden = true;
+  for (const tr of document.querySelectorAll("#jobs tbody tr.selected")) tr.classList.remove("selected");
+}
 
 async function openDetail(jobId) {
   state.detailId = jobId;
@@ -351,6 +623,8 @@ async function openDetail(jobId) {
   panel.dataset.status = job.status;
   clear($("#detail-title")).append(job.skill, " ", statusBadge(job.status),
     ...(job.partial ? [" ", el("span", { class: "badge st-partial" }, "partial")] : []));
+  $("#detail-link").setAttribute("href", address("jobs", job.id));
+  $("#detail-link").textContent = `#/jobs/${job.id.slice(0, 8)}…`;
 
   const fields = [
     ["id", job.id], ["attempts", job.attempts], ["created", fmtTime(job.created_at)],
@@ -361,7 +635,11 @@ async function openDetail(jobId) {
     ["external id", job.origin.external_id], ["wall clock", `${job.wall_sec} s`],
   ];
   if (job.error_type) fields.push(["error type", job.error_type]);
-  if (job.chain_run_id) fields.push(["chain run", job.chain_run_id]);
+  const trace = job.context && (job.context.trace_id || job.context.request_id);
+  if (trace) fields.push(["trace id", trace]);
+  if (job.chain_run_id) {
+    fields.push(["chain run", el("a", { href: address("chain-runs", job.chain_run_id), class: "mono" }, job.chain_run_id)]);
+  }
   if (job.cancel_requested) fields.push(["cancel", "requested"]);
   const dl = clear($("#detail-fields"));
   for (const [k, v] of fields) dl.append(el("dt", {}, k), el("dd", {}, v === "" ? "–" : v));
@@ -370,7 +648,7 @@ async function openDetail(jobId) {
     el("strong", {}, `#${a.number}`), " ", statusBadge(a.outcome), " ",
     `${fmtTime(a.started_at)} → ${fmtTime(a.finished_at)} (${fmtMs(a.duration_ms)})`,
     a.worker_id ? ` on ${a.worker_id}` : "",
-    a.error ? el("div", { class: "bad" }, a.error) : "")), "not started yet", 1);
+    a.error ? el("pre", { class: "bad log" }, a.error) : "")), "not started yet", 1);
 
   $("#detail-input").textContent = pretty(job.input);
   const failed = job.error && job.status !== "succeeded";
@@ -380,10 +658,15 @@ async function openDetail(jobId) {
     : pretty(job.result);
   $("#detail-outcome").classList.toggle("bad", Boolean(failed));
 
-  fillRows($("#detail-artifacts"), job.artifacts.map((a) => el("li", {},
-    el("button", { type: "button", class: "small", onclick: () => download(a) }, "download"), " ",
-    a.filename, el("span", { class: "muted" }, ` ${a.media}, ${a.size} bytes`),
-    a.source_url ? el("div", { class: "muted mono" }, `from ${a.source_url}`) : "")), "none", 1);
+  for (const url of state.blobs.splice(0)) URL.revokeObjectURL(url);
+  fillRows($("#detail-artifacts"), job.artifacts.map((a) => {
+    const item = el("li", {},
+      el("button", { type: "button", class: "small", onclick: () => download(a) }, "download"), " ",
+      a.filename, el("span", { class: "muted" }, ` ${a.media}, ${a.size} bytes`),
+      a.source_url ? el("div", { class: "muted mono" }, `from ${a.source_url}`) : "");
+    if (a.media === "image") preview(a, item);
+    return item;
+  }), "none", 1);
 
   fillRows($("#detail-deliveries tbody"), job.deliveries.map((d) => el("tr", {},
     el("td", {}, d.recipient), el("td", {}, d.kind), el("td", {}, statusBadge(d.status)),
@@ -393,21 +676,36 @@ async function openDetail(jobId) {
     el("td", { class: "mono wrap" }, f.url), el("td", {}, f.field || "–"),
     el("td", {}, statusBadge(f.status)), el("td", {}, f.reason || "–"))), "none", 4);
 
-  const finished = ["succeeded", "failed", "timed_out", "cancelled"].includes(job.status);
+  const finished = FINISHED.includes(job.status);
   $("#act-retry").disabled = !finished;
   $("#act-cancel").disabled = finished;
 }
 
+async function fetchBlob(artifact) {
+  const resp = await fetch(artifact.download_url, { headers: authHeaders() });
+  if (!resp.ok) {
+    let reason = `HTTP ${resp.status}`;
+    try { reason = (await resp.json()).error || reason; } catch (e) { /* not JSON */ }
+    throw new Error(reason);
+  }
+  return resp.blob();
+}
+
+// Images are shown from a blob of the downloaded bytes: the browser decodes them as an
+// image only (never as a page), whatever the file claims to be.
+async function preview(artifact, item) {
+  try {
+    const blob = await fetchBlob(artifact);
+    if (!blob.type.startsWith("image/") || blob.type.includes("svg")) return;
+    const url = URL.createObjectURL(blob);
+    state.blobs.push(url);
+    item.append(el("div", {}, el("img", { src: url, alt: artifact.filename || "image", class: "preview" })));
+  } catch (err) { /* the download button reports errors */ }
+}
+
 async function download(artifact) {
   try {
-    const headers = state.token ? { authorization: `Bearer ${state.token}` } : {};
-    const resp = await fetch(artifact.download_url, { headers });
-    if (!resp.ok) {
-      let reason = `HTTP ${resp.status}`;
-      try { reason = (await resp.json()).error || reason; } catch (e) { /* not JSON */ }
-      throw new Error(reason);
-    }
-    const url = URL.createObjectURL(await resp.blob());
+    const url = URL.createObjectURL(await fetchBlob(artifact));
     const a = el("a", { href: url, download: artifact.filename || "artifact" });
     document.body.append(a);
     a.click();
@@ -416,13 +714,13 @@ async function download(artifact) {
   } catch (err) { report(err); }
 }
 
-async function jobAction(action) {
+async function jobAction(actionName) {
   const job = state.detail;
   if (!job) return;
-  const verb = action === "retry" ? "Retry" : "Cancel";
+  const verb = actionName === "retry" ? "Retry" : "Cancel";
   if (!window.confirm(`${verb} job ${job.id} (${job.skill})?`)) return;
   try {
-    const r = await api(`/api/v1/jobs/${encodeURIComponent(job.id)}/${action}`, { method: "POST" });
+    const r = await api(`/api/v1/jobs/${encodeURIComponent(job.id)}/${actionName}`, { method: "POST" });
     flash(r.message || `${verb} done`);
   } catch (err) { report(err); }
   openDetail(job.id);
@@ -431,27 +729,25 @@ async function jobAction(action) {
 
 // --- schedules ---------------------------------------------------------------------------
 
-function isoTime(value) {
-  if (!value) return "–";
-  const d = typeof value === "number" ? new Date(value * 1000) : new Date(value);
-  return Number.isNaN(d.getTime()) ? String(value) : fmtTime(d.getTime() / 1000);
-}
-
 async function loadSchedules() {
   const data = await api("/api/v1/schedules");
-  fillRows($("#schedules tbody"), data.items.map((s) => el("tr", { dataset: { scheduleId: s.id } },
-    el("td", {}, el("a", { href: "#", onclick: (e) => { e.preventDefault(); loadRuns(s); } }, s.name)),
-    el("td", { class: "mono" }, s.cron), el("td", {}, s.timezone),
-    el("td", {}, s.enabled ? "yes" : "no"), el("td", {}, isoTime(s.next_fire_at)),
-    el("td", {}, s.last_run ? [statusBadge(s.last_run.status), " ", isoTime(s.last_run.fire_at)] : "–"),
-    el("td", {},
-      el("button", { type: "button", class: "small", onclick: () => toggleSchedule(s) },
-        s.enabled ? "Disable" : "Enable"), " ",
-      el("button", { type: "button", class: "small", onclick: () => runSchedule(s) }, "Run now")))),
+  fillRows($("#schedules tbody"), data.items.map((s) => el("tr", {
+    dataset: { scheduleId: s.id }, class: s.id === state.id ? "selected" : "" },
+  el("td", {}, el("a", { href: address("schedules", s.id) }, s.name)),
+  el("td", { class: "mono" }, s.cron), el("td", {}, s.timezone),
+  el("td", {}, s.enabled ? "yes" : el("span", { title: s.paused_reason || "" }, s.paused_reason ? "paused" : "no")),
+  el("td", {}, s.enabled ? isoTime(s.next_fire_at) : "–"),
+  el("td", {}, s.last_run ? [statusBadge(s.last_run.status), " ", isoTime(s.last_run.fire_at)] : "–"),
+  el("td", { class: "nowrap" },
+    action(s.enabled ? "Disable" : "Enable", () => toggleSchedule(s)), " ",
+    action("Run now", () => runSchedule(s))))),
   "no schedules", 7);
-  if (state.scheduleRunsId) {
-    const s = data.items.find((x) => x.id === state.scheduleRunsId);
+  if (state.page === "schedules" && state.id) {
+    const s = data.items.find((x) => x.id === state.id);
     if (s) await loadRuns(s);
+    else { $("#runs").hidden = false; $("#runs-title").textContent = `No schedule ${state.id}`; clear($("#runs-list")); }
+  } else {
+    $("#runs").hidden = true;
   }
 }
 
@@ -470,23 +766,36 @@ async function runSchedule(s) {
   try {
     const r = await api(`/api/v1/schedules/${encodeURIComponent(s.id)}/run`, { method: "POST" });
     flash(`${s.name}: run ${r.run_id.slice(0, 8)} started`);
-    state.scheduleRunsId = s.id;
-    setTimeout(() => loadSchedules().catch(report), 1000);
+    setTimeout(() => navigate(address("schedules", s.id)), 800);
   } catch (err) { report(err); }
 }
 
+function runLine(run) {
+  return el("div", {}, statusBadge(run.status), " ",
+    el("a", { href: address("chain-runs", run.id) }, `${run.trigger || ""} fire ${isoTime(run.fire_at)}`),
+    run.finished_at ? ` — finished ${isoTime(run.finished_at)}` : "",
+    run.error ? el("span", { class: "bad" }, ` ${run.error}`) : "");
+}
+
 async function loadRuns(s) {
-  state.scheduleRunsId = s.id;
   const data = await api(`/api/v1/schedules/${encodeURIComponent(s.id)}/runs?limit=20`);
   $("#runs").hidden = false;
   $("#runs-title").textContent = `Runs of ${s.name}`;
+  const dl = clear($("#schedule-fields"));
+  const fields = [
+    ["cron", `${s.cron} (${s.timezone})`], ["enabled", s.enabled ? "yes" : "no"],
+    ["next fire", s.enabled ? isoTime(s.next_fire_at) : "– (disabled)"],
+    ["last fire", isoTime(s.last_fire_at)],
+    ["steps", (s.steps || []).map((st, i) => st.id || `#${i}`).join(" → ") || "–"],
+  ];
+  if (s.paused_reason) fields.push(["paused", s.paused_reason]);
+  if (s.misfire) fields.push(["misfire", pretty(s.misfire)]);
+  if (s.overlap) fields.push(["overlap", s.overlap]);
+  for (const [k, v] of fields) dl.append(el("dt", {}, k), el("dd", {}, v));
   const list = clear($("#runs-list"));
   if (!data.items.length) { list.append(el("p", { class: "muted" }, "no runs yet")); return; }
   for (const run of data.items) {
-    list.append(el("div", { class: "run", dataset: { runId: run.id } },
-      el("div", {}, statusBadge(run.status), " ", `${run.trigger || ""} fire ${isoTime(run.fire_at)}`,
-        run.finished_at ? ` — finished ${isoTime(run.finished_at)}` : "",
-        run.error ? el("span", { class: "bad" }, ` ${run.error}`) : ""),
+    list.append(el("div", { class: "run", dataset: { runId: run.id, status: run.status } }, runLine(run),
       el("ol", { class: "steps" }, run.steps.map((st) => el("li", {},
         statusBadge(st.status), " ", el("strong", {}, st.id), ` (${st.skill})`,
         st.status === "stopped_empty" ? el("span", { class: "muted" }, " — stopped by the empty-result guard") : "",
@@ -494,7 +803,143 @@ async function loadRuns(s) {
   }
 }
 
+// --- chain run ---------------------------------------------------------------------------
+
+async function loadChainRun(runId) {
+  if (!runId) { navigate("#/schedules"); return; }
+  const run = await api(`/api/v1/chain-runs/${encodeURIComponent(runId)}`);
+  clear($("#chain-title")).append("Chain run ", el("span", { class: "mono" }, run.id.slice(0, 12)), " ",
+    statusBadge(run.status));
+  $("#chain-schedule").setAttribute("href", address("schedules", run.schedule_id));
+  $("#chain-schedule").textContent = "its schedule";
+  const dl = clear($("#chain-fields"));
+  for (const [k, v] of [["trigger", run.trigger], ["fire", isoTime(run.fire_at)],
+    ["started", isoTime(run.started_at)], ["finished", isoTime(run.finished_at)],
+    ["took", run.started_at && run.finished_at ? fmtMs((run.finished_at - run.started_at) * 1000) : "–"],
+    ["error", run.error || "–"]]) {
+    dl.append(el("dt", {}, k), el("dd", {}, v || "–"));
+  }
+  const done = !["running", "queued"].includes(run.status);
+  fillRows($("#chain-steps"), run.steps.map((st, i) => el("li", { class: "step", dataset: { step: st.id, status: st.status } },
+    el("div", { class: "step-head" }, statusBadge(st.status), " ", el("strong", {}, st.id), ` (${st.skill})`,
+      el("span", { class: "muted" }, ` ${fmtMs(st.duration_ms)}`), " ",
+      done ? action("Re-run from here", () => rerun(run, st, i)) : null),
+    st.status === "stopped_empty" ? el("p", { class: "muted" }, "stopped by the empty-result guard") : "",
+    st.error ? el("pre", { class: "bad" }, st.error) : "",
+    el("details", {}, el("summary", {}, "input"), el("pre", {}, pretty(st.input))),
+    el("details", {}, el("summary", {}, "output"),
+      el("pre", {}, pretty(st.output))))), "no steps", 1);
+}
+
+async function rerun(run, step, index) {
+  if (!window.confirm(`Re-run this chain from step ${step.id} (earlier steps keep their recorded outputs)?`)) return;
+  try {
+    const r = await api(`/api/v1/chain-runs/${encodeURIComponent(run.id)}/rerun`, { method: "POST", json: { from_step: index } });
+    flash(`new run ${r.run_id.slice(0, 8)} from step ${step.id}`);
+    navigate(address("chain-runs", r.run_id));
+  } catch (err) { report(err); }
+}
+
+// --- deliveries --------------------------------------------------------------------------
+
+async function loadDeliveries() {
+  const form = $("#deliveries-filter");
+  fillForm(form, state.params, ["status", "channel"]);
+  const q = new URLSearchParams();
+  for (const name of ["status", "channel"]) if (state.params.get(name)) q.set(name, state.params.get(name));
+  q.set("limit", "100");
+  const [list, stats] = await Promise.all([
+    api(`/api/v1/deliveries?${q}`),
+    api("/api/v1/stats/timeseries?metric=deliveries&window=24h&step=3600"),
+  ]);
+  fillRows($("#channel-health tbody"), stats.delivery_channels.map((c) => el("tr", {},
+    el("td", {}, el("a", { href: address("deliveries", null, new URLSearchParams({ channel: c.channel })) }, c.channel || "?")),
+    el("td", {}, c.total), el("td", { class: c.failed ? "bad" : "" }, c.failed),
+    el("td", { class: c.failure_rate > 0.1 ? "bad" : "" }, pct(c.failure_rate)))), "no deliveries in the last 24 hours", 4);
+  fillRows($("#deliveries tbody"), list.items.map((d) => el("tr", { dataset: { deliveryId: d.id, status: d.status } },
+    el("td", {}, fmtTime(d.created_at)), el("td", {}, d.recipient), el("td", {}, d.kind),
+    el("td", {}, statusBadge(d.status)), el("td", {}, d.tries), el("td", { class: "wrap" }, d.error || "–"),
+    el("td", {}, d.job_id ? jobLink(d.job_id) : d.chain_run_id ? el("a", { href: address("chain-runs", d.chain_run_id) }, "chain run") : "–"))),
+  "no deliveries match", 7);
+}
+
+// --- incidents ---------------------------------------------------------------------------
+
+async function loadIncidents() {
+  fillForm($("#incidents-filter"), state.params, ["status"]);
+  const q = new URLSearchParams({ limit: "100" });
+  if (state.params.get("status")) q.set("status", state.params.get("status"));
+  const data = await api(`/api/v1/incidents?${q}`);
+  $("#incidents-open").textContent = `${data.open} open`;
+  fillRows($("#incidents tbody"), data.items.map((i) => el("tr", { dataset: { incidentId: i.id, status: i.status } },
+    el("td", {}, el("a", { href: address("jobs", null, new URLSearchParams({ skill: i.skill, status: "failed" })) }, i.skill)),
+    el("td", { class: "wrap" }, i.error_type ? `${i.error_type}: ` : "", i.sample_error || i.pattern),
+    el("td", {}, i.count), el("td", {}, fmtTime(i.first_seen)), el("td", {}, fmtTime(i.last_seen)),
+    el("td", {}, (i.sample_job_ids || []).slice(0, 3).map((id) => [jobLink(id), " "])),
+    el("td", {}, statusBadge(i.status), i.acked_by ? el("div", { class: "muted" }, `by ${i.acked_by}`) : ""),
+    el("td", {}, i.status === "open" ? action("Ack", () => ackIncident(i)) : ""))),
+  "no incidents", 8);
+}
+
+async function ackIncident(i) {
+  try {
+    await api(`/api/v1/incidents/${encodeURIComponent(i.id)}/ack`, { method: "POST" });
+    flash(`incident of ${i.skill} acknowledged`);
+  } catch (err) { report(err); }
+  loadIncidents().catch(report);
+}
+
+// --- workers -----------------------------------------------------------------------------
+
+async function loadWorkers() {
+  const w = await api("/api/v1/workers");
+  const now = Date.now() / 1000;
+  fillRows($("#workers tbody"), w.items.map((x) => el("tr", { dataset: { workerId: x.id } },
+    el("td", { class: "mono" }, x.id), el("td", {}, x.host), el("td", {}, x.pid),
+    el("td", {}, `${fmtTime(x.last_heartbeat)} (${fmtAge(now - x.last_heartbeat)} ago)`),
+    el("td", {}, el("span", { class: x.alive ? "badge st-succeeded" : "badge st-failed" },
+      x.alive ? "alive" : (x.stopped_at ? "stopped" : "stale"))),
+    el("td", {}, x.running.length ? x.running.map((id) => [jobLink(id), " "]) : "–"))),
+  "no worker has reported yet", 6);
+}
+
+// --- audit -------------------------------------------------------------------------------
+
+async function loadAudit() {
+  fillForm($("#audit-filter"), state.params, ["actor", "action", "target"]);
+  const q = new URLSearchParams({ limit: "50" });
+  for (const name of ["actor", "action", "target", "before"]) {
+    if (state.params.get(name)) q.set(name, state.params.get(name));
+  }
+  const data = await api(`/api/v1/audit?${q}`);
+  state.auditNext = data.next_before;
+  $("#audit-older").disabled = !data.next_before;
+  fillRows($("#audit tbody"), data.items.map((a) => el("tr", { dataset: { action: a.action } },
+    el("td", {}, fmtTime(a.at)), el("td", {}, a.actor || "–"), el("td", {}, a.action),
+    el("td", { class: "mono wrap" }, /^[0-9a-f]{32}$/.test(a.target) && !a.action.startsWith("incident")
+      && !a.action.startsWith("schedule") ? jobLink(a.target, a.target) : a.target),
+    el("td", { class: a.result === "ok" ? "" : "bad" }, a.result))), "nothing recorded yet", 5);
+}
+
 // --- wiring ------------------------------------------------------------------------------
+
+function onKey(e) {
+  const typing = ["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName);
+  if (e.key === "/" && !typing) {
+    e.preventDefault();
+    if (state.page !== "jobs") navigate("#/jobs");
+    setTimeout(() => $("#filters").elements.q.focus(), 0);
+  } else if (e.key === "Escape" && state.page === "jobs" && state.id) {
+    navigate(address("jobs", null, jobFilterParams()));
+  }
+}
+
+function wireFilterForm(form, page, names) {
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    navigate(address(page, null, formParams(form, names)));
+  });
+}
 
 document.addEventListener("DOMContentLoaded", () => {
   takeTokenFromAddress();
@@ -513,16 +958,25 @@ document.addEventListener("DOMContentLoaded", () => {
     showLogin("");
   });
   for (const b of document.querySelectorAll("#tabs button")) {
-    b.addEventListener("click", () => selectTab(b.dataset.tab));
+    b.addEventListener("click", () => navigate(`#/${b.dataset.tab}`));
   }
-  $("#filters").addEventListener("submit", (e) => {
-    e.preventDefault();
-    state.filters = readFilters();
-    state.cursors = [null];
-    loadJobs().catch(report);
-  });
-  $("#filters").addEventListener("reset", () => {
-    setTimeout(() => { state.filters = {}; state.cursors = [null]; loadJobs().catch(report); }, 0);
+  for (const b of document.querySelectorAll("#chart-window button")) {
+    b.addEventListener("click", () => {
+      state.chartWindow = b.dataset.window;
+      for (const o of document.querySelectorAll("#chart-window button")) o.classList.toggle("active", o === b);
+      loadCharts().catch(report);
+    });
+  }
+  wireFilterForm($("#filters"), "jobs", JOB_FILTERS);
+  $("#filters").addEventListener("reset", () => { setTimeout(() => navigate("#/jobs"), 0); });
+  wireFilterForm($("#deliveries-filter"), "deliveries", ["status", "channel"]);
+  wireFilterForm($("#incidents-filter"), "incidents", ["status"]);
+  wireFilterForm($("#audit-filter"), "audit", ["actor", "action", "target"]);
+  $("#audit-older").addEventListener("click", () => {
+    if (!state.auditNext) return;
+    const p = formParams($("#audit-filter"), ["actor", "action", "target"]);
+    p.set("before", String(state.auditNext));
+    navigate(address("audit", null, p));
   });
   $("#page-older").addEventListener("click", () => {
     if (!state.nextCursor) return;
@@ -533,12 +987,12 @@ document.addEventListener("DOMContentLoaded", () => {
     if (state.cursors.length > 1) state.cursors.pop();
     loadJobs().catch(report);
   });
-  $("#detail-close").addEventListener("click", () => {
-    state.detailId = null;
-    state.detail = null;
-    $("#detail").hidden = true;
-  });
+  $("#detail-close").addEventListener("click", () => navigate(address("jobs", null, jobFilterParams())));
   $("#act-retry").addEventListener("click", () => jobAction("retry"));
   $("#act-cancel").addEventListener("click", () => jobAction("cancel"));
+  $("#bulk-retry").addEventListener("click", () => bulk("retry"));
+  $("#bulk-cancel").addEventListener("click", () => bulk("cancel"));
+  window.addEventListener("hashchange", () => { if (!$("#app").hidden) route(); });
+  document.addEventListener("keydown", onKey);
   start();
 });
