@@ -16,6 +16,7 @@ failed target naming the rule.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 from pathlib import Path
@@ -25,6 +26,8 @@ from urllib.parse import urlsplit
 from delivery.artifacts import ArtifactRefused, resolve_inside
 from delivery.pinned import Resolver, system_resolver
 from delivery.urlsafety import RefusedURL, check_ip, check_url
+from jobs import sendscope
+from jobs.sendscope import SendScope
 
 if TYPE_CHECKING:
     from jobs.settings import Settings
@@ -197,6 +200,43 @@ async def _send_one(
         return False, f"{type(exc).__name__}: {exc}"
 
 
+async def _send_ledgered(
+    sessionmaker: Any,
+    scope: SendScope,
+    item: str,
+    url: str,
+    body: str,
+    title: str,
+    paths: list[str],
+    send_timeout: float,
+) -> tuple[bool, str]:
+    from delivery.errors import DeliveryOutcomeUnknown, DeliveryPermanentError
+    from delivery.ledger import deliver_once, ledger_key
+
+    recipient = f"notify:{mask_url(url)}"
+
+    async def send() -> str:
+        ok, why = await _send_one(url, body, title, paths, send_timeout)
+        if ok:
+            return ""
+        if why.startswith("timed out"):
+            raise DeliveryOutcomeUnknown(why)
+        raise DeliveryPermanentError(why)
+
+    out = await deliver_once(
+        sessionmaker,
+        send,
+        key=ledger_key(scope.job_id, recipient, item),
+        recipient=recipient,
+        owner=scope.owner,
+        item=item,
+        channel="notify",
+        job_id=scope.job_id,
+        content={"text": body},
+    )
+    return out["status"] == "sent", str(out.get("error") or out["status"])
+
+
 async def notify(
     settings: Settings,
     message: str,
@@ -207,6 +247,7 @@ async def notify(
     attach: Any = None,
     send_timeout: float = DEFAULT_TIMEOUT,
     resolver: Resolver = system_resolver,
+    sessionmaker: Any = None,
 ) -> dict[str, Any]:
     """Send ``message`` to every URL of ``target`` (an alias or an allow-listed bare URL),
     with ``attach`` taken only from inside ``workspace`` (``None``: no attachments).
@@ -225,9 +266,27 @@ async def notify(
     if err:
         return _result([], [{"target": mask_url(u), "error": err} for u, _ in urls])
     allowed, failed = await _vet(settings, urls, resolver)
-    outcomes = await asyncio.gather(
-        *(_send_one(u, body, title or "", paths, send_timeout) for u in allowed)
-    )
+    # a skill's notification inside a job's run is ledgered (jobs.sendscope): a re-run of
+    # the job does not notify again
+    digest = hashlib.sha256("\x1f".join([body, title or "", *paths]).encode()).hexdigest()[:32]
+    scoped = sendscope.next_call(f"notify:{digest}") if sessionmaker is not None else None
+
+    async def send(u: str) -> tuple[bool, str]:
+        if scoped is None:
+            return await _send_one(u, body, title or "", paths, send_timeout)
+        scope, seq = scoped
+        return await _send_ledgered(
+            sessionmaker,
+            scope,
+            f"notify:{seq}:{digest}",
+            u,
+            body,
+            title or "",
+            paths,
+            send_timeout,
+        )
+
+    outcomes = await asyncio.gather(*(send(u) for u in allowed))
     sent: list[str] = []
     for url, (ok, why) in zip(allowed, outcomes, strict=True):
         masked = mask_url(url)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +32,11 @@ from delivery.channels.base import (
     DeliveryTransientError,
     with_retries,
 )
+from delivery.ledger import deliver_once, ledger_key
+from jobs import sendscope
 from jobs.media import media_kind
 from jobs.models import ChatSession
+from jobs.sendscope import SendScope
 
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 KNOWN_CHANNELS = ("feishu", "wecom", "dingtalk", "telegram", "web", "web_admin")
@@ -197,6 +201,70 @@ async def send_to(
         caption = None
 
 
+def _parts(
+    adapter: Channel, text: str, paths: list[str]
+) -> list[tuple[str, str | None, str | None]]:
+    """What :func:`send_to` sends, in order: ``(kind, path or None, text or caption)``."""
+    out: list[tuple[str, str | None, str | None]] = []
+    caption: str | None = text or None
+    if text and (not paths or not adapter.supports_caption):
+        out.append(("text", None, text))
+        caption = None
+    for path in paths:
+        out.append((media_kind(path), path, caption))
+        caption = None
+    return out
+
+
+def content_digest(text: str, paths: list[str]) -> str:
+    return hashlib.sha256("\x1f".join([text, *paths]).encode()).hexdigest()[:32]
+
+
+async def send_ledgered(
+    sessionmaker: Any,
+    scope: SendScope,
+    call: str,
+    adapter: Channel,
+    channel: str,
+    contact: str,
+    text: str,
+    paths: list[str],
+    *,
+    backoff: float = 1.0,
+) -> None:
+    """:func:`send_to` with each part recorded in the delivery ledger under the job, the
+    call (``send_message:<sequence number>:<content hash>``) and the part's index: a re-run
+    of the job that makes the same call sends nothing that was sent already."""
+    recipient = f"{channel}:{contact}"
+    for i, (kind, path, body) in enumerate(_parts(adapter, text, paths)):
+        item = f"{call}:{i}"
+
+        async def send(kind: str = kind, path: str | None = path, body: str | None = body) -> str:
+            if path is None:
+                return await adapter.send_text(contact, body or "")
+            return await adapter.send_media(kind, contact, path, body)
+
+        out = await deliver_once(
+            sessionmaker,
+            send,
+            key=ledger_key(scope.job_id, recipient, item),
+            recipient=recipient,
+            owner=scope.owner,
+            kind=kind,
+            item=item,
+            channel=channel,
+            job_id=scope.job_id,
+            content={"path": path, "caption": body} if path else {"text": body},
+            dedup=adapter.dedups_for(contact),
+            backoff=backoff,
+        )
+        if out["status"] != "sent":
+            why = out.get("error") or out["status"]
+            if out["status"] == "unknown":
+                raise DeliveryPermanentError(f"outcome unknown ({why}); not sent again")
+            raise DeliveryPermanentError(str(why))
+
+
 async def send_message(
     channels: dict[str, Channel],
     *,
@@ -233,6 +301,10 @@ async def send_message(
         failed += [{"target": f"{ch}:{c}", "error": err} for ch, c in recipients]
         return _result([], failed or [{"target": str(to), "error": err}])
 
+    # a skill's send inside a job's run is ledgered (jobs.sendscope); one number per call
+    digest = content_digest(body, paths)
+    scoped = sendscope.next_call(f"send_message:{digest}") if sessionmaker is not None else None
+
     async def one(ch: str, contact: str) -> tuple[str, str | None]:
         target = f"{ch}:{contact}"
         adapter = channels.get(ch)
@@ -244,7 +316,14 @@ async def send_message(
             )
             return target, why
         try:
-            await send_to(adapter, contact, body, paths, backoff=backoff)
+            if scoped is not None:
+                scope, seq = scoped
+                call = f"send_message:{seq}:{digest}"
+                await send_ledgered(
+                    sessionmaker, scope, call, adapter, ch, contact, body, paths, backoff=backoff
+                )
+            else:
+                await send_to(adapter, contact, body, paths, backoff=backoff)
         except (DeliveryPermanentError, DeliveryTransientError) as exc:
             return target, exc.reason
         except Exception as exc:  # one broken adapter must not sink the other recipients

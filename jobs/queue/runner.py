@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
+from jobs import sendscope
 from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS
 from jobs.db import DB_UNAVAILABLE
@@ -220,7 +221,9 @@ class JobRunner:
         input_data = svc.box.unseal(job.input or {})
         ctx = svc.box.unseal(job.context or {})
         self.scopes[job_id] = begin_run(svc.settings, job, ctx)
-        task = asyncio.create_task(self.executor.execute(job.skill, input_data, ctx))
+        # skill-initiated sends of this run are ledgered under the job (jobs.sendscope)
+        run = self.executor.execute(job.skill, input_data, ctx)
+        task = asyncio.create_task(sendscope.run_in(job_id, f"{self.worker_id}#{token}", run))
         self.inner[job_id] = task
         # Published while the skill starts, not before: the event is for people watching.
         self.event(job_id, "running", job.skill)

@@ -37,6 +37,8 @@ async def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, 
         title=data.get("title"),
         attach=data.get("attach") or data.get("attachments"),
         workspace=Path(workspace) if workspace else None,
+        # the job store (the delivery ledger): given to the bundled skills only
+        sessionmaker=ctx.get("_platform_sessions"),
     )
     if not result["ok"]:
         result["error"] = result["message"]
