@@ -59,6 +59,14 @@ async def _cases(http: httpx.AsyncClient, engine: Any) -> list[tuple[str, str]]:
         ("jobs q=<absent text>, all time", "/api/v1/jobs?q=nosuchthing&limit=50"),
         ("job detail", f"/api/v1/jobs/{job_id}"),
         ("workers", "/api/v1/workers"),
+        ("jobs q=<session id>, all time", "/api/v1/jobs?q=s4439&limit=50"),
+        ("stats/timeseries 1h, step 60", "/api/v1/stats/timeseries?window=1h&step=60"),
+        ("stats/timeseries 24h, step 600", "/api/v1/stats/timeseries?window=24h&step=600"),
+        ("stats/timeseries 24h, step 60", "/api/v1/stats/timeseries?window=24h&step=60"),
+        ("deliveries (failed, unknown)", "/api/v1/deliveries?limit=100"),
+        ("deliveries status=sent", "/api/v1/deliveries?status=sent&limit=100"),
+        ("audit", "/api/v1/audit?limit=50"),
+        ("incidents", "/api/v1/incidents"),
     ]
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from dashboard import queries
 from dashboard.api_jobs import services_of
@@ -15,6 +18,7 @@ router = APIRouter(prefix="/api/v1")
 
 METRICS = ("jobs", "queue_depth", "latency", "deliveries")
 DEFAULT_STEP = {"1h": 60.0, "6h": 300.0, "24h": 600.0}
+TTL = {"1h": 5.0, "6h": 15.0, "24h": 30.0}  # seconds an answer is shared
 
 
 def _metrics_of(raw: str | None) -> list[str]:
@@ -37,31 +41,69 @@ async def timeseries(
     """``jobs``: finished per bucket (succeeded / failed / cancelled); ``queue_depth``:
     waiting jobs at the end of each bucket; ``latency``: queue wait and run time p50/p95
     per skill over the window; ``deliveries``: created per bucket by status, and per
-    channel the failure rate. ``t`` holds each bucket's start (epoch seconds)."""
+    channel the failure rate. ``t`` holds each bucket's start (epoch seconds); ``now`` is
+    when it was computed (answers are shared for ``TTL`` seconds)."""
     wanted = _metrics_of(metric)
     span = queries.SERIES_WINDOWS[window]
     step = step or DEFAULT_STEP[window]
     if span / step > queries.MAX_POINTS:
         raise ApiError(422, f"step too small: at most {queries.MAX_POINTS} points per window")
+    return await _cached(request, (",".join(wanted), window, step), span, step, wanted)
+
+
+class SeriesCache:
+    """Answers shared by every viewer for a few seconds (``TTL`` by window), computed
+    once per key even when many pages ask at the same moment."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[Any, ...], tuple[float, dict[str, Any]]] = {}
+        self.locks: dict[tuple[Any, ...], asyncio.Lock] = {}
+
+
+async def _cached(
+    request: Request, key: tuple[Any, ...], span: float, step: float, wanted: list[str]
+) -> dict[str, Any]:
+    cache: SeriesCache | None = getattr(request.app.state, "stats_cache", None)
+    if cache is None:
+        cache = request.app.state.stats_cache = SeriesCache()
+    ttl = TTL.get(key[1], 5.0)
+    hit = cache.values.get(key)
+    if hit is not None and time.monotonic() < hit[0]:
+        return hit[1]
+    async with cache.locks.setdefault(key, asyncio.Lock()):
+        hit = cache.values.get(key)
+        if hit is not None and time.monotonic() < hit[0]:
+            return hit[1]
+        out = await _compute(services_of(request).sessionmaker, span, step, wanted)
+        out["window"] = key[1]
+        cache.values[key] = (time.monotonic() + ttl, out)
+        return out
+
+
+async def _compute(sm: Any, span: float, step: float, wanted: list[str]) -> dict[str, Any]:
+    """Each metric on its own connection, concurrently (each is one or a few range scans)."""
     now = time.time()
     b = queries.Buckets.of(now, span, step)
-    out: dict[str, Any] = {
-        "window": window,
-        "step": step,
-        "start": b.start,
-        "now": now,
-        "t": b.times(),
-        "series": {},
+
+    async def one(fn: Callable[[AsyncSession], Awaitable[Any]]) -> Any:
+        async with sm() as session:
+            return await fn(session)
+
+    calls: dict[str, Callable[[AsyncSession], Awaitable[Any]]] = {
+        "jobs": lambda s: queries.finished_series(s, b),
+        "queue_depth": lambda s: queries.waiting_series(s, b),
+        "latency": lambda s: queries.latency_by_skill(s, now - span),
+        "deliveries": lambda s: queries.delivery_series(s, b),
     }
-    async with services_of(request).sessionmaker() as session:
-        if "jobs" in wanted:
-            out["series"]["jobs"] = await queries.finished_series(session, b)
-        if "queue_depth" in wanted:
-            out["series"]["queue_depth"] = {"queued": await queries.waiting_series(session, b)}
-        if "latency" in wanted:
-            out["latency"] = await queries.latency_by_skill(session, now - span)
-        if "deliveries" in wanted:
-            series, channels = await queries.delivery_series(session, b)
-            out["series"]["deliveries"] = series
-            out["delivery_channels"] = channels
+    names = [m for m in METRICS if m in wanted]
+    results = dict(zip(names, await asyncio.gather(*(one(calls[m]) for m in names)), strict=True))
+    out: dict[str, Any] = {"step": step, "start": b.start, "now": now, "t": b.times(), "series": {}}
+    if "jobs" in results:
+        out["series"]["jobs"] = results["jobs"]
+    if "queue_depth" in results:
+        out["series"]["queue_depth"] = {"queued": results["queue_depth"]}
+    if "latency" in results:
+        out["latency"] = results["latency"]
+    if "deliveries" in results:
+        out["series"]["deliveries"], out["delivery_channels"] = results["deliveries"]
     return out
