@@ -171,8 +171,14 @@ async def dispatch(body: DispatchBody, request: Request) -> JSONResponse:
     pool: SyncPool | None = getattr(request.app.state, "sync_pool", None)
     if pool is not None and runs_now(svc, body):
         # The sync line runs in an executor process: a CPU-bound skill cannot stall us.
+        size = request.headers.get("content-length", "")
         status, answer_body = await pool.dispatch(
-            skill=body.skill, input=body.input, context=body.context, external_id=body.external_id
+            size=int(size) if size.isdigit() else 1 << 30,
+            skill=body.skill,
+            input=body.input,
+            context=body.context,
+            external_id=body.external_id,
+            idempotency_key=key,
         )
         return JSONResponse(answer_body, status_code=status)
     answer = await Dispatcher(svc).dispatch(

@@ -84,12 +84,14 @@ class _Child:
         with self.send_lock:
             self.conn.send(message)
 
-    async def call(self, rid: int, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async def call(
+        self, rid: int, request: dict[str, Any], size: int
+    ) -> tuple[int, dict[str, Any]]:
         fut: asyncio.Future[tuple[int, dict[str, Any]]] = self.loop.create_future()
         self.pending[rid] = fut
         message = (rid, request)
         try:
-            if len(str(request.get("input", ""))) > BIG_SEND:
+            if size > BIG_SEND:
                 await asyncio.to_thread(self._send, message)  # a large copy off the loop
             else:
                 self._send(message)
@@ -136,11 +138,12 @@ class SyncPool:
                 self.children[i] = _Child(self.settings, loop)
         return min(self.children, key=lambda c: len(c.pending))
 
-    async def dispatch(self, **request: Any) -> tuple[int, dict[str, Any]]:
-        """``Dispatcher.dispatch(**request)`` in a pool process: (status, body)."""
+    async def dispatch(self, size: int = 0, **request: Any) -> tuple[int, dict[str, Any]]:
+        """``Dispatcher.dispatch(**request)`` in a pool process: (status, body). ``size``
+        (the request body's length) decides whether pickling it is done off the loop."""
         if not self.children:
             self.start()
-        return await self._pick().call(next(self.ids), request)
+        return await self._pick().call(next(self.ids), request, size)
 
     def close(self) -> None:
         for child in self.children:
