@@ -298,6 +298,15 @@ def test_a_200_mb_post_costs_the_web_process_no_memory(
         growth_mb = (proc.status_kb("VmHWM") - before) / 1024
         with proc.client() as c:
             assert c.get("/healthz").status_code == 200
+            # DNS rebinding and a cross-site form, against the real server.
+            rebound = c.get("/api/v1/jobs", headers={"host": "evil.example", **auth})
+            assert rebound.status_code == 421
+            form = c.post(
+                "/api/v1/jobs/x/retry",
+                content=b"a=1",
+                headers={"content-type": "text/plain", "origin": "https://evil.example"},
+            )
+            assert form.status_code == 403
     assert growth_mb < 50, f"peak RSS grew by {growth_mb:.1f} MB"
 
 
