@@ -668,9 +668,10 @@ async function openDetail(jobId) {
     return item;
   }), "none", 1);
 
-  fillRows($("#detail-deliveries tbody"), job.deliveries.map((d) => el("tr", {},
+  fillRows($("#detail-deliveries tbody"), job.deliveries.map((d) => el("tr", { dataset: { deliveryId: d.id, status: d.status } },
     el("td", {}, d.recipient), el("td", {}, d.kind), el("td", {}, statusBadge(d.status)),
-    el("td", {}, d.tries), el("td", {}, d.error || "–"))), "none", 5);
+    el("td", {}, d.tries), el("td", {}, d.error || "–"),
+    el("td", { class: "nowrap" }, deliveryActions(d, () => openDetail(job.id))))), "none", 6);
 
   fillRows($("#detail-fetches tbody"), (job.fetches || []).map((f) => el("tr", {},
     el("td", { class: "mono wrap" }, f.url), el("td", {}, f.field || "–"),
@@ -842,6 +843,42 @@ async function rerun(run, step, index) {
 
 // --- deliveries --------------------------------------------------------------------------
 
+const OPEN_DELIVERY = ["unknown", "failed"];
+
+function deliveryActions(d, after) {
+  const out = [];
+  if (OPEN_DELIVERY.includes(d.status) || d.status === "dismissed") {
+    out.push(action("Resend", () => deliveryAction([d], "resend", after)));
+  }
+  if (OPEN_DELIVERY.includes(d.status)) {
+    out.push(" ", action("Dismiss", () => deliveryAction([d], "dismiss", after)));
+  }
+  return out;
+}
+
+// Resend: the stored content goes again to the same recipient as a new generation (an
+// unknown one may have arrived already). Dismiss: never sent again.
+async function deliveryAction(items, verb, after) {
+  const what = items.length === 1 ? `delivery to ${items[0].recipient} (${items[0].status})`
+    : `${items.length} deliveries`;
+  const warn = verb === "resend" && items.some((d) => d.status === "unknown")
+    ? " An unknown delivery may have arrived already: the recipient can get it twice." : "";
+  if (!window.confirm(`${verb === "resend" ? "Resend" : "Dismiss"} ${what}?${warn}`)) return;
+  let done = 0;
+  const failures = [];
+  for (const d of items) {
+    try {
+      await api(`/api/v1/deliveries/${encodeURIComponent(d.id)}/${verb}`, { method: "POST" });
+      done += 1;
+    } catch (err) {
+      if (err instanceof Unauthorized) return;
+      failures.push(err.message);
+    }
+  }
+  flash(`${verb}: ${done} of ${items.length}` + (failures.length ? ` — ${failures[0]}` : ""), failures.length > 0);
+  after();
+}
+
 async function loadDeliveries() {
   const form = $("#deliveries-filter");
   fillForm(form, state.params, ["status", "channel"]);
@@ -856,11 +893,19 @@ async function loadDeliveries() {
     el("td", {}, el("a", { href: address("deliveries", null, new URLSearchParams({ channel: c.channel })) }, c.channel || "?")),
     el("td", {}, c.total), el("td", { class: c.failed ? "bad" : "" }, c.failed),
     el("td", { class: c.failure_rate > 0.1 ? "bad" : "" }, pct(c.failure_rate)))), "no deliveries in the last 24 hours", 4);
+  const reload = () => loadDeliveries().catch(report);
   fillRows($("#deliveries tbody"), list.items.map((d) => el("tr", { dataset: { deliveryId: d.id, status: d.status } },
     el("td", {}, fmtTime(d.created_at)), el("td", {}, d.recipient), el("td", {}, d.kind),
     el("td", {}, statusBadge(d.status)), el("td", {}, d.tries), el("td", { class: "wrap" }, d.error || "–"),
-    el("td", {}, d.job_id ? jobLink(d.job_id) : d.chain_run_id ? el("a", { href: address("chain-runs", d.chain_run_id) }, "chain run") : "–"))),
-  "no deliveries match", 7);
+    el("td", {}, d.job_id ? jobLink(d.job_id) : d.chain_run_id ? el("a", { href: address("chain-runs", d.chain_run_id) }, "chain run") : "–"),
+    el("td", { class: "nowrap" }, deliveryActions(d, reload)))),
+  "no deliveries match", 8);
+  const open = list.items.filter((d) => OPEN_DELIVERY.includes(d.status));
+  const bar = clear($("#deliveries-bulk"));
+  if (open.length) {
+    bar.append(action(`Resend ${open.length} shown…`, () => deliveryAction(open, "resend", reload)), " ",
+      action(`Dismiss ${open.length} shown…`, () => deliveryAction(open, "dismiss", reload)));
+  }
 }
 
 // --- incidents ---------------------------------------------------------------------------

@@ -354,6 +354,15 @@ async def _admin(browser: Any, http: httpx.AsyncClient, url: str, ids: dict[str,
     health = await page.text_content("#channel-health tbody") or ""
     assert "feishu" in health and "50.0 %" in health and "33.3 %" in health
     await _shot(page, "deliveries")
+    failed = "#deliveries tbody tr[data-status=failed]"
+    failed_id = await page.get_attribute(failed, "data-delivery-id")
+    await page.click(f"{failed} button:has-text('Dismiss')")
+    await page.wait_for_function(
+        "() => document.querySelectorAll('#deliveries tbody tr[data-delivery-id]').length === 1"
+    )
+    assert any("Dismiss delivery to feishu:ou_0 (failed)?" in d for d in dialogs)
+    gone = (await http.get("/api/v1/deliveries", params={"status": "dismissed"})).json()
+    assert [str(d["id"]) for d in gone["items"]] == [failed_id]
 
     # a schedule's own address: runs including a missed fire; disabling changes the API
     await page.goto(f"{url}/#/schedules/{ids['schedule']}")
@@ -411,7 +420,8 @@ async def _read_only(browser: Any, url: str, ids: dict[str, str]) -> None:
         await page.wait_for_selector(ready)
         visible = await page.locator("button.action:visible, .action button:visible").count()
         assert visible == 0, hash_
-        assert await page.locator("button:has-text('Re-run'), button:has-text('Ack')").count() == 0
+        for label in ("Re-run", "Ack", "Resend", "Dismiss", "Disable", "Retry all"):
+            assert await page.locator(f"button:visible:has-text('{label}')").count() == 0
     assert await page.evaluate("window.__pwned") is None
     assert errors == []
     await ctx.close()
