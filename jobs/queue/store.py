@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -798,6 +799,36 @@ async def record_job(sm: Sessions, values: dict[str, Any], session: dict[str, An
         if session is not None:
             await ensure_session(conn, **session)
         await conn.execute(insert(_jobs), values)
+
+
+async def record_jobs(
+    sm: Sessions, jobs: Sequence[tuple[dict[str, Any], dict[str, Any] | None]]
+) -> None:
+    """:func:`record_job` for a batch of ``(values, origin session)``: one transaction
+    with one statement for the sessions and one for the job rows — all recorded or none."""
+    if not jobs:
+        return
+    rows = [_storable_job(values) for values, _ in jobs]
+    sessions = {s["session_id"]: s for _, s in jobs if s is not None}
+    async with engine_of(sm).begin() as conn:
+        if sessions:
+            now = time.time()
+            await conn.execute(
+                _session_insert(conn.dialect.name),
+                [{**s, "created_at": now, "updated_at": now} for s in sessions.values()],
+            )
+        await conn.execute(insert(_jobs), rows)
+
+
+def _session_insert(dialect: str) -> Any:
+    """INSERT of chat sessions that leaves existing rows as they are (as ensure_session)."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(ChatSession).on_conflict_do_nothing()
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(ChatSession).on_conflict_do_nothing()
 
 
 def _storable_job(values: dict[str, Any]) -> dict[str, Any]:
