@@ -48,6 +48,12 @@ class Settings(BaseSettings):
     notify_allow_urls: str = ""
     send_allow: str | None = None
     file_link_ttl_sec: int = Field(default=604800, gt=0)
+    # Outbound rate limits per channel (JSON, delivery.ratelimit): overrides of the
+    # platforms' published limits per bot/app, chat and group.
+    rate_limits: str = ""
+    # The base URL people reach ``skilljobs web`` at: signed download links of files too
+    # large for a channel point there (none when unset).
+    public_url: str = ""
 
     # Namespacing of our own Redis keys and the arq queue (lets several deployments, or
     # several test runs, share one Redis server).

@@ -19,8 +19,14 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from delivery.channels.base import Channel, DeliveryPermanentError, file_size
+from delivery.channels.base import (
+    Channel,
+    DeliveryPermanentError,
+    DeliveryTransientError,
+    file_size,
+)
 from delivery.channels.probe import MediaProbe
 
 log = logging.getLogger(__name__)
@@ -209,6 +215,18 @@ class LimitedChannel(Channel):
         self.link_for = link_for
         self.probe = probe if probe is not None else MediaProbe()
         self.lang = lang if lang in LINK_NOTES else "en"
+        #: shared outbound rate limits (``delivery.ratelimit.RateLimiter``), set by the registry
+        self.limiter: Any = None
+
+    async def _gate(self, target: Target) -> None:
+        """Wait for the shared rate limit before one message request."""
+        if self.limiter is not None:
+            await self.limiter.acquire(self.name, target)
+
+    async def _paused(self, target: Target, exc: DeliveryTransientError) -> None:
+        """A 429's ``retry_after`` pauses this chat's bucket for every worker."""
+        if self.limiter is not None and exc.retry_after:
+            await self.limiter.pause(self.name, target, exc.retry_after)
 
     def text_size(self, text: str) -> int:
         return len(text)
@@ -245,10 +263,14 @@ class LimitedChannel(Channel):
             found = self.RULES.get(current)
             why = found.refusal(path, size) if found else "not taken on this channel"
             if why is None:
+                await self._gate(target)
                 try:
                     mid = await self._send_as(current, target, path, caption)
                 except DoesNotFit as exc:
                     why = exc.reason
+                except DeliveryTransientError as exc:
+                    await self._paused(target, exc)
+                    raise
                 else:
                     return self._receipt(mid, current, path, notes)
             notes.append(f"not as {KIND_WORDS.get(current, current)}: {why}")
@@ -283,12 +305,16 @@ class LimitedChannel(Channel):
             raise DeliveryPermanentError(f"{self.name}: empty text, nothing to send")
         first = ""
         for i, piece in enumerate(pieces):
+            await self._gate(target)
             try:
                 mid = await self._post_text(
                     target if i == 0 else replace(target, reply_to=None), piece
                 )
             except DoesNotFit as exc:  # only files move on to another kind; text has none
                 raise DeliveryPermanentError(f"{self.name}: {exc.reason}") from exc
+            except DeliveryTransientError as exc:
+                await self._paused(target, exc)
+                raise
             first = first or mid
         return first
 

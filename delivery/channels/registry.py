@@ -8,8 +8,10 @@ from typing import Any
 import httpx
 
 from delivery.channels.base import Channel
+from delivery.channels.limits import LimitedChannel, LinkFor
 from delivery.channels.dingtalk import DingTalkChannel
 from delivery.channels.feishu import FeishuChannel
+from delivery.channels.limits import LimitedChannel, LinkFor
 from delivery.channels.telegram import TelegramChannel
 from delivery.channels.web import WebChannel
 from delivery.channels.wecom import WeComChannel
@@ -62,10 +64,49 @@ def build_channels(
             api_base=settings.dingtalk_api_base,
             oapi_base=settings.dingtalk_oapi_base,
         )
+    shared_limits(settings, out, redis)
     web = WebChannel(sessionmaker, redis, settings)
     out["web"] = web
     out["web_admin"] = web
     return out
+
+
+def link_maker(settings: Settings) -> LinkFor | None:
+    """``link_for(path)``: a signed ``/files/<token>`` download link under
+    ``SKILLJOBS_PUBLIC_URL`` for a file inside the workspaces (None when unset)."""
+    base = (settings.public_url or "").strip().rstrip("/")
+    if not base:
+        return None
+    import os
+
+    from jobs.links import file_link, file_link_key
+
+    key = file_link_key(settings)
+    root = os.path.realpath(settings.resolved_workspace_root)
+
+    def link_for(path: str) -> str | None:
+        real = os.path.realpath(path)
+        if os.path.commonpath([real, root]) != root:
+            return None
+        return base + file_link(key, None, real, float(settings.file_link_ttl_sec))
+
+    return link_for
+
+
+def shared_limits(settings: Settings, out: dict[str, Channel], redis: Any) -> None:
+    """The platform adapters get the download links and, with Redis, the rate limits
+    every worker shares."""
+    link_for = link_maker(settings)
+    limiter = None
+    if redis is not None:
+        from delivery.ratelimit import RateLimiter
+
+        limiter = RateLimiter.from_settings(redis, settings)
+    for ch in out.values():
+        if isinstance(ch, LimitedChannel):
+            if ch.link_for is None:
+                ch.link_for = link_for
+            ch.limiter = limiter
 
 
 def channels_for(services: Services) -> dict[str, Channel]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import struct
+import time
 from typing import Any
 
 from tests.fakes.server import FakeServer, Request, Response, utf16_len
@@ -63,6 +64,14 @@ class FakeTelegram(FakeServer):
         self.sent: list[dict[str, Any]] = []  # what a chat would show, in order
         self.messages: dict[tuple[str, int], str] = {}  # (chat, message id) → who wrote it
         self._ids = itertools.count(1)
+        # the published flood limits, enforced when ``enforce_rates`` is set: beyond them a
+        # send is answered 429 with ``retry_after`` (counted in ``too_many``)
+        self.enforce_rates = False
+        self.per_chat_sec = 1.0  # one message per second in one chat
+        self.per_bot_sec = 30  # 30 messages per second in all
+        self.too_many = 0
+        self._last_in_chat: dict[str, float] = {}
+        self._recent: list[float] = []
         self.route("POST", "/bot*", self._handle)
 
     def receive(self, chat_id: str) -> int:
@@ -83,6 +92,8 @@ class FakeTelegram(FakeServer):
         refused = self._chat_refusal(chat)
         if refused is not None:
             return refused
+        if self.enforce_rates and (flood := self._flood(chat)) is not None:
+            return flood
         entry: dict[str, Any] = {"method": method, "chat_id": chat}
         reply = self._reply(chat, params.get("reply_parameters"))
         if isinstance(reply, Response):
@@ -102,6 +113,20 @@ class FakeTelegram(FakeServer):
         self.messages[(chat, mid)] = "bot"
         self.sent.append(entry)
         return Response(200, {"ok": True, "result": {"message_id": mid, "chat": {"id": int(chat)}}})
+
+    def _flood(self, chat: str) -> Response | None:
+        now = time.monotonic()
+        self._recent = [t for t in self._recent if t > now - 1.0]
+        last = self._last_in_chat.get(chat)
+        # a little slack for clock granularity between the limiter and this server
+        if (last is not None and now - last < self.per_chat_sec * 0.9) or len(
+            self._recent
+        ) >= self.per_bot_sec:
+            self.too_many += 1
+            return rate_limited(1)
+        self._last_in_chat[chat] = now
+        self._recent.append(now)
+        return None
 
     def _chat_refusal(self, chat: str) -> Response | None:
         if chat in self.migrated:

@@ -1,0 +1,202 @@
+"""Outbound rate limits shared by every worker: token buckets in Redis per bot/app and per
+chat, so many jobs finishing at once do not run into the platforms' 429s.
+
+Each send to a platform first takes one token from every bucket it belongs to — the bot (or
+app) bucket of the channel, the bucket of the chat it goes to, and for group chats the group
+bucket — in one atomic script, so concurrent workers never overdraw a bucket. When a bucket
+is empty the sender waits (waiting is not a failure). A 429 with ``retry_after`` pauses the
+chat's bucket for every worker until then.
+
+Defaults are the platforms' published limits (``docs/channels.md`` cites them);
+``SKILLJOBS_RATE_LIMITS`` overrides them, e.g.
+``{"telegram": {"bot": "30/s", "chat": "1/s", "group": "20/min"}, "feishu": {"chat": "5/s"}}``
+(a rate is ``N/s``, ``N/min`` or ``N/h``; ``0`` or ``null`` turns that bucket off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from delivery.channels.limits import Target
+
+log = logging.getLogger(__name__)
+
+#: the longest single wait before the buckets are asked again (a pause may be longer)
+MAX_STEP = 5.0
+
+#: ``(tokens, seconds)`` per bucket kind, from the platforms' documentation
+DEFAULTS: dict[str, dict[str, tuple[float, float] | None]] = {
+    # Bot FAQ: ~30 messages/s in all, 1/s in one chat, 20/min in one group
+    "telegram": {"bot": (30, 1), "chat": (1, 1), "group": (20, 60)},
+    # 发送消息: 1000/min and 50/s per app; 5 QPS to one user, 5 QPS per group (all bots)
+    "feishu": {"bot": (50, 1), "chat": (5, 1), "group": (5, 1)},
+    # 发送应用消息: one member at most 30 messages/min from one app
+    "wecom": {"bot": (20, 1), "chat": (30, 60), "group": (20, 60)},
+    # the organisation's API QPS (20 on the standard edition) shared by the app
+    "dingtalk": {"bot": (20, 1), "chat": (20, 60), "group": (20, 60)},
+}
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|min|minute|h|hour)\s*$", re.I)
+_UNITS = {"s": 1, "sec": 1, "second": 1, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+
+# KEYS: n bucket keys, then their n pause keys. ARGV: per bucket capacity, refill per ms.
+# Answers 0 when a token was taken from every bucket, else the ms to wait.
+_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = #KEYS / 2
+local wait = 0
+for i = 1, n do
+  local p = redis.call('PTTL', KEYS[n + i])
+  if p > wait then wait = p end
+end
+if wait > 0 then return wait end
+local level = {}
+for i = 1, n do
+  local cap = tonumber(ARGV[2 * i - 1])
+  local rate = tonumber(ARGV[2 * i])
+  local h = redis.call('HMGET', KEYS[i], 't', 'ts')
+  local tokens = tonumber(h[1]) or cap
+  local ts = tonumber(h[2]) or now
+  tokens = math.min(cap, tokens + math.max(0, now - ts) * rate)
+  if tokens < 1 then
+    local w = math.ceil((1 - tokens) / rate)
+    if w > wait then wait = w end
+  end
+  level[i] = tokens
+end
+if wait > 0 then return wait end
+for i = 1, n do
+  local cap = tonumber(ARGV[2 * i - 1])
+  local rate = tonumber(ARGV[2 * i])
+  redis.call('HSET', KEYS[i], 't', level[i] - 1, 'ts', now)
+  redis.call('PEXPIRE', KEYS[i], math.ceil(cap / rate) + 1000)
+end
+return 0
+"""
+
+
+def parse_rate(value: Any) -> tuple[float, float] | None:
+    """``"30/s"`` → ``(30, 1)``; ``[20, 60]`` → ``(20, 60)``; ``0`` / ``None`` → None (off)."""
+    if value in (None, 0, "0", ""):
+        return None
+    if isinstance(value, list | tuple) and len(value) == 2:
+        n, per = float(value[0]), float(value[1])
+    elif isinstance(value, int | float):
+        n, per = float(value), 1.0
+    elif isinstance(value, str) and (m := _RATE.match(value)):
+        n, per = float(m.group(1)), float(_UNITS[m.group(2).lower()])
+    else:
+        raise ValueError(f"a rate is N/s, N/min or N/h (not {value!r})")
+    if n <= 0 or per <= 0:
+        return None
+    return n, per
+
+
+def load_limits(
+    raw: str | dict[str, Any] | None,
+) -> dict[str, dict[str, tuple[float, float] | None]]:
+    """The defaults with ``SKILLJOBS_RATE_LIMITS`` (JSON) laid over them."""
+    out = {ch: dict(kinds) for ch, kinds in DEFAULTS.items()}
+    data = json.loads(raw) if isinstance(raw, str) and raw.strip() else raw or {}
+    if not isinstance(data, dict):
+        raise ValueError("SKILLJOBS_RATE_LIMITS must be a JSON object of channels")
+    for channel, kinds in data.items():
+        if not isinstance(kinds, dict):
+            raise ValueError(f"SKILLJOBS_RATE_LIMITS[{channel!r}] must be an object")
+        slot = out.setdefault(str(channel), {})
+        for kind, rate in kinds.items():
+            if kind not in ("bot", "chat", "group"):
+                raise ValueError(f"SKILLJOBS_RATE_LIMITS: {kind!r} is not bot, chat or group")
+            slot[kind] = parse_rate(rate)
+    return out
+
+
+def is_group(channel: str, target: Target) -> bool:
+    if target.chat:
+        return True
+    return channel == "telegram" and target.id.startswith("-")
+
+
+@dataclass
+class RateLimiter:
+    """Token buckets in Redis under this deployment's prefix (``Settings.key``)."""
+
+    redis: Any
+    settings: Any
+    limits: dict[str, dict[str, tuple[float, float] | None]]
+    _script: Any = None
+
+    @classmethod
+    def from_settings(cls, redis: Any, settings: Any) -> RateLimiter:
+        return cls(redis, settings, load_limits(getattr(settings, "rate_limits", "") or ""))
+
+    def buckets(self, channel: str, target: Target) -> list[tuple[str, float, float]]:
+        """``(key, capacity, tokens per ms)`` of each bucket a send belongs to."""
+        kinds = self.limits.get(channel, {})
+        wanted = [("bot", "")]
+        wanted.append(("group" if is_group(channel, target) else "chat", target.id))
+        if is_group(channel, target) and kinds.get("chat"):
+            wanted.append(("chat", target.id))
+        out = []
+        for kind, ident in wanted:
+            rate = kinds.get(kind)
+            if rate is None:
+                continue
+            n, per = rate
+            key = self.settings.key("ratelimit", channel, kind, *([ident] if ident else []))
+            out.append((key, n, n / (per * 1000)))
+        return out
+
+    def _pause_key(self, bucket: str) -> str:
+        return f"{bucket}:pause"
+
+    async def wait_ms(self, channel: str, target: Target) -> int:
+        """Take a token from every bucket (0), or the ms to wait before asking again."""
+        buckets = self.buckets(channel, target)
+        if not buckets:
+            return 0
+        if self._script is None:
+            self._script = self.redis.register_script(_SCRIPT)
+        keys = [b[0] for b in buckets] + [self._pause_key(b[0]) for b in buckets]
+        args: list[float] = []
+        for _, cap, rate in buckets:
+            args += [cap, rate]
+        return int(await self._script(keys=keys, args=args))
+
+    async def acquire(self, channel: str, target: Target) -> float:
+        """Wait until the send may go; returns the seconds waited. Redis unreachable: the
+        send goes (a limiter must not stop delivery), and that is logged."""
+        waited = 0.0
+        while True:
+            try:
+                ms = await self.wait_ms(channel, target)
+            except Exception as exc:  # redis down, script flushed…: do not block sends
+                log.warning("rate limiter unavailable (%s): sending unthrottled", exc)
+                self._script = None
+                return waited
+            if ms <= 0:
+                return waited
+            step = min(ms / 1000.0, MAX_STEP)
+            waited += step
+            await asyncio.sleep(step)
+
+    async def pause(self, channel: str, target: Target, retry_after: float) -> None:
+        """A 429: no worker sends to this chat (or, without a chat bucket, on this bot)
+        until ``retry_after`` seconds have passed."""
+        buckets = self.buckets(channel, target)
+        if not buckets or retry_after <= 0:
+            return
+        bucket = buckets[1][0] if len(buckets) > 1 else buckets[0][0]
+        try:
+            await self.redis.set(self._pause_key(bucket), "1", px=max(1, int(retry_after * 1000)))
+        except Exception as exc:
+            log.warning("rate limiter: cannot record a pause (%s)", exc)
+
+
+__all__ = ["DEFAULTS", "RateLimiter", "is_group", "load_limits", "parse_rate"]
