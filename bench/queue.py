@@ -156,10 +156,25 @@ async def raw_arq_drain(n: int, fn: str, max_jobs: int) -> float:
     return n / elapsed
 
 
-async def ours_drain(svc: Services, n: int, skill: str, max_jobs: int) -> float:
+#: the limits of the "drain with limits" measure: every job counts against two of them
+LIMITS = {"org:*": 20, "actor:*": 20, "skill:other": 2}
+
+
+async def ours_drain(svc: Services, n: int, skill: str, max_jobs: int, orgs: int = 0) -> float:
+    """Dispatch ``n`` jobs, then drain them with one burst worker. ``orgs``: spread the jobs
+    over that many organisations (and 10× as many actors) with ``LIMITS`` set."""
     d = Dispatcher(svc)
+    svc.settings.limits = LIMITS if orgs else {}
+
+    def ctx(k: int) -> dict[str, str]:
+        if not orgs:
+            return CTX
+        return {**CTX, "org_id": f"org{k % orgs}", "actor_key": f"u{k % (orgs * 10)}"}
+
     for i in range(0, n, 200):
-        await asyncio.gather(*(d.dispatch(skill, {}, CTX, EXT) for _ in range(min(200, n - i))))
+        await asyncio.gather(
+            *(d.dispatch(skill, {}, ctx(i + k), EXT) for k in range(min(200, n - i)))
+        )
     w = build_worker(svc, burst=True, handle_signals=False, scheduler=False, max_jobs=max_jobs)
     t0 = time.perf_counter()
     await w.async_run()
@@ -180,6 +195,7 @@ async def main() -> None:
     ap.add_argument("--jobs", type=int, default=20000)
     ap.add_argument("--sleep-jobs", type=int, default=5000)
     ap.add_argument("--only", default="")
+    ap.add_argument("--orgs", type=int, default=100, help="organisations of drain_limits")
     args = ap.parse_args()
     db_url, name = await make_db()
     data = Path(tempfile.mkdtemp(prefix="skilljobs-bench-"))
@@ -191,10 +207,18 @@ async def main() -> None:
             out["receipt"] = await bench_receipts(svc)
         if not args.only or "wake" in args.only:
             out["wakeup"] = await bench_wakeup(svc, db_url, data)
-        if not args.only or "drain" in args.only:
+        if not args.only or "drain" in args.only.split(","):
             raw = await raw_arq_drain(args.jobs, "_noop", 100)
             ours = await ours_drain(svc, args.jobs, "noop", 100)
             out["drain_noop"] = {"raw_arq_jobs_s": raw, "ours_jobs_s": ours, "ratio": ours / raw}
+        if "drain_limits" in args.only:  # not by default: ``--only drain_limits``
+            plain = await ours_drain(svc, args.jobs, "noop", 100)
+            limited = await ours_drain(svc, args.jobs, "noop", 100, orgs=args.orgs)
+            out["drain_limits"] = {
+                "no_limits_jobs_s": plain,
+                "limits_jobs_s": limited,
+                "ratio": limited / plain,
+            }
         if not args.only or "sleep" in args.only:
             raw = await raw_arq_drain(args.sleep_jobs, "_sleep100", 100)
             ours = await ours_drain(svc, args.sleep_jobs, "sleep100", 100)

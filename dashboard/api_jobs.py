@@ -18,7 +18,7 @@ from jobs.context import fixed_segment, scrub, secret_values
 from jobs.crypto import ENC_TAG, REDACTED, redact
 from jobs.envelope import is_partial
 from jobs.models import Artifact, Delivery, Job, JobAttempt
-from jobs.queue import control
+from jobs.queue import control, limits
 from jobs.queue.dispatcher import Dispatcher, is_background
 from jobs.services import Services
 from jobs.skill import SkillType
@@ -132,6 +132,7 @@ def job_dict(
         "error_type": job.error_type,
         "cancel_requested": job.cancel_requested,
         "chain_run_id": job.chain_run_id,
+        "priority": job.priority,
         "origin": {
             "channel": job.channel,
             "session_id": job.session_id,
@@ -161,6 +162,7 @@ class DispatchBody(BaseModel):
     context: dict[str, Any] = Field(default_factory=dict)
     external_id: str | None = None
     idempotency_key: str | None = Field(default=None, max_length=255)
+    priority: int | None = Field(default=None, ge=0, le=9)  # 0 first, 9 last
 
 
 @router.post("/dispatch")
@@ -187,6 +189,7 @@ async def dispatch(body: DispatchBody, request: Request) -> JSONResponse:
         context=body.context,
         external_id=body.external_id,
         idempotency_key=key,
+        priority=body.priority,
     )
     return JSONResponse(answer.body, status_code=answer.status_code)
 
@@ -246,7 +249,10 @@ async def get_job(job_id: str, request: Request) -> dict[str, Any]:
         arts, dels = await queries.job_children(session, [job_id])
         attempts = await queries.job_attempts(session, job_id)
     box = services_of(request).box
-    return job_dict(job, arts.get(job_id, []), dels.get(job_id, []), attempts, box=box)
+    out = job_dict(job, arts.get(job_id, []), dels.get(job_id, []), attempts, box=box)
+    # e.g. "limit org:o1": a queued job over a concurrency limit waits for a slot
+    out["waiting_for"] = await limits.waiting_for(services_of(request), job)
+    return out
 
 
 def _servable(local_path: str, root: Path) -> tuple[Path, str | None]:

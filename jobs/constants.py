@@ -9,6 +9,9 @@ MAX_RUNS = 3
 # arq job functions.
 FN_RUN_JOB = "skilljobs.run"  # args: (job_id: str, lease_token: int)
 FN_RUN_CHAIN = "skilljobs.chain"  # args: (run_id: str,)
+# Queue priorities, 0 served first, 9 last (SPEC §10 dispatch ``priority``).
+PRIORITY_INTERACTIVE = 3  # a chat dispatch without its own priority
+PRIORITY_CHAIN = 6  # chain runs, scheduled or manual
 
 # Our own Redis keys, under Settings.redis_prefix (see Settings.key()).
 WAKE_CHANNEL = "wake"  # pub/sub: a job was enqueued — idle workers poll now

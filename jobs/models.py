@@ -169,6 +169,8 @@ class Job(Base):
     role_id: Mapped[str] = mapped_column(String(128), default="")
     org_id: Mapped[str] = mapped_column(String(128), default="")
     chain_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Queue priority, 0 served first, 9 last (jobs.queue.limits).
+    priority: Mapped[int] = mapped_column(Integer, default=3, server_default="3")
 
     # Execution bookkeeping: the current lease. ``lease_token`` is the fencing token;
     # every write of an attempt's outcome checks it, so a dead attempt that wakes up

@@ -102,6 +102,10 @@ class Settings(BaseSettings):
     workspace_retention_days: float | None = None
     prune_interval_sec: float = Field(default=3600.0, gt=0)
 
+    # Concurrency limits shared by all workers (SPEC §10), JSON: {"skill:video_gen": 2,
+    # "org:*": 20, "actor:*": 2}; ``*`` is a limit for each value. Checked by jobs.queue.limits.
+    limits: dict[str, int] = Field(default_factory=dict)
+
     # Isolation of skills from the worker.
     skill_env_passthrough: str = ""  # comma list of worker variables subprocess skills see
     skill_database_url: str | None = None  # the business database behind db_factory
@@ -128,6 +132,27 @@ class Settings(BaseSettings):
         if code not in ("en", "zh"):
             raise ValueError("SKILLJOBS_LANGUAGE must be en or zh")
         return code
+
+    @field_validator("limits", mode="before")
+    @classmethod
+    def _limits_json(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return json.loads(v) if v.strip() else {}
+        return v
+
+    @field_validator("limits")
+    @classmethod
+    def _limits(cls, v: dict[str, int]) -> dict[str, int]:
+        for key, n in v.items():
+            kind, _, value = key.partition(":")
+            if kind not in ("skill", "org", "role", "actor") or not value:
+                raise ValueError(
+                    f"SKILLJOBS_LIMITS key {key!r}: use skill:NAME, org:ID, role:ID or actor:KEY"
+                    " (or KIND:* for each value)"
+                )
+            if n < 1:
+                raise ValueError(f"SKILLJOBS_LIMITS {key!r}: the limit must be at least 1")
+        return v
 
     # Derived values -------------------------------------------------------------------
 

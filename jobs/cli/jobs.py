@@ -52,6 +52,9 @@ def dispatch(
     idempotency_key: str = typer.Option(
         "", "--idempotency-key", help="Same key within 24 h: the same background job."
     ),
+    priority: int | None = typer.Option(
+        None, "--priority", min=0, max=9, help="Queue priority: 0 first, 9 last (default 3)."
+    ),
 ) -> None:
     """Call a skill the way the chat layer does: a receipt for background jobs, the result otherwise."""
     data = _parse_json(input, "--input")
@@ -71,7 +74,12 @@ def dispatch(
         svc = await open_services(settings)
         try:
             res = await Dispatcher(svc).dispatch(
-                skill, data, context, external_id or None, idempotency_key or None
+                skill,
+                data,
+                context,
+                external_id or None,
+                idempotency_key or None,
+                priority=priority,
             )
             console.print_json(json.dumps(res.body, ensure_ascii=False, default=str))
             if res.status_code >= 400:

@@ -5,9 +5,21 @@ keys), with one Lua script instead of arq's WATCH/MULTI round trips and the wake
 published in the same call. Payloads are JSON, never pickle: an entry planted in Redis can
 at worst name a job id, which the database then decides about.
 
-Producers: ``enqueue``, ``enqueue_many``; queue inspection: ``waiting``; removal:
-``remove``; live events: ``job_event``, ``publish_job_event``, ``publish_cancel``;
-worker heartbeats: ``beat``, ``alive``; the worker's side: ``claim``, ``load``, ``tidy``.
+Beside arq's queue sorted set, each entry also waits in a *lane*, one sorted set per
+``priority|org`` (``<queue>:lane:<lane>``), listed in ``<queue>:lanes`` by priority and then
+by when the lane was last served: the claim takes the lanes of the lowest priority number
+round-robin, one entry per lane per pass, so one organisation's backlog cannot starve
+another's job. A claimed entry leaves its lane (it stays in arq's queue until tidied).
+Concurrency limits (``SKILLJOBS_LIMITS``) are hashes ``<queue>:limit:<key>`` of the entries
+holding a slot (value: ``claimed ms|expires ms|worker id``); a holding whose worker's
+heartbeat key is gone is freed by the next claim that finds the limit full. Lanes and
+holdings are rebuilt from what is enqueued: the reconciler's re-enqueues carry the job's
+lane metadata (``sj`` in the arq record, ignored by arq's decoder).
+
+Producers: ``enqueue``, ``enqueue_many``; queue inspection: ``waiting``, ``limit_usage``;
+removal: ``remove``; live events: ``job_event``, ``publish_job_event``, ``publish_cancel``;
+worker heartbeats: ``beat``, ``alive``; the worker's side: ``claim``, ``load``, ``tidy``,
+``release``.
 """
 
 from __future__ import annotations
@@ -28,10 +40,18 @@ from arq.constants import (
     result_key_prefix,
     retry_key_prefix,
 )
-from arq.jobs import SerializationError, deserialize_job_raw, serialize_job
+from arq.jobs import SerializationError, deserialize_job_raw
 from arq.utils import timestamp_ms
 
-from jobs.constants import CANCEL_CHANNEL, JOB_EVENTS, WAKE_CHANNEL, WORKER_HEARTBEAT
+from jobs.constants import (
+    CANCEL_CHANNEL,
+    FN_RUN_CHAIN,
+    JOB_EVENTS,
+    PRIORITY_CHAIN,
+    PRIORITY_INTERACTIVE,
+    WAKE_CHANNEL,
+    WORKER_HEARTBEAT,
+)
 from jobs.services import Services
 
 if TYPE_CHECKING:
@@ -80,14 +100,35 @@ def decode(payload: bytes) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
 
 # --- producing ---------------------------------------------------------------------------
 
-_ENQUEUE_LUA = """
+# Lane scores: priority × LANE_STEP + the serve counter when the lane was last served (or
+# created), so lanes sort by priority, then least recently served first.
+LANE_STEP = 10**12
+
+# Lua helper: list a lane in the lane index when it is not there yet, behind the lanes
+# served so far in its priority (so a new organisation is served in the current round).
+_LANE_LUA = """
+local function add_lane(queue, lane)
+  if not redis.call('ZSCORE', queue .. ':lanes', lane) then
+    local prio = tonumber(string.match(lane, '^(%d+)|')) or 0
+    local seq = tonumber(redis.call('GET', queue .. ':seq') or '0')
+    redis.call('ZADD', queue .. ':lanes', string.format('%.0f', prio * 1e12 + seq), lane)
+  end
+end
+"""
+
+_ENQUEUE_LUA = (
+    _LANE_LUA
+    + """
 if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then return 0 end
 redis.call('PSETEX', KEYS[1], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
-redis.call('PUBLISH', ARGV[5], '1')
-if ARGV[6] then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
+redis.call('ZADD', KEYS[3] .. ':lane:' .. ARGV[8], ARGV[3], ARGV[4])
+add_lane(KEYS[3], ARGV[8])
+if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], '1') end
+if ARGV[6] ~= '' then redis.call('PUBLISH', ARGV[6], ARGV[7]) end
 return 1
 """
+)
 
 _scripts: dict[tuple[int, str], Any] = {}
 
@@ -111,6 +152,18 @@ def queue_name(services: Services) -> str:
     return services.settings.queue_name or default_queue_name
 
 
+def _record(
+    function: str, args: Sequence[Any], at: int, meta: dict[str, Any] | None
+) -> tuple[bytes, str]:
+    """arq's job record (what ``serialize_job`` writes) plus our lane metadata ``sj``, and
+    the entry's lane."""
+    if meta is None:
+        prio = PRIORITY_CHAIN if function == FN_RUN_CHAIN else PRIORITY_INTERACTIVE
+        meta = {"l": f"{prio}|"}
+    data = {"t": None, "f": function, "a": list(args), "k": {}, "et": at, "sj": meta}
+    return dumps(data), str(meta["l"])
+
+
 async def enqueue(
     services: Services,
     function: str,
@@ -118,9 +171,12 @@ async def enqueue(
     job_id: str,
     defer: float = 0.0,
     event: tuple[str, str] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> bool:
     """Enqueue ``function(*args)`` under the arq id ``job_id`` and wake idle workers
-    (``event``: a ``(channel, message)`` to publish in the same round trip).
+    (``event``: a ``(channel, message)`` to publish in the same round trip; ``meta``: the
+    lane and limit keys from ``jobs.queue.limits.meta``, default the function's priority
+    without an organisation).
 
     Returns False when a job with that id already exists (callers use a fresh id per
     enqueue, so that means "already there").
@@ -128,7 +184,7 @@ async def enqueue(
     redis = _redis(services)
     now = timestamp_ms()
     score = now + int(defer * 1000)
-    payload = serialize_job(function, args, {}, None, now, serializer=dumps)
+    payload, lane = _record(function, args, now, meta)
     done = await _script(redis, _ENQUEUE_LUA)(
         keys=[job_key_prefix + job_id, result_key_prefix + job_id, queue_name(services)],
         args=[
@@ -137,25 +193,42 @@ async def enqueue(
             score,
             job_id,
             services.settings.key(WAKE_CHANNEL),
-            *(event or ()),
+            *(event or ("", "")),
+            lane,
         ],
     )
     return bool(done)
 
 
 async def enqueue_many(
-    services: Services, jobs: Sequence[tuple[str, str, tuple[Any, ...]]]
+    services: Services,
+    jobs: Sequence[tuple[str, str, tuple[Any, ...]]],
+    metas: Sequence[dict[str, Any] | None] | None = None,
+    events: Sequence[tuple[str, str] | None] | None = None,
 ) -> None:
-    """Enqueue ``(arq id, function, args)`` for each item and wake idle workers, in one
-    round trip (the ids are new, so arq's duplicate check is ``NX``)."""
+    """Enqueue ``(arq id, function, args)`` for each item (``metas``: each one's lane
+    metadata, as for :func:`enqueue`; ``events``: each one's live event, published with
+    it) and wake idle workers, in one round trip."""
     redis = _redis(services)
     at = timestamp_ms()
     queue = queue_name(services)
+    script = _script(redis, _ENQUEUE_LUA)
     async with redis.pipeline(transaction=False) as pipe:
-        for job_id, function, args in jobs:
-            payload = serialize_job(function, args, {}, None, at, serializer=dumps)
-            pipe.set(job_key_prefix + job_id, payload, px=expires_extra_ms, nx=True)
-            pipe.zadd(queue, {job_id: at}, nx=True)
+        for i, (job_id, function, args) in enumerate(jobs):
+            payload, lane = _record(function, args, at, metas[i] if metas else None)
+            await script(
+                keys=[job_key_prefix + job_id, result_key_prefix + job_id, queue],
+                args=[
+                    expires_extra_ms,
+                    payload,
+                    at,
+                    job_id,
+                    "",
+                    *((events[i] if events else None) or ("", "")),
+                    lane,
+                ],
+                client=pipe,
+            )
         pipe.publish(services.settings.key(WAKE_CHANNEL), "1")
         await pipe.execute()
 
@@ -176,10 +249,42 @@ async def waiting(services: Services, job_ids: Sequence[str]) -> list[bool]:
     return [bool(found[2 * i]) and not found[2 * i + 1] for i in range(len(job_ids))]
 
 
+_REMOVE_LUA = (
+    """
+redis.call('ZREM', KEYS[1], ARGV[1])
+local rec = redis.call('GET', '"""
+    + job_key_prefix
+    + """' .. ARGV[1])
+if rec then
+  local ok, d = pcall(cjson.decode, rec)
+  if ok and type(d) == 'table' and type(d.sj) == 'table' and type(d.sj.l) == 'string' then
+    redis.call('ZREM', KEYS[1] .. ':lane:' .. d.sj.l, ARGV[1])
+  end
+end
+return 1
+"""
+)
+
+
 async def remove(services: Services, job_id: str) -> None:
-    """Take a not-yet-started entry off the queue (its record expires on its own)."""
+    """Take a not-yet-started entry off the queue and its lane (its record expires on its
+    own)."""
     if services.redis is not None:
-        await services.redis.zrem(queue_name(services), job_id)
+        await _script(services.redis, _REMOVE_LUA)(keys=[queue_name(services)], args=[job_id])
+
+
+async def limit_usage(services: Services, keys: Sequence[str]) -> list[int]:
+    """Per limit key (``org:o1``), in order: how many entries hold one of its slots now
+    (holdings of dead workers included until a claim frees them)."""
+    redis = services.redis
+    if redis is None or not keys:
+        return [0] * len(keys)
+    queue = queue_name(services)
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.hlen(f"{queue}:limit:{key}")
+        found = await pipe.execute()
+    return [int(n) for n in found]
 
 
 # --- live events -------------------------------------------------------------------------
@@ -243,39 +348,192 @@ async def alive(services: Services, worker_ids: Sequence[str]) -> list[bool]:
 
 # --- the worker's side -------------------------------------------------------------------
 
-# Reads the due part of the queue, marks up to ARGV[3] jobs not already running as in
-# progress (arq's own key, so arq's bookkeeping stays valid) and returns
-# [number read, id, score, payload, id, score, payload, ...] of those it claimed
-# (payload: the arq job record, false when it has expired).
+# Claims up to ARGV[3] due entries (arq's in-progress key, so arq's bookkeeping stays
+# valid) and returns [number read, id, score, payload, id, score, payload, ...] of those it
+# claimed (payload: the arq job record, false when it has expired). Lanes are served in
+# index order: the lanes of one priority round-robin, one entry each per pass, until the
+# claim is full or they have nothing claimable; then the next priority. An entry whose
+# limit key is full is skipped (it stays first in its lane). Without any lane (entries
+# written before lanes existed), arq's queue is read in order, as arq does.
+# ARGV: now, in-progress ms, wanted, read limit, limits JSON ('' for none), worker id,
+# heartbeat key prefix, entries read per lane, grace ms of a new holding.
 _CLAIM_LUA = (
     """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, ARGV[4])
-local out = {#due / 2}
-local want = tonumber(ARGV[3])
-for i = 1, #due, 2 do
-  if (#out - 1) / 3 >= want then break end
-  local id = due[i]
-  if redis.call('SET', '"""
+local Q = KEYS[1]
+local LANES = Q .. ':lanes'
+local IP = '"""
     + in_progress_key_prefix
-    + """' .. id, '1', 'NX', 'PX', ARGV[2]) then
-    out[#out + 1] = id
-    out[#out + 1] = due[i + 1]
-    out[#out + 1] = redis.call('GET', '"""
+    + """'
+local JK = '"""
     + job_key_prefix
-    + """' .. id)
+    + """'
+local now = tonumber(ARGV[1])
+local want = tonumber(ARGV[3])
+local out = {0}
+local function take(id, score, rec)
+  out[#out + 1] = id
+  out[#out + 1] = score
+  out[#out + 1] = rec
+  want = want - 1
+end
+
+if redis.call('EXISTS', LANES) == 0 then
+  local due = redis.call('ZRANGEBYSCORE', Q, '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[4])
+  out[1] = #due / 2
+  for i = 1, #due, 2 do
+    if want <= 0 then break end
+    if redis.call('SET', IP .. due[i], '1', 'NX', 'PX', ARGV[2]) then
+      take(due[i], due[i + 1], redis.call('GET', JK .. due[i]))
+    end
+  end
+  return out
+end
+
+local limits = nil
+if ARGV[5] ~= '' then limits = cjson.decode(ARGV[5]) end
+local holding = now .. '|' .. string.format('%.0f', now + tonumber(ARGV[2])) .. '|' .. ARGV[6]
+local grace = tonumber(ARGV[9])
+local scan = tonumber(ARGV[8])
+local read = 0
+local is_full = {}
+local tried = {}
+local FIELDS = {skill = 's', org = 'o', role = 'r', actor = 'a'}
+
+local function full(key, n)
+  if is_full[key] then return true end
+  local lk = Q .. ':limit:' .. key
+  if redis.call('HLEN', lk) < n then return false end
+  -- full: free the holdings of dead workers (heartbeat key gone) and expired ones
+  local all = redis.call('HGETALL', lk)
+  for i = 1, #all, 2 do
+    local at, till, who = string.match(all[i + 1], '^(%d+)|(%d+)|(.*)$')
+    if at == nil or tonumber(till) < now
+       or (tonumber(at) + grace < now and redis.call('EXISTS', ARGV[7] .. who) == 0) then
+      redis.call('HDEL', lk, all[i])
+    end
+  end
+  if redis.call('HLEN', lk) < n then return false end
+  is_full[key] = true
+  return true
+end
+
+-- the limit keys this record needs a slot of, or nil when one of them is full
+local function slots(rec)
+  local keys = {}
+  if limits == nil or not rec then return keys end
+  local ok, d = pcall(cjson.decode, rec)
+  if not ok or type(d) ~= 'table' or type(d.sj) ~= 'table' then return keys end
+  for kind, f in pairs(FIELDS) do
+    local v = d.sj[f]
+    if type(v) == 'string' and v ~= '' then
+      local k = kind .. ':' .. v
+      local n = limits.exact[k] or limits.any[kind]
+      if n then
+        if full(k, n) then return nil end
+        keys[#keys + 1] = k
+      end
+    end
+  end
+  return keys
+end
+
+-- up to quota entries from this lane: true when any was claimed
+local function serve(lane, prio, quota)
+  local lk = Q .. ':lane:' .. lane
+  local due = redis.call('ZRANGEBYSCORE', lk, '-inf', now, 'WITHSCORES', 'LIMIT', 0, scan + quota)
+  read = read + #due / 2
+  if #due == 0 then
+    if redis.call('EXISTS', lk) == 0 then redis.call('ZREM', LANES, lane) end
+    return false
+  end
+  local got = 0
+  for i = 1, #due, 2 do
+    if got >= quota then break end
+    local id = due[i]
+    if not tried[id] then
+      tried[id] = true
+      local rec = redis.call('GET', JK .. id)
+      local keys = slots(rec)
+      if keys then
+        redis.call('ZREM', lk, id)
+        if redis.call('SET', IP .. id, '1', 'NX', 'PX', ARGV[2]) then
+          for _, k in ipairs(keys) do redis.call('HSET', Q .. ':limit:' .. k, id, holding) end
+          if #keys > 0 then
+            redis.call('SET', Q .. ':held:' .. id, table.concat(keys, '\\n'), 'PX', ARGV[2])
+          end
+          take(id, due[i + 1], rec)
+          got = got + 1
+        end
+      end
+    end
+  end
+  if got == 0 then return false end
+  local seq = redis.call('INCR', Q .. ':seq')
+  redis.call('ZADD', LANES, string.format('%.0f', prio * 1e12 + seq), lane)
+  return true
+end
+
+local lanes = redis.call('ZRANGE', LANES, 0, 999, 'WITHSCORES')
+local i = 1
+while i <= #lanes and want > 0 do
+  local prio = math.floor(tonumber(lanes[i + 1]) / 1e12)
+  local open = {}
+  while i <= #lanes and math.floor(tonumber(lanes[i + 1]) / 1e12) == prio do
+    open[#open + 1] = lanes[i]
+    i = i + 2
+  end
+  while want > 0 and #open > 0 do
+    local still = {}
+    -- one entry per lane and pass; a lane alone in its priority fills the claim at once
+    local quota = 1
+    if #open == 1 then quota = want end
+    for _, lane in ipairs(open) do
+      if want > 0 and serve(lane, prio, quota) then still[#still + 1] = lane end
+    end
+    open = still
   end
 end
+out[1] = read
 return out
 """
 )
 
+#: entries read per lane and claim pass (past entries waiting for a full limit)
+LANE_SCAN = 32
+
 
 async def claim(
-    redis: ArqRedis, queue: str, *, free: int, in_progress_ms: int, read_limit: int
+    redis: ArqRedis,
+    queue: str,
+    *,
+    free: int,
+    in_progress_ms: int,
+    read_limit: int,
+    limits: str = "",
+    holder: str = "",
+    heartbeat_prefix: str = "",
+    grace_ms: int = 10_000,
 ) -> tuple[int, list[tuple[str, int, bytes | None]]]:
-    """Claim up to ``free`` due entries: (entries read, [(id, score, payload)])."""
+    """Claim up to ``free`` due entries: (entries read, [(id, score, payload)]).
+
+    ``limits``: ``jobs.queue.limits.for_claim`` of the settings ('' for none); slots are
+    held for ``holder`` (a worker id whose heartbeat key is ``heartbeat_prefix + holder``)
+    until :func:`release`, its heartbeat key is gone (after ``grace_ms``) or the
+    in-progress time has passed.
+    """
     raw = await _script(redis, _CLAIM_LUA)(
-        keys=[queue], args=[timestamp_ms(), in_progress_ms, free, read_limit]
+        keys=[queue],
+        args=[
+            timestamp_ms(),
+            in_progress_ms,
+            free,
+            read_limit,
+            limits,
+            holder,
+            heartbeat_prefix,
+            LANE_SCAN,
+            grace_ms,
+        ],
     )
     claimed = []
     for i in range(1, len(raw), 3):
@@ -291,19 +549,78 @@ async def load(redis: ArqRedis, job_id: str) -> bytes | None:
     return payload
 
 
+_TIDY_LUA = (
+    _LANE_LUA
+    + """
+local Q = KEYS[1]
+for i = 1, #ARGV, 2 do
+  local id = ARGV[i]
+  redis.call('DEL', '"""
+    + in_progress_key_prefix
+    + """' .. id)
+  if ARGV[i + 1] == '1' then
+    redis.call('DEL', '"""
+    + job_key_prefix
+    + """' .. id, '"""
+    + retry_key_prefix
+    + """' .. id)
+    redis.call('ZREM', Q, id)
+    redis.call('ZREM', KEYS[2], id)
+  else
+    -- handed back: claimable again, first in its lane
+    local score = redis.call('ZSCORE', Q, id)
+    local rec = redis.call('GET', '"""
+    + job_key_prefix
+    + """' .. id)
+    if score and rec then
+      local ok, d = pcall(cjson.decode, rec)
+      if ok and type(d) == 'table' and type(d.sj) == 'table' and type(d.sj.l) == 'string' then
+        redis.call('ZADD', Q .. ':lane:' .. d.sj.l, score, id)
+        add_lane(Q, d.sj.l)
+      end
+    end
+  end
+end
+return 1
+"""
+)
+
+
 async def tidy(redis: ArqRedis, queue: str, items: Sequence[tuple[str, bool]]) -> None:
     """Drop the in-progress mark of each ``(id, finished)``; finished entries leave the
-    queue with their record and retry counter."""
-    done = [job_id for job_id, finished in items if finished]
-    keys = [in_progress_key_prefix + job_id for job_id, _ in items]
-    for job_id in done:
-        keys += [job_key_prefix + job_id, retry_key_prefix + job_id]
-    async with redis.pipeline(transaction=True) as tr:
-        tr.delete(*keys)
-        if done:
-            tr.zrem(queue, *done)
-            tr.zrem(abort_jobs_ss, *done)
-        await tr.execute()
+    queue with their record and retry counter, unfinished ones go back to their lane."""
+    args: list[str] = []
+    for job_id, finished in items:
+        args += [job_id, "1" if finished else "0"]
+    await _script(redis, _TIDY_LUA)(keys=[queue, abort_jobs_ss], args=args)
+
+
+_RELEASE_LUA = """
+local freed = 0
+for i = 2, #ARGV do
+  local held = KEYS[1] .. ':held:' .. ARGV[i]
+  local keys = redis.call('GET', held)
+  if keys then
+    for k in string.gmatch(keys, '[^\\n]+') do
+      freed = freed + redis.call('HDEL', KEYS[1] .. ':limit:' .. k, ARGV[i])
+    end
+    redis.call('DEL', held)
+  end
+end
+if freed > 0 then redis.call('PUBLISH', ARGV[1], '1') end
+return freed
+"""
+
+
+async def release(services: Services, arq_ids: Sequence[str]) -> int:
+    """Free the limit slots the entries ``arq_ids`` hold (their job left ``running``) and
+    wake idle workers when that freed any: an entry waiting for one may run now."""
+    if not arq_ids:
+        return 0
+    freed = await _script(_redis(services), _RELEASE_LUA)(
+        keys=[queue_name(services)], args=[services.settings.key(WAKE_CHANNEL), *arq_ids]
+    )
+    return int(freed)
 
 
 __all__ = [
@@ -317,11 +634,13 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "job_event",
+    "limit_usage",
     "load",
     "loads",
     "publish_cancel",
     "publish_events",
     "publish_job_event",
+    "release",
     "remove",
     "tidy",
     "waiting",

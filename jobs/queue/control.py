@@ -15,6 +15,7 @@ from jobs.constants import FN_RUN_JOB
 from jobs.models import FINAL_STATUSES, JOB_STATUSES, Job, OpsAction
 from jobs.queue import incidents, store
 from jobs.queue.broker import enqueue, publish_cancel, publish_job_event, remove
+from jobs.queue.limits import job_meta
 from jobs.services import Services
 
 
@@ -89,7 +90,9 @@ async def retry_job(svc: Services, job_id: str, *, actor: str = "") -> ActionRes
             status=found.status,
         )
     job, token = reopened
-    await enqueue(svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token))
+    await enqueue(
+        svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token), meta=job_meta(job)
+    )
     await publish_job_event(svc, job_id, "queued", job.skill)
     await _audit(svc, "retry", job_id, actor)
     return ActionResult(True, "queued again as a new attempt", job_id=job_id, status="queued")
@@ -104,7 +107,9 @@ async def requeue_failed(svc: Services, skill: str, *, actor: str = "") -> Actio
         if reopened is None:
             continue
         job, token = reopened
-        await enqueue(svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token))
+        await enqueue(
+            svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token), meta=job_meta(job)
+        )
         await publish_job_event(svc, job_id, "queued", job.skill)
         n += 1
     await _audit(svc, "requeue_failed", skill, actor, count=n)

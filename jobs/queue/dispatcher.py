@@ -21,7 +21,7 @@ from jobs.envelope import failure, offload_sync
 from jobs.execution.executor import Executor
 from jobs.execution.inputs import shape_problem
 from jobs.models import new_id
-from jobs.queue import idempotency, store
+from jobs.queue import idempotency, limits, store
 from jobs.queue.broker import enqueue, job_event
 from jobs.services import Services
 from jobs.skill import Skill, SkillType
@@ -81,15 +81,19 @@ class Dispatcher:
         context: dict[str, Any] | None = None,
         external_id: str | None = None,
         idempotency_key: str | None = None,
+        priority: int | None = None,
     ) -> DispatchResult:
         """``idempotency_key``: the same key within 24 h gives the same background job
-        (and receipt); with another skill or input it is a 409."""
+        (and receipt); with another skill or input it is a 409. ``priority``: 0 (first) to
+        9 (last) in the queue, default 3 (chain runs: 6)."""
         if not isinstance(input or {}, dict) or not isinstance(context or {}, dict):
             return refusal(400, "input and context must be JSON objects")
         for value, where in ((input, "input"), (context, "context")):
             if (bad := shape_problem(value, where)) is not None:
                 return refusal(400, f"{where} refused: {bad}", skill=skill)
         if idempotency_key is not None and (bad := idempotency.key_problem(idempotency_key)):
+            return refusal(400, bad)
+        if priority is not None and (bad := limits.priority_problem(priority)):
             return refusal(400, bad)
         input_data = dict(input or {})
         ctx = dict(context or {})
@@ -150,7 +154,7 @@ class Dispatcher:
                     "session, but the context has no session_id",
                     skill=skill,
                 )
-            return await self._enqueue(found, input_data, ctx, ext, idempotency_key)
+            return await self._enqueue(found, input_data, ctx, ext, idempotency_key, priority)
         return await self._run_now(found, input_data, ctx)
 
     # --- sync line ----------------------------------------------------------------------
@@ -185,6 +189,7 @@ class Dispatcher:
         ctx: dict[str, Any],
         ext: str,
         idempotency_key: str | None = None,
+        priority: int | None = None,
     ) -> DispatchResult:
         from jobs.catalog.configs import ConfigStore
         from jobs.context import background_context
@@ -233,6 +238,7 @@ class Dispatcher:
             "actor_key": bg.get("actor_key", ""),
             "role_id": role_id,
             "org_id": str(bg.get("org_id") or ""),
+            "priority": limits.PRIORITY_INTERACTIVE if priority is None else priority,
             "wall_sec": skill.effective_wall_sec(),
             "lease_token": 0,
             "cancel_requested": False,
@@ -277,6 +283,13 @@ class Dispatcher:
                 0,
                 job_id=store.arq_id(job_id, 0),
                 event=job_event(svc, job_id, "queued", skill.name),
+                meta=limits.meta(
+                    skill=skill.name,
+                    org=values["org_id"],
+                    actor=values["actor_key"],
+                    role=role_id,
+                    priority=values["priority"],
+                ),
             )
         except Exception as exc:
             # Recorded but not enqueued: never hand out a receipt for work that may not run.

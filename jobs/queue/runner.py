@@ -25,7 +25,7 @@ from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS
 from jobs.db import DB_UNAVAILABLE
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT
-from jobs.queue import broker, incidents, store
+from jobs.queue import broker, incidents, limits, store
 from jobs.queue.stall import StallWatch
 from jobs.runscope import RunScope, begin_run
 from jobs.services import Services
@@ -133,6 +133,9 @@ class JobRunner:
         #: the event-loop stall detector, when the worker runs one (its counts are
         #: published with the heartbeat)
         self.stall: StallWatch | None = None
+        #: frees the limit slots of an arq entry once its job has left ``running`` (set by
+        #: the worker when SKILLJOBS_LIMITS is configured)
+        self.slots: Batcher[str, None] | None = None
 
     # --- the job function ----------------------------------------------------------------
 
@@ -168,6 +171,9 @@ class JobRunner:
             task = asyncio.create_task(self._finish(job, token, done))
             self.finishing.add(task)
             task.add_done_callback(self._finished)
+            if self.slots is not None:
+                aid = store.arq_id(job_id, enqueue_token)
+                task.add_done_callback(lambda _t: self.release_slots(aid))
             handed_off = True
             return "finishing"
         finally:
@@ -269,7 +275,7 @@ class JobRunner:
                     delay=delay,
                 )
                 if new is not None:
-                    await self._enqueue(job_id, new, defer=delay)
+                    await self._enqueue(job_id, new, defer=delay, job=job)
                     self.event(job_id, "queued", job.skill)
                     return "retrying"
                 return "lost"
@@ -436,7 +442,7 @@ class JobRunner:
         )
         if new is not None:
             with contextlib.suppress(Exception):
-                await self._enqueue(job.id, new)
+                await self._enqueue(job.id, new, job=job)
                 self.event(job.id, "queued", job.skill)
 
     def event(self, job_id: str, status: str, skill: str) -> None:
@@ -449,9 +455,25 @@ class JobRunner:
         await broker.publish_events(self.svc, events)
         return [None] * len(events)
 
-    async def _enqueue(self, job_id: str, token: int, defer: float = 0.0) -> None:
+    def release_slots(self, arq_id: str) -> None:
+        """The job of entry ``arq_id`` has left ``running``: free its limit slots."""
+        if self.slots is not None:
+            self.slots.push(arq_id)
+
+    async def _enqueue(
+        self, job_id: str, token: int, defer: float = 0.0, job: Any | None = None
+    ) -> None:
+        # The lane and limit keys travel with the entry (rebuilt from the row here).
+        if job is None:
+            job = await store.get_job(self.svc.sessionmaker, job_id)
         await broker.enqueue(
-            self.svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token), defer=defer
+            self.svc,
+            FN_RUN_JOB,
+            job_id,
+            token,
+            job_id=store.arq_id(job_id, token),
+            defer=defer,
+            meta=limits.job_meta(job) if job is not None else None,
         )
 
     # --- background loops ----------------------------------------------------------------

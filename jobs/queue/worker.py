@@ -26,8 +26,14 @@ from arq.worker import func
 from chains.runner import chain_job
 from chains.scheduler import Scheduler
 from jobs.batching import Batcher
-from jobs.constants import CANCEL_CHANNEL, FN_RUN_CHAIN, FN_RUN_JOB, WAKE_CHANNEL
-from jobs.queue import broker, prune, store
+from jobs.constants import (
+    CANCEL_CHANNEL,
+    FN_RUN_CHAIN,
+    FN_RUN_JOB,
+    WAKE_CHANNEL,
+    WORKER_HEARTBEAT,
+)
+from jobs.queue import broker, limits, prune, store
 from jobs.queue.runner import JobRunner, retry_db
 from jobs.queue.stall import StallWatch
 from jobs.services import Services
@@ -61,10 +67,14 @@ class SkillJobsWorker(Worker):
         idle_poll: float = 0.5,
         wake_channel: str,
         runner: JobRunner | None = None,
+        limits: str = "",
+        heartbeat_prefix: str = "",
         **kw: Any,
     ) -> None:
         super().__init__(*args, poll_delay=idle_poll, **kw)
         self.runner = runner
+        self._limits = limits  # jobs.queue.limits.for_claim of the settings
+        self._heartbeat_prefix = heartbeat_prefix
         self._wake = asyncio.Event()
         self._wake_channel = wake_channel
         self._last_read = 0
@@ -138,6 +148,9 @@ class SkillJobsWorker(Worker):
                 in_progress_ms=int(self.in_progress_timeout_s * 1000),
                 # entries running here are still in the queue: read past them
                 read_limit=self.queue_read_limit + self.job_counter,
+                limits=self._limits,
+                holder=self.runner.worker_id if self.runner is not None else "",
+                heartbeat_prefix=self._heartbeat_prefix,
             )
             for job_id, score, payload in claimed:
                 await self.sem.acquire()
@@ -230,6 +243,9 @@ class SkillJobsWorker(Worker):
         self._cancel_all()
         await asyncio.gather(*self.tasks.values(), *self._finishing(), return_exceptions=True)
         await self._cleanup.flush()
+        if self.runner is not None and self.runner.slots is not None:
+            with contextlib.suppress(Exception):
+                await self.runner.slots.flush()
         with contextlib.suppress(Exception):
             await self.pool.delete(self.health_check_key)
         if self.on_shutdown:
@@ -252,7 +268,13 @@ class SkillJobsWorker(Worker):
 
 
 async def _run_job(ctx: broker.WorkerContext, job_id: str, enqueue_token: int) -> str:
-    return await ctx["runner"].run(job_id, int(enqueue_token))
+    runner, outcome = ctx["runner"], ""
+    try:
+        outcome = await runner.run(job_id, int(enqueue_token))
+        return outcome
+    finally:
+        if outcome != "finishing":  # else freed once the finishing stage has recorded it
+            runner.release_slots(ctx["job_id"])
 
 
 async def _loop(name: str, interval: float, fn: Callable[[], Awaitable[Any]]) -> None:
@@ -315,6 +337,13 @@ def build_worker(
         services, executor, wid, max_finishing=2 * (max_jobs or services.settings.worker_max_jobs)
     )
     background: list[asyncio.Task[Any]] = []
+    if settings.limits:
+
+        async def release(arq_ids: list[str]) -> list[None]:
+            await broker.release(services, arq_ids)
+            return [None] * len(arq_ids)
+
+        runner.slots = Batcher(release, name="slots")
 
     async def on_startup(ctx: dict[str, Any]) -> None:
         ctx.update(runner=runner, services=services, executor=executor, worker_id=wid)
@@ -395,6 +424,8 @@ def build_worker(
         queue_name=settings.queue_name,
         wake_channel=settings.key(WAKE_CHANNEL),
         runner=runner,
+        limits=limits.for_claim(settings.limits),
+        heartbeat_prefix=settings.key(WORKER_HEARTBEAT, ""),
         burst=burst,
         max_jobs=max_jobs or settings.worker_max_jobs,
         keep_result=0,
