@@ -8,7 +8,6 @@ from typing import Any
 import httpx
 
 from delivery.channels.base import Channel
-from delivery.channels.limits import LimitedChannel, LinkFor
 from delivery.channels.dingtalk import DingTalkChannel
 from delivery.channels.feishu import FeishuChannel
 from delivery.channels.limits import LimitedChannel, LinkFor
