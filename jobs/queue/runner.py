@@ -498,7 +498,7 @@ class JobRunner:
         nothing happened (a peer may be running them again): they are stopped before they
         take another step, and their jobs handed back (fenced)."""
         gap = time.time() - self.last_beat
-        if gap < self.missing_after - 1.0:
+        if gap < self.missing_after - 0.5:  # (the key expires 3 intervals + 1 s after its write)
             return
         for job_id, task in list(self.inner.items()):
             if not task.done():
