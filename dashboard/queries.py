@@ -86,8 +86,9 @@ _HEX_ID = re.compile(r"^[0-9a-f]{6,32}$")
 
 def _text_match(q: str) -> Any:
     """``q`` that looks like a job id (6–32 hex digits) is an id-prefix lookup on the
-    primary key; anything else is a case-insensitive substring of skill or error (a
-    scan in ``created_at`` order: narrow it with a time range on big tables)."""
+    primary key; anything else is a case-insensitive substring of skill or error, or
+    exactly the origin session or actor (on PostgreSQL every branch has an index:
+    ``pg_trgm`` for the substrings, migration 0006)."""
     if _HEX_ID.match(q.lower()):
         prefix = q.lower()
         # Both bounds are hex-only strings, so every collation orders them alike.
@@ -97,6 +98,8 @@ def _text_match(q: str) -> Any:
         Job.id == q,
         Job.skill.ilike(pattern, escape="\\"),
         Job.error.ilike(pattern, escape="\\"),
+        Job.session_id == q,
+        Job.actor_key == q,
     )
 
 

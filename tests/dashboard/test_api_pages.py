@@ -222,3 +222,19 @@ async def test_read_token_sees_everything_and_changes_nothing(services) -> None:
 
 async def test_me_as_admin(client: httpx.AsyncClient) -> None:
     assert (await client.get("/api/v1/me")).json()["can_change"] is True
+
+
+async def test_search_matches_origin_session_and_actor(client: httpx.AsyncClient, services) -> None:
+    a = await seed_job(services, session_id="web-room-9", actor_key="ou_alice")
+    b = await seed_job(services, session_id="tg-1", actor_key="ou_bob", error="quota exceeded")
+    await seed_job(services, session_id="tg-2", actor_key="ou_carol")
+
+    async def found(q: str) -> list[str]:
+        resp = await client.get("/api/v1/jobs", params={"q": q})
+        assert resp.status_code == 200, resp.text
+        return [j["id"] for j in resp.json()["items"]]
+
+    assert await found("web-room-9") == [a.id]
+    assert await found("ou_bob") == [b.id]
+    assert await found("QUOTA") == [b.id]
+    assert await found("web-room") == []  # origins match exactly, not as substrings
