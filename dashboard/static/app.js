@@ -692,12 +692,15 @@ async function fetchBlob(artifact) {
   return resp.blob();
 }
 
-// Images are shown from a blob of the downloaded bytes: the browser decodes them as an
-// image only (never as a page), whatever the file claims to be.
+const PREVIEWABLE = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+// Images are shown from a blob of the downloaded bytes (the API serves every artifact as
+// an attachment): an <img> decodes them as a raster picture only, never as a page.
 async function preview(artifact, item) {
+  const mime = String(artifact.mime || "").toLowerCase();
+  if (!PREVIEWABLE.includes(mime)) return;
   try {
-    const blob = await fetchBlob(artifact);
-    if (!blob.type.startsWith("image/") || blob.type.includes("svg")) return;
+    const blob = new Blob([await fetchBlob(artifact)], { type: mime });
     const url = URL.createObjectURL(blob);
     state.blobs.push(url);
     item.append(el("div", {}, el("img", { src: url, alt: artifact.filename || "image", class: "preview" })));

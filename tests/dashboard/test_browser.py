@@ -202,6 +202,14 @@ async def _scenario(browser: Any, http: httpx.AsyncClient, url: str, settings: A
     assert await page.evaluate("window.__sameDocument") is True
     artifacts = await page.locator("#detail-artifacts li").count()
     assert artifacts >= 1
+    # the PNG the skill drew is shown inline, from its downloaded bytes
+    await page.wait_for_selector("#detail-artifacts img.preview")
+    assert (
+        await page.evaluate(
+            "() => document.querySelector('#detail-artifacts img.preview').naturalWidth"
+        )
+        > 0
+    )
     SCREENSHOT.parent.mkdir(exist_ok=True)
     # (cropped above the result, whose local paths point into the test's temp dir)
     await page.set_viewport_size({"width": 1440, "height": 840})
