@@ -11,6 +11,7 @@ bounded by what is shown, never by the size of the result.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from jobs.envelope import is_partial
@@ -163,13 +164,42 @@ _EMBED = re.compile(
 _VIEW = re.compile(r"\[view\b[^\]]*/?\](?:.*?\[/view\])?", re.S)
 
 
+_REPLY_TO = re.compile(r"\[\[\s*reply_to\s*:\s*([^\]\s]+)\s*\]\]")
+_ANY_TAG = re.compile(r"[ \t]?\[\[\s*[A-Za-z_][\w-]*(?:\s*:[^\]\n]*)?\s*\]\]")
+
+
+@dataclass(frozen=True)
+class Directives:
+    """What the outbound tags of a result ask of its delivery (seed 004): send audio as a
+    voice note; reply to the message that started it (``reply_current``) or to
+    ``reply_to``."""
+
+    voice: bool = False
+    reply_current: bool = False
+    reply_to: str | None = None
+
+
+def directives(result: dict[str, Any]) -> Directives:
+    """The ``[[…]]`` tags in a result's text fields (and ``display_md``)."""
+    texts = [result.get(k) for k in (*TEXT_KEYS, "display_md")]
+    joined = "\n".join(t[:100_000] for t in texts if isinstance(t, str) and "[[" in t)
+    if not joined:
+        return Directives()
+    found = _REPLY_TO.search(joined)
+    return Directives(
+        voice=re.search(r"\[\[\s*audio_as_voice\s*\]\]", joined) is not None,
+        reply_current=re.search(r"\[\[\s*reply_to_current\s*\]\]", joined) is not None,
+        reply_to=found.group(1) if found else None,
+    )
+
+
 def strip_directives(value: str, *, rich: bool) -> str:
     """``value`` without the outbound directives of the output protocol: ``[[audio_as_voice]]``
     and ``[[reply_to…]]`` tags always; ``[embed …]`` shortcodes except on rich channels
     (the web UI renders them); the retired ``[view …]`` everywhere."""
     if "[" not in value:
         return value
-    out = _REPLY_TAGS.sub("", value)
+    out = _ANY_TAG.sub("", _REPLY_TAGS.sub("", value))  # no [[…]] tag reaches a person
     out = _VIEW.sub("", out) if rich else _EMBED.sub("", out)
     return re.sub(r"[ \t]+\n", "\n", out).strip() if out != value else value
 

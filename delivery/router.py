@@ -24,7 +24,7 @@ from delivery.channels.registry import channels_for
 from delivery.channels.web import WEB_CHANNELS, WebChannel, attachment_dict
 from delivery.channels.web_store import Outgoing
 from delivery.ledger import LeaseLost, LedgerEntry, deliver_once, ledger_key, owner_id
-from delivery.render import TEXT_CAP, failure_text, render
+from delivery.render import TEXT_CAP, directives, failure_text, render
 from jobs.context import job_segment, results_dir
 from jobs.envelope import is_failure
 from jobs.media import media_kind
@@ -189,14 +189,47 @@ async def deliver_result(
     out: list[dict[str, Any]] = []
     lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
     items = plan(result, artifacts, adapter, skill=job.skill, lang=lang)
+    reply = _apply_directives(result, job, adapter, items)
     try:
         if isinstance(adapter, WebChannel):
             items, out = await _deliver_web(adapter, origin, items, workspace, common, job.id)
-        for item in items:
-            out.extend(await _send_item(sm, adapter, origin, item, workspace, common, job.id))
+        for i, item in enumerate(items):
+            out.extend(
+                await _send_item(
+                    sm,
+                    adapter,
+                    origin,
+                    item,
+                    workspace,
+                    common,
+                    job.id,
+                    reply_to=reply if i == 0 else None,
+                )
+            )
     except LeaseLost:
         pass
     return out
+
+
+def _apply_directives(
+    result: dict[str, Any], job: Any, adapter: Channel, items: list[Item]
+) -> str | None:
+    """The result's ``[[…]]`` tags (seed 004): ``[[audio_as_voice]]`` sends audio as a voice
+    note where the channel has one (Telegram: OGG/Opus; another format goes as audio, with
+    the reason in the receipt's note); ``[[reply_to_current]]`` / ``[[reply_to:<id>]]``
+    answer the originating message (the dispatch context's ``message_id``) or that one.
+    Returns the message id the first item replies to."""
+    wanted = directives(result)
+    if wanted.voice and "voice" in getattr(adapter, "RULES", {}):
+        for item in items:
+            if item.kind == "audio" and item.path is not None:
+                item.kind, item.key = "voice", f"voice:{item.path}"
+    if isinstance(adapter, WebChannel):
+        return None
+    ctx = job.context if isinstance(job.context, dict) else {}
+    current = ctx.get("message_id")
+    reply = wanted.reply_to or (current if wanted.reply_current else None)
+    return str(reply) if reply not in (None, "") else None
 
 
 def _attachable(path: str, kind: str, workspace: Path) -> dict[str, Any] | None:
@@ -275,12 +308,17 @@ async def _send_item(
     workspace: Path,
     common: dict[str, Any],
     job_id: str,
+    *,
+    reply_to: str | None = None,
 ) -> list[dict[str, Any]]:
+    # a reply travels in the contact (``<contact>#<message id>``, delivery.channels.limits)
+    contact = f"{origin.contact}#{reply_to}" if reply_to and "#" not in origin.contact else None
+    contact = contact or origin.contact
     if item.path is None:
         text = item.text or ""
 
         async def send_text() -> str:
-            return await adapter.send_text(origin.contact, text)
+            return await adapter.send_text(contact, text)
 
         return [
             _public(
@@ -301,7 +339,7 @@ async def _send_item(
     async def send_media() -> str:
         if not Path(path).is_relative_to(workspace):
             raise DeliveryPermanentError(f"{Path(path).name} is outside the job's workspace")
-        return await adapter.send_media(item.kind, origin.contact, path, caption)
+        return await adapter.send_media(item.kind, contact, path, caption)
 
     res = _public(
         await deliver_once(

@@ -36,8 +36,14 @@ Size = Callable[[str], int]
 LinkFor = Callable[[str], str | None]
 
 MB = 1024 * 1024
-NEXT_KIND = {"image": "file", "video": "file", "audio": "file"}
-KIND_WORDS = {"image": "an image", "video": "a video", "audio": "audio", "file": "a file"}
+NEXT_KIND = {"image": "file", "video": "file", "audio": "file", "voice": "audio"}
+KIND_WORDS = {
+    "image": "an image",
+    "video": "a video",
+    "audio": "audio",
+    "voice": "a voice note",
+    "file": "a file",
+}
 LINK_NOTES = {  # (too large, cannot be sent as it is)
     "en": (
         "{name} ({size}) is too large to send here; download it here:",

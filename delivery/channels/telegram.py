@@ -47,6 +47,7 @@ _METHODS = {
     "image": ("sendPhoto", "photo"),
     "video": ("sendVideo", "video"),
     "audio": ("sendAudio", "audio"),
+    "voice": ("sendVoice", "voice"),  # [[audio_as_voice]]: OGG/Opus as a voice note
     "file": ("sendDocument", "document"),
 }
 
@@ -128,6 +129,8 @@ class TelegramChannel(LimitedChannel):
         "image": rule(10, "jpg jpeg png webp bmp"),
         "video": rule(50, "mp4"),
         "audio": rule(50, "mp3 m4a"),
+        # sendVoice: "audio must be in an .OGG file encoded with OPUS" (else it goes as audio)
+        "voice": rule(50, "ogg oga opus"),
         "file": rule(50),
     }
 

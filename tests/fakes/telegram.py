@@ -23,6 +23,7 @@ MEDIA_FIELDS = {
     "sendPhoto": "photo",
     "sendVideo": "video",
     "sendAudio": "audio",
+    "sendVoice": "voice",
     "sendDocument": "document",
 }
 TEXT_LIMIT = 4096
