@@ -362,6 +362,20 @@ async def release(
     )
 
 
+async def record_receipts(sessionmaker: Sessions, receipts: list[tuple[str, str]]) -> None:
+    """Message ids of rows already ``sent`` (web messages: known once they are stored)."""
+    if not receipts:
+        return
+    async with sessionmaker() as s:
+        for key, message_id in receipts:
+            await s.execute(
+                update(Delivery)
+                .where(Delivery.ledger_key == key, Delivery.status == SENT)
+                .values(message_id=message_id[:255], verified=True)
+            )
+        await s.commit()
+
+
 async def get(sessionmaker: Sessions, key: str) -> Delivery | None:
     async with sessionmaker() as s:
         return (

@@ -23,7 +23,14 @@ from delivery.channels.base import (
 from delivery.channels.registry import channels_for
 from delivery.channels.web import WEB_CHANNELS, WebChannel, attachment_dict
 from delivery.channels.web_store import Outgoing
-from delivery.ledger import LeaseLost, LedgerEntry, deliver_once, ledger_key, owner_id
+from delivery.ledger import (
+    LeaseLost,
+    LedgerEntry,
+    deliver_once,
+    ledger_key,
+    owner_id,
+    record_receipts,
+)
 from delivery.render import TEXT_CAP, directives, failure_text, render
 from jobs.context import job_segment, results_dir
 from jobs.envelope import is_failure
@@ -287,7 +294,10 @@ async def _deliver_web(
             for i, _ in batch
         ]
     out = []
-    for (item, _), res in zip(batch, results, strict=True):
+    receipts: list[tuple[str, str]] = []
+    for (item, msg), res in zip(batch, results, strict=True):
+        if isinstance(res, dict) and res.get("id") is not None and msg.ledger is not None:
+            receipts.append((msg.ledger.key, str(res["id"])))
         error = res.reason if isinstance(res, DeliveryPermanentError) else None
         out.append(
             {
@@ -297,6 +307,8 @@ async def _deliver_web(
                 "error": error,
             }
         )
+    if web.sessionmaker is not None:
+        await record_receipts(web.sessionmaker, receipts)
     return rest, out
 
 

@@ -112,3 +112,17 @@ async def test_audio_as_voice_with_mp3_goes_as_audio_with_a_note(services, tg) -
     assert "[[" not in str(msg.get("caption") or "")
     (row,) = await rows(services)
     assert row.sent_as == "audio" and row.note and "voice note" in row.note
+
+
+async def test_web_messages_record_their_id_and_keep_embeds(services, sessionmaker) -> None:
+    from delivery.channels.web import ensure_session, list_messages
+
+    await ensure_session(sessionmaker, "s1", "r1", "", "web", "")
+    job = await make_job(services, channel="web", actor_key="")
+    result = {"message": 'Status [embed ref="cv_1" title="Status" /] [[reply_to_current]]'}
+    post = await postprocess(services, job, result, fence=always)
+    assert post.deliveries[0]["status"] == "sent"
+    (msg,) = await list_messages(sessionmaker, "s1")
+    assert msg["text"] == 'Status [embed ref="cv_1" title="Status" /]'
+    (row,) = await rows(services)
+    assert row.message_id == str(msg["id"]) and row.verified is True
