@@ -7,19 +7,24 @@ How exactly-once is approached:
   NOTHING`` creates a ``pending`` row owned by it (both PostgreSQL and SQLite). Whoever
   loses that race sends nothing.
 * A row already ``sent`` is never claimed again — a re-run job or a retried delivery skips it.
-* A ``pending`` row is taken over (compare-and-set on its ``updated_at``) only when its
-  claimant is gone: the claimant released it, its worker stopped or missed heartbeats for
-  ``dead_after`` seconds, or the row sat untouched for ``stale_after`` seconds (far longer
-  than any send can take). A ``failed`` row was refused by the channel and may be tried again
-  by a later run.
+* A ``pending`` row is taken over (compare-and-set on its ``updated_at`` and
+  ``generation``) only when its claimant is gone: the claimant released it, its worker
+  stopped or missed heartbeats for ``dead_after`` seconds, or the row sat untouched for
+  ``stale_after`` seconds (far longer than any send can take). A ``failed`` row was refused
+  by the channel and may be tried again by a later run.
 * The owner is ``"<worker id>#<lease token>"``; the part before ``#`` is looked up in the
   ``workers`` table for liveness.
 
-The honest limit (at-most-once window) for third-party channels: between the channel
-accepting a send and ``mark_sent`` committing, the only record is the ``pending`` row. If the
-worker dies exactly then — or a request that timed out was in fact delivered — the item is
-picked up again and the recipient may see it twice. Everything else (re-runs, retries, lost
-leases, concurrent workers) sends each item once.
+Custody (SPEC C13): right before the request goes out the row becomes ``sending``; the
+answer makes it ``sent`` (with the platform's message id, ``verified`` false when there was
+none, and the adapter's note and kind), ``failed``, or ``unknown`` when the request may have
+landed without an answer (a read timeout, a connection dropped after the request was
+written, a cancel mid-request). A row found ``sending`` whose claimant is gone is
+``unknown`` too: its worker died between sending and recording. ``unknown`` is never sent
+again blindly — except on channels whose platform drops repeats (``dedup``: Feishu's
+``uuid``, WeCom's duplicate check), where it is repeated under the same key. Elsewhere an
+operator resends it (a new ``generation``, :mod:`delivery.custody`) or dismisses it.
+Every outcome is recorded only by the claim of the row's current generation.
 
 Web sessions have no such window: the message and its ledger row are written in one
 transaction (:func:`record_web_deliveries`), so a stored message is exactly a ``sent`` row.
