@@ -43,7 +43,7 @@ def list_cmd(
     settings = load_settings()
 
     async def _go() -> list[dict[str, Any]]:
-        svc = await open_services(settings)
+        svc = await open_services(settings, redis=False)
         try:
             return await list_deliveries(
                 svc.sessionmaker, status=status or None, job=job or None, limit=limit
@@ -82,7 +82,8 @@ def _act(action: str, delivery_id: int) -> None:
     settings = load_settings()
 
     async def _go() -> custody.Outcome:
-        svc = await open_services(settings)
+        # Redis: the shared rate limits and live pushes to web sessions, when configured
+        svc = await open_services(settings, redis=action == "resend" and bool(settings.redis_url))
         try:
             if action == "resend":
                 return await custody.resend(svc, delivery_id, actor=ACTOR)
