@@ -567,20 +567,10 @@ async def _send_claimed(
         await asyncio.shield(
             mark_sent(sessionmaker, key, owner, attempt, receipt=receipt, generation=gen)
         )
-        return {**base, "status": SENT, "error": None, **_receipt_fields(receipt)}
+        return {**base, "status": SENT, "error": None}
     reason = f"gave up after {tries} tries: {error}"
     await mark_failed(sessionmaker, key, owner, reason, tries, generation=gen)
     return {**base, "status": FAILED, "error": reason}
-
-
-def _receipt_fields(receipt: Any) -> dict[str, Any]:
-    mid = str(receipt) if receipt not in (None, "") else None
-    return {
-        "message_id": mid,
-        "verified": mid is not None,
-        "note": getattr(receipt, "note", None) or None,
-        "sent_as": getattr(receipt, "kind", None) or None,
-    }
 
 
 async def record_web_deliveries(
