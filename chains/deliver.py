@@ -52,18 +52,33 @@ def outcome_text(
     return f"{name}: {text}"[:TEXT_CAP]
 
 
-def _attachments(final: Any) -> list[str]:
+def _file(value: Any, workspace: Path | None) -> str | None:
+    """An existing file named by ``value``: absolute, or relative to the chain's workspace
+    (a step returning ``{"filename": "report.csv"}`` means the file it wrote there). The
+    senders confine it to the workspace again."""
+    if not isinstance(value, str) or not value.strip() or "://" in value:
+        return None
+    p = Path(value)
+    if not p.is_absolute():
+        if workspace is None:
+            return None
+        p = workspace / p
+    return str(p) if p.is_file() else None
+
+
+def _attachments(final: Any, workspace: Path | None = None) -> list[str]:
     if not isinstance(final, dict):
         return []
     out = []
-    for key in ("local_path",):
-        path = final.get(key)
-        if isinstance(path, str) and Path(path).is_absolute() and Path(path).is_file():
+    for key in ("local_path", "filename", "file_path", "path"):
+        if (path := _file(final.get(key), workspace)) is not None:
             out.append(path)
-    for key in ("images", "videos", "files", "audios"):
-        for item in final.get(key) or []:
-            path = item.get("local_path") if isinstance(item, dict) else item
-            if isinstance(path, str) and Path(path).is_absolute() and Path(path).is_file():
+    for key in ("images", "videos", "files", "audios", "attachments"):
+        items = final.get(key)
+        for item in items if isinstance(items, list) else []:
+            if isinstance(item, dict):
+                item = item.get("local_path") or item.get("filename")
+            if (path := _file(item, workspace)) is not None:
                 out.append(path)
     return list(dict.fromkeys(out))
 
@@ -95,7 +110,6 @@ async def deliver_outcome(
     route, recipient = _recipient(deliver)
     lang = language_of(services.settings, spec.identity)
     text = outcome_text(spec.name, status, final, error, lang)
-    attach = _attachments(final) if status not in (FAILED, STOPPED_EMPTY) else []
     sm = services.sessionmaker
 
     async def fence() -> bool:
@@ -113,6 +127,7 @@ async def deliver_outcome(
         str(identity.get("role_id") or ""),
         str(identity.get("session_id") or ""),
     )
+    attach = _attachments(final, ws) if status not in (FAILED, STOPPED_EMPTY) else []
 
     async def send() -> None:
         await _send(services, route, deliver, text, attach, ws)
