@@ -44,7 +44,7 @@ from sqlalchemy import select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from delivery.channels.base import SEND_KEY
+from delivery.channels.base import SEND_KEY, SendKey
 from delivery.errors import (
     DeliveryOutcomeUnknown,
     DeliveryPermanentError,
@@ -522,7 +522,7 @@ async def _send_claimed(
             raise LeaseLost(recipient)
         if not await begin_send(sessionmaker, key, owner, gen):
             return {**base, "status": PENDING, "error": "taken over", "duplicate": True}
-        marker = SEND_KEY.set(f"{key}:{gen}")
+        marker = SEND_KEY.set(SendKey(f"{key}:{gen}"))
         try:
             receipt = await send()
         except DeliveryOutcomeUnknown as exc:

@@ -21,9 +21,23 @@ from delivery.errors import (
     DeliveryTransientError,
 )
 
-#: the idempotency key of the send in progress (set by the ledger): adapters whose platform
-#: de-duplicates on a client key (Feishu ``uuid``) send it, so a repeat is not delivered twice
-SEND_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("send_key", default=None)
+
+class SendKey:
+    """The idempotency key of one send in progress (set by the ledger for each attempt).
+    Adapters whose platform de-duplicates on a client key (Feishu ``uuid``) take one key per
+    message request with :meth:`next`: the n-th request of a repeated send gets the same key
+    as the n-th request of the first, so the platform delivers it once."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.n = 0
+
+    def next(self) -> str:
+        self.n += 1
+        return f"{self.key}:{self.n}"
+
+
+SEND_KEY: contextvars.ContextVar[SendKey | None] = contextvars.ContextVar("send_key", default=None)
 
 
 def read_file(path: str | Path) -> bytes:
@@ -262,6 +276,7 @@ __all__ = [
     "DeliveryOutcomeUnknown",
     "DeliveryPermanentError",
     "DeliveryTransientError",
+    "SendKey",
     "TokenCache",
     "TokenRejected",
     "file_size",

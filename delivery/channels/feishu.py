@@ -166,9 +166,9 @@ class FeishuChannel(LimitedChannel):
     async def _send(self, target: Target, msg_type: str, content: dict[str, Any]) -> str:
         body = {"msg_type": msg_type, "content": json.dumps(content, ensure_ascii=False)}
         if (key := SEND_KEY.get()) is not None:
-            # the platform sends one message per uuid within an hour; one per piece
-            seed = f"{key}\x1f{msg_type}\x1f{body['content']}"
-            body["uuid"] = hashlib.sha256(seed.encode()).hexdigest()[:50]
+            # the platform sends one message per uuid within an hour: one per request of the
+            # send, the same again when the send is repeated (a new upload's key differs)
+            body["uuid"] = hashlib.sha256(key.next().encode()).hexdigest()[:50]
         if target.reply_to:
             try:
                 data = await self._call(
