@@ -52,8 +52,6 @@ def next_call(content: str) -> tuple[SendScope, int] | None:
     return (scope, scope.next_call(content)) if scope is not None else None
 
 
-
-
 async def run_in(job_id: str, owner: str, work: Awaitable[T]) -> T:
     """Await ``work`` inside a fresh scope (start it as its own task: the scope stays in
     that task's context and ends with it)."""

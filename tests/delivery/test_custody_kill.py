@@ -83,9 +83,7 @@ async def test_kill_9_mid_send_on_telegram_is_unknown_not_resent(
     settings = _settings(tmp_path, pg_url, redis_server_url, redis_prefix)
     env = {"SKILLJOBS_TELEGRAM_BOT_TOKEN": tg.token, "SKILLJOBS_TELEGRAM_API_BASE": tg.url}
     ctx = {"channel": "telegram", "actor_key": "1001", "role_id": "r1", "session_id": "s-k"}
-    svc, job_id, workers = await _kill_mid_send(
-        tmp_path, settings, tg, "/sendDocument", ctx, env
-    )
+    svc, job_id, workers = await _kill_mid_send(tmp_path, settings, tg, "/sendDocument", ctx, env)
     try:
         row = await _row(svc, job_id)
         assert row.status == "unknown", (row.status, row.error)
