@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import pickle
+import uuid
 from pathlib import Path
 
 import pytest
@@ -69,21 +70,22 @@ async def test_a_pickle_planted_in_the_queue_runs_nothing(
     from tests.helpers.jobs import drain
 
     marker = tmp_path / "pwned"
+    planted = f"planted-{uuid.uuid4().hex[:12]}"  # arq's keys are not namespaced per test
     payload = pickle.dumps(
         {"t": 1, "f": "skilljobs.run", "a": [_Boom(marker)], "k": {}, "et": 1}, protocol=4
     )
     plain = Redis.from_url(services.settings.redis_url)
     try:
-        await plain.set(job_key_prefix + "planted", payload)
-        await plain.zadd(services.settings.queue_name, {"planted": 1})
+        await plain.set(job_key_prefix + planted, payload)
+        await plain.zadd(services.settings.queue_name, {planted: 1})
         with caplog.at_level(logging.ERROR):
             await drain(services)
         assert not marker.exists()
-        assert not await plain.exists(job_key_prefix + "planted")
+        assert not await plain.exists(job_key_prefix + planted)
         assert await plain.zcard(services.settings.queue_name) == 0
     finally:
         await plain.aclose()
-    assert any("planted" in r.getMessage() and "dropped" in r.getMessage() for r in caplog.records)
+    assert any(planted in r.getMessage() and "dropped" in r.getMessage() for r in caplog.records)
 
 
 # --- a skill reading its environment -------------------------------------------------------
