@@ -88,21 +88,23 @@ async def request(
     """One HTTP call to a channel API with transport failures translated once.
 
     Timeouts, connection errors, 429 and 5xx become :class:`DeliveryTransientError`
-    (with ``retry_after`` when the server said so). Other statuses are returned: each
-    adapter reads its own error body shape.
+    (with ``retry_after`` when the server said so). A read timeout or a connection lost
+    after the request was written is :class:`DeliveryOutcomeUnknown` — the message may have
+    been delivered — except for requests that deliver nothing to anyone (reads, access
+    tokens, media uploads: ``what`` names them), which are simply retried. Other statuses
+    are returned: each adapter reads its own error body shape.
     """
+    lost = DeliveryTransientError if _harmless(method, what) else DeliveryOutcomeUnknown
     try:
         resp = await http.request(method, url, **kwargs)
     except (httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         raise DeliveryTransientError(f"{what}: timed out connecting") from exc
     except httpx.TimeoutException as exc:  # read/write timeout: the request may have landed
-        raise DeliveryOutcomeUnknown(f"{what}: timed out waiting for the answer") from exc
+        raise lost(f"{what}: timed out waiting for the answer") from exc
     except (httpx.ConnectError, httpx.UnsupportedProtocol, httpx.ProxyError) as exc:
         raise DeliveryTransientError(f"{what}: connection failed ({type(exc).__name__})") from exc
     except httpx.TransportError as exc:  # dropped after the request went out
-        raise DeliveryOutcomeUnknown(
-            f"{what}: connection lost before the answer ({type(exc).__name__})"
-        ) from exc
+        raise lost(f"{what}: connection lost before the answer ({type(exc).__name__})") from exc
     if resp.status_code == 429 or resp.status_code >= 500:
         body = _json_or_none(resp)
         detail = _short_detail(body) or resp.reason_phrase
@@ -111,6 +113,14 @@ async def request(
             retry_after=_retry_after(resp, body),
         )
     return resp
+
+
+_HARMLESS = re.compile(r"token|upload", re.I)
+
+
+def _harmless(method: str, what: str) -> bool:
+    """A request that shows nothing to anyone when repeated (no message is sent)."""
+    return method.upper() == "GET" or _HARMLESS.search(what) is not None
 
 
 def _json_or_none(resp: httpx.Response) -> Any:

@@ -170,3 +170,23 @@ async def test_connect_errors_are_retried_not_unknown(sessionmaker, quick_http) 
         sessionmaker, send, key="kc", recipient="telegram:1001", owner="w#1", backoff=0.01
     )
     assert out["status"] == "failed" and "gave up after 3 tries" in out["error"]
+
+
+async def test_a_lost_upload_answer_is_retried_not_unknown(
+    sessionmaker, fs, quick_http, tmp_path
+) -> None:
+    """An upload (or a token request) shows nothing to anyone: its lost answer is retried."""
+    png = tmp_path / "chart.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    ch = FeishuChannel(quick_http, fs.app_id, fs.app_secret, api_base=fs.url)
+    fs.lose_delay = 1.5
+    fs.lose_answers["/open-apis/im/v1/images"] = 1
+
+    async def send() -> str:
+        return await ch.send_image("ou_a", str(png))
+
+    out = await deliver_once(
+        sessionmaker, send, key="kup", recipient="feishu:ou_a", owner="w#1", backoff=0.01
+    )
+    assert out["status"] == "sent", out
+    assert len(fs.calls("/open-apis/im/v1/images")) == 2 and len(fs.sent) == 1
