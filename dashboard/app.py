@@ -26,6 +26,7 @@ from dashboard import (
     api_schedules,
     api_stats,
     api_tokens,
+    api_workers,
 )
 from dashboard.auth import AuthError, require_token
 from dashboard.errors import ApiError, envelope
@@ -137,6 +138,7 @@ def create_app(
     app.include_router(api_stats.router, dependencies=[Depends(require_token)])
     app.include_router(api_audit.router, dependencies=[Depends(require_token)])
     app.include_router(api_deliveries.router, dependencies=[Depends(require_token)])
+    app.include_router(api_workers.router, dependencies=[Depends(require_token)])
 
     @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
     async def metrics(request: Request) -> Response:

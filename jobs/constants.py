@@ -18,4 +18,5 @@ WAKE_CHANNEL = "wake"  # pub/sub: a job was enqueued — idle workers poll now
 SESSION_EVENTS = "session"  # pub/sub: session:<session_id> — live web messages
 JOB_EVENTS = "events:jobs"  # pub/sub: job status changes for the dashboard
 WORKER_HEARTBEAT = "worker"  # worker:<id> → heartbeat JSON with TTL
+WORKER_PAUSE = "worker-pause"  # worker-pause:<id> set → that worker claims no new jobs
 CANCEL_CHANNEL = "cancel"  # pub/sub: job ids to cancel on whichever worker runs them

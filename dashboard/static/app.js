@@ -940,15 +940,29 @@ async function ackIncident(i) {
 // --- workers -----------------------------------------------------------------------------
 
 async function loadWorkers() {
-  const w = await api("/api/v1/workers");
+  const [w, st] = await Promise.all([api("/api/v1/workers"), api("/api/v1/workers/state")]);
+  const paused = new Set(st.items.filter((x) => x.paused).map((x) => x.id));
   const now = Date.now() / 1000;
-  fillRows($("#workers tbody"), w.items.map((x) => el("tr", { dataset: { workerId: x.id } },
-    el("td", { class: "mono" }, x.id), el("td", {}, x.host), el("td", {}, x.pid),
-    el("td", {}, `${fmtTime(x.last_heartbeat)} (${fmtAge(now - x.last_heartbeat)} ago)`),
-    el("td", {}, el("span", { class: x.alive ? "badge st-succeeded" : "badge st-failed" },
-      x.alive ? "alive" : (x.stopped_at ? "stopped" : "stale"))),
-    el("td", {}, x.running.length ? x.running.map((id) => [jobLink(id), " "]) : "–"))),
-  "no worker has reported yet", 6);
+  fillRows($("#workers tbody"), w.items.map((x) => {
+    const isPaused = paused.has(x.id);
+    return el("tr", { dataset: { workerId: x.id, paused: isPaused ? "yes" : "no" } },
+      el("td", { class: "mono" }, x.id), el("td", {}, x.host), el("td", {}, x.pid),
+      el("td", {}, `${fmtTime(x.last_heartbeat)} (${fmtAge(now - x.last_heartbeat)} ago)`),
+      el("td", {}, el("span", { class: x.alive ? "badge st-succeeded" : "badge st-failed" },
+        x.alive ? "alive" : (x.stopped_at ? "stopped" : "stale")),
+      isPaused ? [" ", el("span", { class: "badge st-queued" }, "paused")] : ""),
+      el("td", {}, x.running.length ? x.running.map((id) => [jobLink(id), " "]) : "–"),
+      el("td", {}, x.stopped_at ? "" : action(isPaused ? "Resume" : "Pause", () => pauseWorker(x, !isPaused))));
+  }), "no worker has reported yet", 7);
+}
+
+async function pauseWorker(w, pause) {
+  if (pause && !window.confirm(`Pause worker ${w.id}? It finishes what it runs and takes no new jobs until resumed.`)) return;
+  try {
+    await api(`/api/v1/workers/${encodeURIComponent(w.id)}/${pause ? "pause" : "resume"}`, { method: "POST" });
+    flash(`${w.id}: ${pause ? "paused" : "resumed"}`);
+  } catch (err) { report(err); }
+  loadWorkers().catch(report);
 }
 
 // --- audit -------------------------------------------------------------------------------

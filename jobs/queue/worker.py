@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -32,6 +33,7 @@ from jobs.constants import (
     FN_RUN_JOB,
     WAKE_CHANNEL,
     WORKER_HEARTBEAT,
+    WORKER_PAUSE,
 )
 from jobs.queue import broker, limits, prune, store
 from jobs.queue.runner import JobRunner, retry_db
@@ -69,12 +71,16 @@ class SkillJobsWorker(Worker):
         runner: JobRunner | None = None,
         limits: str = "",
         heartbeat_prefix: str = "",
+        pause_key: str = "",
         **kw: Any,
     ) -> None:
         super().__init__(*args, poll_delay=idle_poll, **kw)
         self.runner = runner
         self._limits = limits  # jobs.queue.limits.for_claim of the settings
         self._heartbeat_prefix = heartbeat_prefix
+        self._pause_key = pause_key  # set by an operator (dashboard): claim nothing new
+        self._paused = False
+        self._pause_checked = 0.0
         self._wake = asyncio.Event()
         self._wake_channel = wake_channel
         self._last_read = 0
@@ -140,7 +146,7 @@ class SkillJobsWorker(Worker):
         """Find and claim due jobs in one Redis round trip (arq reads the queue, then runs a
         WATCH/MULTI transaction per job), start them, and tidy finished tasks."""
         free = self.max_jobs - self.job_counter
-        if self.allow_pick_jobs and free > 0:
+        if self.allow_pick_jobs and free > 0 and not await self._is_paused():
             self._last_read, claimed = await broker.claim(
                 self.pool,
                 self.queue_name,
@@ -165,6 +171,15 @@ class SkillJobsWorker(Worker):
                 if exc is not None:  # arq's own bookkeeping failed (e.g. Redis went away)
                     log.warning("arq job %s: %s: %s", job_id, type(exc).__name__, exc)
         await self.heart_beat()
+
+    async def _is_paused(self) -> bool:
+        """Whether an operator paused this worker (read at most once a second; running
+        jobs are not affected)."""
+        now = time.monotonic()
+        if self._pause_key and now - self._pause_checked >= 1.0:
+            self._pause_checked = now
+            self._paused = bool(await self.pool.exists(self._pause_key))
+        return self._paused
 
     async def main(self) -> None:
         from arq.connections import create_pool
@@ -426,6 +441,7 @@ def build_worker(
         runner=runner,
         limits=limits.for_claim(settings.limits),
         heartbeat_prefix=settings.key(WORKER_HEARTBEAT, ""),
+        pause_key=settings.key(WORKER_PAUSE, runner.worker_id),
         burst=burst,
         max_jobs=max_jobs or settings.worker_max_jobs,
         keep_result=0,

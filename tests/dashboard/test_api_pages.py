@@ -197,6 +197,7 @@ async def test_read_token_sees_everything_and_changes_nothing(services) -> None:
             f"/api/v1/jobs/{job.id}",
             "/api/v1/schedules",
             "/api/v1/workers",
+            "/api/v1/workers/state",
         ):
             assert (await c.get(path)).status_code == 200, path
         for path, body in (
@@ -204,6 +205,7 @@ async def test_read_token_sees_everything_and_changes_nothing(services) -> None:
             (f"/api/v1/jobs/{job.id}/cancel", None),
             ("/api/v1/jobs/bulk", {"action": "retry", "filter": {"status": "failed"}}),
             ("/api/v1/incidents/x/ack", None),
+            ("/api/v1/workers/x/pause", None),
             ("/api/v1/schedules/x/run", None),
             ("/api/v1/chain-runs/x/rerun", {"from_step": "a"}),
         ):
@@ -217,7 +219,7 @@ async def test_read_token_sees_everything_and_changes_nothing(services) -> None:
 
         assert (await s.get(Job, job.id)).status == "failed"  # type: ignore[union-attr]
         refused = (await s.execute(select(OpsAction).where(OpsAction.action == "refused"))).all()
-        assert len(refused) >= 7
+        assert len(refused) >= 8
 
 
 async def test_me_as_admin(client: httpx.AsyncClient) -> None:
@@ -238,3 +240,25 @@ async def test_search_matches_origin_session_and_actor(client: httpx.AsyncClient
     assert await found("ou_bob") == [b.id]
     assert await found("QUOTA") == [b.id]
     assert await found("web-room") == []  # origins match exactly, not as substrings
+
+
+async def test_pause_and_resume_a_worker(client: httpx.AsyncClient, services) -> None:
+    from jobs.constants import WORKER_PAUSE
+    from jobs.models import Worker
+
+    await seed_rows(services, Worker(id="host-1:42:abc", host="host-1", pid=42))
+    key = services.settings.key(WORKER_PAUSE, "host-1:42:abc")
+    resp = await client.post("/api/v1/workers/host-1%3A42%3Aabc/pause")
+    assert resp.status_code == 200, resp.text
+    assert await services.redis.exists(key)
+    state = (await client.get("/api/v1/workers/state")).json()["items"]
+    assert state == [{"id": "host-1:42:abc", "paused": True}]
+    assert (await client.post("/api/v1/workers/host-1:42:abc/resume")).status_code == 200
+    assert not await services.redis.exists(key)
+    assert (await client.get("/api/v1/workers/state")).json()["items"][0]["paused"] is False
+    assert (await client.post("/api/v1/workers/nope/pause")).status_code == 404
+    acts = (await client.get("/api/v1/audit?target=host-1:42:abc")).json()["items"]
+    assert [(a["action"], a["actor"]) for a in acts] == [
+        ("worker.resume", "admin"),
+        ("worker.pause", "admin"),
+    ]

@@ -262,6 +262,31 @@ async def _scenario(browser: Any, http: httpx.AsyncClient, url: str, settings: A
     await page.click("#schedules tbody tr button:has-text('Disable')")
     await page.wait_for_selector("#schedules tbody tr button:has-text('Enable')")
     assert any("Disable schedule browser-daily" in d for d in dialogs)
+
+    # Workers: a paused worker takes no new job; resumed, it runs it.
+    await page.click("#tabs button[data-tab=workers]")
+    await page.click("#workers tbody tr[data-paused=no] button:has-text('Pause')")
+    await page.wait_for_selector("#workers tbody tr[data-paused=yes]")
+    await asyncio.sleep(1.2)  # the worker reads its pause key at most once a second
+    resp = await http.post(
+        f"{url}/api/v1/dispatch",
+        json={
+            "skill": "sales_report",
+            "input": {"seconds": 0.1},
+            "context": ctx_origin,
+            "external_id": "orgdeleg:browser-paused",
+        },
+    )
+    assert resp.status_code == 202, resp.text
+    held = resp.json()["job_id"]
+    await asyncio.sleep(3)
+    assert (await http.get(f"{url}/api/v1/jobs/{held}")).json()["status"] == "queued"
+    await page.click("#workers tbody tr[data-paused=yes] button:has-text('Resume')")
+    await page.wait_for_selector("#workers tbody tr[data-paused=no]")
+    deadline = time.monotonic() + 60
+    while (await http.get(f"{url}/api/v1/jobs/{held}")).json()["status"] != "succeeded":
+        assert time.monotonic() < deadline, "the resumed worker did not run the job"
+        await asyncio.sleep(0.3)
     assert errors == []
     await ctx.close()
 
