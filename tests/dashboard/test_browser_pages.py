@@ -415,12 +415,13 @@ async def _read_only(browser: Any, url: str, ids: dict[str, str]) -> None:
         ("#/incidents", "#incidents tbody tr[data-incident-id]"),
         ("#/deliveries", "#deliveries tbody tr"),
         ("#/audit", "#audit tbody tr"),
+        ("#/workers", "#workers tbody tr[data-worker-id]"),
     ):
         await page.goto(f"{url}/{hash_}")
         await page.wait_for_selector(ready)
         visible = await page.locator("button.action:visible, .action button:visible").count()
         assert visible == 0, hash_
-        for label in ("Re-run", "Ack", "Resend", "Dismiss", "Disable", "Retry all"):
+        for label in ("Re-run", "Ack", "Resend", "Dismiss", "Disable", "Retry all", "Pause"):
             assert await page.locator(f"button:visible:has-text('{label}')").count() == 0
     assert await page.evaluate("window.__pwned") is None
     assert errors == []
