@@ -132,6 +132,23 @@ async def _pg_count(url: str) -> tuple[int, int]:
     return int(total), int(done)
 
 
+async def _migrate(url: str) -> None:
+    from jobs.db import create_engine
+    from jobs.migrate import upgrade
+
+    engine = create_engine(url)
+    try:
+        await upgrade(engine)
+    finally:
+        await engine.dispose()
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds used by process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _sqlite_count(path: Path) -> tuple[int, int]:
     db = sqlite3.connect(path)
     try:
@@ -168,14 +185,28 @@ def one_run(tree: Path, backend: str, seconds: int) -> dict[str, Any]:
         env["SKILLJOBS_REDIS_PREFIX"] = prefix
         env["SKILLJOBS_QUEUE_NAME"] = f"{prefix}:queue"
     log_path = tmp / "server.log"
+    # PostgreSQL: one web process and a worker process (the deployed shape); embedded:
+    # `skilljobs up`, web and worker in one process.
+    commands = (
+        [["web", "--port", str(port)], ["worker", "--no-scheduler"]]
+        if backend == "pg"
+        else [["up", "--port", str(port)]]
+    )
+    if backend == "pg":
+        asyncio.run(_migrate(env["SKILLJOBS_DATABASE_URL"]))
+    procs = []
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "jobs.cli.app", "up", "--port", str(port)],
-            cwd=tree,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        for command in commands:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "jobs.cli.app", *command],
+                    cwd=tree,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    proc = procs[0]
     base = f"http://127.0.0.1:{port}"
     out: dict[str, Any] = {"backend": backend, "tree": tree.name}
     try:
@@ -194,7 +225,9 @@ def one_run(tree: Path, backend: str, seconds: int) -> dict[str, Any]:
         wrk(url, 2, BACKGROUND, tmp)  # warm up: connections, caches, the worker
         wrk(url, 2, SYNC, tmp)
         out["healthz"] = wrk(base + "/healthz", seconds, None, tmp)
+        cpu0, t0 = _cpu(proc.pid), time.monotonic()
         out["background"] = wrk(url, seconds, BACKGROUND, tmp)
+        out["web_cpu"] = (_cpu(proc.pid) - cpu0) / (time.monotonic() - t0)
         out["sync"] = wrk(url, seconds, SYNC, tmp)
         time.sleep(1)
         if backend == "pg":
@@ -203,12 +236,14 @@ def one_run(tree: Path, backend: str, seconds: int) -> dict[str, Any]:
             total, done = _sqlite_count(next((tmp / "data").glob("*.db")))
         out["rows"], out["drained"] = total, done
     finally:
-        proc.terminate()
-        try:
-            proc.wait(40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(40)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         text = log_path.read_text(errors="replace")
         out["locked"] = text.count("database is locked")
         out["errors_logged"] = text.count("Traceback")
@@ -237,7 +272,7 @@ def line(r: dict[str, Any]) -> str:
 
     return (
         f"{r['tree']:>8} {r['backend']:>8} | {part('healthz')} | {part('background')} | "
-        f"{part('sync')} | rows {r['rows']} (drained {r['drained']}) locked {r['locked']} "
+        f"{part('sync')} | web CPU {r['web_cpu']:.0%} | rows {r['rows']} (drained {r['drained']}) locked {r['locked']} "
         f"tracebacks {r['errors_logged']}"
     )
 

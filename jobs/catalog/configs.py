@@ -173,6 +173,27 @@ class ConfigStore:
             rows = (await conn.execute(_GET, params)).all()
         return {r.key: self._plain(r) for r in rows}
 
+    async def get_many(self, wanted: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """:meth:`get` for several ``(role_id, skill)`` pairs in one statement, in order."""
+        pairs = sorted({(r, s) for r, s in wanted if r and s})
+        found: dict[tuple[str, str], dict[str, Any]] = {p: {} for p in pairs}
+        if pairs:
+            stmt = (
+                select(_cfg.c.role_id, _cfg.c.skill, *_GET.selected_columns)
+                .where(
+                    _cfg.c.role_id.in_(sorted({r for r, _ in pairs})),
+                    _cfg.c.skill.in_(sorted({s for _, s in pairs})),
+                )
+                .order_by(_cfg.c.key)
+            )
+            engine = engine_of(self.sessionmaker)
+            async with (autocommit(engine) or engine).connect() as conn:
+                rows = (await conn.execute(stmt)).all()
+            for r in rows:
+                if (r.role_id, r.skill) in found:
+                    found[(r.role_id, r.skill)][r.key] = self._plain(r)
+        return [dict(found.get(p, {})) for p in wanted]
+
     async def masked(self, role_id: str, skill: str | None = None) -> dict[str, dict[str, Any]]:
         """``{skill: {key: value}}`` for people: secrets shown as ``••••••``."""
         out: dict[str, dict[str, Any]] = {}

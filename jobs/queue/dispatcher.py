@@ -15,14 +15,13 @@ from typing import Any
 
 from jobs import texts
 from jobs.catalog.validation import input_problem
-from jobs.constants import FN_RUN_JOB
 from jobs.db import once_more_if_disconnected
 from jobs.envelope import failure, offload_sync
 from jobs.execution.executor import Executor
 from jobs.execution.inputs import shape_problem
 from jobs.models import new_id
-from jobs.queue import idempotency, limits, store
-from jobs.queue.broker import enqueue, job_event
+from jobs.queue import idempotency, intake, limits, store
+from jobs.queue.broker import job_event
 from jobs.services import Services
 from jobs.skill import Skill, SkillType
 
@@ -191,15 +190,13 @@ class Dispatcher:
         idempotency_key: str | None = None,
         priority: int | None = None,
     ) -> DispatchResult:
-        from jobs.catalog.configs import ConfigStore
         from jobs.context import background_context
 
         svc = self.services
         role_id = str(ctx.get("role_id") or "")
         configs = (
-            await once_more_if_disconnected(
-                ConfigStore(svc.sessionmaker, svc.box).prefetch, role_id, skill.name
-            )
+            # read together with the concurrent dispatches' configurations
+            await once_more_if_disconnected(intake.prefetch_configs, svc, role_id, skill.name)
             if role_id
             else {}
         )
@@ -264,46 +261,41 @@ class Dispatcher:
             if new_session
             else None
         )
+        new_job = intake.NewJob(
+            values=values,
+            session=origin_session,
+            event=job_event(svc, job_id, "queued", skill.name),
+            meta=limits.meta(
+                skill=skill.name,
+                org=values["org_id"],
+                actor=values["actor_key"],
+                role=role_id,
+                priority=values["priority"],
+            ),
+        )
         try:
-            await once_more_if_disconnected(
-                store.record_job, svc.sessionmaker, values, origin_session
+            # Group commit with the concurrent dispatches: returns once recorded AND enqueued.
+            await intake.submit(svc, new_job)
+        except intake.Unqueued as exc:
+            # Recorded but not enqueued (closed as failed): never a receipt for work that
+            # may not run.
+            log.warning("enqueue of job %s failed: %s", job_id, exc.cause)
+            if idempotency_key is not None:  # a retry with the key must make a job that runs
+                await idempotency.release(svc.sessionmaker, idempotency_key, job_id)
+            return refusal(
+                503,
+                f"the job queue is unavailable ({exc.cause.__class__.__name__}); "
+                "try again in a moment",
+                error_type="transient",
+                job_id=job_id,
             )
-        except BaseException:
+        except BaseException:  # not recorded (nothing was): the caller gets the error
             if idempotency_key is not None:
                 with contextlib.suppress(Exception):
                     await idempotency.release(svc.sessionmaker, idempotency_key, job_id)
             raise
         if new_session:
             svc.known_sessions.add(session_key)
-        try:
-            await enqueue(
-                svc,
-                FN_RUN_JOB,
-                job_id,
-                0,
-                job_id=store.arq_id(job_id, 0),
-                event=job_event(svc, job_id, "queued", skill.name),
-                meta=limits.meta(
-                    skill=skill.name,
-                    org=values["org_id"],
-                    actor=values["actor_key"],
-                    role=role_id,
-                    priority=values["priority"],
-                ),
-            )
-        except Exception as exc:
-            # Recorded but not enqueued: never hand out a receipt for work that may not run.
-            log.warning("enqueue of job %s failed: %s", job_id, exc)
-            async with svc.sessionmaker() as s:
-                await store.mark_failed_unqueued(s, job_id, f"queue unavailable: {exc}")
-            if idempotency_key is not None:  # a retry with the key must make a job that runs
-                await idempotency.release(svc.sessionmaker, idempotency_key, job_id)
-            return refusal(
-                503,
-                f"the job queue is unavailable ({exc.__class__.__name__}); try again in a moment",
-                error_type="transient",
-                job_id=job_id,
-            )
         return self._receipt(job_id, ctx)
 
     def _receipt(self, job_id: str, ctx: dict[str, Any]) -> DispatchResult:

@@ -69,6 +69,17 @@ class Intake:
             self._flush, max_batch=MAX_BATCH, concurrency=concurrency, name="dispatch-intake"
         )
 
+        # The configuration read each background dispatch bakes into its job's context.
+        self.configs: Batcher[tuple[str, str], dict[str, Any]] = Batcher(
+            self._read_configs, max_batch=MAX_BATCH, concurrency=2, name="dispatch-configs"
+        )
+
+    async def _read_configs(self, wanted: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        from jobs.catalog.configs import ConfigStore
+
+        svc = self.services
+        return await ConfigStore(svc.sessionmaker, svc.box).get_many(wanted)
+
     @property
     def services(self) -> Services:
         svc = self._services()
@@ -158,6 +169,12 @@ def _forget(key: int) -> Any:
         _intakes.pop(key, None)
 
     return drop
+
+
+async def prefetch_configs(services: Services, role_id: str, skill: str) -> dict[str, Any]:
+    """``ConfigStore.prefetch``, read together with the concurrent dispatches' (one
+    statement per batch)."""
+    return await intake_of(services).configs.submit((role_id, skill))
 
 
 async def submit(services: Services, job: NewJob) -> None:

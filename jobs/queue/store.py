@@ -810,6 +810,15 @@ async def record_jobs(
         return
     rows = [_storable_job(values) for values, _ in jobs]
     sessions = {s["session_id"]: s for _, s in jobs if s is not None}
+    pg = _pg(sm)
+    if pg is not None and all(r.keys() == _NEW_JOB_KEYS for r in rows):
+        import asyncpg
+
+        try:
+            await raw_fetch(pg, _PG_NEW_JOBS, *_new_job_arrays(rows, list(sessions.values())))
+            return
+        except asyncpg.PostgresError:
+            pass  # refused, nothing written: the portable form below raises SQLAlchemy's error
     async with engine_of(sm).begin() as conn:
         if sessions:
             now = time.time()
@@ -818,6 +827,74 @@ async def record_jobs(
                 [{**s, "created_at": now, "updated_at": now} for s in sessions.values()],
             )
         await conn.execute(insert(_jobs), rows)
+
+
+# The new-job batch on PostgreSQL: one statement (so one transaction, one round trip, one
+# prepared statement whatever the batch size) carrying the rows as arrays; the sessions are
+# inserted by a CTE of the same statement. Used when a row has exactly these columns (what
+# the dispatcher writes); anything else takes the portable form.
+_NEW_JOB_COLUMNS = (
+    ("id", "text"),
+    ("skill", "text"),
+    ("status", "text"),
+    ("attempts", "int"),
+    ("input", "jsonb"),
+    ("context", "jsonb"),
+    ("fetches", "jsonb"),
+    ("channel", "text"),
+    ("session_id", "text"),
+    ("external_id", "text"),
+    ("actor_key", "text"),
+    ("role_id", "text"),
+    ("org_id", "text"),
+    ("priority", "int"),
+    ("wall_sec", "float8"),
+    ("lease_token", "int"),
+    ("cancel_requested", "bool"),
+    ("arq_job_id", "text"),
+    ("created_at", "float8"),
+    ("queued_at", "float8"),
+    ("updated_at", "float8"),
+)
+_NEW_JOB_KEYS = frozenset(name for name, _ in _NEW_JOB_COLUMNS)
+_SESSION_COLUMNS = ("session_id", "role_id", "org_id", "channel", "external_id")
+_NJ = len(_NEW_JOB_COLUMNS)
+_PG_NEW_JOBS = (
+    "WITH s AS (INSERT INTO chat_sessions ("
+    + ", ".join(_SESSION_COLUMNS)
+    + ", created_at, updated_at) SELECT *, $"
+    + str(_NJ + 1)
+    + "::float8, $"
+    + str(_NJ + 1)
+    + "::float8 FROM unnest("
+    + ", ".join(f"${_NJ + 2 + i}::text[]" for i in range(len(_SESSION_COLUMNS)))
+    + ") ON CONFLICT DO NOTHING) INSERT INTO jobs ("
+    + ", ".join(name for name, _ in _NEW_JOB_COLUMNS)
+    + ") SELECT "
+    + ", ".join(
+        f"{name}::jsonb" if kind == "jsonb" else name for name, kind in _NEW_JOB_COLUMNS
+    )
+    + " FROM unnest("
+    + ", ".join(
+        f"${i + 1}::{'text' if kind == 'jsonb' else kind}[]"
+        for i, (_, kind) in enumerate(_NEW_JOB_COLUMNS)
+    )
+    + ") AS t("
+    + ", ".join(name for name, _ in _NEW_JOB_COLUMNS)
+    + ")"
+)
+
+
+def _new_job_arrays(rows: list[dict[str, Any]], sessions: list[dict[str, Any]]) -> list[Any]:
+    """The parameters of ``_PG_NEW_JOBS``: one array per job column, the time, one array
+    per session column."""
+    args: list[Any] = [
+        [_json(r[name]) for r in rows] if kind == "jsonb" else [r[name] for r in rows]
+        for name, kind in _NEW_JOB_COLUMNS
+    ]
+    args.append(time.time())
+    args += [[str(s[name]) for s in sessions] for name in _SESSION_COLUMNS]
+    return args
 
 
 def _session_insert(dialect: str) -> Any:
