@@ -58,5 +58,54 @@ async def main() -> None:
     )
 
 
+async def throughput(messages: int = MESSAGES) -> None:
+    """``--throughput``: ``messages`` to 10 chats from 3 limiters (as 3 workers) against the
+    fake Telegram enforcing 1/s per chat and 30/s per bot; total time against the
+    limit-implied minimum (messages / 10 chats at 1/s), and the 429s it had to answer."""
+    import httpx
+
+    from delivery.channels.telegram import TelegramChannel
+    from tests.fakes.telegram import FakeTelegram
+
+    prefix = f"bench-rl-{uuid.uuid4().hex[:8]}"
+    settings = SimpleNamespace(key=lambda *parts: ":".join((prefix, *parts)))
+    limits = load_limits("")
+    chats = [f"50{i:02d}" for i in range(CHATS)]
+    clients = [aioredis.from_url(REDIS) for _ in range(WORKERS)]
+    with FakeTelegram() as tg:
+        tg.enforce_rates = True
+        tg.known_chats.update(chats)
+        async with httpx.AsyncClient(timeout=30) as http:
+            adapters = []
+            for c in clients:
+                ch = TelegramChannel(http, tg.token, api_base=tg.url)
+                ch.limiter = RateLimiter(c, settings, limits)
+                adapters.append(ch)
+
+            async def worker(w: int) -> None:
+                mine = list(range(w, messages, WORKERS))
+                await asyncio.gather(
+                    *(adapters[w].send_text(chats[n % CHATS], f"m{n}") for n in mine)
+                )
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker(w) for w in range(WORKERS)))
+            wall = time.perf_counter() - t0
+        sent, too_many = len(tg.sent), tg.too_many
+    for c in clients:
+        await c.aclose()
+    floor = messages / CHATS  # 1 message/s in each chat
+    print(
+        f"{sent}/{messages} messages to {CHATS} chats from {WORKERS} limiters: {wall:.1f} s "
+        f"(limit-implied minimum {floor - 1:.0f} s, {100 * (wall / (floor - 1) - 1):+.1f} %), "
+        f"429s: {too_many}"
+    )
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    import sys
+
+    if "--throughput" in sys.argv:
+        asyncio.run(throughput())
+    else:
+        asyncio.run(main())
