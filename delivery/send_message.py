@@ -33,6 +33,7 @@ from delivery.channels.base import (
     with_retries,
 )
 from delivery.ledger import deliver_once, ledger_key
+from delivery.render import strip_directives
 from jobs import sendscope
 from jobs.media import media_kind
 from jobs.models import ChatSession
@@ -308,6 +309,8 @@ async def send_message(
     async def one(ch: str, contact: str) -> tuple[str, str | None]:
         target = f"{ch}:{contact}"
         adapter = channels.get(ch)
+        # outbound directives are delivery metadata, never text ([embed] stays for web)
+        text = strip_directives(body, rich=ch in WEB)
         if adapter is None:
             why = (
                 f"channel {ch!r} is not configured"
@@ -320,10 +323,10 @@ async def send_message(
                 scope, seq = scoped
                 call = f"send_message:{seq}:{digest}"
                 await send_ledgered(
-                    sessionmaker, scope, call, adapter, ch, contact, body, paths, backoff=backoff
+                    sessionmaker, scope, call, adapter, ch, contact, text, paths, backoff=backoff
                 )
             else:
-                await send_to(adapter, contact, body, paths, backoff=backoff)
+                await send_to(adapter, contact, text, paths, backoff=backoff)
         except (DeliveryPermanentError, DeliveryTransientError) as exc:
             return target, exc.reason
         except Exception as exc:  # one broken adapter must not sink the other recipients

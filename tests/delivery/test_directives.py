@@ -126,3 +126,18 @@ async def test_web_messages_record_their_id_and_keep_embeds(services, sessionmak
     assert msg["text"] == 'Status [embed ref="cv_1" title="Status" /]'
     (row,) = await rows(services)
     assert row.message_id == str(msg["id"]) and row.verified is True
+
+
+async def test_send_message_never_sends_a_tag_as_text(tg) -> None:
+    from delivery.channels.telegram import TelegramChannel
+    from delivery.send_message import send_message
+
+    async with httpx.AsyncClient(timeout=10) as http:
+        channels = {"telegram": TelegramChannel(http, tg.token, api_base=tg.url)}
+        out = await send_message(
+            channels,
+            to="telegram:1001",
+            text='Ticket closed [[audio_as_voice]] [embed ref="cv_1" /]',
+        )
+    assert out["ok"] is True
+    assert [m["text"] for m in tg.sent] == ["Ticket closed"]
