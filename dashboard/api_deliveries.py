@@ -44,10 +44,20 @@ async def list_deliveries(
             job_id=job or None,
             limit=limit,
         )
+    return {"items": [{**delivery_dict(d), **_custody(d)} for d in rows]}
+
+
+def _custody(d: Any) -> dict[str, Any]:
+    """Who it belongs to, its generation and its receipt (delivery custody)."""
     return {
-        "items": [
-            {**delivery_dict(d), "job_id": d.job_id, "chain_run_id": d.chain_run_id} for d in rows
-        ]
+        "job_id": d.job_id,
+        "chain_run_id": d.chain_run_id,
+        "generation": d.generation,
+        "message_id": d.message_id,
+        "verified": d.verified if d.status == "sent" else None,
+        "note": d.note,
+        "sent_as": d.sent_as,
+        "resendable": bool(d.content),
     }
 
 

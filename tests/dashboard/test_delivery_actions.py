@@ -42,12 +42,16 @@ async def test_unknown_delivery_listed_resent_and_dismissed(client, services, tg
     listed = (await client.get("/api/v1/deliveries", params={"status": "unknown"})).json()
     (item,) = listed["items"]
     assert item["status"] == "unknown" and item["job_id"] == job.id
+    assert item["generation"] == 0 and item["resendable"] is True and item["message_id"] is None
     resp = await client.post(f"/api/v1/deliveries/{item['id']}/resend")
     assert resp.status_code == 200, resp.text
     body = resp.json()["delivery"]
     assert body["status"] == "sent" and body["generation"] == 1
     assert body["message_id"] == str(tg.sent[-1]["message_id"]) and body["verified"] is True
     assert [m["text"] for m in tg.sent] == ["your report is ready"]
+    (listed,) = (await client.get("/api/v1/deliveries", params={"job": job.id})).json()["items"]
+    assert listed["status"] == "sent" and listed["message_id"] == body["message_id"]
+    assert listed["verified"] is True and listed["generation"] == 1
     # sent now: neither resent nor dismissed again
     assert (await client.post(f"/api/v1/deliveries/{item['id']}/resend")).status_code == 409
     assert (await client.post(f"/api/v1/deliveries/{item['id']}/dismiss")).status_code == 409
