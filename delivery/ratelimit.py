@@ -134,7 +134,14 @@ class RateLimiter:
 
     @classmethod
     def from_settings(cls, redis: Any, settings: Any) -> RateLimiter:
-        return cls(redis, settings, load_limits(getattr(settings, "rate_limits", "") or ""))
+        """A malformed ``SKILLJOBS_RATE_LIMITS`` is logged and the defaults are used: a
+        typo must not stop delivery (nor throttle it less than the platforms demand)."""
+        try:
+            limits = load_limits(getattr(settings, "rate_limits", "") or "")
+        except ValueError as exc:  # json.JSONDecodeError is one
+            log.error("SKILLJOBS_RATE_LIMITS ignored (%s): using the platforms' limits", exc)
+            limits = load_limits(None)
+        return cls(redis, settings, limits)
 
     def buckets(self, channel: str, target: Target) -> list[tuple[str, float, float]]:
         """``(key, capacity, tokens per ms)`` of each bucket a send belongs to."""

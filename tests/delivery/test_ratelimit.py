@@ -28,6 +28,8 @@ def test_parse_and_override() -> None:
     assert limits["telegram"]["bot"] == (30, 1)  # the default stays
     with pytest.raises(ValueError):
         load_limits('{"telegram": {"chat": "fast"}}')
+    bad = RateLimiter.from_settings(None, type("S", (), {"rate_limits": "{not json"})())
+    assert bad.limits["telegram"]["chat"] == (1, 1)  # the defaults, not no limits
 
 
 @pytest.fixture
