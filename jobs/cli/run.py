@@ -257,6 +257,7 @@ def _print_banner(
 ) -> None:
     from jobs.cli.checks import mask_url
     from jobs.cli.skills import try_it
+
     base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     # The command as the user can paste it (`make run` starts `.venv/bin/skilljobs up`).
     argv0 = sys.argv[0] if sys.argv and sys.argv[0].endswith("skilljobs") else "skilljobs"
