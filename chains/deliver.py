@@ -27,9 +27,7 @@ TEXT_CAP = 3500
 _TEXT_FIELDS = ("message", "result", "text", "display_md", "summary")
 
 
-def outcome_text(
-    name: str, status: str, final: Any, error: str | None, lang: str = "en"
-) -> str:
+def outcome_text(name: str, status: str, final: Any, error: str | None, lang: str = "en") -> str:
     """The short, user-facing text for a chain outcome (never a stack trace), in ``lang``."""
     from delivery.render import render
     from jobs.texts import text as say

@@ -168,7 +168,8 @@ def _config_store(request: Request) -> Any:
 async def get_config(role_id: str, skill: str, request: Request) -> dict[str, Any]:
     """The role's keys for the skill, secrets masked."""
     values = await _config_store(request).masked(role_id, skill)
-    return safe(values.get(skill, {}))
+    masked: dict[str, Any] = safe(values.get(skill, {}))
+    return masked
 
 
 @router.put("/roles/{role_id}/skills/{skill}/config")
@@ -194,7 +195,8 @@ async def put_config(
         )
         await s.commit()
     values = await store.masked(role_id, skill)
-    return safe(values.get(skill, {}))
+    masked: dict[str, Any] = safe(values.get(skill, {}))
+    return masked
 
 
 # --- chat sessions -------------------------------------------------------------------
@@ -315,6 +317,6 @@ async def job_events(request: Request) -> StreamingResponse:
                 if event is not None:
                     yield _sse("job", event)
         finally:
-            await pubsub.aclose()
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     return _stream(source())

@@ -339,7 +339,7 @@ async def listen(
     import redis.asyncio as aioredis
 
     own = isinstance(redis_url_or_pool, str)
-    client = aioredis.from_url(redis_url_or_pool) if own else redis_url_or_pool
+    client = aioredis.from_url(redis_url_or_pool) if own else redis_url_or_pool  # type: ignore[no-untyped-call]
     pubsub = client.pubsub()
     try:
         await pubsub.subscribe(settings.key(SESSION_EVENTS, session_id))

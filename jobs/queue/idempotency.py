@@ -63,9 +63,7 @@ async def _insert(sm: Sessions, key: str, digest: str, job_id: str, now: float) 
     return True
 
 
-async def _take_over(
-    sm: Sessions, row: DispatchKey, digest: str, job_id: str, now: float
-) -> bool:
+async def _take_over(sm: Sessions, row: DispatchKey, digest: str, job_id: str, now: float) -> bool:
     """Point a stale key at ``job_id``; False when another dispatch changed it first."""
     async with sm() as s:
         res = await s.execute(

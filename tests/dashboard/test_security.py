@@ -59,7 +59,9 @@ async def test_without_a_token_everything_is_open_on_loopback(
 
     svc = await make_services(tmp_path, sqlite_url, redis_server_url, redis_prefix, None)
     app = create_app(svc.settings, services=svc)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+    ) as c:
         assert (await c.get("/api/v1/jobs")).status_code == 200
     await svc.engine.dispose()
 

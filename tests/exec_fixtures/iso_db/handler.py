@@ -20,5 +20,11 @@ async def execute(input_data, ctx):
         await s.commit()
         url = str(s.get_bind().url)
     lazy = await _try(ctx["db"], "select count(*) from notes")
-    return {"ok": True, "jobs": jobs, "configs": configs, "lazy": lazy, "url": url,
-            "platform": "_platform_sessions" in ctx}
+    return {
+        "ok": True,
+        "jobs": jobs,
+        "configs": configs,
+        "lazy": lazy,
+        "url": url,
+        "platform": "_platform_sessions" in ctx,
+    }

@@ -16,18 +16,25 @@ WEATHER = {
 async def execute(input_data, ctx):
     provider = ctx.get("provider")
     if provider is None:
-        return {"success": False, "error_type": "config", "non_retriable": True,
-                "error": "no model configured for this role"}
+        return {
+            "success": False,
+            "error_type": "config",
+            "non_retriable": True,
+            "error": "no model configured for this role",
+        }
     prompt = input_data["prompt"]
-    resp = await provider.complete([Message(role="user", content=prompt)],
-                                   system="be brief", max_tokens=64, temperature=0.3)
+    resp = await provider.complete(
+        [Message(role="user", content=prompt)], system="be brief", max_tokens=64, temperature=0.3
+    )
     chunks = []
-    stream = provider.stream([Message(role="user", content=prompt)],
-                             options=CallOptions(max_tokens=32))
+    stream = provider.stream(
+        [Message(role="user", content=prompt)], options=CallOptions(max_tokens=32)
+    )
     async for chunk in stream:
         chunks.append(chunk)
-    called = await provider.tool_call([Message(role="user", content="weather in Paris?")],
-                                      [WEATHER])
+    called = await provider.tool_call(
+        [Message(role="user", content="weather in Paris?")], [WEATHER]
+    )
     return {
         "ok": True,
         "text": resp.text,
