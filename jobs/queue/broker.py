@@ -42,6 +42,7 @@ from arq.constants import (
 )
 from arq.jobs import SerializationError, deserialize_job_raw
 from arq.utils import timestamp_ms
+from redis.exceptions import NoScriptError
 
 from jobs.constants import (
     CANCEL_CHANNEL,
@@ -213,24 +214,39 @@ async def enqueue_many(
     at = timestamp_ms()
     queue = queue_name(services)
     script = _script(redis, _ENQUEUE_LUA)
-    async with redis.pipeline(transaction=False) as pipe:
-        for i, (job_id, function, args) in enumerate(jobs):
-            payload, lane = _record(function, args, at, metas[i] if metas else None)
-            await script(
-                keys=[job_key_prefix + job_id, result_key_prefix + job_id, queue],
-                args=[
-                    expires_extra_ms,
-                    payload,
-                    at,
-                    job_id,
-                    "",
-                    *((events[i] if events else None) or ("", "")),
-                    lane,
-                ],
-                client=pipe,
-            )
-        pipe.publish(services.settings.key(WAKE_CHANNEL), "1")
-        await pipe.execute()
+    calls: list[list[Any]] = []
+    for i, (job_id, function, args) in enumerate(jobs):
+        payload, lane = _record(function, args, at, metas[i] if metas else None)
+        calls.append(
+            [
+                job_key_prefix + job_id,
+                result_key_prefix + job_id,
+                queue,
+                expires_extra_ms,
+                payload,
+                at,
+                job_id,
+                "",
+                *((events[i] if events else None) or ("", "")),
+                lane,
+            ]
+        )
+    # EVALSHA straight into the pipeline: a script registered on it would cost a SCRIPT
+    # EXISTS round trip before every batch.
+    for attempt in (1, 2):
+        async with redis.pipeline(transaction=False) as pipe:
+            for call in calls:
+                pipe.evalsha(script.sha, 3, *call)
+            pipe.publish(services.settings.key(WAKE_CHANNEL), "1")
+            try:
+                await pipe.execute()
+                return
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+        # The server lost its scripts (restart, SCRIPT FLUSH): load it and send the batch
+        # again; an entry that did get in is skipped (its record exists).
+        await redis.script_load(_ENQUEUE_LUA)
 
 
 # --- inspecting and removing -------------------------------------------------------------
@@ -414,6 +430,8 @@ local function full(key, n)
   end
   if redis.call('HLEN', lk) < n then return false end
   is_full[key] = true
+  -- an entry waits for this key: its next release wakes the workers
+  redis.call('SET', Q .. ':waiting:' .. key, '1', 'PX', 60000)
   return true
 end
 
@@ -440,32 +458,40 @@ end
 -- up to quota entries from this lane: true when any was claimed
 local function serve(lane, prio, quota)
   local lk = Q .. ':lane:' .. lane
-  local due = redis.call('ZRANGEBYSCORE', lk, '-inf', now, 'WITHSCORES', 'LIMIT', 0, scan + quota)
-  read = read + #due / 2
-  if #due == 0 then
-    if redis.call('EXISTS', lk) == 0 then redis.call('ZREM', LANES, lane) end
-    return false
-  end
-  local got = 0
-  for i = 1, #due, 2 do
-    if got >= quota then break end
-    local id = due[i]
-    if not tried[id] then
-      tried[id] = true
-      local rec = redis.call('GET', JK .. id)
-      local keys = slots(rec)
-      if keys then
-        redis.call('ZREM', lk, id)
-        if redis.call('SET', IP .. id, '1', 'NX', 'PX', ARGV[2]) then
-          for _, k in ipairs(keys) do redis.call('HSET', Q .. ':limit:' .. k, id, holding) end
-          if #keys > 0 then
-            redis.call('SET', Q .. ':held:' .. id, table.concat(keys, '\\n'), 'PX', ARGV[2])
+  -- the head first; past entries waiting for a full limit only when some were
+  local got, skipped, window = 0, 0, quota
+  while true do
+    local due = redis.call('ZRANGEBYSCORE', lk, '-inf', now, 'WITHSCORES', 'LIMIT', skipped, window)
+    read = read + #due / 2
+    if #due == 0 and skipped == 0 then
+      if redis.call('EXISTS', lk) == 0 then redis.call('ZREM', LANES, lane) end
+      return false
+    end
+    for i = 1, #due, 2 do
+      if got >= quota then break end
+      local id = due[i]
+      local claimed = false
+      if not tried[id] then
+        tried[id] = true
+        local rec = redis.call('GET', JK .. id)
+        local keys = slots(rec)
+        if keys then
+          redis.call('ZREM', lk, id)
+          claimed = true
+          if redis.call('SET', IP .. id, '1', 'NX', 'PX', ARGV[2]) then
+            for _, k in ipairs(keys) do redis.call('HSET', Q .. ':limit:' .. k, id, holding) end
+            if #keys > 0 then
+              redis.call('SET', Q .. ':held:' .. id, table.concat(keys, '\\n'), 'PX', ARGV[2])
+            end
+            take(id, due[i + 1], rec)
+            got = got + 1
           end
-          take(id, due[i + 1], rec)
-          got = got + 1
         end
       end
+      if not claimed then skipped = skipped + 1 end
     end
+    if got >= quota or #due < window * 2 or skipped >= scan then break end
+    window = scan
   end
   if got == 0 then return false end
   local seq = redis.call('INCR', Q .. ':seq')
@@ -596,25 +622,26 @@ async def tidy(redis: ArqRedis, queue: str, items: Sequence[tuple[str, bool]]) -
 
 
 _RELEASE_LUA = """
-local freed = 0
+local freed, wake = 0, 0
 for i = 2, #ARGV do
   local held = KEYS[1] .. ':held:' .. ARGV[i]
   local keys = redis.call('GET', held)
   if keys then
     for k in string.gmatch(keys, '[^\\n]+') do
       freed = freed + redis.call('HDEL', KEYS[1] .. ':limit:' .. k, ARGV[i])
+      wake = wake + redis.call('DEL', KEYS[1] .. ':waiting:' .. k)
     end
     redis.call('DEL', held)
   end
 end
-if freed > 0 then redis.call('PUBLISH', ARGV[1], '1') end
+if wake > 0 then redis.call('PUBLISH', ARGV[1], '1') end
 return freed
 """
 
 
 async def release(services: Services, arq_ids: Sequence[str]) -> int:
     """Free the limit slots the entries ``arq_ids`` hold (their job left ``running``) and
-    wake idle workers when that freed any: an entry waiting for one may run now."""
+    wake idle workers when an entry was found waiting for one of those keys."""
     if not arq_ids:
         return 0
     freed = await _script(_redis(services), _RELEASE_LUA)(

@@ -341,3 +341,38 @@ async def test_http_priority_and_waiting_for(wsvc):
         assert detail["waiting_for"] == "limit actor:fan"
         detail = (await c.get(f"/api/v1/jobs/{first['job_id']}")).json()
         assert detail["priority"] == 1 and detail["waiting_for"] is None
+
+
+def test_cli_dispatch_priority(tmp_path, monkeypatch, redis_server_url, redis_prefix, sqlite_url):
+    from typer.testing import CliRunner
+
+    from jobs.cli.app import app
+
+    for k, v in {
+        "SKILLJOBS_DATA_DIR": str(tmp_path / "data"),
+        "SKILLJOBS_DATABASE_URL": sqlite_url,
+        "SKILLJOBS_REDIS_URL": redis_server_url,
+        "SKILLJOBS_REDIS_PREFIX": redis_prefix,
+        "SKILLJOBS_QUEUE_NAME": f"{redis_prefix}:queue",
+        "SKILLJOBS_SKILLS_PATH": str(JOB_SKILLS),
+    }.items():
+        monkeypatch.setenv(k, v)
+    args = ["dispatch", "bg_sleep", "--channel", "telegram", "--actor-key", "tg-1"]
+    assert CliRunner().invoke(app, [*args, "--priority", "10"]).exit_code != 0
+    res = CliRunner().invoke(app, [*args, "--priority", "7"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    job_id = json.loads(res.output)["job_id"]
+
+    async def priority() -> int:
+        svc = await Services.open(
+            make_settings(
+                tmp_path, redis_url=redis_server_url, prefix=redis_prefix, database_url=sqlite_url
+            )
+        )
+        try:
+            job = await store.get_job(svc.sessionmaker, job_id)
+            return job.priority
+        finally:
+            await svc.close()
+
+    assert asyncio.run(priority()) == 7
