@@ -225,10 +225,10 @@ def one_run(tree: Path, backend: str, seconds: int) -> dict[str, Any]:
         wrk(url, 2, BACKGROUND, tmp)  # warm up: connections, caches, the worker
         wrk(url, 2, SYNC, tmp)
         out["healthz"] = wrk(base + "/healthz", seconds, None, tmp)
+        out["sync"] = wrk(url, seconds, SYNC, tmp)  # before the worker has a backlog
         cpu0, t0 = _cpu(proc.pid), time.monotonic()
         out["background"] = wrk(url, seconds, BACKGROUND, tmp)
         out["web_cpu"] = (_cpu(proc.pid) - cpu0) / (time.monotonic() - t0)
-        out["sync"] = wrk(url, seconds, SYNC, tmp)
         time.sleep(1)
         if backend == "pg":
             total, done = asyncio.run(_pg_count(env["SKILLJOBS_DATABASE_URL"]))

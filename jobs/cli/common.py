@@ -20,11 +20,23 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def run_async(fn: Callable[[], Awaitable[T]]) -> T:
+def run_async(fn: Callable[[], Awaitable[T]], *, fast_loop: bool = False) -> T:
+    """Run ``fn()`` to completion; ``fast_loop``: on uvloop when it is installed (the
+    long-running servers: ``skilljobs web`` and ``up``)."""
+    factory = _fast_loop_factory() if fast_loop else None
     try:
-        return asyncio.run(fn())  # type: ignore[arg-type]
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(fn())  # type: ignore[arg-type]
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+
+
+def _fast_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; not on every platform
+        return None
+    return uvloop.new_event_loop
 
 
 def load_settings() -> Settings:

@@ -75,7 +75,7 @@ def web(
         finally:
             await svc.close()
 
-    run_async(_go)
+    run_async(_go, fast_loop=True)
 
 
 def up(
@@ -157,7 +157,7 @@ def up(
                 await svc.close()
 
     try:
-        run_async(_go)
+        run_async(_go, fast_loop=True)
     finally:
         if embedded is not None:
             embedded.stop()

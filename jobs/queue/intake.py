@@ -64,14 +64,20 @@ class Intake:
     def __init__(self, services: Services) -> None:
         self._services = weakref.ref(services)
         # SQLite has one writer: a second batch in flight would only wait for the lock.
-        concurrency = 1 if is_sqlite(services.engine) else 2
+        # PostgreSQL: a few batches in flight, so a dispatch seldom waits for a whole
+        # round trip before its own batch starts.
+        sqlite = is_sqlite(services.engine)
+        concurrency = 1 if sqlite else 4
         self.batcher: Batcher[NewJob, BaseException | None] = Batcher(
             self._flush, max_batch=MAX_BATCH, concurrency=concurrency, name="dispatch-intake"
         )
 
         # The configuration read each background dispatch bakes into its job's context.
         self.configs: Batcher[tuple[str, str], dict[str, Any]] = Batcher(
-            self._read_configs, max_batch=MAX_BATCH, concurrency=2, name="dispatch-configs"
+            self._read_configs,
+            max_batch=MAX_BATCH,
+            concurrency=2 if sqlite else 4,
+            name="dispatch-configs",
         )
 
     async def _read_configs(self, wanted: list[tuple[str, str]]) -> list[dict[str, Any]]:

@@ -250,3 +250,29 @@ async def test_configs_are_read_per_batch_and_baked_per_job(services):
             job = await s.get(Job, res.body["job_id"])
         baked = services.box.unseal(job.context)["skill_configs"]["bg_sleep"]
         assert baked == [got[1], got[0], {}][i % 3]
+
+
+def test_the_servers_run_on_uvloop() -> None:
+    """``skilljobs web`` / ``up`` run their event loop on uvloop (other commands keep
+    asyncio's default)."""
+    import uvloop
+
+    from jobs.cli.common import run_async
+
+    async def loop_type() -> type:
+        return type(asyncio.get_running_loop())
+
+    assert issubclass(run_async(loop_type, fast_loop=True), uvloop.Loop)
+    assert not issubclass(run_async(loop_type), uvloop.Loop)
+
+
+async def test_batched_enqueue_survives_a_server_without_the_script(services, monkeypatch):
+    """Redis restarted (its script cache empty): the batch loads the script and is sent
+    again, every job enqueued once."""
+    fresh = broker._ENQUEUE_LUA + f"\n-- {new_id()}"  # a script this server has not seen
+    monkeypatch.setattr(broker, "_ENQUEUE_LUA", fresh)
+    results = await asyncio.gather(
+        *(Dispatcher(services).dispatch("bg_sleep", {}, CTX) for _ in range(5))
+    )
+    assert {r.status_code for r in results} == {202}
+    assert sorted(await _queued_ids(services)) == sorted(f"{r.body['job_id']}:0" for r in results)
