@@ -24,7 +24,7 @@ from delivery.fetch import SafeFetcher
 from delivery.materialize import materialize
 from delivery.router import deliver_result, workspace_of
 from jobs.envelope import is_failure, normalize
-from jobs.models import Artifact
+from jobs.models import Artifact, JobRow
 from jobs.runscope import RunScope
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ async def store_artifacts(sessionmaker: Any, job_id: str, artifacts: list[Artifa
 
 async def postprocess(
     services: Any,
-    job: Any,
+    job: JobRow,
     result: Any,
     *,
     fence: Fence,

@@ -35,6 +35,7 @@ from delivery.render import TEXT_CAP, directives, failure_text, render
 from jobs.context import job_segment, results_dir
 from jobs.envelope import is_failure
 from jobs.media import media_kind
+from jobs.models import JobRow
 from jobs.texts import language_of
 
 Fence = Callable[[], Awaitable[bool]]
@@ -61,7 +62,7 @@ class Item:
     text: str | None = None  # text item body, or the caption of a media item
 
 
-def origin_of(job: Any) -> Origin:
+def origin_of(job: JobRow) -> Origin:
     """Where a job's result goes, from the job row alone."""
     channel = (job.channel or "").strip().lower()
     if channel in WEB_CHANNELS or (job.external_id or "").startswith("orgdeleg:"):
@@ -75,7 +76,7 @@ def origin_of(job: Any) -> Origin:
     return Origin(channel, job.actor_key)
 
 
-def workspace_of(settings: Any, job: Any) -> Path:
+def workspace_of(settings: Any, job: JobRow) -> Path:
     """The job's workspace, the same directory its skill ran in (``jobs.context``)."""
     return _workspace(str(settings.resolved_workspace_root), job.role_id, job_segment(job))
 
@@ -133,7 +134,7 @@ def plan(
 
 async def deliver_result(
     services: Any,
-    job: Any,
+    job: JobRow,
     result: dict[str, Any],
     artifacts: list[Any],
     *,
@@ -152,12 +153,12 @@ async def deliver_result(
     adapter = chans.get(origin.channel)
     if isinstance(adapter, WebChannel):
         adapter = adapter.for_job(job.id)
-    common = {
+    common: dict[str, Any] = {
         "recipient": origin.recipient,
         "owner": owner_id(job.lease_owner, job.lease_token),
         "channel": origin.channel,
         "job_id": job.id,
-        "chain_run_id": getattr(job, "chain_run_id", None),
+        "chain_run_id": job.chain_run_id,
         "fence": fence,
         "backoff": backoff,
         "dead_after": float(settings.worker_lease_sec) * 2,
@@ -219,7 +220,7 @@ async def deliver_result(
 
 
 def _apply_directives(
-    result: dict[str, Any], job: Any, adapter: Channel, items: list[Item]
+    result: dict[str, Any], job: JobRow, adapter: Channel, items: list[Item]
 ) -> str | None:
     """The result's ``[[…]]`` tags (seed 004): ``[[audio_as_voice]]`` sends audio as a voice
     note where the channel has one (Telegram: OGG/Opus; another format goes as audio, with

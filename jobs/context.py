@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jobs.models import JobRow
+
 # SPEC §3 / skill spec §4.2: always present, typed empty value when unknown.
 FIXED_SEGMENT: dict[str, Any] = {
     "raw_input": "",
@@ -276,7 +278,7 @@ def recipient_segment(channel: str, actor_key: str) -> str:
     return f"{ch}-{digest}"
 
 
-def job_segment(job: Any) -> str:
+def job_segment(job: JobRow) -> str:
     """The workspace segment of a queued job: its session, else (third-party channels) its
     recipient, else ``shared``. Two people never share a background workspace."""
     session = _segment(getattr(job, "session_id", ""))
@@ -290,14 +292,14 @@ def job_segment(job: Any) -> str:
     return "shared"
 
 
-def job_workspace(root: str | os.PathLike[str], job: Any) -> Path | None:
+def job_workspace(root: str | os.PathLike[str], job: JobRow) -> Path | None:
     """Where a queued job's skill runs: ``<root>/<role_id>/<job segment>``; None without a
     role (such a job has no workspace)."""
     role = _segment(getattr(job, "role_id", ""))
     return Path(root) / role / job_segment(job) if role else None
 
 
-def job_results_dir(root: str | os.PathLike[str], job: Any) -> Path:
+def job_results_dir(root: str | os.PathLike[str], job: JobRow) -> Path:
     """Where a queued job's results are post-processed: its workspace, or
     ``<root>/<job segment>`` for a job without a role."""
     return job_workspace(root, job) or Path(root) / job_segment(job)

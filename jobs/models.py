@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     JSON,
@@ -187,6 +187,40 @@ class Job(Base):
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     duration_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     updated_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+class JobRow(Protocol):
+    """What the runner, post-processing and delivery read of a job: a :class:`Job`, or a
+    row of the claim statement (``store.RowView``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def skill(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def input(self) -> dict[str, Any]: ...
+    @property
+    def context(self) -> dict[str, Any]: ...
+    @property
+    def channel(self) -> str: ...
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def external_id(self) -> str: ...
+    @property
+    def actor_key(self) -> str: ...
+    @property
+    def role_id(self) -> str: ...
+    @property
+    def org_id(self) -> str: ...
+    @property
+    def lease_token(self) -> int: ...
+    @property
+    def lease_owner(self) -> str | None: ...
+    @property
+    def chain_run_id(self) -> str | None: ...
 
 
 class DispatchKey(Base):

@@ -21,6 +21,7 @@ from typing import Any
 
 from jobs.context import job_results_dir, job_workspace, secret_values
 from jobs.logs import register_secrets
+from jobs.models import JobRow
 
 RUNS_DIR = ".skilljobs-runs"
 # A marker older than the longest possible run (hard wall clock cap + margin) is stale: its
@@ -137,7 +138,7 @@ def begin(workspace: Path, job_id: str) -> RunScope:
     return scope
 
 
-def begin_run(settings: Any, job: Any, ctx: dict[str, Any]) -> RunScope:
+def begin_run(settings: Any, job: JobRow, ctx: dict[str, Any]) -> RunScope:
     """A queued job's run is about to start: its secret configs join the log filter,
     ``ctx`` points at the job's own workspace (a per-recipient one for third-party
     channels without a session), and that workspace is snapshotted."""

@@ -16,7 +16,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
@@ -24,11 +24,14 @@ from jobs import sendscope
 from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS
 from jobs.db import DB_UNAVAILABLE
-from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT
+from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT, JobRow
 from jobs.queue import broker, incidents, limits, store
 from jobs.queue.stall import StallWatch
 from jobs.runscope import RunScope, begin_run
 from jobs.services import Services
+
+if TYPE_CHECKING:
+    from jobs.execution.executor import Executor
 
 log = logging.getLogger("skilljobs.worker")
 T = TypeVar("T")
@@ -88,7 +91,7 @@ class JobRunner:
     def __init__(
         self,
         services: Services,
-        executor: Any,
+        executor: Executor,
         worker_id: str,
         *,
         max_finishing: int = 200,
@@ -219,7 +222,7 @@ class JobRunner:
         while self.finishing:
             await asyncio.wait(list(self.finishing))
 
-    async def _run_claimed(self, job: Any, token: int, attempt: int) -> Any:
+    async def _run_claimed(self, job: JobRow, token: int, attempt: int) -> Any:
         """Run the skill; a str when the job is settled here (cancelled, lost, re-queued),
         else the skill's outcome for the finishing stage."""
         svc = self.svc
@@ -282,7 +285,7 @@ class JobRunner:
 
         return outcome
 
-    async def _finish(self, job: Any, token: int, outcome: Any) -> str:
+    async def _finish(self, job: JobRow, token: int, outcome: Any) -> str:
         """The finishing stage of one job: post-processing, delivery, the fenced record.
 
         No path of it only logs: whatever it raises ends the job ``failed`` (``internal``),
@@ -322,7 +325,7 @@ class JobRunner:
         finally:
             self._release(job_id)
 
-    async def _fail_internal(self, job: Any, token: int, stage: str, exc: BaseException) -> None:
+    async def _fail_internal(self, job: JobRow, token: int, stage: str, exc: BaseException) -> None:
         """End a job whose run or finishing stage raised: ``failed``/``internal``, the person told
         through the normal failure delivery, the record retried while the database is
         away (never abandoned)."""
@@ -354,7 +357,7 @@ class JobRunner:
                 self.svc.sessionmaker, job.id, job.skill, "internal", error
             )
 
-    async def _postprocess(self, job: Any, token: int, result: dict[str, Any]) -> Any:
+    async def _postprocess(self, job: JobRow, token: int, result: dict[str, Any]) -> Any:
         from delivery.pipeline import postprocess
 
         margin = self.certain_for / 3  # room for clock skew between hosts
@@ -374,7 +377,7 @@ class JobRunner:
 
     async def _record(
         self,
-        job: Any,
+        job: JobRow,
         token: int,
         status: str,
         result: dict[str, Any] | None,
@@ -408,7 +411,7 @@ class JobRunner:
         else:
             log.warning("job %s: not recorded, this attempt no longer holds the lease", job.id)
 
-    def _for_storage(self, job: Any, result: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _for_storage(self, job: JobRow, result: dict[str, Any] | None) -> dict[str, Any] | None:
         if result is None:
             return None
         from jobs.context import job_workspace
@@ -428,7 +431,7 @@ class JobRunner:
         # fields are data, not secrets by name (C12).
         return result
 
-    async def _hand_back(self, job: Any, token: int, reason: str) -> None:
+    async def _hand_back(self, job: JobRow, token: int, reason: str) -> None:
         new = await retry_db(
             "hand back",
             store.requeue,
@@ -461,7 +464,7 @@ class JobRunner:
             self.slots.push(arq_id)
 
     async def _enqueue(
-        self, job_id: str, token: int, defer: float = 0.0, job: Any | None = None
+        self, job_id: str, token: int, defer: float = 0.0, job: JobRow | None = None
     ) -> None:
         # The lane and limit keys travel with the entry (rebuilt from the row here).
         if job is None:

@@ -36,6 +36,7 @@ from jobs.models import (
     ChatSession,
     Job,
     JobAttempt,
+    JobRow,
     Worker,
 )
 
@@ -53,7 +54,7 @@ class Claim:
     """A job claimed by this worker: ``token`` fences every write of this attempt.
     ``job`` is the claimed row (read-only attribute access, like a ``Job``)."""
 
-    job: Any
+    job: JobRow
     token: int
     attempt: int
 
