@@ -43,7 +43,6 @@ from arq.constants import (
 from arq.jobs import SerializationError, deserialize_job_raw
 from arq.utils import timestamp_ms
 from redis.exceptions import NoScriptError
-from redis.exceptions import NoScriptError
 
 from jobs.constants import (
     CANCEL_CHANNEL,
