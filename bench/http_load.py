@@ -95,7 +95,7 @@ def wrk(url: str, seconds: int, body: dict[str, Any] | None, tmp: Path) -> dict[
     if lat:
         res["mean"], res["max"] = ms(lat.group(1)), ms(lat.group(3))
     for p in ("50", "90", "99"):
-        m = re.search(rf"^\s+{p}%\s+(\S+)$", out, re.M)
+        m = re.search(rf"^\s+{p}%\s+(\S+)\s*$", out, re.M)
         if m:
             res[f"p{p}"] = ms(m.group(1))
     if m := re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out):
