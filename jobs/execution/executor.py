@@ -40,6 +40,7 @@ from jobs.envelope import failure, is_failure, normalize
 from jobs.execution import compat, envs, inprocess, input_rules, inputs, subproc
 from jobs.execution.callskill import WALL_DEADLINE, bind_call_skill, within_caller
 from jobs.execution.skill_output import exit_failure
+from jobs.logs import register_secrets
 from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillType
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,10 @@ class Executor:
     ) -> Outcome:
         t0 = time.perf_counter()
         name = skill if isinstance(skill, str) else getattr(skill, "name", None) or repr(skill)
+        secrets = secret_values(ctx, name) if isinstance(ctx, Mapping) else []
+        # Every line (chat, background, chains): the run's secret configs join the log
+        # filter before the skill can log anything.
+        register_secrets(secrets)
         try:
             out = await self._attempt(skill, name, input_data, ctx, policy_wall_sec, depth, t0)
         except Exception as exc:  # the one catch-all: whatever happens becomes an envelope
@@ -241,7 +246,6 @@ class Executor:
                 f"skill {name!r} could not be run: {type(exc).__name__}: {exc}", skill=name
             )
             out = self._outcome(env, t0, name=name, exception=type(exc).__name__)
-        secrets = secret_values(ctx, name) if isinstance(ctx, Mapping) else []
         for env in (self.llm_env, self._role_llm.get(_role_of(ctx), (0, None, {}))[2]):
             if env.get("MYINC_LLM_KEY"):
                 secrets.append(env["MYINC_LLM_KEY"])
