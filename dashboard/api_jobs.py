@@ -181,6 +181,7 @@ async def dispatch(body: DispatchBody, request: Request) -> JSONResponse:
             context=body.context,
             external_id=body.external_id,
             idempotency_key=key,
+            priority=body.priority,
         )
         return JSONResponse(answer_body, status_code=status)
     answer = await Dispatcher(svc).dispatch(

@@ -872,9 +872,7 @@ _PG_NEW_JOBS = (
     + ") ON CONFLICT DO NOTHING) INSERT INTO jobs ("
     + ", ".join(name for name, _ in _NEW_JOB_COLUMNS)
     + ") SELECT "
-    + ", ".join(
-        f"{name}::jsonb" if kind == "jsonb" else name for name, kind in _NEW_JOB_COLUMNS
-    )
+    + ", ".join(f"{name}::jsonb" if kind == "jsonb" else name for name, kind in _NEW_JOB_COLUMNS)
     + " FROM unnest("
     + ", ".join(
         f"${i + 1}::{'text' if kind == 'jsonb' else kind}[]"
