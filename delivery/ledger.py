@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -51,6 +51,7 @@ from delivery.errors import (
     DeliveryTransientError,
 )
 from jobs import storable
+from jobs.batching import Batcher
 from jobs.logs import SECRETS
 from jobs.models import PENDING, SENT, Delivery, DeliveryStatus, Worker
 
@@ -367,18 +368,39 @@ async def release(
     )
 
 
+_deliveries: Any = Delivery.__table__
+_RECEIPT = (
+    _deliveries.update()
+    .where(_deliveries.c.ledger_key == bindparam("k"), _deliveries.c.status == SENT)
+    .values(message_id=bindparam("m"), verified=True)
+)
+# One receipt writer per (event loop, sessionmaker): receipts of jobs finishing together
+# are one statement, not one transaction per job.
+_receipt_writers: dict[tuple[int, int], Batcher[tuple[str, str], None]] = {}
+
+
+def _receipt_writer(sessionmaker: Sessions) -> Batcher[tuple[str, str], None]:
+    key = (id(asyncio.get_running_loop()), id(sessionmaker))
+    writer = _receipt_writers.get(key)
+    if writer is None:
+
+        async def flush(items: list[tuple[str, str]]) -> list[None]:
+            async with sessionmaker() as s:
+                await s.execute(_RECEIPT, [{"k": k, "m": m[:255]} for k, m in items])
+                await s.commit()
+            return [None] * len(items)
+
+        writer = _receipt_writers[key] = Batcher(flush, name="receipts")
+    return writer
+
+
 async def record_receipts(sessionmaker: Sessions, receipts: list[tuple[str, str]]) -> None:
-    """Message ids of rows already ``sent`` (web messages: known once they are stored)."""
+    """Message ids of rows already ``sent`` (web messages: known once they are stored),
+    written together with those of other jobs finishing at the same time."""
     if not receipts:
         return
-    async with sessionmaker() as s:
-        for key, message_id in receipts:
-            await s.execute(
-                update(Delivery)
-                .where(Delivery.ledger_key == key, Delivery.status == SENT)
-                .values(message_id=message_id[:255], verified=True)
-            )
-        await s.commit()
+    writer = _receipt_writer(sessionmaker)
+    await asyncio.gather(*(writer.submit(r) for r in receipts))
 
 
 async def get(sessionmaker: Sessions, key: str) -> Delivery | None:
