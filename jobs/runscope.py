@@ -11,6 +11,7 @@ worker processes (or hosts sharing the volume) see each other.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import time
@@ -24,6 +25,8 @@ from jobs.logs import register_secrets
 from jobs.models import JobRow
 
 RUNS_DIR = ".skilljobs-runs"
+PRUNE_EVERY = 16  # runs that changed nothing prune the markers this seldom
+_quiet_runs = itertools.count(1)
 # A marker older than the longest possible run (hard wall clock cap + margin) is stale: its
 # worker died without closing it.
 STALE_NS = (1800 + 600) * 1_000_000_000
@@ -67,6 +70,16 @@ class RunScope:
         # Files first, then markers: a run whose writes are in this listing made its
         # marker before them, so it is in the marker listing below.
         current = listing(self.workspace)
+        if all(self.before.get(name) == stamp for name, stamp in current.items()):
+            # Nothing new to attribute: close the marker (other runs still see that this
+            # one overlapped them) and leave the markers' upkeep to every PRUNE_EVERY-th
+            # such run — listing them all on every run costs O(concurrent runs).
+            self._changes = RunChanges((), {})
+            closed = self.close(now)
+            if next(_quiet_runs) % PRUNE_EVERY == 0:
+                others = [m for m in _markers(self.workspace, now) if m.run != self.run_id]
+                _prune(self.workspace, others, now, closed)
+            return self._changes
         markers = [m for m in _markers(self.workspace, now) if m.run != self.run_id]
         # an open marker older than any run can last: its worker died without closing it
         others = [m for m in markers if m.end is not None or _alive(m, now)]

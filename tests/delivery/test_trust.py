@@ -517,3 +517,23 @@ async def test_file_links_of_web_messages(trust) -> None:
         outside = sign(key, FILE_KIND, {"p": "/etc/passwd"}, 60)
         assert (await c.get("/files/" + outside)).status_code == 404
         assert (await c.get(att_b["url"])).content == b"b.csv\n"
+
+
+def test_quiet_runs_close_their_marker_and_prune_now_and_then(tmp_path: Path) -> None:
+    """A run that changed nothing skips the marker listing; its closed marker still
+    counts for runs it overlapped, and every PRUNE_EVERY-th quiet run tidies up."""
+    from jobs.runscope import PRUNE_EVERY, RUNS_DIR
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    writer = begin(ws, "job-w")
+    quiet = begin(ws, "job-q")
+    (ws / "out.csv").write_text("written while both ran")
+    assert writer.finish().ambiguous == {"out.csv": ("job_q",)}
+    for i in range(PRUNE_EVERY + 1):
+        assert begin(ws, f"job-{i}").finish().mine == ()
+    quiet.finish()
+    assert len(os.listdir(ws / RUNS_DIR)) <= PRUNE_EVERY + 2
+    later = begin(ws, "job-l")
+    (ws / "next.csv").write_text("only the later run")
+    assert later.finish().mine == ("next.csv",)
