@@ -4,25 +4,21 @@ PostgreSQL + Redis: kill -9, a paused worker waking up, SIGTERM, a database outa
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from jobs.models import Job, JobAttempt
+from jobs.models import Job
 from jobs.queue.dispatcher import Dispatcher
 from jobs.services import Services
 from tests.fakes.server import Request, Response
 from tests.fakes.telegram import FakeTelegram
 from tests.helpers.jobs import TG, job_and_attempts, wait_status
-from tests.helpers.settings import FAKE_SKILLS, JOB_SKILLS, ROOT, make_settings
+from tests.helpers.settings import FAKE_SKILLS, JOB_SKILLS, make_settings
+from tests.helpers.workers import WorkerProcess, holder, pid_of
 
 pytestmark = pytest.mark.slow
 
@@ -50,53 +46,6 @@ async def svc(pg_settings):
     await s.close()
 
 
-class WorkerProcess:
-    """A real `skilljobs worker` in its own process group."""
-
-    def __init__(self, settings, log: Path, **overrides: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SKILLJOBS_")}
-        env.update(
-            {
-                "SKILLJOBS_DATABASE_URL": settings.database_url,
-                "SKILLJOBS_REDIS_URL": settings.redis_url,
-                "SKILLJOBS_REDIS_PREFIX": settings.redis_prefix,
-                "SKILLJOBS_QUEUE_NAME": settings.queue_name,
-                "SKILLJOBS_SKILLS_PATH": settings.skills_path,
-                "SKILLJOBS_DATA_DIR": str(settings.data_dir),
-                "SKILLJOBS_SECRET_KEY": settings.secret_key.get_secret_value(),
-                "SKILLJOBS_WORKER_LEASE_SEC": str(settings.worker_lease_sec),
-                "SKILLJOBS_WORKER_HEARTBEAT_SEC": str(settings.worker_heartbeat_sec),
-                "SKILLJOBS_RECONCILE_INTERVAL_SEC": str(settings.reconcile_interval_sec),
-                "SKILLJOBS_RECONCILE_STALE_SEC": str(settings.reconcile_stale_sec),
-                "SKILLJOBS_WORKER_GRACE_SEC": str(settings.worker_grace_sec),
-            }
-        )
-        env.update(overrides)
-        self.log = log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jobs.cli.app", "worker", "--no-scheduler"],
-            env=env,
-            stdout=log.open("ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=str(ROOT),
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.proc.pid, sig)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-
 @pytest.fixture
 def workers(tmp_path):
     started: list[WorkerProcess] = []
@@ -109,26 +58,6 @@ def workers(tmp_path):
     yield start
     for w in started:
         w.stop()
-
-
-async def holder(svc, job_id: str, limit: float = 30.0) -> JobAttempt:
-    """The attempt currently running the job."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        async with svc.sessionmaker() as s:
-            a = await s.scalar(
-                select(JobAttempt).where(
-                    JobAttempt.job_id == job_id, JobAttempt.finished_at.is_(None)
-                )
-            )
-        if a is not None:
-            return a
-        await asyncio.sleep(0.05)
-    raise AssertionError("the job never started")
-
-
-def pid_of(worker_id: str) -> int:
-    return int(worker_id.split(":")[1])
 
 
 async def test_kill_9_mid_job_is_rerun_by_another_worker(svc, pg_settings, workers, tmp_path):
