@@ -51,7 +51,7 @@ async def audit(
     limit: int = Query(50, ge=1, le=queries.MAX_PAGE),
 ) -> dict[str, Any]:
     """Actions newest first: who (admin, read, session:<id>), what, target, when, result."""
-    async with services_of(request).sessionmaker() as session:
+    async with services_of(request).read_sessionmaker() as session:
         rows = await queries.list_audit(
             session, actor=actor, action=action, target=target, before=before, limit=limit
         )

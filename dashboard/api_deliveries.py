@@ -35,7 +35,7 @@ async def list_deliveries(
         raise ApiError(422, f"status must be among {allowed} (not {bad[0]!r})")
     if not statuses and not job:
         statuses = DEFAULT_STATUSES
-    async with services_of(request).sessionmaker() as session:
+    async with services_of(request).read_sessionmaker() as session:
         rows = await queries.list_deliveries(
             session,
             statuses=statuses,

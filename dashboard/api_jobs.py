@@ -232,7 +232,7 @@ async def list_jobs(
         q=q or None,
     )
     box = services_of(request).box
-    async with services_of(request).sessionmaker() as session:
+    async with services_of(request).read_sessionmaker() as session:
         rows, next_cursor = await queries.list_jobs(session, flt, limit=limit, cursor=cursor)
         arts, dels = await queries.job_children(session, [j.id for j in rows])
     return {

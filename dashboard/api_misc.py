@@ -103,7 +103,7 @@ async def queue(
 ) -> dict[str, Any]:
     """SPEC §11 keys, plus 5m/1h/24h rates, per-skill stats and failing deliveries."""
     now = time.time()
-    sm = services_of(request).sessionmaker
+    sm = services_of(request).read_sessionmaker
 
     async def run(fn: Any, *args: Any) -> Any:
         async with sm() as session:

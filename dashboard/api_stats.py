@@ -74,7 +74,7 @@ async def _cached(
         hit = cache.values.get(key)
         if hit is not None and time.monotonic() < hit[0]:
             return hit[1]
-        out = await _compute(services_of(request).sessionmaker, span, step, wanted)
+        out = await _compute(services_of(request).read_sessionmaker, span, step, wanted)
         out["window"] = key[1]
         cache.values[key] = (time.monotonic() + ttl, out)
         return out

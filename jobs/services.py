@@ -36,6 +36,22 @@ class Services:
     # The channel adapters, built once by ``delivery.channels.registry.channels_for``.
     channels: dict[str, Channel] | None = None
     _executor: Executor | None = field(default=None, repr=False)
+    # The read replica (``SKILLJOBS_DATABASE_READ_URL``), when one is configured.
+    read_engine: AsyncEngine | None = None
+    _read_sessionmaker: async_sessionmaker[AsyncSession] | None = field(default=None, repr=False)
+
+    @property
+    def read_sessionmaker(self) -> async_sessionmaker[AsyncSession]:
+        """Sessions for reads that may lag a little (lists, searches, statistics): the
+        replica when configured, else the primary."""
+        return self._read_sessionmaker or self.sessionmaker
+
+    def open_read_replica(self) -> None:
+        """Connect the read replica named by the settings, if any (lazily: no round trip)."""
+        url = self.settings.resolved_database_read_url
+        if url and self.read_engine is None:
+            self.read_engine = create_engine(url)
+            self._read_sessionmaker = create_sessionmaker(self.read_engine)
 
     @property
     def executor(self) -> Executor:
@@ -73,6 +89,7 @@ class Services:
             box=SecretBox(key),
             registry=registry if registry is not None else load_registry(settings.skill_dirs),
         )
+        svc.open_read_replica()
         if redis:
             svc.redis = await connect_redis(settings)
         return svc
@@ -84,6 +101,8 @@ class Services:
         if self.redis is not None:
             await self.redis.aclose()
         await self.engine.dispose()
+        if self.read_engine is not None:
+            await self.read_engine.dispose()
 
 
 async def connect_redis(settings: Settings) -> ArqRedis:

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     database_url: str | None = None
     # PostgreSQL reached through PgBouncer in transaction mode (also detected on port 6432).
     database_pgbouncer: bool = False
+    # A read replica of the job store for the dashboard's lists, searches and statistics
+    # (job details, anything just written and every write stay on the primary).
+    database_read_url: str | None = None
     data_dir: Path = Path("./.skilljobs")
     skills_path: str | None = None
     workspace_root: Path | None = None
@@ -156,14 +159,21 @@ class Settings(BaseSettings):
 
     # Derived values -------------------------------------------------------------------
 
+    def _pooled(self, url: str) -> str:
+        if self.database_pgbouncer and "pgbouncer=" not in url:
+            return f"{url}{'&' if '?' in url else '?'}pgbouncer=true"
+        return url
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:
-            if self.database_pgbouncer and "pgbouncer=" not in self.database_url:
-                sep = "&" if "?" in self.database_url else "?"
-                return f"{self.database_url}{sep}pgbouncer=true"
-            return self.database_url
+            return self._pooled(self.database_url)
         return f"sqlite+aiosqlite:///{(self.data_dir / 'skilljobs.db').resolve()}"
+
+    @property
+    def resolved_database_read_url(self) -> str | None:
+        """The replica the dashboard reads lists from, or None (read the primary)."""
+        return self._pooled(self.database_read_url) if self.database_read_url else None
 
     @property
     def resolved_skill_database_url(self) -> str:

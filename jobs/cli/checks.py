@@ -252,6 +252,43 @@ async def check_database(settings: Settings, timeout_sec: float = 5.0) -> Check:
     return ok(name, f"{shown} reachable ({(time.perf_counter() - started) * 1000:.0f} ms)")
 
 
+async def check_read_replica(settings: Settings, timeout_sec: float = 5.0) -> Check | None:
+    """When ``SKILLJOBS_DATABASE_READ_URL`` is set: reachable, a replica, and how far behind."""
+    url = settings.resolved_database_read_url
+    if not url:
+        return None
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
+    from jobs.db import create_engine
+
+    name, shown = "read replica", make_url(url).render_as_string(hide_password=True)
+    fix = "check SKILLJOBS_DATABASE_READ_URL, or unset it to read from the primary"
+    engine = create_engine(url)
+    try:
+        async with asyncio.timeout(timeout_sec), engine.connect() as conn:
+            if conn.dialect.name != "postgresql":
+                return fail(name, f"{shown}: a read replica must be PostgreSQL", fix)
+            row = (
+                await conn.execute(
+                    text(
+                        "SELECT pg_is_in_recovery(), "
+                        "EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp())"
+                    )
+                )
+            ).one()
+    except TimeoutError:
+        return fail(name, f"{shown}: no answer within {timeout_sec:g} s", fix)
+    except Exception as exc:
+        return fail(name, f"{shown}: {_first_line(exc)}", fix)
+    finally:
+        await engine.dispose()
+    if not row[0]:
+        return warn(name, f"{shown} is not in recovery (a primary, not a replica)", fix)
+    lag = "nothing replayed yet" if row[1] is None else f"last replay {float(row[1]):.1f} s ago"
+    return ok(name, f"{shown} is a replica ({lag})")
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -611,6 +648,7 @@ async def run_checks(
         checks.append(warn("migrations", "not checked: the database is unreachable"))
     else:
         checks.append(await check_migrations(settings, timeout_sec))
+    checks.append(await check_read_replica(settings, timeout_sec))
     redis = await check_redis(settings, timeout_sec)
     checks.append(redis)
     if redis.status is not Status.FAIL:
