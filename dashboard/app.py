@@ -143,7 +143,7 @@ def create_app(
     @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
     async def metrics(request: Request) -> Response:
         svc: Services = request.app.state.services
-        body = await request.app.state.metrics.render(svc.sessionmaker)
+        body = await request.app.state.metrics.render(svc.sessionmaker, limits=svc.settings.limits)
         return Response(body, media_type=CONTENT_TYPE)
 
     @app.get("/", include_in_schema=False)

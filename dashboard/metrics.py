@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dashboard import queries
+from dashboard import limit_metrics, queries
 from jobs.queue import incidents
 
 METRICS_WINDOW_S = 3600.0
@@ -129,6 +129,8 @@ class SnapshotCollector(Collector):
             pruned.add_metric([kind], n)
         yield pruned
         yield from _incident_metrics(snap.get("incidents", []))
+        if "limits" in snap:  # SKILLJOBS_LIMITS is set
+            yield from limit_metrics.families(snap["limits"])
         yield GaugeMetricFamily(
             "skilljobs_workers_alive",
             "Workers with a heartbeat newer than 30 s.",
@@ -163,10 +165,16 @@ class Metrics:
         self.registry.register(self._collector)
 
     async def render(
-        self, sessionmaker: async_sessionmaker[AsyncSession], window: float = METRICS_WINDOW_S
+        self,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        window: float = METRICS_WINDOW_S,
+        *,
+        limits: Mapping[str, int] | None = None,
     ) -> bytes:
         async with sessionmaker() as session:
             snap = await queries.metrics_snapshot(session, time.time(), window)
+            if limits:
+                snap["limits"] = await limit_metrics.snapshot(session, limits)
         snap["incidents"] = await incidents.open_incidents(sessionmaker)
         # No await between setting the snapshot and rendering: concurrent scrapes on the
         # event loop can never see each other's snapshot.

@@ -95,3 +95,40 @@ async def test_metrics_on_an_empty_database(client: httpx.AsyncClient) -> None:
     assert _get(s, "skilljobs_queue_depth", status="queued") == 0
     assert _get(s, "skilljobs_oldest_queued_age_seconds") == 0
     assert _get(s, "skilljobs_workers_alive") == 0
+
+
+async def test_limit_usage_per_key(services) -> None:
+    from dashboard.app import create_app
+    from tests.helpers.dashboard import TOKEN
+
+    limits = {"org:*": 2, "skill:video": 1, "actor:*": 5}
+    services.settings = services.settings.model_copy(update={"limits": limits})
+    now = time.time()
+    for org, status, n in (("o1", "running", 2), ("o1", "queued", 3), ("o2", "running", 1)):
+        for _ in range(n):
+            await seed_job(services, status=status, org_id=org, actor_key="", created_at=now - 5)
+    await seed_job(services, status="queued", org_id="o3", actor_key="", created_at=now)
+    app = create_app(services.settings, services=services)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://127.0.0.1",
+        headers={"authorization": f"Bearer {TOKEN}"},
+    ) as client:
+        resp = await client.get("/metrics")
+    assert resp.status_code == 200, resp.text
+    samples = _samples(resp.text)
+    assert _get(samples, "skilljobs_limit_slots", limit="org:o1") == 2
+    assert _get(samples, "skilljobs_limit_running", limit="org:o1") == 2
+    assert _get(samples, "skilljobs_limit_waiting", limit="org:o1") == 3  # full: counted
+    assert _get(samples, "skilljobs_limit_running", limit="org:o2") == 1
+    assert ("skilljobs_limit_waiting", (("limit", "org:o2"),)) not in samples  # not full
+    assert _get(samples, "skilljobs_limit_slots", limit="skill:video") == 1  # exact: always
+    assert _get(samples, "skilljobs_limit_running", limit="skill:video") == 0
+    assert ("skilljobs_limit_slots", (("limit", "org:o3"),)) not in samples  # nothing running
+    assert _get(samples, "skilljobs_limits_full") == 1
+
+
+async def test_no_limit_families_without_limits(client: httpx.AsyncClient, services) -> None:
+    await seed_job(services, status="running", org_id="o1")
+    text = (await client.get("/metrics")).text
+    assert "skilljobs_limit_running" not in text and "skilljobs_limits_full" not in text
