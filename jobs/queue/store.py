@@ -39,6 +39,7 @@ from jobs.models import (
     JobRow,
     Worker,
 )
+from jobs.queue import incidents
 
 Sessions = async_sessionmaker[AsyncSession]
 
@@ -502,7 +503,7 @@ async def expire_leases(
     """
     now = time.time()
     out: list[tuple[str, int]] = []
-    query = select(Job.id, Job.lease_token, Job.lease_owner, Job.attempts).where(
+    query = select(Job.id, Job.lease_token, Job.lease_owner, Job.attempts, Job.skill).where(
         Job.status == RUNNING, Job.lease_expires_at < (now if before is None else before)
     )
     if owners is not None:
@@ -511,10 +512,12 @@ async def expire_leases(
         query = query.where(Job.lease_owner.in_(sorted(owners)))
     async with sm() as s:
         rows = (await s.execute(query.limit(limit))).all()
-    for job_id, token, owner, attempts in rows:
+    for job_id, token, owner, attempts, skill in rows:
         reason = f"worker {owner} {why}"
         if attempts >= MAX_RUNS:
-            await fail_lost(sm, job_id, token, reason)
+            error = await fail_lost(sm, job_id, token, reason)
+            if error is not None:  # a failure like any other: counted in its incident
+                await incidents.note_failure(sm, job_id, skill, "lost", error)
             continue
         new = await requeue(
             sm, job_id, token, reason=reason, error_type="transient", attempt_outcome="lost"
@@ -524,8 +527,9 @@ async def expire_leases(
     return out
 
 
-async def fail_lost(sm: Sessions, job_id: str, token: int, reason: str) -> bool:
-    """End a job whose last allowed run was lost: ``failed``, never run again."""
+async def fail_lost(sm: Sessions, job_id: str, token: int, reason: str) -> str | None:
+    """End a job whose last allowed run was lost: ``failed``, never run again. The error
+    recorded, or None when the attempt no longer held the lease."""
     now = time.time()
     async with sm() as s:
         lost = await s.scalar(
@@ -558,10 +562,10 @@ async def fail_lost(sm: Sessions, job_id: str, token: int, reason: str) -> bool:
         )
         if res.rowcount != 1:  # type: ignore[attr-defined]
             await s.rollback()
-            return False
+            return None
         await _close_attempt(s, job_id, token, "lost", reason, "lost", now)
         await s.commit()
-        return True
+        return error
 
 
 async def stale_owners(sm: Sessions, before: float, *, exclude: str) -> list[str]:

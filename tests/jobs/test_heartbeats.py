@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from jobs.queue import incidents
 from jobs.services import Services
 from tests.helpers.jobs import TG, dispatch, job_and_attempts, wait_status
 from tests.helpers.settings import JOB_SKILLS, make_settings
@@ -132,5 +133,7 @@ async def test_a_job_lost_three_times_fails_and_is_not_rerun(
         assert job.error == "lost 3 times (the worker running it died or stalled each time)"
         assert [a.outcome for a in attempts] == ["lost", "lost", "lost"]
         assert not marker.exists()  # the skill never completed
+        [inc] = await incidents.list_incidents(svc.sessionmaker, skill="bg_sleep")
+        assert inc["error_type"] == "lost" and inc["sample_job_ids"] == [job_id]
     finally:
         await svc.close()

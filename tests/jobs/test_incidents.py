@@ -14,7 +14,7 @@ from sqlalchemy import select, update
 
 from dashboard.app import create_app
 from jobs.models import Job
-from jobs.queue import control, incidents
+from jobs.queue import control, incidents, store
 from jobs.queue.control import JobFilter, parse_time
 from jobs.services import Services
 from tests.helpers.chains import write_skill
@@ -271,3 +271,38 @@ async def test_cli_bulk_retry_counts_first(svc: Services, monkeypatch, redis_pre
     assert "order_export" not in res.output and "quota_report" in res.output
     res = await asyncio.to_thread(runner.invoke, app, ["incidents", "ack", "nope"])
     assert res.exit_code == 1 and "no incident" in res.output
+
+
+async def test_a_job_lost_three_times_is_an_incident_with_its_cause(svc: Services) -> None:
+    """The lease of each run runs out (its worker died): the third loss fails the job, and
+    that failure is counted like any other, shown in GET /api/v1/incidents."""
+    job_id = await dispatch(svc, "bg_sleep")
+    token = 0
+    for n in range(1, 4):
+        claim = await store.claim(svc.sessionmaker, job_id, token, f"worker-{n}", 30)
+        assert claim is not None and claim.attempt == n
+        async with svc.sessionmaker() as s:  # the worker died: its lease ran out
+            await s.execute(
+                update(Job).where(Job.id == job_id).values(lease_expires_at=time.time() - 1)
+            )
+            await s.commit()
+        requeued = await store.expire_leases(svc.sessionmaker)
+        assert [j for j, _ in requeued] == ([job_id] if n < 3 else [])
+        token = requeued[0][1] if requeued else token
+    async with svc.sessionmaker() as s:
+        job = await s.get(Job, job_id)
+    assert job is not None and job.status == "failed" and job.error_type == "lost"
+    [inc] = await incidents.list_incidents(svc.sessionmaker)
+    assert inc["skill"] == "bg_sleep" and inc["error_type"] == "lost"
+    assert inc["sample_error"] == store.LOST_CAP_REASON.format(n=3)
+    assert inc["sample_job_ids"] == [job_id] and inc["status"] == "open"
+
+    app = create_app(svc.settings, services=svc)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://127.0.0.1",
+        headers={"authorization": f"Bearer {TOKEN}"},
+    ) as client:
+        [shown] = (await client.get("/api/v1/incidents")).json()["items"]
+    assert shown["id"] == inc["id"] and shown["error_type"] == "lost"
+    assert "died or stalled" in shown["sample_error"]
