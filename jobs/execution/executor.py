@@ -513,7 +513,7 @@ class Executor:
         try:
             if et is ExecType.PYTHON:
                 try:
-                    return await self._in_process(skill, input_data, rc, wall), ""
+                    return await self._in_process(skill, input_data, rc, wall)
                 except inprocess.Raised as wrapped:
                     if not isinstance(wrapped.__cause__, SystemExit):
                         raise
@@ -550,7 +550,7 @@ class Executor:
 
     async def _in_process(
         self, skill: Skill, input_data: dict[str, Any], rc: dict[str, Any], wall: float
-    ) -> Any:
+    ) -> tuple[Any, str]:
         envs.expose(await self.envs.prepare(skill))
         compat.install()  # backend.infra.providers.base for ported skills (seed §10.1)
         entry = await inprocess.get_entry(self.entries, skill, wall)

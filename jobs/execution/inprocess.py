@@ -3,16 +3,21 @@
 Handlers are imported by file path under a unique module name (skills never import each
 other, and two skills may both have a ``handler.py``), cached per (path, mtime, size).
 Async entries run as their own task so that a skill ignoring cancellation can be abandoned;
-sync entries run in a daemon thread with ``ctx["db"] = None``.
+sync entries run in a daemon thread with ``ctx["db"] = None``. Every import and call runs
+guarded (``hostguard``): its own ``sys.argv`` (``[handler path]``), its prints captured as
+the run's log. An entry that calls ``sys.exit`` (an argparse error, say) is a clean failure
+naming the reason; only a file with a ``__main__`` block is tried again as a CLI skill.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import threading
 import time
@@ -21,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobs.envelope import failure
+from jobs.execution.hostguard import guarded
 from jobs.skill import Skill
+from jobs.texts import meaningful_line
 
 ENTRY_NAMES = ("execute", "run", "handler", "main", "handle")
 CANCEL_GRACE_SEC = 1.0  # how long a timed-out or cancelled skill gets to unwind
@@ -52,6 +60,8 @@ class Entry:
     fn: Callable[..., Any]
     is_async: bool
     required: int  # required positional parameters: 0 → f(), 1 → f(input), ≥2 → f(input, ctx)
+    path: str = ""  # the handler file: the run's sys.argv[0]
+    main_block: bool = False  # the file has ``if __name__ == "__main__":`` (it can run as a CLI)
 
 
 def required_positional(fn: Callable[..., Any]) -> int:
@@ -87,7 +97,23 @@ def _import_entry(skill: Skill, path: str, mtime_ns: int) -> Entry:
     fn = next((getattr(module, n) for n in names if callable(getattr(module, n, None))), None)
     if fn is None:
         raise ImportError(f"{Path(path).name} defines none of {', '.join(ENTRY_NAMES)}")
-    return Entry(fn, inspect.iscoroutinefunction(fn), required_positional(fn))
+    return Entry(
+        fn,
+        inspect.iscoroutinefunction(fn),
+        required_positional(fn),
+        path=path,
+        main_block=_has_main_block(path),
+    )
+
+
+_MAIN_BLOCK = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.M)
+
+
+def _has_main_block(path: str) -> bool:
+    try:
+        return _MAIN_BLOCK.search(Path(path).read_text(errors="replace")) is not None
+    except OSError:
+        return False
 
 
 class EntryCache:
@@ -137,9 +163,10 @@ async def get_entry(cache: EntryCache, skill: Skill, wall: float) -> Entry:
     if entry is not None:
         return entry
     try:
-        return await in_thread(  # type: ignore[no-any-return]
-            cache.load, (skill,), wall, skill.name, bind_loop=True
-        )
+        with guarded(str(skill.entry)):  # module-level code sees its own argv, prints nowhere
+            return await in_thread(  # type: ignore[no-any-return]
+                cache.load, (skill,), wall, skill.name, bind_loop=True
+            )
     except Raised as wrapped:
         exc = wrapped.__cause__
         if isinstance(exc, SystemExit):
@@ -149,19 +176,55 @@ async def get_entry(cache: EntryCache, skill: Skill, wall: float) -> Entry:
 
 async def run_entry(
     entry: Entry, input_data: dict[str, Any], rc: dict[str, Any], wall: float, name: str
-) -> Any:
-    """Bind by required positional count and run under the wall clock."""
+) -> tuple[Any, str]:
+    """Bind by required positional count and run under the wall clock, guarded; returns
+    the result and what the run printed. ``sys.exit`` in the entry is a failure envelope,
+    except in a file with a ``__main__`` block (``Raised`` from SystemExit: run it as a CLI)."""
     args: tuple[Any, ...] = ((), (input_data,))[min(entry.required, 1)]
     if entry.required >= 2:
         args = (input_data, rc)
-    if entry.is_async:
-        return await with_wall(entry.fn(*args), wall)
-    rc["db"] = None  # sync entries get no session (SPEC §2)
-    rc.pop("call_skill", None)  # only async entries can await call_skill
-    result = await in_thread(entry.fn, args, wall, name)
-    if inspect.isawaitable(result):
-        return await with_wall(result, wall)
-    return result
+    if not entry.is_async:
+        rc["db"] = None  # sync entries get no session (SPEC §2)
+        rc.pop("call_skill", None)  # only async entries can await call_skill
+    with guarded(entry.path or name) as run:
+        try:
+            if entry.is_async:
+                result = await with_wall(entry.fn(*args), wall)
+            else:
+                result = await in_thread(entry.fn, args, wall, name)
+                if inspect.isawaitable(result):
+                    result = await with_wall(result, wall)
+        except WallExpired as expired:
+            expired.log = expired.log or run.text()
+            raise
+        except Raised as wrapped:
+            exc = wrapped.__cause__
+            if isinstance(exc, SystemExit) and not entry.main_block:
+                return exited(name, exc, run.text()), run.text()
+            raise
+    return result, run.text()
+
+
+def exited(name: str, exc: SystemExit, printed: str) -> dict[str, Any]:
+    """The failure of an in-process entry that called ``sys.exit``: the reason it gave
+    (``sys.exit("…")``, or the meaningful line it printed, e.g. argparse's ``error:``)."""
+    code = exc.code
+    if isinstance(code, str) and code.strip():
+        reason = code.strip()
+    else:
+        reason = meaningful_line(printed) if printed.strip() else ""
+        reason = reason or f"exit status {code if code is not None else 0}"
+    return failure(
+        f"skill {name!r} called sys.exit() instead of returning a result: {reason}. An "
+        "in-process entry gets its input as an argument, never a command line; a script "
+        "that parses its command line runs as a CLI skill with an "
+        '`if __name__ == "__main__":` block',
+        error_type="config",
+        non_retriable=True,
+        skill=name,
+        user_message=reason,
+        exit_code=code if isinstance(code, int) else 1,
+    )
 
 
 # --- waiting under a wall clock ----------------------------------------------------------
@@ -243,11 +306,13 @@ async def in_thread(
         else:
             fut.set_exception(value)
 
+    context = contextvars.copy_context()  # the run's argv and streams (hostguard) go along
+
     def work() -> None:
         if bind_loop:
             asyncio.set_event_loop(loop)
         try:
-            outcome: tuple[bool, Any] = (True, fn(*args))
+            outcome: tuple[bool, Any] = (True, context.run(fn, *args))
         except BaseException as exc:  # delivered to the awaiting side, never lost
             outcome = (False, exc)
         try:
