@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -53,7 +54,9 @@ MAX_KEY_LINE = 300
 _PEP723 = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _NO_MODULE = re.compile(r"(ModuleNotFoundError|ImportError): (?:No module named '([^']+)'|(.*))")
-_NODE_NO_MODULE = re.compile(r"Cannot find module '([^']+)'")
+_NODE_NO_MODULE = re.compile(r"Cannot find (?:module|package) '([^']+)'")
+#: makes ESM ``import`` honour NODE_PATH (loaded with ``node --import``; Node >= 18.19)
+NODE_ESM_HOOK = Path(__file__).with_name("node_paths.mjs")
 _LOCKFILES = ("package-lock.json", "npm-shrinkwrap.json")
 Kind = Literal["python", "node"]
 
@@ -128,6 +131,9 @@ class Prepared:
                 return [self.python, *argv[1:]]
             return argv
         env["NODE_PATH"] = os.pathsep.join(p for p in (self.node_path, env.get("NODE_PATH")) if p)
+        if node_has_register():  # ES modules ignore NODE_PATH: a resolve hook reads it
+            hook = f'--import "{NODE_ESM_HOOK.as_uri()}"'
+            env["NODE_OPTIONS"] = " ".join(p for p in (hook, env.get("NODE_OPTIONS")) if p)
         return argv
 
 
@@ -138,27 +144,31 @@ def _runtime_tag(kind: Kind) -> str:
     if kind == "python":
         v = sys.version_info
         return f"{sys.implementation.name}-{v.major}.{v.minor}"
-    return _node_version()
+    # the major version decides binary compatibility of node_modules
+    return "node-" + (str(_node_version()[0]) if _node_version() else "none")
 
 
-_node_version_cache: list[str] = []
+@functools.cache
+def _node_version() -> tuple[int, ...]:
+    """The installed Node's version, () when there is none (asked once per process)."""
+    import subprocess
+
+    node = shutil.which("node") or shutil.which("nodejs")
+    if not node:
+        return ()
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(
+            [node, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+        parts = re.findall(r"\d+", out.stdout)[:3]
+        return tuple(int(p) for p in parts)
+    return ()
 
 
-def _node_version() -> str:
-    if not _node_version_cache:
-        import subprocess
-
-        node = shutil.which("node") or shutil.which("nodejs")
-        version = "none"
-        if node:
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                out = subprocess.run(
-                    [node, "--version"], capture_output=True, text=True, timeout=10, check=False
-                )
-                version = out.stdout.strip() or "unknown"
-        # the major version decides binary compatibility of node_modules
-        _node_version_cache.append("node-" + version.lstrip("v").split(".")[0])
-    return _node_version_cache[0]
+def node_has_register() -> bool:
+    """Whether ``node --import`` and ``module.register`` exist (Node 18.19+, 20.6+)."""
+    v = _node_version()
+    return v >= (20, 6) or (18, 19) <= v < (19,)
 
 
 def _hash(kind: Kind, parts: list[bytes]) -> str:

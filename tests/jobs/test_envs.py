@@ -263,6 +263,46 @@ async def test_node_skill_with_lockfile(ex: Executor, envs_root: Path) -> None:
 
 
 @network
+async def test_node_esm_skills_import_their_packages(ex: Executor, envs_root: Path) -> None:
+    """ES modules ignore NODE_PATH: "type": "module" (static import in a local module, and
+    dynamic import) and a .mjs script both resolve the cached node_modules, with nothing
+    written into the skill's folder."""
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed")
+    before = {p.name for p in (MARKET / "node_esm").rglob("*")}
+    out = await ex.execute("node_esm", {"n": 7}, dict(CTX))
+    assert out.status == "succeeded", out.result
+    assert out.result["message"] == "7 is odd" and out.result["odd"] is True
+    assert {p.name for p in (MARKET / "node_esm").rglob("*")} == before
+    assert list(envs_root.glob("node-*/node_modules/is-odd/package.json"))
+    mjs = await ex.execute("node_mjs", {"value": "x1"}, dict(CTX))
+    assert mjs.status == "succeeded", mjs.result
+    assert mjs.result["is_number"] is False
+    # the .mjs skill declares what the CommonJS node_lock declares: one environment for both
+    assert (await ex.execute("node_lock", {"value": "3"}, dict(CTX))).result["is_number"] is True
+    with_is_number = list(envs_root.glob("node-*/node_modules/is-number/package.json"))
+    assert len(with_is_number) == 2  # that one, and node_esm's (is-odd needs is-number)
+
+
+@network
+async def test_node_esm_undeclared_package_is_config(ex: Executor, tmp_path: Path) -> None:
+    """An ES module importing a package its lockfile does not have fails as config, naming it."""
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed")
+    folder = copy_skill("node_mjs", tmp_path / "skills", "node_mjs_undeclared")
+    (folder / "main.mjs").write_text(
+        'import leftPad from "left-pad";\nconsole.log(leftPad(1, 3));\n'
+    )
+    e = executor(tmp_path, load_registry([tmp_path / "skills"]), ex.envs.root)
+    try:
+        out = await e.execute("node_mjs_undeclared", {}, dict(CTX))
+    finally:
+        await e.aclose()
+    assert out.status == "failed" and out.result["error_type"] == "config", out.result
+    assert out.result["missing_module"] == "left-pad" and out.result["non_retriable"] is True
+
+
+@network
 def test_cli_prepare_list_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 

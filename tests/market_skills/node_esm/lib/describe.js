@@ -1,0 +1,5 @@
+import isOdd from "is-odd";
+
+export function describe(n) {
+  return `${n} is ${isOdd(n) ? "odd" : "even"}`;
+}
