@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dashboard import limit_metrics, queries
+from dashboard import latency, limit_metrics, queries
 from jobs.queue import incidents
 
 METRICS_WINDOW_S = 3600.0
@@ -86,6 +86,8 @@ class SnapshotCollector(Collector):
             hist.add_metric([skill, window], cumulative, sum_value=acc[1] / 1000.0)
         yield fin
         yield hist
+        if "latency" in snap:
+            yield from latency.families(snap["latency"], window)
 
         dl = GaugeMetricFamily(
             "skilljobs_deliveries",
@@ -172,7 +174,9 @@ class Metrics:
         limits: Mapping[str, int] | None = None,
     ) -> bytes:
         async with sessionmaker() as session:
-            snap = await queries.metrics_snapshot(session, time.time(), window)
+            now = time.time()
+            snap = await queries.metrics_snapshot(session, now, window)
+            snap["latency"] = await latency.snapshot(session, now - window)
             if limits:
                 snap["limits"] = await limit_metrics.snapshot(session, limits)
         snap["incidents"] = await incidents.open_incidents(sessionmaker)

@@ -1,0 +1,155 @@
+"""``/metrics`` latency histograms: queue wait per skill and delivery latency per channel,
+from the recorded timestamps — seeded rows on both backends, and real worker processes
+delivering to the fake Telegram server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
+
+from dashboard.app import create_app
+from jobs.models import Delivery, Job
+from jobs.services import Services
+from tests.helpers.dashboard import TOKEN, seed_job, seed_rows
+from tests.helpers.jobs import dispatch, wait_status
+from tests.helpers.settings import FAKE_SKILLS, make_settings
+from tests.helpers.workers import WorkerProcess
+
+WAIT = "skilljobs_job_queue_wait_seconds"
+LATENCY = "skilljobs_delivery_latency_seconds"
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _get(samples: dict, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted({"window": "3600s", **labels}.items())))]
+
+
+async def test_histograms_match_the_seeded_timestamps(client: httpx.AsyncClient, services) -> None:
+    now = time.time()
+    for wait in (0.02, 0.3, 4.0):
+        await seed_job(
+            services,
+            skill="a",
+            created_at=now - 100,
+            started_at=now - 100 + wait,
+            finished_at=now - 50,
+        )
+    # a worker clock a little behind the dispatcher's: counted as no wait, not negative
+    await seed_job(
+        services, skill="b", created_at=now - 100, started_at=now - 100.5, finished_at=now - 50
+    )
+    # finished before the window: not counted
+    await seed_job(services, skill="a", created_at=now - 9000, finished_at=now - 8000)
+    # queued, never started: no wait yet
+    await seed_job(services, skill="a", status="queued", created_at=now - 30)
+
+    def sent(key: str, took: float, **kw: object) -> Delivery:
+        values: dict[str, object] = {
+            "ledger_key": key,
+            "recipient": "telegram:1",
+            "channel": "telegram",
+            "status": "sent",
+            "created_at": now - 60,
+            "sent_at": now - 60 + took,
+        }
+        values.update(kw)
+        return Delivery(**values)
+
+    await seed_rows(
+        services,
+        sent("d1", 0.2),
+        sent("d2", 1.5),
+        sent("d3", 20.0),
+        sent("w1", 0.0, recipient="web:s1", channel="web"),
+        sent("d4", 3000.0, generation=1),  # an operator's resend days later is not latency
+        sent("d5", 2.0, status="failed"),
+        sent("d6", 2.0, created_at=now - 9000, sent_at=now - 8990),  # before the window
+    )
+    s = _samples((await client.get("/metrics")).text)
+
+    assert _get(s, f"{WAIT}_count", skill="a") == 3
+    assert abs(_get(s, f"{WAIT}_sum", skill="a") - 4.32) < 1e-6
+    assert _get(s, f"{WAIT}_bucket", skill="a", le="0.01") == 0
+    assert _get(s, f"{WAIT}_bucket", skill="a", le="0.05") == 1
+    assert _get(s, f"{WAIT}_bucket", skill="a", le="0.5") == 2
+    assert _get(s, f"{WAIT}_bucket", skill="a", le="5.0") == 3
+    assert _get(s, f"{WAIT}_bucket", skill="a", le="+Inf") == 3
+    assert _get(s, f"{WAIT}_count", skill="b") == 1 and _get(s, f"{WAIT}_sum", skill="b") == 0
+
+    assert _get(s, f"{LATENCY}_count", channel="telegram") == 3
+    assert abs(_get(s, f"{LATENCY}_sum", channel="telegram") - 21.7) < 1e-6
+    assert _get(s, f"{LATENCY}_bucket", channel="telegram", le="0.25") == 1
+    assert _get(s, f"{LATENCY}_bucket", channel="telegram", le="2.5") == 2
+    assert _get(s, f"{LATENCY}_bucket", channel="telegram", le="30.0") == 3
+    assert _get(s, f"{LATENCY}_count", channel="web") == 1
+
+
+async def test_empty_database_has_the_families_and_no_series(client: httpx.AsyncClient) -> None:
+    families = {
+        f.name: f for f in text_string_to_metric_families((await client.get("/metrics")).text)
+    }
+    assert families[WAIT].type == "histogram" and families[WAIT].samples == []
+    assert families[LATENCY].type == "histogram" and families[LATENCY].samples == []
+
+
+@pytest.mark.slow
+async def test_real_workers_dispatch_and_deliveries(
+    tmp_path, pg_url, redis_server_url, redis_prefix, tg
+) -> None:
+    """Jobs dispatched here, run and delivered by two worker processes: the histograms
+    count every job and every sent item, with the sums of the rows' own timestamps."""
+    settings = make_settings(
+        tmp_path,
+        redis_url=redis_server_url,
+        prefix=redis_prefix,
+        database_url=pg_url,
+        skills_path=str(FAKE_SKILLS),
+        api_token=TOKEN,
+        telegram_bot_token=tg.token,
+        telegram_api_base=tg.url,
+    )
+    env = {"SKILLJOBS_TELEGRAM_BOT_TOKEN": tg.token, "SKILLJOBS_TELEGRAM_API_BASE": tg.url}
+    svc = await Services.open(settings)
+    workers = [WorkerProcess(settings, tmp_path / f"w{i}.log", **env) for i in range(2)]
+    try:
+        ctx = {"channel": "telegram", "actor_key": "1001", "role_id": "r1", "session_id": "s-m"}
+        ids = await asyncio.gather(
+            *(dispatch(svc, "bg_report", {"message": f"report {i}"}, ctx) for i in range(6))
+        )
+        for job_id in ids:
+            job = await wait_status(svc, job_id, {"succeeded", "failed"}, limit=90)
+            assert job.status == "succeeded", job.error
+        async with svc.sessionmaker() as s:
+            jobs = (await s.scalars(select(Job).where(Job.id.in_(ids)))).all()
+            sent = (await s.scalars(select(Delivery).where(Delivery.status == "sent"))).all()
+        assert len(sent) >= len(ids) and len(tg.sent) == len(sent)
+        app = create_app(settings, services=svc)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://127.0.0.1",
+            headers={"authorization": f"Bearer {TOKEN}"},
+        ) as client:
+            s = _samples((await client.get("/metrics")).text)
+        waits = [max(0.0, j.started_at - j.created_at) for j in jobs]
+        assert _get(s, f"{WAIT}_count", skill="bg_report") == len(ids)
+        assert abs(_get(s, f"{WAIT}_sum", skill="bg_report") - sum(waits)) < 1e-6
+        took = [max(0.0, d.sent_at - d.created_at) for d in sent]
+        assert _get(s, f"{LATENCY}_count", channel="telegram") == len(sent)
+        assert abs(_get(s, f"{LATENCY}_sum", channel="telegram") - sum(took)) < 1e-6
+        assert _get(s, f"{LATENCY}_bucket", channel="telegram", le="+Inf") == len(sent)
+    finally:
+        for w in workers:
+            w.stop()
+        await svc.close()
