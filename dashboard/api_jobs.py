@@ -116,6 +116,7 @@ def job_dict(
     attempts: list[JobAttempt] | None = None,
     box: Any = None,
 ) -> dict[str, Any]:
+    ctx = job.context if isinstance(job.context, dict) else {}
     out: dict[str, Any] = {
         "id": job.id,
         "skill": job.skill,
@@ -140,6 +141,8 @@ def job_dict(
             "actor_key": job.actor_key,
             "role_id": job.role_id,
             "org_id": job.org_id,
+            # the conversation and message the request came from, when the context named them
+            **{k: str(ctx[k]) for k in ("conversation_id", "message_id") if ctx.get(k)},
         },
         "artifacts": [artifact_dict(a) for a in artifacts],
         "deliveries": [delivery_dict(d) for d in deliveries],

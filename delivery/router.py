@@ -2,7 +2,9 @@
 
 Recipients come from the job's stored origin, never from whoever is talking now: web,
 web_admin and ``orgdeleg:`` sessions get a message on their chat session (stored + pushed
-live); third-party channels get it at the job's ``actor_key``.
+live); third-party channels get it in the group conversation the request came from (the
+dispatch context's ``conversation_id``, answering its ``message_id``), else at the job's
+``actor_key``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from delivery.ledger import (
     record_receipts,
 )
 from delivery.render import TEXT_CAP, directives, failure_text, render
-from jobs.context import job_segment, results_dir
+from jobs.context import group_conversation, job_segment, results_dir
 from jobs.envelope import is_failure
 from jobs.media import media_kind
 from jobs.models import JobRow
@@ -46,8 +48,9 @@ __all__ = ["TEXT_CAP", "Item", "Origin", "deliver_result", "failure_text", "orig
 @dataclass(frozen=True)
 class Origin:
     channel: str  # adapter name: web / telegram / feishu / wecom / dingtalk
-    contact: str
+    contact: str  # ``chat:<id>`` for a group conversation (delivery.channels.limits)
     error: str | None = None
+    reply_to: str | None = None  # the message that asked, answered where the API can
 
     @property
     def recipient(self) -> str:
@@ -71,6 +74,11 @@ def origin_of(job: JobRow) -> Origin:
         return Origin("web", job.session_id)
     if not channel:
         return Origin("unknown", job.actor_key or "", "the job has no origin channel")
+    ctx = job.context if isinstance(job.context, dict) else {}
+    group = group_conversation({**ctx, "actor_key": job.actor_key})
+    if group:
+        reply = str(ctx.get("message_id") or "").strip() or None
+        return Origin(channel, f"chat:{group}", reply_to=reply)
     if not job.actor_key:
         return Origin(channel, "", f"no {channel} recipient: the job has no actor_key")
     return Origin(channel, job.actor_key)
@@ -197,7 +205,7 @@ async def deliver_result(
     out: list[dict[str, Any]] = []
     lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
     items = plan(result, artifacts, adapter, skill=job.skill, lang=lang)
-    reply = _apply_directives(result, job, adapter, items)
+    reply = _apply_directives(result, job, adapter, items) or origin.reply_to
     try:
         if isinstance(adapter, WebChannel):
             items, out = await _deliver_web(adapter, origin, items, workspace, common, job.id)

@@ -83,9 +83,23 @@ CALL_PASS_BASE: tuple[str, ...] = (
 )
 CALL_PASS_KEYS: tuple[str, ...] = CALL_PASS_BASE + ACTOR_KEYS + EXTRA_KEYS
 
+# Where in the chat platform a request came from, beyond the person: the conversation
+# (a group chat or thread id), its kind when the chat layer says it, and the message that
+# asked. A background job keeps them, so its result goes back to that conversation.
+ORIGIN_KEYS: tuple[str, ...] = ("conversation_id", "conversation_type", "message_id")
+
 # Platform keys: never taken from configs, never treated as secrets by name.
 PLATFORM_KEYS: frozenset[str] = frozenset(
-    {*CALL_PASS_BASE, "skill_configs", "skill_args", "db", "provider", "call_skill", "request"}
+    {
+        *CALL_PASS_BASE,
+        *ORIGIN_KEYS,
+        "skill_configs",
+        "skill_args",
+        "db",
+        "provider",
+        "call_skill",
+        "request",
+    }
 )
 VOCABULARY: frozenset[str] = frozenset(FIXED_SEGMENT) | PLATFORM_KEYS
 
@@ -242,7 +256,29 @@ def background_context(
     )
     if _str(origin.get("locale")):
         ctx["locale"] = _str(origin.get("locale"))  # the language of what the job says (C14)
+    for key in ORIGIN_KEYS:  # where the result goes back to (delivery.router.origin_of)
+        if _str(origin.get(key)).strip():
+            ctx[key] = _str(origin.get(key)).strip()
     return ctx
+
+
+# ``conversation_type`` values that mean a one-to-one chat (Feishu ``p2p``, Telegram
+# ``private``, DingTalk ``1``…): its ``conversation_id`` is the person's own chat.
+DIRECT_CONVERSATIONS = frozenset({"p2p", "private", "single", "direct", "user", "1"})
+
+
+def group_conversation(ctx: Mapping[str, Any]) -> str:
+    """The group conversation a context names (``conversation_id`` without a ``chat:``
+    prefix), or "" when it names none: no id, a one-to-one ``conversation_type``, or the
+    person's own id (a Telegram private chat's id is the user's)."""
+    conv = _str(ctx.get("conversation_id")).strip()
+    if conv[:5].lower() == "chat:":
+        conv = conv[5:].strip()
+    if not conv or conv == _str(ctx.get("actor_key")).strip():
+        return ""
+    if _str(ctx.get("conversation_type")).strip().lower() in DIRECT_CONVERSATIONS:
+        return ""
+    return conv
 
 
 def workspace_dir(
