@@ -121,6 +121,10 @@ def job_dict(
         "id": job.id,
         "skill": job.skill,
         "status": job.status,
+        # what a running job does before its skill runs ("preparing environment"), or None
+        "phase": (phase := job.current_phase()) and phase["name"],
+        "phase_detail": phase and phase["detail"],
+        "phase_since": phase and phase["since"],
         "attempts": job.attempts,
         "created_at": job.created_at,
         "queued_at": job.queued_at,

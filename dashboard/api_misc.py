@@ -295,12 +295,16 @@ async def _stored_job_event(svc: Services, raw: Any) -> dict[str, Any] | None:
     job = await get_job(svc.sessionmaker, event["id"])
     if job is None:
         return None
-    return {"id": job.id, "status": job.status, "skill": job.skill}
+    out = {"id": job.id, "status": job.status, "skill": job.skill}
+    if (phase := job.current_phase()) is not None:
+        out["phase"] = phase["name"]  # preparing environment
+    return out
 
 
 @stream_router.get("/events")
 async def job_events(request: Request) -> StreamingResponse:
-    """Job status changes as ``event: job`` with ``{"id", "status", "skill"}``."""
+    """Job status changes as ``event: job`` with ``{"id", "status", "skill"}`` (and
+    ``"phase"`` while a running job prepares its environment)."""
     svc = services_of(request)
     if svc.redis is None:
         raise ApiError(503, "no Redis connection: live events are unavailable", "transient")

@@ -180,6 +180,9 @@ class Job(Base):
     lease_token: Mapped[int] = mapped_column(Integer, default=0)
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # What the running attempt does before its skill runs: {"name": "preparing environment",
+    # "detail", "token", "since"} (``store.set_phase``); read it through ``current_phase``.
+    phase: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
     created_at: Mapped[float] = mapped_column(Float, default=now)
     queued_at: Mapped[float] = mapped_column(Float, default=now)
@@ -187,6 +190,14 @@ class Job(Base):
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     duration_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     updated_at: Mapped[float] = mapped_column(Float, default=now)
+
+    def current_phase(self) -> dict[str, Any] | None:
+        """``{"name", "detail", "since"}`` of the running attempt, or None (finished, queued,
+        or a phase an earlier attempt left behind)."""
+        p = self.phase
+        if self.status != RUNNING or not isinstance(p, dict) or p.get("token") != self.lease_token:
+            return None
+        return {"name": p.get("name"), "detail": p.get("detail") or "", "since": p.get("since")}
 
 
 class JobRow(Protocol):

@@ -112,6 +112,11 @@ function statusBadge(status) {
     status || "–");
 }
 
+// What a running job does before its skill runs ("preparing environment"), next to its status.
+function phaseNote(job) {
+  return job.phase ? [" ", el("span", { class: "phase", title: job.phase_detail || "" }, job.phase)] : [];
+}
+
 function pretty(value) {
   if (value === null || value === undefined) return "–";
   if (typeof value === "string") return value;
@@ -329,7 +334,7 @@ function onJobEvent(data) {
   const row = document.querySelector(`#jobs tbody tr[data-job-id="${CSS.escape(data.id)}"]`);
   if (row && data.status) {
     const cell = row.querySelector("td.status");
-    clear(cell).append(statusBadge(data.status));
+    clear(cell).append(statusBadge(data.status), ...phaseNote(data));
   }
   if (state.page === "jobs") {
     // A new job shows up on the first page; a known one gets its full row refreshed.
@@ -539,7 +544,7 @@ function jobRow(j) {
     onclick: (e) => { if (e.target.tagName !== "A") navigate(href); } },
   el("td", {}, fmtTime(j.created_at)),
   el("td", {}, el("a", { href, class: "mono" }, j.id.slice(0, 12))),
-  el("td", {}, j.skill), el("td", { class: "status" }, statusBadge(j.status),
+  el("td", {}, j.skill), el("td", { class: "status" }, statusBadge(j.status), ...phaseNote(j),
     j.partial ? [" ", el("span", { class: "badge st-partial" }, "partial")] : ""),
   el("td", {}, j.attempts), el("td", {}, j.origin.channel || "–"),
   el("td", {}, j.origin.role_id || "–"), el("td", {}, fmtMs(j.duration_ms)));
@@ -621,7 +626,7 @@ async function openDetail(jobId) {
   panel.hidden = false;
   panel.dataset.jobId = job.id;
   panel.dataset.status = job.status;
-  clear($("#detail-title")).append(job.skill, " ", statusBadge(job.status),
+  clear($("#detail-title")).append(job.skill, " ", statusBadge(job.status), ...phaseNote(job),
     ...(job.partial ? [" ", el("span", { class: "badge st-partial" }, "partial")] : []));
   $("#detail-link").setAttribute("href", address("jobs", job.id));
   $("#detail-link").textContent = `#/jobs/${job.id.slice(0, 8)}…`;

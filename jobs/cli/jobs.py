@@ -122,6 +122,10 @@ def _print_job(svc: Any, job: Any) -> None:
     from jobs.envelope import is_partial
 
     console.print(f"[bold]{job.id}[/]  {job.skill}  [bold]{job.status}[/]  attempts={job.attempts}")
+    phase = job.current_phase()
+    if phase is not None:  # e.g. preparing environment (requirements.txt) since 12:01:02
+        detail = f" ({phase['detail']})" if phase["detail"] else ""
+        console.print(f"phase: [yellow]{phase['name']}[/]{detail} since {_ts(phase['since'])}")
     console.print(
         f"origin: channel={job.channel or '-'} session={job.session_id or '-'} "
         f"actor_key={job.actor_key or '-'} role={job.role_id or '-'}"

@@ -33,10 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from jobs import phases
 from jobs.envelope import failure
 from jobs.skill import ExecType, Skill
 
 __all__ = [
+    "PREPARING",
     "BuildFailed",
     "EnvManager",
     "EnvSpec",
@@ -48,6 +50,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CREATE_VENV = "creating the virtual environment"
+PREPARING = "preparing environment"  # the job's phase while its environment is built
 READY = ".ready"  # written last: an environment without it is incomplete
 DEFAULT_TIMEOUT_SEC = 600.0
 MAX_KEY_LINE = 300
@@ -396,14 +399,19 @@ class EnvManager:
         self._ready.discard(self.path_of(spec))
 
     async def prepare(self, skill: Skill) -> Prepared | None:
-        """The skill's environment, built first if missing (off the event loop)."""
+        """The skill's environment, built first if missing (off the event loop); a job's
+        run shows ``preparing environment`` meanwhile (:mod:`jobs.phases`)."""
         spec = spec_for(skill)
         if spec is None:
             return None
         if not self.is_ready(spec):
-            log.info("skill %s: preparing environment (%s)", skill.name, spec.source)
+            log.info("skill %s: %s (%s)", skill.name, PREPARING, spec.source)
             t0 = time.monotonic()
-            await asyncio.to_thread(self.build, spec)
+            await phases.report(PREPARING, spec.source)
+            try:
+                await asyncio.to_thread(self.build, spec)
+            finally:
+                await phases.report(None, "")
             log.info("skill %s: environment ready in %.1f s", skill.name, time.monotonic() - t0)
         return Prepared(spec, self.path_of(spec))
 

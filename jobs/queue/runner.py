@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
-from jobs import sendscope
+from jobs import phases, sendscope
 from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS
 from jobs.db import DB_UNAVAILABLE
@@ -232,6 +232,7 @@ class JobRunner:
         self.scopes[job_id] = begin_run(svc.settings, job, ctx)
         # skill-initiated sends of this run are ledgered under the job (jobs.sendscope)
         run = self.executor.execute(job.skill, input_data, ctx)
+        run = phases.reporting(self._phase_reporter(job, token), run)  # preparing environment
         task = asyncio.create_task(sendscope.run_in(job_id, f"{self.worker_id}#{token}", run))
         self.inner[job_id] = task
         # Published while the skill starts, not before: the event is for people watching.
@@ -447,6 +448,15 @@ class JobRunner:
             with contextlib.suppress(Exception):
                 await self._enqueue(job.id, new, job=job)
                 self.event(job.id, "queued", job.skill)
+
+    def _phase_reporter(self, job: JobRow, token: int) -> phases.Reporter:
+        """Records what the run does before its skill runs, on the row (fenced) and live."""
+
+        async def report(name: str | None, detail: str) -> None:
+            await store.set_phase(self.svc.sessionmaker, job.id, token, name, detail)
+            self.event(job.id, "running", job.skill)
+
+        return report
 
     def event(self, job_id: str, status: str, skill: str) -> None:
         """Tell live dashboards (best effort: the row is the record)."""

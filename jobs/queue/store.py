@@ -283,6 +283,26 @@ async def holds_lease(sm: Sessions, job_id: str, token: int) -> bool:
         return found is not None
 
 
+async def set_phase(
+    sm: Sessions, job_id: str, token: int, name: str | None, detail: str = ""
+) -> bool:
+    """What the running attempt holding ``token`` is doing before the skill itself runs
+    (``preparing environment``), or None when that is over. Fenced like every attempt write;
+    the token is kept with it, so a phase left by a dead attempt is never shown for the next."""
+    phase = (
+        None
+        if name is None
+        else {"name": name, "detail": detail, "token": token, "since": time.time()}
+    )
+    async with sm() as s, s.begin():
+        res = await s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.lease_token == token, Job.status == RUNNING)
+            .values(phase=phase)
+        )
+        return bool(getattr(res, "rowcount", 0))
+
+
 @dataclass
 class Outcome:
     """The final record of one attempt, for :func:`finish_many`."""
