@@ -32,6 +32,7 @@ from delivery.channels.base import (
     DeliveryTransientError,
     with_retries,
 )
+from delivery.channels.limits import parse_target
 from delivery.ledger import deliver_once, ledger_key
 from delivery.render import strip_directives
 from jobs import sendscope
@@ -56,11 +57,23 @@ class Sender:
     session_id: str = ""
     direct: bool = False
     allow: tuple[str, ...] = ()
+    #: the group conversation the caller is talking in (``jobs.context.group_conversation``)
+    conversation_id: str = ""
 
     def own(self, channel: str, contact: str) -> bool:
+        """Whether ``channel:contact`` is the caller's own chat: their web session, their
+        own id on their channel, or the group they are talking in — whatever message a
+        ``#<message id>`` anchor answers there."""
+        place = parse_target(contact)
         if channel in WEB:
-            return bool(self.session_id) and contact == self.session_id
-        return channel == self.channel.strip().lower() and contact == self.actor_key != ""
+            return bool(self.session_id) and place.id == self.session_id
+        if channel != self.channel.strip().lower() or not place.id:
+            return False
+        if self.conversation_id and place.id == self.conversation_id:
+            return True  # ``chat:<id>`` or the platform's own form of the group id
+        # a Telegram private chat's id is the user's id: ``chat:<user id>`` is the same chat
+        person = not place.chat or channel == "telegram"
+        return person and place.id == self.actor_key != ""
 
     def reason_refused(self, channel: str, contact: str) -> str | None:
         """Why a direct send may not reach ``channel:contact`` (None: it may)."""
@@ -142,6 +155,8 @@ def parse_recipients(
         else:
             bad.append({"target": repr(item), "error": "a recipient must be a string or an object"})
             continue
+        if ch in WEB:  # a chat session has no replies: an anchor names nothing there
+            contact = contact.partition("#")[0].strip()
         if not ch:
             bad.append(
                 {

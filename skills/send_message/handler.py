@@ -69,7 +69,10 @@ def _sender(ctx: dict[str, Any], settings: Any) -> Any:
         allow = tuple(settings.send_allow_map.get(role, ()))
     except ValueError:
         allow = ()  # a malformed setting allows nothing more
+    from jobs.context import group_conversation
+
     return Sender(
+        conversation_id=group_conversation(ctx),
         role_id=role,
         org_id=str(ctx.get("org_id") or ""),
         channel=str(ctx.get("channel") or ""),

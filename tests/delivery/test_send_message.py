@@ -250,3 +250,78 @@ async def test_skills_reachable_through_call_skill(
     assert out["notify"]["ok"] is True, out
     assert tg.sent[0]["text"] == "ticket 3 fixed"
     assert sink.calls("/ops")[0].json["title"] == "relay"
+
+
+async def test_own_chat_with_a_message_anchor_is_the_callers_and_replies(channels, tg, fs):
+    """From the chat line, ``<contact>#<message id>`` in the caller's own chat (their id or
+    the group they talk in) is their own chat, and answers that message; the anchor does not
+    open any other chat."""
+    from delivery.send_message import Sender
+
+    me = Sender(role_id="r1", org_id="o1", channel="telegram", actor_key="1001", direct=True)
+    asked = tg.receive("1001")
+    r = await send_message(channels, to=f"telegram:1001#{asked}", text="yes", sender=me)
+    assert r["ok"] and r["sent"] == [f"telegram:1001#{asked}"], r
+    assert (tg.sent[-1]["chat_id"], tg.sent[-1]["reply_to"]) == ("1001", asked)
+    r = await send_message(channels, to=f"telegram:1002#{asked}", text="no", sender=me)
+    assert r["sent"] == [] and "only your own chat" in r["failed"][0]["error"]
+
+    # in a group: the group (in any of its forms, with an anchor) is the caller's chat too
+    group = "-1001234567890"
+    in_group = Sender(
+        role_id="r1",
+        org_id="o1",
+        channel="telegram",
+        actor_key="1001",
+        direct=True,
+        conversation_id=group,
+    )
+    asked = tg.receive(group)
+    to = [f"telegram:chat:{group}#{asked}", f"telegram:{group}", "telegram:-1009#1"]
+    r = await send_message(channels, to=to, text="for the group", sender=in_group)
+    assert r["sent"] == to[:2] and r["failed"][0]["target"] == "telegram:-1009#1"
+    assert sorted((m["chat_id"], m.get("reply_to") or 0) for m in tg.sent[-2:]) == [
+        (group, 0),
+        (group, asked),
+    ]
+
+    feishu_me = Sender(channel="feishu", actor_key="ou_a", direct=True, conversation_id="oc_group1")
+    asked_fs = fs.receive("oc_group1")
+    r = await send_message(
+        channels,
+        to=["feishu:ou_a#om_nope", f"feishu:chat:oc_group1#{asked_fs}", "feishu:chat:ou_a"],
+        text="answer",
+        sender=feishu_me,
+    )
+    assert r["sent"] == ["feishu:ou_a#om_nope", f"feishu:chat:oc_group1#{asked_fs}"], r
+    assert r["failed"][0]["target"] == "feishu:chat:ou_a"  # not a chat of the caller's
+    assert sorted((m["receive_id"], m.get("reply_to") or "") for m in fs.sent) == [
+        ("oc_group1", asked_fs),
+        ("ou_a", ""),  # om_nope is gone: said in the chat instead
+    ]
+
+
+async def test_send_message_skill_from_a_group_reaches_that_group(
+    repo_root, monkeypatch, tg, sessionmaker, tmp_path
+) -> None:
+    monkeypatch.setenv("SKILLJOBS_TELEGRAM_BOT_TOKEN", tg.token)
+    monkeypatch.setenv("SKILLJOBS_TELEGRAM_API_BASE", tg.url)
+    monkeypatch.setenv("SKILLJOBS_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("SKILLJOBS_REDIS_URL", raising=False)
+    handler = load_handler(repo_root, "send_message")
+    group = "-1001234567890"
+    asked = tg.receive(group)
+    ctx = {  # the chat line's own call (direct), in a group conversation
+        "channel": "telegram",
+        "actor_key": "1001",
+        "role_id": "r1",
+        "conversation_id": group,
+        "message_id": str(asked),
+        "db_factory": sessionmaker,
+        "chat_mode": True,
+    }
+    r = await handler.execute({"to": f"telegram:{group}#{asked}", "message": "done"}, ctx)
+    assert r["ok"], r
+    assert (tg.sent[-1]["chat_id"], tg.sent[-1]["reply_to"]) == (group, asked)
+    r = await handler.execute({"to": "telegram:-1009", "message": "elsewhere"}, ctx)
+    assert r["ok"] is False and "only your own chat" in r["error"]
