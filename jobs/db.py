@@ -197,6 +197,18 @@ def is_sqlite(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
+def insert_new(sm: async_sessionmaker[AsyncSession], model: Any) -> Any:
+    """``INSERT … ON CONFLICT DO NOTHING`` on ``model`` in the dialect of ``sm``'s engine:
+    a row that already exists is left alone and counted as 0 rows, without an error."""
+    if is_sqlite(engine_of(sm)):
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(model).on_conflict_do_nothing()
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+    return pg_insert(model).on_conflict_do_nothing()
+
+
 class LazySession:
     """An ``AsyncSession`` look-alike that opens a real session only when first used.
 

@@ -17,10 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import delete, exists, select, text, update
 
-from jobs.db import Sessions
+from jobs.db import Sessions, engine_of, insert_new, is_sqlite
 from jobs.models import DispatchKey, Job
 
 WINDOW_SEC = 24 * 3600.0
@@ -53,14 +52,27 @@ def key_problem(key: object) -> str | None:
 
 
 async def _insert(sm: Sessions, key: str, digest: str, job_id: str, now: float) -> bool:
+    """Claim a new key: one statement, no error when the key exists (False then)."""
+    stmt = insert_new(sm, DispatchKey).values(
+        key=key, job_id=job_id, request_hash=digest, created_at=now
+    )
     async with sm() as s:
-        s.add(DispatchKey(key=key, job_id=job_id, request_hash=digest, created_at=now))
-        try:
-            await s.commit()
-        except IntegrityError:
-            await s.rollback()
-            return False
-    return True
+        if not is_sqlite(engine_of(sm)):
+            # No wait for the WAL flush: the claim becomes durable with the job's own
+            # commit (which flushes all WAL before it); a claim lost in a crash before
+            # that names no job, and a retry takes the key again.
+            await s.execute(text("SET LOCAL synchronous_commit = off"))
+        res = await s.execute(stmt)
+        await s.commit()
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+async def _existing(sm: Sessions, key: str) -> tuple[DispatchKey | None, bool]:
+    """The key's row and whether the job it names is recorded, in one round trip."""
+    recorded = exists().where(Job.id == DispatchKey.job_id)
+    async with sm() as s:
+        row = (await s.execute(select(DispatchKey, recorded).where(DispatchKey.key == key))).first()
+    return (None, False) if row is None else (row[0], bool(row[1]))
 
 
 async def _take_over(sm: Sessions, row: DispatchKey, digest: str, job_id: str, now: float) -> bool:
@@ -100,11 +112,12 @@ async def claim(
         stamp = time.time() if now is None else now
         if await _insert(sm, key, digest, job_id, stamp):
             return Claim(job_id, new=True)
-        async with sm() as s:
-            row = await s.get(DispatchKey, key)
+        row, recorded = await _existing(sm, key)
         if row is None:
             continue  # pruned meanwhile: insert again
-        if row.created_at < stamp - WINDOW_SEC or not await _recorded(sm, row.job_id, record_wait):
+        if not recorded:  # its dispatch may still be recording it
+            recorded = await _recorded(sm, row.job_id, record_wait)
+        if row.created_at < stamp - WINDOW_SEC or not recorded:
             if await _take_over(sm, row, digest, job_id, stamp):
                 return Claim(job_id, new=True)
             continue
