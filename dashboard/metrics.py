@@ -14,7 +14,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -122,6 +127,7 @@ class SnapshotCollector(Collector):
             age.add_metric([wid], round(hb_age, 3))
         yield up
         yield age
+        yield from _stall_metrics(snap.get("stalls", []))
         pruned = GaugeMetricFamily(
             "skilljobs_pruned_total",
             "Rows and files deleted by retention passes so far (recorded in the audit trail).",
@@ -138,6 +144,25 @@ class SnapshotCollector(Collector):
             "Workers with a heartbeat newer than 30 s.",
             value=sum(1 for _, alive, _ in snap["workers"] if alive),
         )
+
+
+def _stall_metrics(stalls: list[tuple[str, int, float]]) -> Iterator[Metric]:
+    """The stall detector's figures per worker (jobs.queue.stall), from its heartbeats."""
+    count = CounterMetricFamily(
+        "skilljobs_worker_stalls",
+        "Times the worker's event loop was blocked past SKILLJOBS_WORKER_STALL_SEC.",
+        labels=["worker"],
+    )
+    longest = GaugeMetricFamily(
+        "skilljobs_worker_longest_stall_seconds",
+        "The longest event-loop block the worker's stall detector has seen.",
+        labels=["worker"],
+    )
+    for wid, n, seconds in stalls:
+        count.add_metric([wid], n)
+        longest.add_metric([wid], seconds)
+    yield count
+    yield longest
 
 
 def _incident_metrics(open_incidents: list[tuple[str, str, str, int]]) -> Iterator[Metric]:

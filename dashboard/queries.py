@@ -472,10 +472,13 @@ async def metrics_snapshot(session: AsyncSession, now: float, window: float) -> 
     ]
     workers = (
         await session.execute(
-            select(Worker.id, Worker.last_heartbeat).where(Worker.stopped_at.is_(None))
+            select(Worker.id, Worker.last_heartbeat, Worker.stalls, Worker.longest_stall_s).where(
+                Worker.stopped_at.is_(None)
+            )
         )
     ).all()
-    snap["workers"] = [(wid, now - hb <= WORKER_ALIVE_S, now - hb) for wid, hb in workers]
+    snap["workers"] = [(wid, now - hb <= WORKER_ALIVE_S, now - hb) for wid, hb, _, _ in workers]
+    snap["stalls"] = [(wid, int(n or 0), float(s or 0.0)) for wid, _, n, s in workers]
     passes = await session.scalars(
         select(OpsAction.details)
         .where(OpsAction.action == "prune")

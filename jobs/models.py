@@ -425,6 +425,10 @@ class Worker(Base):
     last_heartbeat: Mapped[float] = mapped_column(Float, default=now, index=True)
     running: Mapped[list[Any]] = mapped_column(JSONType, default=list)
     stopped_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The stall detector (jobs.queue.stall): event-loop blocks past the threshold so far,
+    # and the longest block seen, in seconds.
+    stalls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    longest_stall_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
 
 class OpsAction(Base):

@@ -574,6 +574,7 @@ class JobRunner:
             socket.gethostname(),
             os.getpid(),
             sorted(self.held),
+            stalls=(self.stall.stalls, round(self.stall.max_lag, 3)) if self.stall else None,
         )
 
     async def take_over_once(self) -> int:

@@ -4,7 +4,9 @@ A blocked event loop stops everything at once — heartbeats, lease renewals, de
 and from outside it looks like a dead worker. The loop stamps a tick every ``interval``;
 a thread checks the stamp, and when the loop has been blocked longer than ``threshold``
 it logs the stack of the code blocking it (once per stall) and counts the stall, so
-"stopped heartbeating" has a cause.
+"stopped heartbeating" has a cause. A block the thread could not see while it lasted
+(the whole process was stopped, SIGSTOP or a frozen VM: the thread stops too, and the
+loop may run first on resuming) is counted by the first tick after it, without a stack.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ log = logging.getLogger("skilljobs.stall")
 
 
 class StallWatch:
-    """Watch one event loop from a daemon thread. ``stalls`` and ``max_lag`` are the
-    metrics (published with the worker's heartbeat)."""
+    """Watch one event loop from a daemon thread. ``stalls`` (blocks past the threshold)
+    and ``max_lag`` (the longest block seen, seconds) are the metrics, written with the
+    worker's heartbeat."""
 
     def __init__(self, threshold: float = 3.0, interval: float = 0.25) -> None:
         self.threshold = threshold
@@ -29,6 +32,8 @@ class StallWatch:
         self.stalls = 0
         self.max_lag = 0.0
         self._last = time.monotonic()
+        self._reported = False  # the current block is counted already
+        self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._stop = threading.Event()
@@ -40,7 +45,7 @@ class StallWatch:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._last = time.monotonic()
-        self._tick()
+        self._handle = self._loop.call_later(self.interval, self._tick)
         self._thread = threading.Thread(target=self._watch, name="stall-watch", daemon=True)
         self._thread.start()
 
@@ -52,7 +57,23 @@ class StallWatch:
             self._thread.join(timeout=2)
 
     def _tick(self) -> None:
-        self._last = time.monotonic()
+        """On the loop: the block (if any) that delayed this tick is over."""
+        now = time.monotonic()
+        with self._lock:
+            lag = max(0.0, now - self._last - self.interval)
+            self.max_lag = max(self.max_lag, lag)
+            unseen = lag > self.threshold and not self._reported
+            if unseen:
+                self.stalls += 1
+            self._reported = False
+            self._last = now
+        if unseen:
+            log.warning(
+                "event loop blocked for %.1fs (stall %d), over before its stack could be "
+                "taken: the process was probably stopped (SIGSTOP, a frozen VM)",
+                lag,
+                self.stalls,
+            )
         assert self._loop is not None
         self._handle = self._loop.call_later(self.interval, self._tick)
 
@@ -61,24 +82,22 @@ class StallWatch:
         return max(0.0, time.monotonic() - self._last - self.interval)
 
     def _watch(self) -> None:
-        reported = False
         while not self._stop.wait(self.interval):
-            lag = self.lag()
-            self.max_lag = max(self.max_lag, lag)
-            if lag <= self.threshold:
-                reported = False
-                continue
-            if reported:
-                continue
-            reported = True
-            self.stalls += 1
+            with self._lock:
+                lag = self.lag()
+                self.max_lag = max(self.max_lag, lag)
+                if lag <= self.threshold or self._reported:
+                    continue
+                self._reported = True
+                self.stalls += 1
+                n = self.stalls
             frame = sys._current_frames().get(self._loop_thread)
             stack = "".join(traceback.format_stack(frame)) if frame is not None else "?"
             log.warning(
                 "event loop blocked for %.1fs (stall %d; the process may also have been "
                 "paused); the blocking code:\n%s",
                 lag,
-                self.stalls,
+                n,
                 stack,
             )
 

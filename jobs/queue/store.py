@@ -758,27 +758,37 @@ async def failed_job_ids(sm: Sessions, skill: str, limit: int = 10_000) -> list[
 
 
 async def worker_heartbeat(
-    sm: Sessions, worker_id: str, host: str, pid: int, running: list[str], *, stopped: bool = False
+    sm: Sessions,
+    worker_id: str,
+    host: str,
+    pid: int,
+    running: list[str],
+    *,
+    stopped: bool = False,
+    stalls: tuple[int, float] | None = None,
 ) -> None:
+    """The worker's row: its heartbeat, what it runs, and (``stalls``) the stall
+    detector's count and longest block in seconds."""
     now = time.time()
     async with sm() as s:
         w = await s.get(Worker, worker_id)
         if w is None:
-            s.add(
-                Worker(
-                    id=worker_id,
-                    host=host,
-                    pid=pid,
-                    started_at=now,
-                    last_heartbeat=now,
-                    running=running,
-                )
+            w = Worker(
+                id=worker_id,
+                host=host,
+                pid=pid,
+                started_at=now,
+                last_heartbeat=now,
+                running=running,
             )
+            s.add(w)
         else:
             w.last_heartbeat = now
             w.running = running
             if stopped:
                 w.stopped_at = now
+        if stalls is not None:
+            w.stalls, w.longest_stall_s = stalls
         await s.commit()
 
 

@@ -1,0 +1,85 @@
+"""The stall detector of a real worker process: an event loop blocked past the threshold
+(here: the whole process stopped with SIGSTOP) is logged with the blocking stack, counted,
+written with the worker's heartbeat and shown by ``/metrics`` — on PostgreSQL and SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
+
+from dashboard.app import create_app
+from jobs.models import Worker
+from jobs.services import Services
+from tests.helpers.settings import JOB_SKILLS, make_settings
+from tests.helpers.workers import WorkerProcess
+
+pytestmark = pytest.mark.slow
+
+
+async def _worker_row(svc: Services, pid: int, limit: float, want_stalls: int = 0) -> Worker:
+    """The worker's row once a heartbeat (not only its registration) wrote it: by then its
+    stall detector is watching."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        async with svc.sessionmaker() as s:
+            rows = (await s.scalars(select(Worker).where(Worker.pid == pid))).all()
+        for w in rows:
+            if w.last_heartbeat > w.started_at + 0.2 and w.stalls >= want_stalls:
+                return w
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no worker row of pid {pid} with {want_stalls} stall(s)")
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_a_stalled_worker_is_counted_and_shown_in_metrics(
+    tmp_path, database_url, redis_server_url, redis_prefix
+):
+    settings = make_settings(
+        tmp_path,
+        redis_url=redis_server_url,
+        prefix=redis_prefix,
+        database_url=database_url,
+        skills_path=str(JOB_SKILLS),
+        worker_heartbeat_sec=0.5,
+    )
+    svc = await Services.open(settings)
+    log = tmp_path / "worker.log"
+    worker = WorkerProcess(settings, log, SKILLJOBS_WORKER_STALL_SEC="1.0")
+    try:
+        row = await _worker_row(svc, worker.pid, limit=60)
+        assert row.stalls == 0
+        worker.signal(signal.SIGSTOP)
+        await asyncio.sleep(2.5)
+        worker.signal(signal.SIGCONT)
+        row = await _worker_row(svc, worker.pid, limit=30, want_stalls=1)
+        assert row.stalls == 1, log.read_text(errors="replace")[-3000:]
+        assert 2.0 <= row.longest_stall_s < 30.0
+        text = log.read_text(errors="replace")
+        assert "event loop blocked for" in text  # (with the stack when the watcher saw it)
+
+        app = create_app(settings, services=svc)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+        ) as client:
+            resp = await client.get("/metrics")
+        assert resp.status_code == 200
+        s = _samples(resp.text)
+        assert s[("skilljobs_worker_stalls_total", (("worker", row.id),))] == 1
+        longest = s[("skilljobs_worker_longest_stall_seconds", (("worker", row.id),))]
+        assert longest == pytest.approx(row.longest_stall_s, abs=1.0)
+    finally:
+        worker.stop()
+        await svc.close()
