@@ -2,11 +2,13 @@
 (``groupMessages/send``), with media uploaded through the legacy ``media/upload`` API.
 
 Rules (open platform docs "上传媒体文件", "企业机器人发送消息的消息类型", "机器人发送群聊消息"):
-uploads of images (jpg gif png bmp), voice (amr mp3 wav, 2 MB), video (mp4) and files (doc
-docx xls xlsx ppt pptx zip pdf rar), 20 MB each; ``msgParam`` at most 15,000 bytes.
-``sampleAudio`` needs the ``duration`` in milliseconds, ``sampleVideo`` the ``duration`` in
-seconds and a cover ``picMediaId`` — with ffprobe/ffmpeg absent those go as files. A file of
-another format is zipped (zip is a format DingTalk takes). ``chat:<id>`` or a ``cid…`` id is
+uploads of images (jpg gif png bmp, 20 MB), voice (amr mp3 wav, 2 MB), video (mp4, 20 MB)
+and files (doc docx xls xlsx ppt pptx zip pdf rar, 20 MB); ``msgParam`` at most 15,000
+bytes. Robot messages in a one-to-one chat carry images, voice and files; videos only go to
+groups (a video to a person goes as a file). ``sampleAudio`` needs the ``duration`` in
+milliseconds, ``sampleVideo`` the ``duration`` in seconds and a cover ``picMediaId`` — with
+ffprobe/ffmpeg absent those go as files. A file of another format is zipped (zip is a
+format DingTalk takes). ``chat:<id>`` or a ``cid…`` id is
 a group (``openConversationId``); the robot APIs have no replies, a ``reply_to`` is ignored.
 Both tokens live 2 hours; ``InvalidAuthentication`` (new API) and errcode 40014/42001
 (legacy) refresh them once.
@@ -72,9 +74,7 @@ class DingTalkChannel(LimitedChannel):
     supports_caption = False
     TEXT_LIMIT = MSG_PARAM_BYTES - len('{"content":""}')
     RULES = {
-        # The upload doc gives 20 MB; the figure for images is not confirmed by what we could
-        # read of it, so bigger pictures (over 10 MB) go as files rather than risk a refusal.
-        "image": rule(10, "jpg jpeg gif png bmp"),
+        "image": rule(20, "jpg jpeg gif png bmp"),
         "audio": rule(2, "amr mp3 wav"),
         "video": rule(20, "mp4"),
         "file": rule(20),  # other formats are zipped on the way
@@ -173,7 +173,7 @@ class DingTalkChannel(LimitedChannel):
     # --- robot messages (new API) -------------------------------------------------------
 
     async def _send(self, target: Target, msg_key: str, param: dict[str, Any]) -> str:
-        group = target.chat or target.id.startswith("cid")
+        group = _is_group(target)
         what = f"dingtalk {'groupMessages/send' if group else 'batchSend'} ({msg_key})"
         body: dict[str, Any] = {
             "robotCode": self._robot_code,
@@ -232,6 +232,8 @@ class DingTalkChannel(LimitedChannel):
         return await self._send_file(target, path)
 
     async def _send_video(self, target: Target, path: str) -> str:
+        if not _is_group(target):
+            raise DoesNotFit("DingTalk robot messages to a person carry no video (groups only)")
         info = await self.probe.info(path)
         cover = await self.probe.cover(path)
         if info is None or info.duration_s is None or cover is None:
@@ -261,6 +263,11 @@ class DingTalkChannel(LimitedChannel):
         return await self._send(
             target, "sampleFile", {"mediaId": media_id, "fileName": name, "fileType": ext}
         )
+
+
+def _is_group(target: Target) -> bool:
+    """A group conversation: ``chat:<id>``, or an ``openConversationId`` (``cid…``)."""
+    return target.chat or target.id.startswith("cid")
 
 
 def _zipped(path: str) -> bytes:

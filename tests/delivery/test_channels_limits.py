@@ -369,15 +369,25 @@ async def test_wecom_token_expiring_mid_batch_is_refreshed_once(wc, http):
 
 async def test_dingtalk_video_carries_duration_and_cover(dt, http, tmp_path):
     video = clip(tmp_path / "clip.mp4", seconds=3)
-    receipt = await dingtalk(http, dt).send_video("user001", video)
+    receipt = await dingtalk(http, dt).send_video(f"chat:{DT_GROUP}", video)
     assert receipt.kind == "video"  # type: ignore[attr-defined]
     (sent,) = dt.sent
-    assert sent["msgKey"] == "sampleVideo"
+    assert sent["msgKey"] == "sampleVideo" and sent["openConversationId"] == DT_GROUP
     p = sent["msgParam"]
     assert p["duration"] == "3" and p["videoType"] == "mp4"  # seconds
     assert dt.oapi.media[p["videoMediaId"]][0] == "video"
     mtype, _, cover = dt.oapi.media[p["picMediaId"]]
     assert mtype == "image" and cover[:2] == b"\xff\xd8"
+
+
+async def test_dingtalk_video_to_a_person_goes_as_a_file(dt, http, tmp_path):
+    """One-to-one robot messages carry images, voice and files, not videos."""
+    video = clip(tmp_path / "clip.mp4", seconds=2)
+    receipt = await dingtalk(http, dt).send_video("user001", video)
+    assert receipt.kind == "file" and "groups only" in receipt.note  # type: ignore[attr-defined]
+    (sent,) = dt.sent
+    assert (sent["userId"], sent["msgKey"]) == ("user001", "sampleFile")
+    assert dt.oapi.media[sent["msgParam"]["mediaId"]][1] == "clip.mp4.zip"
 
 
 async def test_dingtalk_audio_carries_its_duration_in_ms(dt, http, tmp_path):
@@ -392,8 +402,8 @@ async def test_dingtalk_without_ffmpeg_video_and_voice_go_as_files(dt, http, tmp
     ch = dingtalk(http, dt, probe=NO_FFMPEG)
     (tmp_path / "clip.mp4").write_bytes(os.urandom(4096))
     (tmp_path / "note.mp3").write_bytes(os.urandom(4096))
-    video = await ch.send_video("user001", str(tmp_path / "clip.mp4"))
-    voice = await ch.send_audio("user001", str(tmp_path / "note.mp3"))
+    video = await ch.send_video(f"chat:{DT_GROUP}", str(tmp_path / "clip.mp4"))
+    voice = await ch.send_audio(f"chat:{DT_GROUP}", str(tmp_path / "note.mp3"))
     for r in (video, voice):
         assert r.kind == "file" and "ffprobe and ffmpeg not installed" in r.note  # type: ignore[attr-defined]
     assert [s["msgKey"] for s in dt.sent] == ["sampleFile", "sampleFile"]
@@ -408,8 +418,9 @@ async def test_dingtalk_file_formats_and_limits(dt, http, tmp_path):
     sent = dt.sent[-1]["msgParam"]
     assert (sent["fileName"], sent["fileType"]) == ("rows.csv.zip", "zip")  # zipped to fit
     assert dt.oapi.media[sent["mediaId"]][1] == "rows.csv.zip"
-    big = sparse(tmp_path / "big.png", 11 * MB)
-    assert (await ch.send_image("user001", big)).kind == "file"  # type: ignore[attr-defined]
+    assert (await ch.send_image("user001", sparse(tmp_path / "a.png", 19 * MB))).kind == "image"  # type: ignore[attr-defined]
+    big = sparse(tmp_path / "big.png", 21 * MB)  # over the image limit: a file, then a link
+    assert (await ch.send_image("user001", big)).kind == "link"  # type: ignore[attr-defined]
     huge = sparse(tmp_path / "huge.pdf", 21 * MB)
     assert (await ch.send_file("user001", huge)).kind == "link"  # type: ignore[attr-defined]
     assert dt.sent[-1]["msgKey"] == "sampleText"

@@ -6,7 +6,8 @@ The real service lives on two hosts (api and oapi), so the fake is two servers:
 gif png bmp), voice (amr mp3 wav, 2 MB), video (mp4) and files (doc docx xls xlsx ppt pptx
 zip pdf rar), 20 MB each; ``msgParam`` at most 15,000 bytes; every field of each message
 type (``sampleAudio`` a duration in ms, ``sampleVideo`` a duration in seconds, the video's
-media id, ``videoType`` and a cover ``picMediaId``). ``groups`` are conversations the robot
+media id, ``videoType`` and a cover ``picMediaId``); a video goes to groups only (robot
+messages to a person carry images, voice and files). ``groups`` are conversations the robot
 is in, ``robotless`` ones it is not. Tokens: new API ``InvalidAuthentication``, legacy
 errcode 40014 (unknown) / 42001 (expired); ``expire_after`` uses each.
 """
@@ -175,6 +176,8 @@ class FakeDingTalk(FakeServer):
         if isinstance(checked, Response):
             return checked
         key, param = checked
+        if key == "sampleVideo":
+            return bad("invalidParameter.msgKey.invalid", "单聊机器人消息不支持视频 (sampleVideo)")
         users = (req.json or {}).get("userIds") or []
         invalid = [u for u in users if u not in self.users]
         throttled = [u for u in users if u in self.throttled]
