@@ -1,8 +1,11 @@
-"""A request from a group conversation is answered in that group: the dispatch context's
-``conversation_id`` (and ``message_id``) travel with the background job, through a real
-worker, to each platform's group API — Telegram's negative chat id, Feishu
-``receive_id_type=chat_id``, WeCom app chats, DingTalk group robot messages — replying to
-the message that asked where the platform has replies."""
+"""Channel rules through a real worker, from a real dispatch.
+
+A request from a group conversation is answered in that group: the dispatch context's
+``conversation_id`` (and ``message_id``) travel with the background job to each platform's
+group API — Telegram's negative chat id, Feishu ``receive_id_type=chat_id``, WeCom app
+chats, DingTalk group robot messages — replying to the message that asked where the
+platform has replies. An access token that expires in the middle of a batch of results is
+refreshed once for all of the worker's concurrent sends, and every message is sent once."""
 
 from __future__ import annotations
 
@@ -199,3 +202,29 @@ async def test_a_one_to_one_conversation_goes_to_the_person(svc, tg, fs) -> None
     assert {(m["receive_id_type"], m["receive_id"]) for m in fs.sent} == {("open_id", "ou_a")}
     assert await recipients(svc, own_chat) == [("telegram:1001", "sent")]
     assert {r for r, _ in await recipients(svc, p2p)} == {"feishu:ou_a"}
+
+
+async def test_a_token_expiring_mid_batch_is_refreshed_once_and_each_message_sent_once(
+    svc, fs, wc
+) -> None:
+    members = [f"member{i}" for i in range(8)]
+    wc.users |= set(members)
+    # each result is a text, an upload and a file message: 24 uses of each platform's token,
+    # the first serves 12 and expires in the middle of the batch
+    wc.tokens.expire_after = 12
+    fs.tokens.expire_after = 12
+    jobs = [
+        *[await dispatch(svc, origin("wecom", m), f"report for {m}") for m in members],
+        *[await dispatch(svc, origin("feishu", f"ou_{m}"), f"report for ou_{m}") for m in members],
+    ]
+    await drain(svc)
+    assert len(wc.calls("/cgi-bin/gettoken")) == 2
+    assert len(fs.calls("/open-apis/auth/v3/tenant_access_token/internal")) == 2
+    texts = sorted(m["text"]["content"] for m in wc.sent if m["msgtype"] == "text")
+    assert texts == sorted(f"report for {m}" for m in members)
+    assert sorted(m["touser"] for m in wc.sent if m["msgtype"] == "file") == sorted(members)
+    fs_texts = sorted(m["content"]["text"] for m in fs.sent if m["msg_type"] == "text")
+    assert fs_texts == sorted(f"report for ou_{m}" for m in members)
+    assert sum(m["msg_type"] == "file" for m in fs.sent) == len(members)
+    for job_id in jobs:
+        assert [status for _, status in await recipients(svc, job_id)] == ["sent", "sent"]
