@@ -84,7 +84,8 @@ def up(
     max_jobs: int = typer.Option(0, "--max-jobs"),
 ) -> None:
     """Everything in one process tree: embedded Redis and SQLite unless URLs are set,
-    migrations, the demo schedule, a worker, the scheduler and the web app."""
+    migrations, the demo schedule, the web app, and a worker with the scheduler (a child
+    process, started again if it exits)."""
     settings = load_settings()
     setup_logging(settings)
     private_files(settings)
@@ -114,9 +115,9 @@ def up(
     check_bind(settings, host)
 
     async def _go() -> None:
+        from jobs.cli.supervise import WorkerProcess
         from jobs.db import create_engine
         from jobs.migrate import upgrade
-        from jobs.queue.worker import build_worker
 
         engine = create_engine(settings.resolved_database_url)
         try:
@@ -124,12 +125,13 @@ def up(
         finally:
             await engine.dispose()
         svc = await _open(settings)
+        worker = WorkerProcess(max_jobs=max_jobs, grace_s=settings.worker_grace_sec)
         try:
             await install_demo_schedule(svc)
-            w = build_worker(svc, max_jobs=max_jobs or None, handle_signals=False)
             server = _web_server(svc, host, port)
             web_task = asyncio.create_task(server.serve())
-            worker_task = asyncio.create_task(w.async_run())
+            # The worker (and the scheduler) in a process of its own: a core of its own.
+            worker_task = asyncio.create_task(worker.run())
             _print_banner(settings, host, port, token, svc.registry)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -145,14 +147,13 @@ def up(
             )
             stop_waiter.cancel()
             server.should_exit = True
-            if not worker_task.done():
-                w.handle_sig_wait_for_completion(signal.SIGTERM)
+            await worker.stop()
             for t in (web_task, worker_task):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await asyncio.wait_for(t, settings.worker_grace_sec + 15)
-            with contextlib.suppress(Exception):
-                await w.close()
+                    await asyncio.wait_for(t, 15)
         finally:
+            with contextlib.suppress(Exception):
+                await worker.stop()
             with contextlib.suppress(Exception):
                 await svc.close()
 

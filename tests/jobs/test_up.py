@@ -142,3 +142,60 @@ def _split(cmd: str) -> list[str]:
     import shlex
 
     return shlex.split(cmd)
+
+
+def _workers_of(pid: int) -> list[int]:
+    """Child processes of ``pid`` running ``skilljobs worker`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and b"worker" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _wait_for(predicate, limit: float = 60.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+def test_up_runs_its_worker_as_a_supervised_child(tmp_path):
+    """The worker is a process of its own (a core of its own): killed, it is started again
+    and jobs still run; stopping `up` stops it."""
+    port = free_port()
+    log = tmp_path / "up.log"
+    proc = _start(tmp_path, port, log)
+    try:
+        token = _wait_ready(proc, log, port)
+        first = _wait_for(lambda: _workers_of(proc.pid))
+        assert len(first) == 1
+        os.kill(first[0], signal.SIGKILL)
+        second = _wait_for(lambda: [p for p in _workers_of(proc.pid) if p not in first])
+        assert "the worker exited" in log.read_text()
+        # The banner's background command still runs, on the new worker.
+        cmd = re.search(r"^\s+(\S*skilljobs dispatch .+)$", log.read_text(), re.M).group(1)
+        args = [sys.executable, "-m", "jobs.cli.app", *_split(cmd)[1:]]
+        done = subprocess.run(
+            args, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0 and "succeeded" in done.stdout, done.stdout + done.stderr
+        assert token
+    finally:
+        code = _stop(proc)
+    assert code == 0, log.read_text()[-3000:]
+    assert (
+        not Path(f"/proc/{second[0]}").exists()
+        or "zombie" in Path(f"/proc/{second[0]}/status").read_text().lower()
+    )
