@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PORT   ?= 8000
 
-.PHONY: install run test lint bench chaos clean
+.PHONY: install run test lint bench chaos screenshots clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -35,6 +35,12 @@ bench: install
 # bench/RESULTS.md and the exit status is non-zero when a must-be-0 figure is not 0.
 chaos: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m bench.chaos $(CHAOS_ARGS)
+
+# The README's dashboard screenshots, refreshed on purpose (tests save theirs to a temp dir):
+# the browser tests in headless Chromium, told to write into docs/.
+screenshots: install
+	DASHBOARD_SCREENSHOT_DIR="$(CURDIR)/docs" PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q \
+		tests/dashboard/test_browser.py tests/dashboard/test_browser_pages.py
 
 clean:
 	rm -rf $(VENV) .skilljobs .pytest_cache

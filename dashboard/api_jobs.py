@@ -1,4 +1,5 @@
-"""Jobs API: dispatch, list, detail, artifact download, retry / cancel / requeue-failed."""
+"""Jobs API: dispatch, list, detail, artifact download, retry / cancel / requeue-failed,
+and bulk retry / cancel of every job a filter matches."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
@@ -18,7 +19,7 @@ from jobs.context import fixed_segment, scrub, secret_values
 from jobs.crypto import ENC_TAG, REDACTED, redact
 from jobs.envelope import is_partial
 from jobs.models import Artifact, Delivery, Job, JobAttempt
-from jobs.queue import control, limits
+from jobs.queue import control, filters, limits
 from jobs.queue.dispatcher import Dispatcher, is_background
 from jobs.services import Services
 from jobs.skill import SkillType
@@ -219,25 +220,24 @@ def runs_now(svc: Services, body: DispatchBody) -> bool:
 @router.get("/jobs")
 async def list_jobs(
     request: Request,
-    status: str | None = None,
+    status: str | None = Query(None, description="one status or a comma list"),
     skill: str | None = None,
     channel: str | None = None,
     role: str | None = Query(None, description="role_id"),
-    since: float | None = Query(None, allow_inf_nan=False),
-    until: float | None = Query(None, allow_inf_nan=False),
-    q: str | None = Query(None, max_length=200),
+    error_type: str | None = None,
+    since: str | None = Query(None, description="created since: 2h, 30m, ISO time, epoch s"),
+    until: str | None = Query(None, description="created before: 2h, ISO time, epoch s"),
+    q: str | None = Query(None, max_length=filters.MAX_TEXT),
     limit: int = Query(50, ge=1, le=queries.MAX_PAGE),
     cursor: str | None = None,
 ) -> dict[str, Any]:
-    flt = queries.JobFilter(
-        status=status or None,
-        skill=skill or None,
-        channel=channel or None,
-        role_id=role or None,
-        since=since,
-        until=until,
-        q=q or None,
-    )
+    """Newest first. The filter is the one bulk actions take (``jobs.queue.filters``)."""
+    given = {"status": status, "skill": skill, "channel": channel, "role": role}
+    given |= {"error_type": error_type, "since": since, "until": until, "q": q}
+    try:
+        flt = filters.JobFilter.parse(given)
+    except ValueError as exc:
+        raise queries.BadQuery(str(exc)) from exc
     box = services_of(request).box
     async with services_of(request).read_sessionmaker() as session:
         rows, next_cursor = await queries.list_jobs(session, flt, limit=limit, cursor=cursor)
@@ -333,3 +333,30 @@ async def cancel(job_id: str, request: Request) -> JSONResponse:
 @router.post("/skills/{skill}/requeue-failed")
 async def requeue_failed(skill: str, request: Request) -> JSONResponse:
     return await _control(request, "requeue_failed", skill)
+
+
+@router.post("/jobs/bulk")
+async def bulk(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+    """``{"action": "retry"|"cancel", "filter": {…the job list's filter…, incident},
+    "dry_run": true, "limit": n}`` → how many jobs match, which (the oldest ``limit``,
+    at most ``control.BULK_CAP``) were taken, and how many the action changed.
+    ``dry_run`` defaults to true: acting takes an explicit ``false``."""
+    raw_filter = body.get("filter") or {}
+    dry_run = body.get("dry_run", True)
+    limit = body.get("limit", control.BULK_CAP)
+    if not isinstance(raw_filter, dict) or not isinstance(dry_run, bool):
+        raise ApiError(422, "filter must be an object and dry_run true or false")
+    try:
+        flt = filters.JobFilter.parse(raw_filter)
+        return await control.bulk_action(
+            services_of(request),
+            str(body.get("action")),
+            flt,
+            dry_run=dry_run,
+            limit=limit,
+            actor=actor_of(request),
+        )
+    except LookupError as exc:
+        raise ApiError(404, str(exc.args[0] if exc.args else exc)) from exc
+    except ValueError as exc:
+        raise ApiError(422, str(exc)) from exc

@@ -1,5 +1,6 @@
-"""Pausing workers: a paused worker finishes what it runs and claims nothing new until it
-is resumed (the worker reads its pause key before each claim, at most once a second)."""
+"""Worker actions: pause (finish what it runs, claim nothing new until resumed), resume,
+drain (claim nothing new, finish what it runs, then exit) — ``jobs.queue.worker_control``,
+each audited."""
 
 from __future__ import annotations
 
@@ -9,62 +10,48 @@ from fastapi import APIRouter, Request
 
 from dashboard import queries
 from dashboard.api_jobs import actor_of, services_of
-from dashboard.errors import ApiError, not_found
-from jobs.constants import WORKER_PAUSE
-from jobs.models import OpsAction, Worker
-from jobs.services import Services
+from dashboard.errors import ApiError
+from jobs.queue import worker_control
 
 router = APIRouter(prefix="/api/v1")
-
-PAUSE_TTL_S = 30 * 86400  # a paused worker that never comes back leaves no key forever
-
-
-def _redis(svc: Services) -> Any:
-    if svc.redis is None:
-        raise ApiError(503, "Redis is not connected: workers cannot be paused now", "transient")
-    return svc.redis
 
 
 @router.get("/workers/state")
 async def worker_state(request: Request) -> dict[str, Any]:
-    """``{"items": [{"id", "paused"}]}`` for the workers ``GET /api/v1/workers`` lists."""
+    """``{"items": [{"id", "paused", "draining"}]}`` for the workers ``GET
+    /api/v1/workers`` lists."""
     svc = services_of(request)
     async with svc.sessionmaker() as session:
         ids = [w.id for w in await queries.list_workers(session)]
-    if not ids:
-        return {"items": []}
-    keys = [svc.settings.key(WORKER_PAUSE, wid) for wid in ids]
-    flags = await _redis(svc).mget(keys)
-    return {
-        "items": [{"id": wid, "paused": f is not None} for wid, f in zip(ids, flags, strict=True)]
-    }
+    try:
+        found = await worker_control.states(svc, ids)
+    except worker_control.WorkerControlError as exc:
+        raise ApiError(exc.status_code, str(exc), "transient") from exc
+    return {"items": [{"id": wid, **found[wid]} for wid in ids]}
 
 
-async def _set(request: Request, worker_id: str, paused: bool) -> dict[str, Any]:
+async def _act(request: Request, action: str, worker_id: str) -> dict[str, Any]:
     svc = services_of(request)
-    async with svc.sessionmaker() as session:
-        if await session.get(Worker, worker_id) is None:
-            raise not_found(f"worker {worker_id}")
-    key = svc.settings.key(WORKER_PAUSE, worker_id)
-    actor = actor_of(request)
-    if paused:
-        await _redis(svc).set(key, actor, ex=PAUSE_TTL_S)
-    else:
-        await _redis(svc).delete(key)
-    action = "worker.pause" if paused else "worker.resume"
-    async with svc.sessionmaker() as s:
-        s.add(OpsAction(action=action, target=worker_id[:255], actor=actor))
-        await s.commit()
-    return {"ok": True, "id": worker_id, "paused": paused}
+    try:
+        return await worker_control.act(svc, action, worker_id, actor=actor_of(request))
+    except worker_control.WorkerControlError as exc:
+        kind = "transient" if exc.status_code == 503 else "recoverable"
+        raise ApiError(exc.status_code, str(exc), kind) from exc
 
 
 @router.post("/workers/{worker_id}/pause")
 async def pause(worker_id: str, request: Request) -> dict[str, Any]:
     """Stop taking jobs (running ones finish); audited."""
-    return await _set(request, worker_id, True)
+    return await _act(request, "pause", worker_id)
 
 
 @router.post("/workers/{worker_id}/resume")
 async def resume(worker_id: str, request: Request) -> dict[str, Any]:
-    """Take jobs again; audited."""
-    return await _set(request, worker_id, False)
+    """Take jobs again (also calls off a drain under way); audited."""
+    return await _act(request, "resume", worker_id)
+
+
+@router.post("/workers/{worker_id}/drain")
+async def drain(worker_id: str, request: Request) -> dict[str, Any]:
+    """Stop taking jobs, finish the running ones, then exit; audited."""
+    return await _act(request, "drain", worker_id)

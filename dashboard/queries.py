@@ -2,7 +2,8 @@
 index on ``jobs`` so it stays fast on millions of rows:
 
 * job lists: keyset paging on ``(created_at, id)`` newest first, one filter column per
-  index (``status``/``skill``/``channel``/``role_id`` + ``created_at``);
+  index (``status``/``skill``/``channel``/``role_id`` + ``created_at``; the filter itself
+  is ``jobs.queue.filters``, shared with bulk actions);
 * "recent" windows: ``finished_at`` (``ix_jobs_finished``) or ``status IN (…) AND
   created_at >= t`` so the ``(status, created_at)`` index serves the range;
 * queue depth: ``status = 'queued' | 'running'`` only — never a count over all rows.
@@ -13,7 +14,6 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +24,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from jobs.models import (
     CANCELLED,
     FAILED,
-    JOB_STATUSES,
     QUEUED,
     RUNNING,
     SUCCEEDED,
@@ -39,6 +38,7 @@ from jobs.models import (
     OpsAction,
     Worker,
 )
+from jobs.queue.filters import JobFilter
 from jobs.queue.prune import pruned_totals
 
 FAILURE_STATUSES = (FAILED, TIMED_OUT)
@@ -51,17 +51,6 @@ MAX_PAGE = 200
 
 class BadQuery(ValueError):
     """A filter or cursor the caller sent cannot be used (message says why)."""
-
-
-@dataclass
-class JobFilter:
-    status: str | None = None
-    skill: str | None = None
-    channel: str | None = None
-    role_id: str | None = None
-    since: float | None = None
-    until: float | None = None
-    q: str | None = None
 
 
 def encode_cursor(created_at: float, job_id: str) -> str:
@@ -81,28 +70,6 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     return value, job_id
 
 
-_HEX_ID = re.compile(r"^[0-9a-f]{6,32}$")
-
-
-def _text_match(q: str) -> Any:
-    """``q`` that looks like a job id (6–32 hex digits) is an id-prefix lookup on the
-    primary key; anything else is a case-insensitive substring of skill or error, or
-    exactly the origin session or actor (on PostgreSQL every branch has an index:
-    ``pg_trgm`` for the substrings, migration 0006)."""
-    if _HEX_ID.match(q.lower()):
-        prefix = q.lower()
-        # Both bounds are hex-only strings, so every collation orders them alike.
-        return and_(Job.id >= prefix.ljust(32, "0"), Job.id <= prefix.ljust(32, "f"))
-    pattern = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-    return or_(
-        Job.id == q,
-        Job.skill.ilike(pattern, escape="\\"),
-        Job.error.ilike(pattern, escape="\\"),
-        Job.session_id == q,
-        Job.actor_key == q,
-    )
-
-
 def _dialect(session: AsyncSession) -> str:
     return session.get_bind().dialect.name
 
@@ -111,27 +78,8 @@ async def list_jobs(
     session: AsyncSession, flt: JobFilter, *, limit: int = 50, cursor: str | None = None
 ) -> tuple[list[Job], str | None]:
     """One page of jobs, newest first, and the cursor of the next page (or None)."""
-    if flt.status and flt.status not in JOB_STATUSES:
-        raise BadQuery(f"status must be one of {', '.join(JOB_STATUSES)}")
-    for label, bound in (("since", flt.since), ("until", flt.until)):
-        if bound is not None and not math.isfinite(bound):
-            raise BadQuery(f"{label} must be a time in epoch seconds")
     limit = max(1, min(int(limit), MAX_PAGE))
-    conds: list[Any] = []
-    for column, value in (
-        (Job.status, flt.status),
-        (Job.skill, flt.skill),
-        (Job.channel, flt.channel),
-        (Job.role_id, flt.role_id),
-    ):
-        if value:
-            conds.append(column == value)
-    if flt.since is not None:
-        conds.append(Job.created_at >= flt.since)
-    if flt.until is not None:
-        conds.append(Job.created_at < flt.until)
-    if flt.q:
-        conds.append(_text_match(flt.q.strip()))
+    conds: list[Any] = flt.conditions()
     if cursor:
         c_at, c_id = decode_cursor(cursor)
         # ``created_at <= c`` alone is an index range; the OR only breaks ties.

@@ -19,4 +19,5 @@ SESSION_EVENTS = "session"  # pub/sub: session:<session_id> — live web message
 JOB_EVENTS = "events:jobs"  # pub/sub: job status changes for the dashboard
 WORKER_HEARTBEAT = "worker"  # worker:<id> → heartbeat JSON with TTL
 WORKER_PAUSE = "worker-pause"  # worker-pause:<id> set → that worker claims no new jobs
+WORKER_DRAIN = "worker-drain"  # worker-drain:<id> set → claims nothing, finishes, exits
 CANCEL_CHANNEL = "cancel"  # pub/sub: job ids to cancel on whichever worker runs them

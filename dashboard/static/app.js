@@ -564,35 +564,30 @@ async function loadJobs() {
   $("#page-info").textContent = `page ${state.cursors.length}`;
 }
 
-// Bulk actions take status, skill and a time range (the API's bulk filter); a search,
-// channel or role narrows the list further than a bulk action could, so it is refused.
+// Bulk actions take the list's own filter (the API's bulk filter is the job list's), so
+// the count confirmed is the count of jobs the list shows, on every page.
 function bulkFilter(filters) {
-  const out = {};
-  for (const name of ["status", "skill", "since", "until"]) {
-    const v = filters.get(name);
-    if (v) out[name] = name === "until" ? toEpoch(v) : v;
-  }
-  return out;
+  return Object.fromEntries(jobQuery(filters));
 }
 
 function updateBulk(filters) {
-  const narrower = ["q", "channel", "role"].filter((n) => filters.get(n));
-  const ok = !narrower.length && (filters.get("status") || filters.get("skill"));
+  const ok = Object.keys(bulkFilter(filters)).length > 0;
   for (const id of ["#bulk-retry", "#bulk-cancel"]) $(id).disabled = !ok;
-  $("#bulk-note").textContent = narrower.length
-    ? `Bulk actions take status, skill and time only: clear ${narrower.join(", ")} to use them.`
-    : ok ? "Acts on every job the status, skill and time filters match (not only this page)."
-      : "Filter by status or skill to act on every matching job.";
+  $("#bulk-note").textContent = ok
+    ? "Acts on every job this filter matches (not only this page), at most 10,000 at once."
+    : "Filter the list to act on every matching job.";
 }
 
 async function bulk(actionName) {
-  const filter = bulkFilter(jobFilterParams());
+  const shown = jobFilterParams();
+  const filter = bulkFilter(shown);
   try {
     const dry = await api("/api/v1/jobs/bulk", { method: "POST", json: { action: actionName, filter, dry_run: true } });
-    const what = Object.entries(filter).map(([k, v]) => `${k}=${v}`).join(", ");
+    const what = [...shown].map(([k, v]) => `${k}=${v}`).join(", ");
     if (!dry.matched) { flash(`No job matches ${what}.`); return; }
     const verb = actionName === "retry" ? "Retry" : "Cancel";
-    if (!window.confirm(`${verb} ${dry.matched} job(s) matching ${what}?`)) return;
+    const capped = dry.capped ? ` The oldest ${dry.limit} are taken now; run it again for the rest.` : "";
+    if (!window.confirm(`${verb} ${dry.matched} job(s) matching ${what}?${capped}`)) return;
     const r = await api("/api/v1/jobs/bulk", { method: "POST", json: { action: actionName, filter, dry_run: false } });
     const refused = (r.refused || []).length;
     flash(`${verb}: ${r.affected} of ${r.matched} job(s)` + (refused ? `, ${refused} refused` : ""));
@@ -946,26 +941,39 @@ async function ackIncident(i) {
 
 async function loadWorkers() {
   const [w, st] = await Promise.all([api("/api/v1/workers"), api("/api/v1/workers/state")]);
-  const paused = new Set(st.items.filter((x) => x.paused).map((x) => x.id));
+  const flags = new Map(st.items.map((x) => [x.id, x]));
   const now = Date.now() / 1000;
   fillRows($("#workers tbody"), w.items.map((x) => {
-    const isPaused = paused.has(x.id);
-    return el("tr", { dataset: { workerId: x.id, paused: isPaused ? "yes" : "no" } },
+    const f = flags.get(x.id) || {};
+    const mode = f.draining ? "draining" : f.paused ? "paused" : "taking";
+    const acts = x.stopped_at ? "" : [
+      mode === "taking" ? action("Pause", () => workerAction(x, "pause"))
+        : action("Resume", () => workerAction(x, "resume")),
+      " ",
+      mode === "draining" ? "" : action("Drain", () => workerAction(x, "drain")),
+    ];
+    return el("tr", { dataset: { workerId: x.id, paused: f.paused ? "yes" : "no", mode } },
       el("td", { class: "mono" }, x.id), el("td", {}, x.host), el("td", {}, x.pid),
       el("td", {}, `${fmtTime(x.last_heartbeat)} (${fmtAge(now - x.last_heartbeat)} ago)`),
       el("td", {}, el("span", { class: x.alive ? "badge st-succeeded" : "badge st-failed" },
         x.alive ? "alive" : (x.stopped_at ? "stopped" : "stale")),
-      isPaused ? [" ", el("span", { class: "badge st-queued" }, "paused")] : ""),
+      mode !== "taking" && !x.stopped_at ? [" ", el("span", { class: "badge st-queued" }, mode)] : ""),
       el("td", {}, x.running.length ? x.running.map((id) => [jobLink(id), " "]) : "–"),
-      el("td", {}, x.stopped_at ? "" : action(isPaused ? "Resume" : "Pause", () => pauseWorker(x, !isPaused))));
+      el("td", { class: "actions" }, acts));
   }), "no worker has reported yet", 7);
 }
 
-async function pauseWorker(w, pause) {
-  if (pause && !window.confirm(`Pause worker ${w.id}? It finishes what it runs and takes no new jobs until resumed.`)) return;
+const WORKER_ASK = {
+  pause: "It finishes what it runs and takes no new jobs until resumed.",
+  drain: "It takes no new jobs, finishes what it runs, then exits.",
+};
+const WORKER_DONE = { pause: "paused", resume: "resumed", drain: "draining: it exits once its jobs finish" };
+
+async function workerAction(w, name) {
+  if (WORKER_ASK[name] && !window.confirm(`${name[0].toUpperCase()}${name.slice(1)} worker ${w.id}? ${WORKER_ASK[name]}`)) return;
   try {
-    await api(`/api/v1/workers/${encodeURIComponent(w.id)}/${pause ? "pause" : "resume"}`, { method: "POST" });
-    flash(`${w.id}: ${pause ? "paused" : "resumed"}`);
+    await api(`/api/v1/workers/${encodeURIComponent(w.id)}/${name}`, { method: "POST" });
+    flash(`${w.id}: ${WORKER_DONE[name]}`);
   } catch (err) { report(err); }
   loadWorkers().catch(report);
 }

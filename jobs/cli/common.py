@@ -55,3 +55,18 @@ async def open_services(settings: Settings, **kw: Any):  # type: ignore[no-untyp
     except Exception as exc:
         fail(f"cannot start: {exc}")
         raise
+
+
+def with_services(fn: Callable[[Any], Awaitable[T]], *, redis: bool = True) -> T:
+    """The body of most commands: settings from the environment, the services opened,
+    ``fn(services)`` run, the services closed whatever happens."""
+    settings = load_settings()
+
+    async def _go() -> T:
+        svc = await open_services(settings, redis=redis)
+        try:
+            return await fn(svc)
+        finally:
+            await svc.close()
+
+    return run_async(_go)

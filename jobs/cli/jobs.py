@@ -1,5 +1,6 @@
 """``skilljobs dispatch``, ``skilljobs jobs list|show|retry|cancel`` (one job, or every
-job a filter matches: ``jobs retry --status failed --skill X --since 2h [--dry-run]``) and
+job a filter matches — the dashboard's job filter, ``jobs.queue.filters``:
+``jobs retry --status failed --skill X --since 2h [--dry-run]``) and
 ``skilljobs incidents list|ack``."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from jobs.cli.common import fail, load_settings, open_services, run_async
+from jobs.cli.common import fail, with_services
 
 console = Console()
 jobs_app = typer.Typer(help="Look at and act on jobs.", no_args_is_help=True)
@@ -66,31 +67,21 @@ def dispatch(
         "org_id": org,
         "triggered_at": time.time(),
     }
-    settings = load_settings()
 
-    async def _go() -> int:
+    async def _go(svc: Any) -> int:
         from jobs.queue.dispatcher import Dispatcher
 
-        svc = await open_services(settings)
-        try:
-            res = await Dispatcher(svc).dispatch(
-                skill,
-                data,
-                context,
-                external_id or None,
-                idempotency_key or None,
-                priority=priority,
-            )
-            console.print_json(json.dumps(res.body, ensure_ascii=False, default=str))
-            if res.status_code >= 400:
-                return 1
-            if res.is_async and wait:
-                return await _wait(svc, res.body["job_id"], timeout)
-            return 0 if res.body.get("ok", True) is not False else 1
-        finally:
-            await svc.close()
+        res = await Dispatcher(svc).dispatch(
+            skill, data, context, external_id or None, idempotency_key or None, priority=priority
+        )
+        console.print_json(json.dumps(res.body, ensure_ascii=False, default=str))
+        if res.status_code >= 400:
+            return 1
+        if res.is_async and wait:
+            return await _wait(svc, res.body["job_id"], timeout)
+        return 0 if res.body.get("ok", True) is not False else 1
 
-    raise typer.Exit(run_async(_go))
+    raise typer.Exit(with_services(_go))
 
 
 async def _wait(svc: Any, job_id: str, limit: float) -> int:
@@ -145,147 +136,164 @@ def _print_job(svc: Any, job: Any) -> None:
 
 @jobs_app.command("list")
 def list_jobs(
-    status: str = typer.Option("", "--status", "-s", help="queued, running, succeeded, failed, …"),
+    status: str = typer.Option(
+        "", "--status", "-s", help="queued, running, failed, … (comma list)"
+    ),
     skill: str = typer.Option("", "--skill"),
-    limit: int = typer.Option(20, "--limit", "-n"),
+    channel: str = typer.Option("", "--channel"),
+    role: str = typer.Option("", "--role"),
+    error_type: str = typer.Option("", "--error-type"),
+    since: str = typer.Option("", "--since", help="Created since: 2h, 30m, 7d, an ISO time."),
+    until: str = typer.Option("", "--until", help="Created before: 2h, an ISO time."),
+    q: str = typer.Option("", "--search", "-q", help="Id prefix, skill or error text, session."),
+    limit: int = typer.Option(20, "--limit", "-n", min=1, max=1000),
 ) -> None:
-    """Newest jobs first."""
-    settings = load_settings()
+    """Newest jobs first (the dashboard's filter: ``jobs retry|cancel`` take the same)."""
+    filters = {"status": status, "skill": skill, "channel": channel, "role": role}
+    filters |= {"error_type": error_type, "since": since, "until": until, "q": q}
+    flt = _filter(filters)
 
-    async def _go() -> None:
+    async def _go(svc: Any) -> list[Any]:
         from sqlalchemy import select
 
         from jobs.models import Job
 
-        svc = await open_services(settings, redis=False)
-        try:
-            q = select(Job).order_by(Job.created_at.desc()).limit(limit)
-            if status:
-                q = q.where(Job.status == status)
-            if skill:
-                q = q.where(Job.skill == skill)
-            async with svc.sessionmaker() as s:
-                rows = (await s.scalars(q)).all()
-        finally:
-            await svc.close()
-        table = Table()
-        for col in ("id", "skill", "status"):
-            table.add_column(col, no_wrap=True)
-        for col in ("attempts", "channel", "created", "duration"):
-            table.add_column(col)
-        table.add_column("error", overflow="ellipsis", max_width=60)
-        for j in rows:
-            dur = f"{j.duration_ms / 1000:.2f}s" if j.duration_ms else "-"
-            table.add_row(
-                j.id,
-                j.skill,
-                j.status,
-                str(j.attempts),
-                j.channel or "-",
-                _ts(j.created_at),
-                dur,
-                (j.error or "")[:60],
-            )
-        console.print(table)
+        q = select(Job).where(*flt.conditions()).order_by(Job.created_at.desc()).limit(limit)
+        async with svc.sessionmaker() as s:
+            return list((await s.scalars(q)).all())
 
-    run_async(_go)
+    rows = with_services(_go, redis=False)
+    table = Table()
+    for col in ("id", "skill", "status"):
+        table.add_column(col, no_wrap=True)
+    for col in ("attempts", "channel", "created", "duration"):
+        table.add_column(col)
+    table.add_column("error", overflow="ellipsis", max_width=60)
+    for j in rows:
+        dur = f"{j.duration_ms / 1000:.2f}s" if j.duration_ms else "-"
+        table.add_row(
+            j.id,
+            j.skill,
+            j.status,
+            str(j.attempts),
+            j.channel or "-",
+            _ts(j.created_at),
+            dur,
+            (j.error or "")[:60],
+        )
+    console.print(table)
+
+
+def _filter(filters: dict[str, Any]) -> Any:
+    from jobs.queue.filters import JobFilter
+
+    try:
+        return JobFilter.parse({k: v for k, v in filters.items() if v})
+    except ValueError as exc:
+        fail(str(exc))
 
 
 @jobs_app.command("show")
 def show_job(job_id: str) -> None:
-    """One job: origin, timing, attempts and result (secrets redacted)."""
-    settings = load_settings()
+    """One job: origin, timing, attempts (with the tails of what each run printed) and
+    result (secrets redacted)."""
 
-    async def _go() -> None:
+    async def _go(svc: Any) -> None:
         from sqlalchemy import select
 
         from jobs.models import JobAttempt
         from jobs.queue.store import get_job
 
-        svc = await open_services(settings, redis=False)
-        try:
-            job = await get_job(svc.sessionmaker, job_id)
-            if job is None:
-                fail(f"no job {job_id}")
-            async with svc.sessionmaker() as s:
-                attempts = (
-                    await s.scalars(
-                        select(JobAttempt)
-                        .where(JobAttempt.job_id == job_id)
-                        .order_by(JobAttempt.number)
-                    )
-                ).all()
-            _print_job(svc, job)
-            table = Table("#", "worker", "started", "finished", "outcome", "error")
-            for a in attempts:
-                table.add_row(
-                    str(a.number),
-                    a.worker_id,
-                    _ts(a.started_at),
-                    _ts(a.finished_at),
-                    a.outcome,
-                    (a.error or "")[:60],
+        job = await get_job(svc.sessionmaker, job_id)
+        if job is None:
+            fail(f"no job {job_id}")
+        async with svc.sessionmaker() as s:
+            attempts = (
+                await s.scalars(
+                    select(JobAttempt)
+                    .where(JobAttempt.job_id == job_id)
+                    .order_by(JobAttempt.number)
                 )
-            console.print(table)
-        finally:
-            await svc.close()
+            ).all()
+        _print_job(svc, job)
+        table = Table("#", "worker", "started", "finished", "outcome", "error")
+        for a in attempts:
+            table.add_row(
+                str(a.number),
+                a.worker_id,
+                _ts(a.started_at),
+                _ts(a.finished_at),
+                a.outcome,
+                (a.error or "")[:60],
+            )
+        console.print(table)
+        for a in attempts:
+            _print_tails(a)
 
-    run_async(_go)
+    with_services(_go, redis=False)
+
+
+def _print_tails(attempt: Any) -> None:
+    for name in ("stdout", "stderr"):
+        tail = getattr(attempt, f"{name}_tail", None)
+        if tail:
+            console.rule(f"attempt {attempt.number} {name} (tail)")
+            console.print(tail, markup=False, highlight=False)
 
 
 def _action(name: str, job_id: str) -> None:
-    settings = load_settings()
-
-    async def _go() -> None:
+    async def _go(svc: Any) -> Any:
         from jobs.queue import control
 
-        svc = await open_services(settings)
-        try:
-            fn = control.retry_job if name == "retry" else control.cancel_job
-            res = await fn(svc, job_id, actor="cli")
-        finally:
-            await svc.close()
-        if not res.ok:
-            fail(res.message)
-        console.print(f"{job_id}: {res.message}")
+        fn = control.retry_job if name == "retry" else control.cancel_job
+        return await fn(svc, job_id, actor="cli")
 
-    run_async(_go)
+    res = with_services(_go)
+    if not res.ok:
+        fail(res.message)
+    console.print(f"{job_id}: {res.message}")
 
 
-def _bulk(name: str, filters: dict[str, Any], dry_run: bool, yes: bool) -> None:
+def _bulk(name: str, filters: dict[str, Any], dry_run: bool, yes: bool, limit: int) -> None:
     """Count what the filter matches, confirm (unless --yes), then act."""
-    settings = load_settings()
+    flt = _filter(filters)
 
-    async def _go() -> None:
+    async def _go(svc: Any) -> dict[str, Any] | None:
         from jobs.queue import control
 
-        svc = await open_services(settings)
         try:
-            try:
-                flt = control.JobFilter.parse(filters)
-                preview = await control.bulk_action(svc, name, flt, dry_run=True)
-            except (LookupError, ValueError) as exc:
-                fail(str(exc.args[0] if exc.args else exc))
-            n = preview["matched"]
-            what = f"{n} job{'s' if n != 1 else ''}"
-            console.print(f"{name}: {what} match {json.dumps(flt.to_dict(), default=str)}")
-            for job_id in preview["job_ids"][:20]:
-                console.print(f"  {job_id}")
-            if dry_run or not n:
-                return
-            if not yes and not typer.confirm(f"{name.capitalize()} {what}?"):
-                fail("nothing done", code=1)
-            done = await control.bulk_action(svc, name, flt, dry_run=False, actor="cli")
-        finally:
-            await svc.close()
-        console.print(f"{name}: {done['affected']} of {done['matched']} done")
-        for r in done["refused"][:20]:
-            console.print(f"  {r['job_id']}: {r['error']}")
+            preview = await control.bulk_action(svc, name, flt, dry_run=True, limit=limit)
+        except (LookupError, ValueError) as exc:
+            fail(str(exc.args[0] if exc.args else exc))
+        n, taken = preview["matched"], len(preview["job_ids"])
+        what = f"{n} job{'s' if n != 1 else ''}"
+        console.print(f"{name}: {what} match {json.dumps(flt.to_dict(), default=str)}")
+        if preview["capped"]:
+            console.print(
+                f"  at most {limit} are taken at once (the oldest): run it again for the rest"
+            )
+        for job_id in preview["job_ids"][:20]:
+            console.print(f"  {job_id}")
+        if taken > 20:
+            console.print(f"  … and {taken - 20} more")
+        if dry_run or not n:
+            return None
+        count = f"{min(n, limit)} job{'s' if min(n, limit) != 1 else ''}"
+        if not yes and not typer.confirm(f"{name.capitalize()} {count}?"):
+            fail("nothing done", code=1)
+        return await control.bulk_action(svc, name, flt, dry_run=False, limit=limit, actor="cli")
 
-    run_async(_go)
+    done = with_services(_go)
+    if done is None:
+        return
+    console.print(f"{name}: {done['affected']} of {done['matched']} done")
+    for r in done["refused"][:20]:
+        console.print(f"  {r['job_id']}: {r['error']}")
 
 
-def _act(name: str, job_id: str | None, filters: dict[str, Any], dry_run: bool, yes: bool) -> None:
+def _act(
+    name: str, job_id: str | None, filters: dict[str, Any], dry_run: bool, yes: bool, limit: int
+) -> None:
     given = {k: v for k, v in filters.items() if v}
     if job_id and given:
         fail("give a job id or filter options, not both")
@@ -294,7 +302,7 @@ def _act(name: str, job_id: str | None, filters: dict[str, Any], dry_run: bool, 
             fail("--dry-run applies to filters (--status, --skill, --since, …)")
         _action(name, job_id)
     elif given:
-        _bulk(name, given, dry_run, yes)
+        _bulk(name, given, dry_run, yes, limit)
     else:
         fail(f"give a job id, or filter options to {name} many (e.g. --status failed --since 2h)")
 
@@ -305,12 +313,18 @@ STATUS_OPT = typer.Option(
     help="Comma list of statuses (default: failed,timed_out for retry; queued,running for cancel).",
 )
 SKILL_OPT = typer.Option("", "--skill", help="Only jobs of this skill.")
+CHANNEL_OPT = typer.Option("", "--channel", help="Only jobs from this channel.")
+ROLE_OPT = typer.Option("", "--role", help="Only jobs of this role id.")
 ERROR_TYPE_OPT = typer.Option("", "--error-type", help="Only jobs failed with this error type.")
-SINCE_OPT = typer.Option("", "--since", help="Finished since: 2h, 30m, 7d, an ISO time.")
-UNTIL_OPT = typer.Option("", "--until", help="Finished until: 2h, 30m, 7d, an ISO time.")
+SINCE_OPT = typer.Option("", "--since", help="Created since: 2h, 30m, 7d, an ISO time.")
+UNTIL_OPT = typer.Option("", "--until", help="Created before: 2h, 30m, 7d, an ISO time.")
+SEARCH_OPT = typer.Option("", "--search", "-q", help="Id prefix, skill or error text, session.")
 INCIDENT_OPT = typer.Option("", "--incident", help="Only the failures of this incident.")
 DRY_RUN_OPT = typer.Option(False, "--dry-run", help="Only count and list what matches.")
 YES_OPT = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation.")
+LIMIT_OPT = typer.Option(
+    10_000, "--limit", min=1, max=10_000, help="Act on at most this many (the oldest) at once."
+)
 
 
 @jobs_app.command("retry")
@@ -318,17 +332,21 @@ def retry(
     job_id: str = typer.Argument(None, help="One job; or use filter options."),
     status: str = STATUS_OPT,
     skill: str = SKILL_OPT,
+    channel: str = CHANNEL_OPT,
+    role: str = ROLE_OPT,
     error_type: str = ERROR_TYPE_OPT,
     since: str = SINCE_OPT,
     until: str = UNTIL_OPT,
+    search: str = SEARCH_OPT,
     incident: str = INCIDENT_OPT,
     dry_run: bool = DRY_RUN_OPT,
     yes: bool = YES_OPT,
+    limit: int = LIMIT_OPT,
 ) -> None:
     """Run a finished job again as a new attempt — or every job a filter matches."""
-    filters = {"status": status, "skill": skill, "error_type": error_type}
-    filters |= {"since": since, "until": until, "incident": incident}
-    _act("retry", job_id, filters, dry_run, yes)
+    filters = {"status": status, "skill": skill, "channel": channel, "role": role}
+    filters |= {"error_type": error_type, "since": since, "until": until, "q": search}
+    _act("retry", job_id, filters | {"incident": incident}, dry_run, yes, limit)
 
 
 @jobs_app.command("cancel")
@@ -336,16 +354,20 @@ def cancel(
     job_id: str = typer.Argument(None, help="One job; or use filter options."),
     status: str = STATUS_OPT,
     skill: str = SKILL_OPT,
+    channel: str = CHANNEL_OPT,
+    role: str = ROLE_OPT,
     error_type: str = ERROR_TYPE_OPT,
     since: str = SINCE_OPT,
     until: str = UNTIL_OPT,
+    search: str = SEARCH_OPT,
     dry_run: bool = DRY_RUN_OPT,
     yes: bool = YES_OPT,
+    limit: int = LIMIT_OPT,
 ) -> None:
     """Cancel a queued job, or stop a running one — or every job a filter matches."""
-    filters = {"status": status, "skill": skill, "error_type": error_type}
-    filters |= {"since": since, "until": until}
-    _act("cancel", job_id, filters, dry_run, yes)
+    filters = {"status": status, "skill": skill, "channel": channel, "role": role}
+    filters |= {"error_type": error_type, "since": since, "until": until, "q": search}
+    _act("cancel", job_id, filters, dry_run, yes, limit)
 
 
 incidents_app = typer.Typer(help="Failures grouped by signature.", no_args_is_help=True)
@@ -358,21 +380,16 @@ def list_incidents(
     limit: int = typer.Option(50, "--limit", "-n", min=1, max=500),
 ) -> None:
     """Incidents, most recently seen first."""
-    settings = load_settings()
 
-    async def _go() -> None:
+    async def _go(svc: Any) -> None:
         from jobs.queue import incidents
 
-        svc = await open_services(settings, redis=False)
-        try:
-            items = await incidents.list_incidents(
-                svc.sessionmaker,
-                status=None if status == "all" else status,
-                skill=skill or None,
-                limit=limit,
-            )
-        finally:
-            await svc.close()
+        items = await incidents.list_incidents(
+            svc.sessionmaker,
+            status=None if status == "all" else status,
+            skill=skill or None,
+            limit=limit,
+        )
         table = Table(title=f"incidents ({status})")
         for col in ("id", "skill", "type", "count", "first seen", "last seen", "status", "error"):
             table.add_column(col, overflow="fold")
@@ -389,27 +406,23 @@ def list_incidents(
             )
         console.print(table)
 
-    run_async(_go)
+    with_services(_go, redis=False)
 
 
 @incidents_app.command("ack")
 def ack_incident(incident_id: str) -> None:
     """Acknowledge an incident (a new failure of its signature re-opens it)."""
-    settings = load_settings()
 
-    async def _go() -> None:
+    async def _go(svc: Any) -> dict[str, Any]:
         from jobs.queue import incidents
 
-        svc = await open_services(settings, redis=False)
         try:
-            done = await incidents.ack(svc.sessionmaker, incident_id, actor="cli")
+            return await incidents.ack(svc.sessionmaker, incident_id, actor="cli")
         except LookupError as exc:
             fail(str(exc.args[0]))
-        finally:
-            await svc.close()
-        console.print(f"incident {incident_id} acknowledged ({done['count']} failures so far)")
 
-    run_async(_go)
+    done = with_services(_go, redis=False)
+    console.print(f"incident {incident_id} acknowledged ({done['count']} failures so far)")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,20 +1,19 @@
 """Operator actions on jobs (CLI and dashboard): cancel, retry, requeue failed, and the
-same by filter (bulk) — each recorded in the audit trail."""
+same for every job a search filter matches (bulk, ``jobs.queue.filters``) — each recorded
+in the audit trail."""
 
 from __future__ import annotations
 
-import re
-import time
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import func, select
 
 from jobs.constants import FN_RUN_JOB
-from jobs.models import FINAL_STATUSES, JOB_STATUSES, Job, OpsAction
+from jobs.models import FINAL_STATUSES, Job, OpsAction
 from jobs.queue import incidents, store
 from jobs.queue.broker import enqueue, publish_cancel, publish_job_event, remove
+from jobs.queue.filters import JobFilter, parse_time
 from jobs.queue.limits import job_meta
 from jobs.services import Services
 
@@ -118,103 +117,41 @@ async def requeue_failed(svc: Services, skill: str, *, actor: str = "") -> Actio
 
 # --- bulk actions by filter ---------------------------------------------------------------
 
-BULK_CAP = 10_000  # jobs one bulk action touches at most
+BULK_CAP = 10_000  # jobs one bulk action touches at most (run it again for the rest)
 BULK_ACTIONS = ("retry", "cancel")
 _DEFAULT_STATUS = {"retry": ("failed", "timed_out"), "cancel": ("queued", "running")}
-_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.I)
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+SHOWN = 100  # job ids (and refusals) listed in an answer
 
 
-def parse_time(value: Any, *, now: float | None = None) -> float | None:
-    """``2h`` / ``30m`` / ``7d`` (that long ago), an ISO 8601 time, or epoch seconds."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    text = str(value)
-    span = _SPAN.match(text)
-    if span:
-        now = time.time() if now is None else now
-        return now - float(span.group(1)) * _UNIT[span.group(2).lower()]
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(
-            f"{text!r} is not a time: use 2h, 30m, 7d, an ISO time or epoch seconds"
-        ) from None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
-
-
-@dataclass
-class JobFilter:
-    """Which jobs a bulk action takes: every given field must match. Times apply to when
-    the job finished (or was created, while it has not)."""
-
-    status: tuple[str, ...] = ()
-    skill: str | None = None
-    error_type: str | None = None
-    since: float | None = None
-    until: float | None = None
-    incident: str | None = None
-
-    @classmethod
-    def parse(cls, data: dict[str, Any], *, now: float | None = None) -> JobFilter:
-        unknown = set(data) - {"status", "skill", "error_type", "since", "until", "incident"}
-        if unknown:
-            raise ValueError(f"unknown filter field(s): {', '.join(sorted(unknown))}")
-        status = data.get("status") or ()
-        statuses = tuple(status.split(",") if isinstance(status, str) else status)
-        bad = [s for s in statuses if s not in JOB_STATUSES]
-        if bad:
-            raise ValueError(f"unknown status {bad[0]!r}: one of {', '.join(JOB_STATUSES)}")
-        return cls(
-            status=statuses,
-            skill=data.get("skill") or None,
-            error_type=data.get("error_type") or None,
-            since=parse_time(data.get("since"), now=now),
-            until=parse_time(data.get("until"), now=now),
-            incident=data.get("incident") or None,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v not in (None, ())}
-
-
-async def matching_jobs(svc: Services, flt: JobFilter, action: str) -> list[str]:
-    """Ids of the jobs ``flt`` matches (oldest first, at most ``BULK_CAP``)."""
-    statuses = flt.status or _DEFAULT_STATUS[action]
-    at = func.coalesce(Job.finished_at, Job.created_at)
-    q = select(Job.id, Job.skill, Job.status, Job.error_type, Job.error).where(
-        Job.status.in_(statuses)
-    )
-    if flt.skill:
-        q = q.where(Job.skill == flt.skill)
-    if flt.error_type:
-        q = q.where(Job.error_type == flt.error_type)
-    if flt.since is not None:
-        q = q.where(at >= flt.since)
-    if flt.until is not None:
-        q = q.where(at <= flt.until)
-    wanted = None
+async def matching_jobs(
+    svc: Services, flt: JobFilter, action: str, *, limit: int = BULK_CAP
+) -> tuple[int, list[str]]:
+    """How many jobs ``flt`` matches, and the ids of the oldest ``limit`` of them. Without
+    a status, an action takes the jobs it applies to (retry: failed and timed out;
+    cancel: queued and running)."""
+    if not flt.status:
+        flt = replace(flt, status=_DEFAULT_STATUS[action])
+    conds = flt.conditions()
     if flt.incident:
         found = await incidents.get_incident(svc.sessionmaker, flt.incident)
         if found is None:
             raise LookupError(f"no incident {flt.incident!r}")
-        wanted = found.signature
-        q = q.where(Job.skill == found.skill)
+        rows_q = select(Job.id, Job.skill, Job.status, Job.error_type, Job.error).where(
+            *conds, Job.skill == found.skill
+        )
+        async with svc.sessionmaker() as s:
+            rows = (await s.execute(rows_q.order_by(Job.created_at).limit(BULK_CAP))).all()
+        ids = [
+            r.id
+            for r in rows
+            if incidents.signature(r.skill, r.error_type or r.status, r.error) == found.signature
+        ]
+        return len(ids), ids[:limit]
     async with svc.sessionmaker() as s:
-        rows = (await s.execute(q.order_by(at).limit(BULK_CAP))).all()
-    if wanted is None:
-        return [r.id for r in rows]
-    return [
-        r.id
-        for r in rows
-        if incidents.signature(r.skill, r.error_type or r.status, r.error) == wanted
-    ]
+        total = int((await s.execute(select(func.count()).where(*conds))).scalar() or 0)
+        ids_q = select(Job.id).where(*conds).order_by(Job.created_at, Job.id).limit(limit)
+        ids = list((await s.execute(ids_q)).scalars())
+    return total, ids
 
 
 async def bulk_action(
@@ -223,24 +160,32 @@ async def bulk_action(
     flt: JobFilter,
     *,
     dry_run: bool = True,
+    limit: int = BULK_CAP,
     actor: str = "",
 ) -> dict[str, Any]:
-    """Retry or cancel every job ``flt`` matches. A dry run only counts them.
+    """Retry or cancel every job ``flt`` matches (the job list's filter), the oldest
+    ``limit`` (at most ``BULK_CAP``) at once. A dry run only counts them.
 
-    ``{"action", "dry_run", "filter", "matched", "affected", "job_ids", "refused"}``:
-    ``job_ids`` are the matched jobs (at most 100 shown), ``refused`` the ones the action
-    could not apply to (e.g. finished meanwhile) with why.
+    ``{"action", "dry_run", "filter", "matched", "limit", "capped", "affected", "job_ids",
+    "refused"}``: ``matched`` counts every job the filter matches, ``capped`` says more
+    matched than one action takes (run it again for the rest), ``job_ids`` lists the
+    jobs taken (at most 100 shown), ``refused`` those the action could not apply to (e.g.
+    finished meanwhile) with why. Every real run is in the audit trail.
     """
     if action not in BULK_ACTIONS:
         raise ValueError(f"unknown action {action!r}: one of {', '.join(BULK_ACTIONS)}")
-    ids = await matching_jobs(svc, flt, action)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= BULK_CAP:
+        raise ValueError(f"limit must be a whole number from 1 to {BULK_CAP}")
+    matched, ids = await matching_jobs(svc, flt, action, limit=limit)
     out: dict[str, Any] = {
         "action": action,
         "dry_run": dry_run,
         "filter": flt.to_dict(),
-        "matched": len(ids),
+        "matched": matched,
+        "limit": limit,
+        "capped": matched > len(ids),
         "affected": 0,
-        "job_ids": ids[:100],
+        "job_ids": ids[:SHOWN],
         "refused": [],
     }
     if dry_run:
@@ -250,7 +195,7 @@ async def bulk_action(
         res = await fn(svc, job_id, actor=actor)
         if res.ok:
             out["affected"] += 1
-        elif len(out["refused"]) < 100:
+        elif len(out["refused"]) < SHOWN:
             out["refused"].append({"job_id": job_id, "error": res.message})
     await _audit(
         svc,
@@ -258,7 +203,23 @@ async def bulk_action(
         "jobs",
         actor,
         filter=out["filter"],
-        matched=len(ids),
+        matched=matched,
+        taken=len(ids),
         affected=out["affected"],
+        refused=len(ids) - out["affected"],
     )
     return out
+
+
+__all__ = [
+    "BULK_ACTIONS",
+    "BULK_CAP",
+    "ActionResult",
+    "JobFilter",
+    "bulk_action",
+    "cancel_job",
+    "matching_jobs",
+    "parse_time",
+    "requeue_failed",
+    "retry_job",
+]

@@ -32,6 +32,7 @@ from jobs.constants import (
     FN_RUN_CHAIN,
     FN_RUN_JOB,
     WAKE_CHANNEL,
+    WORKER_DRAIN,
     WORKER_HEARTBEAT,
     WORKER_PAUSE,
 )
@@ -72,6 +73,7 @@ class SkillJobsWorker(Worker):
         limits: str = "",
         heartbeat_prefix: str = "",
         pause_key: str = "",
+        drain_key: str = "",
         **kw: Any,
     ) -> None:
         super().__init__(*args, poll_delay=idle_poll, **kw)
@@ -79,7 +81,9 @@ class SkillJobsWorker(Worker):
         self._limits = limits  # jobs.queue.limits.for_claim of the settings
         self._heartbeat_prefix = heartbeat_prefix
         self._pause_key = pause_key  # set by an operator (dashboard): claim nothing new
+        self._drain_key = drain_key  # set by an operator: claim nothing new, finish, exit
         self._paused = False
+        self._draining = False
         self._pause_checked = 0.0
         self._wake = asyncio.Event()
         self._wake_channel = wake_channel
@@ -173,13 +177,21 @@ class SkillJobsWorker(Worker):
         await self.heart_beat()
 
     async def _is_paused(self) -> bool:
-        """Whether an operator paused this worker (read at most once a second; running
-        jobs are not affected)."""
+        """Whether an operator paused or is draining this worker (read at most once a
+        second; running jobs are not affected)."""
         now = time.monotonic()
         if self._pause_key and now - self._pause_checked >= 1.0:
             self._pause_checked = now
-            self._paused = bool(await self.pool.exists(self._pause_key))
-        return self._paused
+            pause, drain = await self.pool.mget(self._pause_key, self._drain_key or self._pause_key)
+            self._paused = pause is not None
+            self._draining = bool(self._drain_key) and drain is not None
+        return self._paused or self._draining
+
+    def _drained(self) -> bool:
+        """Draining and nothing left running or finishing here: time to exit."""
+        return self._draining and not any(
+            not t.done() for t in [*self.tasks.values(), *self._finishing()]
+        )
 
     async def main(self) -> None:
         from arq.connections import create_pool
@@ -201,6 +213,9 @@ class SkillJobsWorker(Worker):
                     log.warning("queue poll failed (%s: %s); retrying", type(exc).__name__, exc)
                     await asyncio.sleep(1.0)
                     continue
+                if self._drained():
+                    log.info("worker drained on request: nothing running, exiting")
+                    return
                 if self.burst:
                     if 0 <= self.max_burst_jobs <= self._jobs_started():
                         await asyncio.gather(*self.tasks.values())
@@ -442,6 +457,7 @@ def build_worker(
         limits=limits.for_claim(settings.limits),
         heartbeat_prefix=settings.key(WORKER_HEARTBEAT, ""),
         pause_key=settings.key(WORKER_PAUSE, runner.worker_id),
+        drain_key=settings.key(WORKER_DRAIN, runner.worker_id),
         burst=burst,
         max_jobs=max_jobs or settings.worker_max_jobs,
         keep_result=0,

@@ -206,6 +206,7 @@ async def test_read_token_sees_everything_and_changes_nothing(services) -> None:
             ("/api/v1/jobs/bulk", {"action": "retry", "filter": {"status": "failed"}}),
             ("/api/v1/incidents/x/ack", None),
             ("/api/v1/workers/x/pause", None),
+            ("/api/v1/workers/x/drain", None),
             ("/api/v1/schedules/x/run", None),
             ("/api/v1/chain-runs/x/rerun", {"from_step": "a"}),
         ):
@@ -252,13 +253,66 @@ async def test_pause_and_resume_a_worker(client: httpx.AsyncClient, services) ->
     assert resp.status_code == 200, resp.text
     assert await services.redis.exists(key)
     state = (await client.get("/api/v1/workers/state")).json()["items"]
-    assert state == [{"id": "host-1:42:abc", "paused": True}]
+    assert state == [{"id": "host-1:42:abc", "paused": True, "draining": False}]
     assert (await client.post("/api/v1/workers/host-1:42:abc/resume")).status_code == 200
     assert not await services.redis.exists(key)
     assert (await client.get("/api/v1/workers/state")).json()["items"][0]["paused"] is False
+    resp = await client.post("/api/v1/workers/host-1:42:abc/drain")
+    assert resp.json() == {"ok": True, "id": "host-1:42:abc", "paused": False, "draining": True}
+    state = (await client.get("/api/v1/workers/state")).json()["items"]
+    assert state == [{"id": "host-1:42:abc", "paused": False, "draining": True}]
     assert (await client.post("/api/v1/workers/nope/pause")).status_code == 404
+    assert (await client.post("/api/v1/workers/nope/drain")).status_code == 404
     acts = (await client.get("/api/v1/audit?target=host-1:42:abc")).json()["items"]
     assert [(a["action"], a["actor"]) for a in acts] == [
+        ("worker.drain", "admin"),
         ("worker.resume", "admin"),
         ("worker.pause", "admin"),
     ]
+
+
+async def test_bulk_takes_exactly_what_the_job_list_shows(
+    client: httpx.AsyncClient, services
+) -> None:
+    now = time.time()
+    a = await seed_job(services, status="failed", error="quota exceeded", created_at=now - 300)
+    b = await seed_job(services, status="failed", error="Quota exceeded", created_at=now - 200)
+    await seed_job(services, status="failed", error="quota exceeded", channel="feishu")
+    await seed_job(services, status="failed", error="disk full")
+    await seed_job(services, status="succeeded", error="quota exceeded")
+    await seed_job(services, status="failed", error="quota exceeded", created_at=now - 9000)
+    query = {"status": "failed", "channel": "telegram", "q": "quota", "since": "2h"}
+    listed = (await client.get("/api/v1/jobs", params=query)).json()["items"]
+    assert sorted(j["id"] for j in listed) == sorted([a.id, b.id])
+
+    async def bulk(**kw) -> dict:  # type: ignore[no-untyped-def,type-arg]
+        resp = await client.post("/api/v1/jobs/bulk", json={"action": "retry", **kw})
+        assert resp.status_code == 200, resp.text
+        return resp.json()  # type: ignore[no-any-return]
+
+    dry = await bulk(filter=query)
+    assert dry["dry_run"] is True and dry["matched"] == 2 and dry["capped"] is False
+    assert sorted(dry["job_ids"]) == sorted([a.id, b.id]) and dry["affected"] == 0
+    # epoch seconds, as the page sends them, mean the same
+    assert (await bulk(filter={**query, "since": now - 7200}))["matched"] == 2
+    # the cap: the oldest first, and it says more are left
+    first = await bulk(filter=query, dry_run=False, limit=1)
+    assert first["matched"] == 2 and first["capped"] is True
+    assert first["job_ids"] == [a.id] and first["affected"] == 1
+    statuses = {j["id"]: j["status"] for j in (await client.get("/api/v1/jobs")).json()["items"]}
+    assert statuses[a.id] == "queued" and statuses[b.id] == "failed"
+    second = await bulk(filter=query, dry_run=False)
+    assert second["matched"] == 1 and second["job_ids"] == [b.id] and second["affected"] == 1
+    audit = (await client.get("/api/v1/audit", params={"action": "bulk.retry"})).json()["items"]
+    assert [(x["details"]["matched"], x["details"]["taken"]) for x in audit] == [(1, 1), (2, 1)]
+    assert audit[0]["details"]["filter"]["q"] == "quota" and audit[0]["actor"] == "admin"
+
+    bad = await client.post("/api/v1/jobs/bulk", json={"action": "retry", "filter": {"x": 1}})
+    assert bad.status_code == 422 and "known: status" in bad.json()["error"]
+    bad = await client.post(
+        "/api/v1/jobs/bulk", json={"action": "retry", "filter": query, "limit": 0}
+    )
+    assert bad.status_code == 422 and "limit" in bad.json()["error"]
+    many = await client.get("/api/v1/jobs", params={"status": "failed,succeeded", "q": "quota"})
+    assert len(many.json()["items"]) == 3  # feishu, succeeded, the old one (a, b are queued)
+    assert (await client.get("/api/v1/jobs", params={"since": "soon"})).status_code == 400

@@ -1,6 +1,7 @@
 """The dashboard in a real browser (headless Chromium) against a real app, Redis, database
 and ``skilljobs worker``: a dispatched job appears and finishes live, retry adds an attempt,
-skill output stays text. Saves the screenshot used in the docs."""
+skill output stays text. Saves the README's screenshot into the ``screenshots`` folder
+(a temporary one unless ``make screenshots`` asks for ``docs/``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from dashboard.app import create_app
 from jobs.db import create_engine, create_sessionmaker
 from jobs.models import Job, new_id
 from tests.helpers.dashboard import TOKEN, LiveServer
-from tests.helpers.settings import IN_CI, ROOT, make_settings
+from tests.helpers.settings import IN_CI, make_settings
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -36,8 +37,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-REPO = ROOT
-SCREENSHOT = REPO / "docs" / "dashboard.png"
 
 
 def _need_chromium() -> None:
@@ -116,7 +115,7 @@ async def _wait_for_worker(http: httpx.AsyncClient, url: str, proc: Any, log: Pa
 
 
 async def test_dashboard_live_in_chromium(
-    live: LiveServer, worker: Any, env_settings: Any, tmp_path: Path
+    live: LiveServer, worker: Any, env_settings: Any, tmp_path: Path, screenshots: Path
 ) -> None:
     _need_chromium()
     from playwright.async_api import async_playwright
@@ -128,12 +127,14 @@ async def test_dashboard_live_in_chromium(
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
-                await _scenario(browser, http, live.url, env_settings)
+                await _scenario(browser, http, live.url, env_settings, screenshots)
             finally:
                 await browser.close()
 
 
-async def _scenario(browser: Any, http: httpx.AsyncClient, url: str, settings: Any) -> None:
+async def _scenario(
+    browser: Any, http: httpx.AsyncClient, url: str, settings: Any, screenshots: Path
+) -> None:
     # Without a token the page asks for one; the form unlocks it.
     ctx = await browser.new_context(viewport={"width": 1440, "height": 960})
     page = await ctx.new_page()
@@ -210,10 +211,9 @@ async def _scenario(browser: Any, http: httpx.AsyncClient, url: str, settings: A
         )
         > 0
     )
-    SCREENSHOT.parent.mkdir(exist_ok=True)
     # (cropped above the result, whose local paths point into the test's temp dir)
     await page.set_viewport_size({"width": 1440, "height": 840})
-    await page.screenshot(path=str(SCREENSHOT), full_page=False)
+    await page.screenshot(path=str(screenshots / "dashboard.png"), full_page=False)
 
     # (functions, not expression strings: the page's CSP forbids eval, as it should)
     # The retry is in the audit trail with the dashboard as actor.

@@ -2,7 +2,8 @@
 each page loads from its own address, deep links survive a reload, back/forward walk the
 pages, actions (bulk retry, incident ack, schedule disable, chain re-run) change what the
 API says, skill text stays text, the read-only token sees no action, a phone-sized window
-has no sideways scroll. Saves the screenshots of the README."""
+has no sideways scroll. Screenshots go to the ``screenshots`` folder (a temporary one;
+``make screenshots`` refreshes the README's)."""
 
 from __future__ import annotations
 
@@ -30,12 +31,11 @@ from jobs.models import (
 )
 from tests.dashboard.test_browser import CHROMIUM, CHROMIUM_ARGS, _need_chromium
 from tests.helpers.dashboard import TOKEN, LiveServer
-from tests.helpers.settings import ROOT, make_settings
+from tests.helpers.settings import make_settings
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
 READ_TOKEN = "dash-read-token-7c1f0d5e3a9b8c7d6e2b9e4a"
-DOCS = ROOT / "docs"
 EVIL = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
 PAGES = ("overview", "jobs", "schedules", "deliveries", "incidents", "workers", "audit")
 
@@ -218,13 +218,14 @@ async def _seed(settings: Any) -> dict[str, str]:
     return ids
 
 
-async def _shot(page: Any, name: str) -> None:
-    DOCS.mkdir(exist_ok=True)
+async def _shot(page: Any, shots: Path, name: str) -> None:
     await page.wait_for_timeout(150)
-    await page.screenshot(path=str(DOCS / f"dashboard-{name}.png"), full_page=False)
+    await page.screenshot(path=str(shots / f"dashboard-{name}.png"), full_page=False)
 
 
-async def test_every_page_in_chromium(live: LiveServer, env_settings: Any) -> None:
+async def test_every_page_in_chromium(
+    live: LiveServer, env_settings: Any, screenshots: Path
+) -> None:
     _need_chromium()
     from playwright.async_api import async_playwright
 
@@ -236,9 +237,9 @@ async def test_every_page_in_chromium(live: LiveServer, env_settings: Any) -> No
     ):
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            await _admin(browser, http, live.url, ids)
+            await _admin(browser, http, live.url, ids, screenshots)
             await _read_only(browser, live.url, ids)
-            await _narrow(browser, live.url)
+            await _narrow(browser, live.url, screenshots)
         finally:
             await browser.close()
 
@@ -255,7 +256,9 @@ async def _open(
     return ctx, page, errors
 
 
-async def _admin(browser: Any, http: httpx.AsyncClient, url: str, ids: dict[str, str]) -> None:
+async def _admin(
+    browser: Any, http: httpx.AsyncClient, url: str, ids: dict[str, str], shots: Path
+) -> None:
     dialogs: list[str] = []
     ctx, page, errors = await _open(browser, url, TOKEN, "#/jobs?status=failed&skill=flaky_fetch")
 
@@ -275,7 +278,7 @@ async def _admin(browser: Any, http: httpx.AsyncClient, url: str, ids: dict[str,
     await page.wait_for_function(
         "() => [...document.querySelectorAll('#skill-names option')].some(o => o.value === 'flaky_fetch')"
     )
-    await _shot(page, "jobs")
+    await _shot(page, shots, "jobs")
 
     # bulk retry of the filter: a confirmation with the dry-run count, then the API agrees
     await page.click("#bulk-retry")
@@ -303,10 +306,11 @@ async def _admin(browser: Any, http: httpx.AsyncClient, url: str, ids: dict[str,
     await page.wait_for_function(
         "() => document.querySelectorAll('#jobs tbody tr[data-job-id]').length === 3"
     )
+    assert await page.is_enabled("#bulk-retry")  # a search is a bulk filter too
     await page.click(f'#jobs tbody tr[data-job-id="{ids["flaky"]}"]')
     await page.wait_for_selector(f'#detail[data-job-id="{ids["flaky"]}"]')
     assert f"#/jobs/{ids['flaky']}?q=flaky" in page.url
-    await _shot(page, "job")
+    await _shot(page, shots, "job")
 
     # every page from the tabs, each with its own address; back and forward walk them
     for name in PAGES:
@@ -321,7 +325,14 @@ async def _admin(browser: Any, http: httpx.AsyncClient, url: str, ids: dict[str,
     await page.wait_for_selector("#tab-workers", state="visible")
     await page.wait_for_selector("#workers tbody tr[data-worker-id=worker-a1]")
     assert "alive" in (await page.text_content("#workers tbody") or "")
-    await _shot(page, "workers")
+    await _shot(page, shots, "workers")
+    # drain: asked first, then the API says draining and the row shows it
+    worker = "#workers tbody tr[data-worker-id=worker-a1]"
+    await page.click(f"{worker} button:has-text('Drain')")
+    await page.wait_for_selector(f"{worker}[data-mode=draining]")
+    assert any("Drain worker worker-a1? It takes no new jobs" in d for d in dialogs)
+    flags = (await http.get("/api/v1/workers/state")).json()["items"]
+    assert flags == [{"id": "worker-a1", "paused": False, "draining": True}]
 
     # overview: three inline SVG charts drawn from the time series
     await page.goto(f"{url}/#/overview")
@@ -335,13 +346,13 @@ async def _admin(browser: Any, http: httpx.AsyncClient, url: str, ids: dict[str,
         "() => document.querySelector('#latency-window').textContent.includes('24')"
     )
     await page.click("#chart-window button[data-window='1h']")
-    await _shot(page, "overview")
+    await _shot(page, shots, "overview")
 
     # incidents: ack, and the API says acked
     await page.goto(f"{url}/#/incidents")
     row = f'#incidents tbody tr[data-incident-id="{ids["incident"]}"]'
     await page.wait_for_selector(f'{row}[data-status="open"]')
-    await _shot(page, "incidents")
+    await _shot(page, shots, "incidents")
     await page.click(f"{row} button:has-text('Ack')")
     await page.wait_for_selector(f'{row}[data-status="acked"]')
     inc = (await http.get("/api/v1/incidents", params={"status": "acked"})).json()["items"]
@@ -353,7 +364,7 @@ async def _admin(browser: Any, http: httpx.AsyncClient, url: str, ids: dict[str,
     assert await page.locator("#deliveries tbody tr[data-delivery-id]").count() == 2
     health = await page.text_content("#channel-health tbody") or ""
     assert "feishu" in health and "50.0 %" in health and "33.3 %" in health
-    await _shot(page, "deliveries")
+    await _shot(page, shots, "deliveries")
     failed = "#deliveries tbody tr[data-status=failed]"
     failed_id = await page.get_attribute(failed, "data-delivery-id")
     await page.click(f"{failed} button:has-text('Dismiss')")
@@ -367,7 +378,7 @@ async def _admin(browser: Any, http: httpx.AsyncClient, url: str, ids: dict[str,
     # a schedule's own address: runs including a missed fire; disabling changes the API
     await page.goto(f"{url}/#/schedules/{ids['schedule']}")
     await page.wait_for_selector('#runs-list .run[data-status="missed"]')
-    await _shot(page, "schedules")
+    await _shot(page, shots, "schedules")
     await page.click("#schedules tbody tr button:has-text('Disable')")
     await page.wait_for_selector("#schedules tbody tr button:has-text('Enable')")
     sched = (await http.get(f"/api/v1/schedules/{ids['schedule']}")).json()
@@ -379,7 +390,7 @@ async def _admin(browser: Any, http: httpx.AsyncClient, url: str, ids: dict[str,
     assert page.url.endswith(f"#/chain-runs/{ids['run']}")
     steps = await page.text_content("#chain-steps") or ""
     assert "1.20 s" in steps and "renderer crashed" in steps and '"rows"' in steps
-    await _shot(page, "chain-run")
+    await _shot(page, shots, "chain-run")
     await page.click('#chain-steps li[data-step="report"] button:has-text("Re-run from here")')
     await page.wait_for_function(f"() => !location.hash.endsWith('{ids['run']}')")
     new_run = page.url.rsplit("/", 1)[-1]
@@ -391,7 +402,7 @@ async def _admin(browser: Any, http: httpx.AsyncClient, url: str, ids: dict[str,
     await page.wait_for_selector("#audit tbody tr[data-action='incident.ack']")
     audit = await page.text_content("#audit tbody") or ""
     assert "bulk.retry" in audit and "admin" in audit and "<script>" in audit
-    await _shot(page, "audit")
+    await _shot(page, shots, "audit")
     await page.goto(f"{url}/#/audit?action=incident.ack")
     await page.wait_for_function(
         "() => document.querySelectorAll('#audit tbody tr[data-action]').length === 1"
@@ -421,14 +432,23 @@ async def _read_only(browser: Any, url: str, ids: dict[str, str]) -> None:
         await page.wait_for_selector(ready)
         visible = await page.locator("button.action:visible, .action button:visible").count()
         assert visible == 0, hash_
-        for label in ("Re-run", "Ack", "Resend", "Dismiss", "Disable", "Retry all", "Pause"):
+        for label in (
+            "Re-run",
+            "Ack",
+            "Resend",
+            "Dismiss",
+            "Disable",
+            "Retry all",
+            "Pause",
+            "Drain",
+        ):
             assert await page.locator(f"button:visible:has-text('{label}')").count() == 0
     assert await page.evaluate("window.__pwned") is None
     assert errors == []
     await ctx.close()
 
 
-async def _narrow(browser: Any, url: str) -> None:
+async def _narrow(browser: Any, url: str, shots: Path) -> None:
     ctx, page, errors = await _open(browser, url, TOKEN, "#/overview", is_mobile=True)
     await page.set_viewport_size({"width": 390, "height": 844})
     for name in ("overview", "jobs", "deliveries", "incidents"):
@@ -439,6 +459,6 @@ async def _narrow(browser: Any, url: str) -> None:
         assert wide <= 1, (name, wide)
     await page.goto(f"{url}/#/overview")
     await page.wait_for_selector("#chart-jobs svg")
-    await _shot(page, "phone")
+    await _shot(page, shots, "phone")
     assert errors == []
     await ctx.close()

@@ -149,10 +149,11 @@ async def test_bulk_retry_by_filter_retries_exactly_the_matched_jobs(svc: Servic
     orders = await _fail_orders(svc, 3)
     quota = await dispatch(svc, "quota_report")
     await drain(svc)
-    # one old failure of the same skill, outside --since 2h
+    # one old failure of the same skill, outside --since 2h (created 5 h ago)
+    old = time.time() - 5 * 3600
     async with svc.sessionmaker() as s:
         await s.execute(
-            update(Job).where(Job.id == orders[0]).values(finished_at=time.time() - 5 * 3600)
+            update(Job).where(Job.id == orders[0]).values(created_at=old, finished_at=old + 60)
         )
         await s.commit()
     flt = JobFilter.parse({"status": "failed", "skill": "order_export", "since": "2h"})

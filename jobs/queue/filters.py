@@ -1,0 +1,162 @@
+"""The job search filter: one set of fields and one meaning for the job list (dashboard
+API, ``skilljobs jobs list``) and for bulk actions (``POST /api/v1/jobs/bulk``,
+``skilljobs jobs retry|cancel --skill …``), so a bulk action takes exactly the jobs the
+list shows for the same filter.
+
+Fields: ``status`` (one or a comma list), ``skill``, ``channel``, ``role`` (``role_id``),
+``error_type``, ``since`` / ``until`` (when the job was created: ``2h``, ``30m``, an ISO
+time or epoch seconds), ``q`` (text search) and, for bulk actions only, ``incident``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import and_, or_
+from sqlalchemy.sql.elements import ColumnElement
+
+from jobs.models import JOB_STATUSES, Job
+
+FIELDS = ("status", "skill", "channel", "role", "error_type", "since", "until", "q", "incident")
+ALIASES = {"role_id": "role"}
+MAX_TEXT = 200  # characters of a search text
+_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.I)
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_HEX_ID = re.compile(r"^[0-9a-f]{6,32}$")
+
+
+def parse_time(value: Any, *, now: float | None = None) -> float | None:
+    """``2h`` / ``30m`` / ``7d`` (that long ago), an ISO 8601 time, or epoch seconds."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError("a time must be finite")
+        return float(value)
+    text = str(value)
+    span = _SPAN.match(text)
+    if span:
+        now = time.time() if now is None else now
+        return now - float(span.group(1)) * _UNIT[span.group(2).lower()]
+    try:
+        number = float(text)
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(number):
+            return number
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a time: use 2h, 30m, 7d, an ISO time or epoch seconds"
+        ) from None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+
+
+@dataclass
+class JobFilter:
+    """Which jobs: every given field must match."""
+
+    status: tuple[str, ...] = ()
+    skill: str | None = None
+    channel: str | None = None
+    role: str | None = None
+    error_type: str | None = None
+    since: float | None = None
+    until: float | None = None
+    q: str | None = None
+    incident: str | None = None
+
+    @classmethod
+    def parse(cls, data: dict[str, Any], *, now: float | None = None) -> JobFilter:
+        """From query parameters, a JSON body or CLI options; ``ValueError`` names what is
+        wrong (an unknown field or status, a time that is not one)."""
+        data = {ALIASES.get(k, k): v for k, v in data.items()}
+        unknown = set(data) - set(FIELDS)
+        if unknown:
+            raise ValueError(
+                f"unknown filter field(s): {', '.join(sorted(unknown))} "
+                f"(known: {', '.join(FIELDS)})"
+            )
+        status = data.get("status") or ()
+        statuses = tuple(
+            s.strip() for s in (status.split(",") if isinstance(status, str) else status)
+        )
+        bad = [s for s in statuses if s not in JOB_STATUSES]
+        if bad:
+            raise ValueError(
+                f"unknown status {bad[0]!r}: status must be one of {', '.join(JOB_STATUSES)}"
+            )
+        q = str(data.get("q") or "").strip() or None
+        if q and len(q) > MAX_TEXT:
+            raise ValueError(f"the search text is longer than {MAX_TEXT} characters")
+
+        def text(name: str) -> str | None:
+            value = data.get(name)
+            return str(value) if value not in (None, "") else None
+
+        return cls(
+            status=tuple(dict.fromkeys(statuses)),
+            skill=text("skill"),
+            channel=text("channel"),
+            role=text("role"),
+            error_type=text("error_type"),
+            since=parse_time(data.get("since"), now=now),
+            until=parse_time(data.get("until"), now=now),
+            q=q,
+            incident=text("incident"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v not in (None, ())}
+
+    def conditions(self) -> list[ColumnElement[bool]]:
+        """The SQL conditions on ``jobs`` (``incident`` is matched by its caller). Every
+        field but ``error_type`` (which only narrows the others) has an index:
+        ``(status|skill|channel|role_id, created_at)`` and the text search's."""
+        conds: list[ColumnElement[bool]] = []
+        if len(self.status) == 1:
+            conds.append(Job.status == self.status[0])
+        elif self.status:
+            conds.append(Job.status.in_(self.status))
+        for column, value in (
+            (Job.skill, self.skill),
+            (Job.channel, self.channel),
+            (Job.role_id, self.role),
+            (Job.error_type, self.error_type),
+        ):
+            if value:
+                conds.append(column == value)
+        if self.since is not None:
+            conds.append(Job.created_at >= self.since)
+        if self.until is not None:
+            conds.append(Job.created_at < self.until)
+        if self.q:
+            conds.append(text_match(self.q))
+        return conds
+
+
+def text_match(q: str) -> ColumnElement[bool]:
+    """``q`` that looks like a job id (6–32 hex digits) is an id-prefix lookup on the
+    primary key; anything else is a case-insensitive substring of skill or error, or
+    exactly the job id, origin session or actor (on PostgreSQL every branch has an index:
+    ``pg_trgm`` for the substrings, migration 0006)."""
+    q = q.strip()
+    if _HEX_ID.match(q.lower()):
+        prefix = q.lower()
+        # Both bounds are hex-only strings, so every collation orders them alike.
+        return and_(Job.id >= prefix.ljust(32, "0"), Job.id <= prefix.ljust(32, "f"))
+    pattern = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    return or_(
+        Job.id == q,
+        Job.skill.ilike(pattern, escape="\\"),
+        Job.error.ilike(pattern, escape="\\"),
+        Job.session_id == q,
+        Job.actor_key == q,
+    )
