@@ -353,6 +353,7 @@ class LimitedChannel(Channel):
 
 
 __all__ = [
+    "LINK_NOTES",
     "MB",
     "DoesNotFit",
     "LimitedChannel",

@@ -10,7 +10,7 @@ import httpx
 from delivery.channels.base import Channel
 from delivery.channels.dingtalk import DingTalkChannel
 from delivery.channels.feishu import FeishuChannel
-from delivery.channels.limits import LimitedChannel, LinkFor
+from delivery.channels.limits import LINK_NOTES, LimitedChannel, LinkFor
 from delivery.channels.telegram import TelegramChannel
 from delivery.channels.web import WebChannel
 from delivery.channels.wecom import WeComChannel
@@ -93,19 +93,21 @@ def link_maker(settings: Settings) -> LinkFor | None:
 
 
 def shared_limits(settings: Settings, out: dict[str, Channel], redis: Any) -> None:
-    """The platform adapters get the download links and, with Redis, the rate limits
-    every worker shares."""
+    """The platform adapters get the download links (with notes in the deployment's
+    language) and, with Redis, the rate limits every worker shares."""
     link_for = link_maker(settings)
     limiter = None
     if redis is not None:
         from delivery.ratelimit import RateLimiter
 
         limiter = RateLimiter.from_settings(redis, settings)
+    lang = settings.language if settings.language in LINK_NOTES else "en"
     for ch in out.values():
         if isinstance(ch, LimitedChannel):
             if ch.link_for is None:
                 ch.link_for = link_for
             ch.limiter = limiter
+            ch.lang = lang  # the language of the notes a link comes with
 
 
 def channels_for(services: Services) -> dict[str, Channel]:

@@ -476,3 +476,27 @@ async def test_send_message_reaches_a_group_and_replies(tg, fs, http):
     assert sorted(s.get("reply_to") or 0 for s in tg.sent) == [0, asked_tg]
     assert {s["chat_id"] for s in tg.sent} == {TG_GROUP}
     assert (fs.sent[0]["receive_id"], fs.sent[0].get("reply_to")) == (FS_GROUP, asked_fs)
+
+
+async def test_a_link_comes_with_a_note_in_the_deployments_language(tg, http, tmp_path):
+    """Built from the settings, the adapters write the link note in SKILLJOBS_LANGUAGE and
+    sign the link under SKILLJOBS_PUBLIC_URL."""
+    from delivery.channels.registry import build_channels
+    from tests.helpers.settings import make_settings
+
+    s = make_settings(
+        tmp_path,
+        redis_url=None,
+        prefix="p",
+        telegram_bot_token=tg.token,
+        telegram_api_base=tg.url,
+        public_url="https://jobs.example.com",
+        language="zh",
+    )
+    ws = s.resolved_workspace_root / "r1" / "s1"
+    ws.mkdir(parents=True)
+    huge = sparse(ws / "报表.pdf", 51 * MB)
+    receipt = await build_channels(s, http)["telegram"].send_file("1001", huge)
+    assert receipt.kind == "link"  # type: ignore[attr-defined]
+    text = tg.sent[-1]["text"]
+    assert text.startswith("报表.pdf（51.0 MB）太大") and "https://jobs.example.com/files/" in text
