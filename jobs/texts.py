@@ -49,6 +49,15 @@ TEXTS: dict[str, dict[str, str]] = {
         "en": "Sorry, {name} could not finish. You can try again in a moment.",
         "zh": "抱歉，{name} 未能完成，请稍后再试。",
     },
+    # the reason in "Sorry, {name} could not finish: {reason}." of failures outside the skill
+    "internal_reason": {
+        "en": "an internal error stopped it",
+        "zh": "系统故障导致任务中断",
+    },
+    "lost_reason": {
+        "en": "it was stopped every time it ran (the worker running it died or stalled)",
+        "zh": "每次运行都被中断（运行它的工作进程崩溃或卡住）",
+    },
     "items": {"en": "{n} items", "zh": "{n} 项"},
     "fields": {"en": "{n} fields", "zh": "{n} 个字段"},
     "more_lines": {"en": "… {n} more", "zh": "……另有 {n} 项"},

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
-from jobs import phases, sendscope
+from jobs import phases, sendscope, texts
 from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS
 from jobs.db import DB_UNAVAILABLE
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT, JobRow
-from jobs.queue import broker, incidents, limits, store
+from jobs.queue import broker, incidents, limits, lost, store
 from jobs.queue.stall import StallWatch
 from jobs.runscope import RunScope, begin_run
 from jobs.services import Services
@@ -56,8 +56,8 @@ def db_unavailable(exc: BaseException) -> bool:
     return False
 
 
-#: what the person is told when the finishing stage itself failed (one short line)
-INTERNAL_NOTICE = "Sorry, the result of this task could not be processed (an internal error)."
+#: the reason the person is told when the run or its finishing stage failed (English form)
+INTERNAL_NOTICE = texts.text("internal_reason")
 
 
 async def retry_db(
@@ -136,6 +136,8 @@ class JobRunner:
         #: the event-loop stall detector, when the worker runs one (its counts are
         #: published with the heartbeat)
         self.stall: StallWatch | None = None
+        #: telling the origins of jobs failed as lost (``jobs.queue.lost``)
+        self.telling: set[asyncio.Task[None]] = set()
         #: frees the limit slots of an arq entry once its job has left ``running`` (set by
         #: the worker when SKILLJOBS_LIMITS is configured)
         self.slots: Batcher[str, None] | None = None
@@ -333,7 +335,13 @@ class JobRunner:
         where = "while running it" if stage == "run" else f"in the finishing stage ({stage})"
         error = f"internal error {where}: {type(exc).__name__}: {exc}"
         if job.id not in self.lost:
-            notice = {"ok": False, "error": INTERNAL_NOTICE, "error_type": "internal"}
+            lang = texts.language_of(self.svc.settings, self.svc.box.unseal(job.context or {}))
+            notice = {
+                "ok": False,
+                "error": error,
+                "user_message": texts.text("internal_reason", lang),
+                "error_type": "internal",
+            }
             try:
                 await self._postprocess(job, token, notice)
             except Exception as dexc:  # the record below still tells the operator
@@ -595,13 +603,23 @@ class JobRunner:
         if not dead:
             return 0
         n = 0
+        failed: list[str] = []
         for job_id, token in await store.expire_leases(
-            svc.sessionmaker, owners=dead, before=before, why="missed 3 heartbeats"
+            svc.sessionmaker, owners=dead, before=before, why="missed 3 heartbeats", failed=failed
         ):
             log.warning("job %s: its worker missed 3 heartbeats, re-run here", job_id)
             await self._enqueue(job_id, token)
             n += 1
+        self.tell_lost(failed)
         return n
+
+    def tell_lost(self, job_ids: list[str]) -> None:
+        """Tell the origins of jobs just failed as lost, beside the loops (a slow channel
+        must not delay the next take-over)."""
+        for job_id in job_ids:
+            task = asyncio.create_task(lost.tell(self.svc, job_id))
+            self.telling.add(task)
+            task.add_done_callback(self.telling.discard)
 
     async def reconcile_once(self) -> int:
         """Re-enqueue what the database says must run but Redis no longer has.
@@ -614,9 +632,11 @@ class JobRunner:
         redis = svc.redis
         assert redis is not None
         n = 0
-        for job_id, token in await store.expire_leases(svc.sessionmaker):
+        failed: list[str] = []
+        for job_id, token in await store.expire_leases(svc.sessionmaker, failed=failed):
             await self._enqueue(job_id, token)
             n += 1
+        self.tell_lost(failed)
         stale = await store.stale_queued(
             svc.sessionmaker, older_than=svc.settings.reconcile_stale_sec
         )

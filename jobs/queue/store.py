@@ -513,13 +513,15 @@ async def expire_leases(
     owners: set[str] | None = None,
     before: float | None = None,
     why: str = "stopped heartbeating (lease expired)",
+    failed: list[str] | None = None,
 ) -> list[tuple[str, int]]:
     """Requeue running jobs whose lease ran out (their worker died). Returns (id, token).
 
     ``owners``/``before``: only the leases of those workers last renewed long enough ago
     that ``lease_expires_at < before`` (a peer found the worker's heartbeat missing). Each
     attempt taken away ends ``lost`` and counts toward the run cap: a job that has had its
-    ``MAX_RUNS`` runs is failed instead of run again.
+    ``MAX_RUNS`` runs is failed instead of run again (its id appended to ``failed``, for
+    the caller to tell its origin: ``jobs.queue.lost``).
     """
     now = time.time()
     out: list[tuple[str, int]] = []
@@ -538,6 +540,8 @@ async def expire_leases(
             error = await fail_lost(sm, job_id, token, reason)
             if error is not None:  # a failure like any other: counted in its incident
                 await incidents.note_failure(sm, job_id, skill, "lost", error)
+                if failed is not None:
+                    failed.append(job_id)
             continue
         new = await requeue(
             sm, job_id, token, reason=reason, error_type="transient", attempt_outcome="lost"

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from jobs import texts
 from jobs.queue import incidents
 from jobs.services import Services
 from tests.helpers.jobs import TG, dispatch, job_and_attempts, wait_status
@@ -35,8 +36,8 @@ def _settings(tmp_path, pg_url, redis_server_url, redis_prefix, **kw):
 def workers(tmp_path):
     started: list[WorkerProcess] = []
 
-    def start(settings) -> WorkerProcess:
-        w = WorkerProcess(settings, tmp_path / f"worker{len(started)}.log")
+    def start(settings, **env: str) -> WorkerProcess:
+        w = WorkerProcess(settings, tmp_path / f"worker{len(started)}.log", **env)
         started.append(w)
         return w
 
@@ -96,8 +97,9 @@ async def test_a_worker_paused_for_5_seconds_is_not_taken_over(default_beats, wo
 
 
 async def test_a_job_lost_three_times_fails_and_is_not_rerun(
-    tmp_path, pg_url, redis_server_url, redis_prefix, workers
+    tmp_path, pg_url, redis_server_url, redis_prefix, workers, tg
 ):
+    """...and the person is told in one short line, in their language, once."""
     settings = _settings(
         tmp_path,
         pg_url,
@@ -109,12 +111,14 @@ async def test_a_job_lost_three_times_fails_and_is_not_rerun(
         reconcile_stale_sec=2.0,
     )
     svc = await Services.open(settings)
+    channel = {"SKILLJOBS_TELEGRAM_BOT_TOKEN": tg.token, "SKILLJOBS_TELEGRAM_API_BASE": tg.url}
+    origin = {**TG, "actor_key": "1001", "locale": "zh-CN"}
     try:
         marker = tmp_path / "completed"
-        running = [workers(settings)]
-        job_id = await dispatch(svc, "bg_sleep", {"seconds": 60, "marker": str(marker)}, TG)
+        running = [workers(settings, **channel)]
+        job_id = await dispatch(svc, "bg_sleep", {"seconds": 60, "marker": str(marker)}, origin)
         for n in range(1, 4):
-            running.append(workers(settings))  # the one that takes over
+            running.append(workers(settings, **channel))  # the one that takes over
             attempt = await holder(svc, job_id, limit=60)
             assert attempt.number == n
             victim = next(w for w in running if w.pid == pid_of(attempt.worker_id))
@@ -135,5 +139,11 @@ async def test_a_job_lost_three_times_fails_and_is_not_rerun(
         assert not marker.exists()  # the skill never completed
         [inc] = await incidents.list_incidents(svc.sessionmaker, skill="bg_sleep")
         assert inc["error_type"] == "lost" and inc["sample_job_ids"] == [job_id]
+        deadline = time.monotonic() + 20
+        while not tg.sent and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # (nothing more comes)
+        said = [(m["chat_id"], m.get("text")) for m in tg.sent]
+        assert said == [("1001", f"抱歉，bg_sleep 未能完成：{texts.text('lost_reason', 'zh')}。")]
     finally:
         await svc.close()

@@ -144,7 +144,7 @@ async def test_an_exception_in_the_finishing_stage_fails_the_job_and_tells_the_u
         while not tg.sent and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         texts = [m.get("text") or m.get("caption") or "" for m in tg.sent]
-        assert any(INTERNAL_NOTICE.rstrip(".") in t for t in texts), texts
+        assert f"Sorry, bg_sleep could not finish: {INTERNAL_NOTICE}." in texts, texts
     finally:
         await svc.close()
 
