@@ -228,3 +228,30 @@ async def test_a_token_expiring_mid_batch_is_refreshed_once_and_each_message_sen
     assert sum(m["msg_type"] == "file" for m in fs.sent) == len(members)
     for job_id in jobs:
         assert [status for _, status in await recipients(svc, job_id)] == ["sent", "sent"]
+
+
+async def test_a_refusal_is_recorded_with_what_to_fix(svc, tg, fs, wc, dt) -> None:
+    """Each platform's "bot not in the chat / user unreachable" answer ends the item failed
+    (not retried) with a human reason in the delivery record the API and dashboard show."""
+    jobs = {
+        "the user blocked the bot": await dispatch(svc, origin("telegram", "1003"), "x"),
+        "availability range": await dispatch(svc, origin("feishu", "ou_blocked"), "x"),
+        "bot is not in this group chat": await dispatch(
+            svc, origin("feishu", "ou_a", conversation_id="oc_elsewhere"), "x"
+        ),
+        "visible range": await dispatch(svc, origin("wecom", "nobody"), "x"),
+        "robot is not in this group": await dispatch(
+            svc, origin("dingtalk", "user001", conversation_id="cidNoRobot=="), "x"
+        ),
+    }
+    await drain(svc)
+    for reason, job_id in jobs.items():
+        async with svc.sessionmaker() as s:
+            job = await s.get(Job, job_id)
+            rows = await s.execute(select(Delivery).where(Delivery.job_id == job_id))
+            assert job is not None
+            shown = job_dict(job, [], list(rows.scalars()))
+        assert shown["status"] == "succeeded"  # a refused delivery never fails the job
+        first = shown["deliveries"][0]
+        assert first["status"] == "failed" and reason in first["error"], (reason, first)
+        assert "HTTP 4" not in first["error"] and first["tries"] == 1
