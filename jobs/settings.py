@@ -117,6 +117,11 @@ class Settings(BaseSettings):
     # Dependency environments of skills (PEP 723, requirements.txt, package-lock.json) live
     # under <data_dir>/envs; one build may take at most this long.
     skill_env_timeout_sec: float = Field(default=600.0, gt=0)
+    # Cleanup of those environments (each prune pass, `skilljobs envs prune`): one no run
+    # used for this many days goes (0: kept), and the least recently used go while all of
+    # them exceed this many MB (0: no cap). One a running job uses is never removed.
+    skill_env_retention_days: float = Field(default=30.0, ge=0)
+    skill_env_max_mb: float = Field(default=10240.0, ge=0)
 
     language: str = "en"  # user-facing texts: en | zh (a dispatch context locale overrides)
 

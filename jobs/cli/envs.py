@@ -1,5 +1,6 @@
 """``skilljobs skills prepare``: build the dependency environments of skills ahead of time,
-and the environment state ``skills list`` / ``skills check`` show."""
+and the environment state ``skills list`` / ``skills check`` show; ``skilljobs envs
+list|prune``: what is on disk, and its cleanup."""
 
 from __future__ import annotations
 
@@ -62,13 +63,12 @@ def prepare(
 ) -> None:
     """Build the environments of skills with PEP 723 blocks, requirements.txt, pyproject
     dependencies or package.json + lockfile (workers otherwise build them on first use)."""
-    import shutil
-
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from jobs.catalog.loader import load_registry
     from jobs.cli.common import fail, load_settings
+    from jobs.execution.env_store import remove
     from jobs.execution.envs import BuildFailed, spec_for
 
     settings = load_settings()
@@ -110,7 +110,10 @@ def prepare(
             path = envs.path_of(spec)
             try:
                 if rebuild and path.exists():
-                    shutil.rmtree(path)
+                    if not remove(envs.root, spec.dirname):
+                        raise BuildFailed(
+                            "a running job uses it (or it is being built); not rebuilt"
+                        )
                     envs.forget(spec)
                 was_ready = envs.is_ready(spec)
                 envs.build(spec)
@@ -124,8 +127,105 @@ def prepare(
         raise typer.Exit(1)
 
 
-def register(skills_app: typer.Typer) -> None:
+def register_prepare(skills_app: typer.Typer) -> None:
     skills_app.command("prepare")(prepare)
+
+
+# --- skilljobs envs list | prune ---------------------------------------------------------
+
+envs_app = typer.Typer(
+    help="The skills' dependency environments under <data dir>/envs: list, clean up.",
+    no_args_is_help=True,
+)
+
+
+def _mb(size: int) -> str:
+    return f"{size / (1 << 20):,.1f} MB"
+
+
+@envs_app.command("list")
+def list_envs(
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Each environment: what declared it, its size, when a run last used it, which skills
+    declare it and whether a running job holds it now."""
+    import json
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from jobs.catalog.loader import load_registry
+    from jobs.cli.common import load_settings
+    from jobs.execution import env_store
+    from jobs.execution.envs import declared
+
+    settings = load_settings()
+    root = manager(settings).root
+    registry = load_registry(settings.skill_dirs)
+    users = {s.name: declared([s]) for s in registry if s.runnable}
+    now = time.time()
+    rows = []
+    for env in reversed(env_store.scan(root)):  # most recently used first
+        row = env.to_dict(now=now, in_use=env_store.in_use(root, env.name))
+        row["skills"] = sorted(n for n, names in users.items() if env.name in names)
+        rows.append(row)
+    if as_json:
+        typer.echo(json.dumps({"root": str(root), "items": rows}, indent=1))
+        return
+    table = Table("name", "source", "size", "unused", "state", "skills", title=str(root))
+    for r in rows:
+        state = "in use" if r["in_use"] else ("ready" if r["ready"] else "incomplete")
+        table.add_row(
+            r["name"],
+            r["source"] or "-",
+            _mb(r["size_bytes"]),
+            f"{r['unused_days']:g} d",
+            state,
+            ", ".join(r["skills"]) or "- (none declares it)",
+        )
+    Console(highlight=False).print(table)
+
+
+@envs_app.command("prune")
+def prune_envs(
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would go; remove nothing."),
+    older_than: float | None = typer.Option(
+        None, "--older-than", help="Days unused (default SKILLJOBS_SKILL_ENV_RETENTION_DAYS)."
+    ),
+    max_size: float | None = typer.Option(
+        None, "--max-size", help="MB all may take (default SKILLJOBS_SKILL_ENV_MAX_MB)."
+    ),
+) -> None:
+    """Remove environments no run used for a while, ones no skill declares any more,
+    half-built ones, and the least recently used beyond the size cap — never one a running
+    job uses."""
+    from dataclasses import replace
+
+    from jobs.cli.common import load_settings
+    from jobs.execution.env_store import Policy
+    from jobs.execution.envs import cleanup
+
+    settings = load_settings()
+    policy = Policy.from_settings(settings)
+    if older_than is not None:
+        policy = replace(policy, max_age_days=older_than if older_than > 0 else None)
+    if max_size is not None:
+        policy = replace(policy, max_bytes=int(max_size * (1 << 20)) if max_size > 0 else None)
+    report = cleanup(settings, dry_run=dry_run, policy=policy)
+    verb = "would remove" if dry_run else "removed"
+    for env, why in report.removed:
+        typer.echo(f"{verb} {env.name} ({env.source or env.kind}, {_mb(env.size)}): {why}")
+    for name in report.in_use:
+        typer.echo(f"kept {name}: a running job uses it (or it is being built)")
+    typer.echo(
+        f"{verb} {len(report.removed)} environments, {_mb(report.freed)}; "
+        f"{report.kept} kept ({_mb(report.size_before - report.freed)})"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(envs_app, name="envs")
 
 
 def check_skill_envs(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from jobs.cli.common import fail, load_settings, run_async
@@ -10,13 +12,14 @@ from jobs.cli.common import fail, load_settings, run_async
 def prune(
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),
 ) -> None:
-    """Delete finished jobs, chain runs, messages and workspace files past their retention."""
+    """Delete finished jobs, chain runs, messages, workspace files and skill environments
+    past their retention."""
     from jobs.db import create_engine, create_sessionmaker
     from jobs.queue.prune import prune as run_prune
 
     settings = load_settings()
 
-    async def _go() -> dict[str, object] | None:
+    async def _go() -> dict[str, Any] | None:
         engine = create_engine(settings.resolved_database_url)
         try:
             done = await run_prune(
@@ -37,7 +40,8 @@ def prune(
     verb = "would delete" if dry_run else "deleted"
     typer.echo(
         f"{verb}: {counts['jobs']} jobs, {counts['chain_runs']} chain runs, "
-        f"{counts['messages']} messages, {counts['files']} workspace files"
+        f"{counts['messages']} messages, {counts['files']} workspace files, "
+        f"{counts['envs']} skill environments ({counts['env_bytes'] / (1 << 20):,.1f} MB)"
     )
 
 

@@ -10,8 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from jobs.cli.envs import env_state, fanout_names, manager, skill_at
-from jobs.cli.envs import register as register_envs
+from jobs.cli.envs import env_state, fanout_names, manager, register_prepare, skill_at
 from jobs.skill import Skill
 
 skills_app = typer.Typer(
@@ -175,4 +174,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(skills_app, name="skills")
 
 
-register_envs(skills_app)  # `skills prepare`
+register_prepare(skills_app)  # `skills prepare`

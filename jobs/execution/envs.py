@@ -28,13 +28,15 @@ import shutil
 import sys
 import time
 import tomllib
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from jobs import phases
 from jobs.envelope import failure
+from jobs.execution import env_store
+from jobs.execution.env_store import INFO, READY, Lease, Policy, PruneReport
 from jobs.skill import ExecType, Skill
 
 __all__ = [
@@ -51,7 +53,6 @@ log = logging.getLogger(__name__)
 
 CREATE_VENV = "creating the virtual environment"
 PREPARING = "preparing environment"  # the job's phase while its environment is built
-READY = ".ready"  # written last: an environment without it is incomplete
 DEFAULT_TIMEOUT_SEC = 600.0
 MAX_KEY_LINE = 300
 _PEP723 = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
@@ -100,10 +101,16 @@ class EnvSpec:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A built environment: the interpreter and search paths a skill process gets."""
+    """A built environment: the interpreter and search paths a skill process gets. It is
+    held (``lease``) until :meth:`release`: the cleanup never removes it meanwhile."""
 
     spec: EnvSpec
     path: Path
+    lease: Lease | None = None
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
 
     @property
     def bin_dir(self) -> Path:
@@ -399,21 +406,32 @@ class EnvManager:
         self._ready.discard(self.path_of(spec))
 
     async def prepare(self, skill: Skill) -> Prepared | None:
-        """The skill's environment, built first if missing (off the event loop); a job's
-        run shows ``preparing environment`` meanwhile (:mod:`jobs.phases`)."""
+        """The skill's environment, built first if missing (off the event loop), and held
+        for the caller (``Prepared.release`` when the run is over). A job's run shows
+        ``preparing environment`` while it is built (:mod:`jobs.phases`)."""
         spec = spec_for(skill)
         if spec is None:
             return None
-        if not self.is_ready(spec):
-            log.info("skill %s: %s (%s)", skill.name, PREPARING, spec.source)
-            t0 = time.monotonic()
-            await phases.report(PREPARING, spec.source)
+        for _ in range(3):  # a cleanup may remove it between the build and the hold
             try:
-                await asyncio.to_thread(self.build, spec)
-            finally:
-                await phases.report(None, "")
-            log.info("skill %s: environment ready in %.1f s", skill.name, time.monotonic() - t0)
-        return Prepared(spec, self.path_of(spec))
+                lease = await Lease.take(self.root, spec.dirname, self.timeout)
+            except (OSError, TimeoutError) as exc:
+                raise BuildFailed(f"cannot use the environment {spec.dirname}: {exc}") from exc
+            if self.is_ready(spec):
+                return Prepared(spec, self.path_of(spec), lease)
+            lease.release()
+            await self._build_now(skill, spec)
+        raise BuildFailed(f"the environment {spec.dirname} was removed again while starting")
+
+    async def _build_now(self, skill: Skill, spec: EnvSpec) -> None:
+        log.info("skill %s: %s (%s)", skill.name, PREPARING, spec.source)
+        t0 = time.monotonic()
+        await phases.report(PREPARING, spec.source)
+        try:
+            await asyncio.to_thread(self.build, spec)
+        finally:
+            await phases.report(None, "")
+        log.info("skill %s: environment ready in %.1f s", skill.name, time.monotonic() - t0)
 
     def build(self, spec: EnvSpec) -> Path:
         """Build the environment unless another process did meanwhile (blocking)."""
@@ -434,7 +452,7 @@ class EnvManager:
                 shutil.rmtree(path, ignore_errors=True)
                 raise
             info = {"source": spec.source, "requirements": list(spec.requirements)}
-            (path / "skilljobs-env.json").write_text(json.dumps(info, indent=1))
+            (path / INFO).write_text(json.dumps(info, indent=1))
             (path / READY).write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         self._ready.add(path)
         return path
@@ -504,6 +522,47 @@ class EnvManager:
         )
 
 
+# --- cleanup -------------------------------------------------------------------------------
+
+
+def declared(skills: Iterable[Skill]) -> set[str]:
+    """The environment names the given skills declare (unreadable declarations skipped)."""
+    names = set()
+    for skill in skills:
+        with contextlib.suppress(BuildFailed, OSError):
+            spec = spec_for(skill) if skill.runnable else None
+            if spec is not None:
+                names.add(spec.dirname)
+    return names
+
+
+def cleanup(
+    settings: Any,
+    *,
+    dry_run: bool = False,
+    policy: Policy | None = None,
+    now: float | None = None,
+) -> PruneReport:
+    """Remove the environments under the data dir that ``settings`` (or ``policy``) let go,
+    never one in use (blocking: run it in a thread). The skills of the configured skill
+    folders say which environments are still declared."""
+    from jobs.catalog.loader import load_registry
+
+    wanted: set[str] | None
+    try:
+        wanted = declared(load_registry(settings.skill_dirs))
+    except Exception:  # cannot tell what is declared: that rule stays off this time
+        log.warning("skill environments cleanup: the skills did not load", exc_info=True)
+        wanted = None
+    root = EnvManager.from_settings(settings).root
+    report = env_store.prune(
+        root, policy or Policy.from_settings(settings), wanted=wanted, dry_run=dry_run, now=now
+    )
+    for env, why in report.removed:
+        log.info("skill environment %s %s: %s", env.name, "would go" if dry_run else "removed", why)
+    return report
+
+
 # --- a skill that imports what it did not declare -----------------------------------------
 
 
@@ -552,11 +611,19 @@ def describe(spec: EnvSpec | None) -> Mapping[str, Any]:
     return {"kind": spec.kind, "source": spec.source, "requirements": list(spec.requirements)}
 
 
+_pinned: dict[Path, Prepared] = {}
+
+
 def expose(prepared: Prepared | None) -> None:
     """In-process skills: the environment's packages become importable in the worker,
-    after the worker's own (a skill cannot replace a package the platform runs on)."""
+    after the worker's own (a skill cannot replace a package the platform runs on). The
+    environment stays held for the process's life: its modules may be loaded any time."""
     if prepared is None:
         return
+    if prepared.path in _pinned:
+        prepared.release()  # held already
+    else:
+        _pinned[prepared.path] = prepared
     for site in prepared.site_packages():
         if site not in sys.path:
             sys.path.append(site)

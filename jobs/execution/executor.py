@@ -578,7 +578,7 @@ class Executor:
         env = subproc.build_env(
             skill, rc, input_data, workspace=ws, llm_env=llm, passthrough=self.env_passthrough
         )
-        prepared = await self.envs.prepare(skill)  # built on first use
+        prepared = await self.envs.prepare(skill)  # built on first use, held while it runs
         if prepared is not None:
             argv = prepared.apply(argv, env)
         timeout = min(self.subprocess_timeout(skill, wall), wall)
@@ -594,6 +594,9 @@ class Executor:
                     "in the workspace instead"
                 ) from exc
             raise subproc.SetupError(f"cannot start {argv[0]}: {exc}") from exc
+        finally:
+            if prepared is not None:
+                prepared.release()
         log_text = subproc.log_tail(res.stderr)
         if res.timed_out:
             raise inprocess.WallExpired(timeout, log_text)

@@ -8,6 +8,8 @@
 - Web-session messages older than ``SKILLJOBS_MESSAGE_RETENTION_DAYS`` (unset: kept).
 - Workspace files older than ``SKILLJOBS_WORKSPACE_RETENTION_DAYS`` (unset: kept) that no
   kept job lists as an artifact.
+- Skill dependency environments nobody used for ``SKILLJOBS_SKILL_ENV_RETENTION_DAYS``, or
+  past ``SKILLJOBS_SKILL_ENV_MAX_MB`` (``jobs.execution.env_store``: never one in use).
 
 This module deletes; it never changes a job's state (that stays ``store``'s). One pruner
 runs at a time across all workers (a PostgreSQL advisory lock; SQLite has one writer).
@@ -29,6 +31,7 @@ from sqlalchemy import delete, exists, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from jobs.db import Sessions
+from jobs.execution.envs import cleanup
 from jobs.models import (
     FINAL_STATUSES,
     Artifact,
@@ -67,10 +70,12 @@ class Pruned:
     chain_runs: int = 0
     messages: int = 0
     files: int = 0
+    envs: int = 0  # skill dependency environments
+    env_bytes: int = 0  # what they took on disk
     dry_run: bool = False
 
     def total(self) -> int:
-        return self.jobs + self.chain_runs + self.messages + self.files
+        return self.jobs + self.chain_runs + self.messages + self.files + self.envs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -240,6 +245,8 @@ async def _pass(sm: Sessions, settings: Settings, out: Pruned, now: float, pause
     files_cut = _cutoff(settings.workspace_retention_days, now)
     if files_cut is not None:
         out.files = await _prune_files(sm, settings, files_cut, out.dry_run)
+    envs = await asyncio.to_thread(cleanup, settings, dry_run=out.dry_run)
+    out.envs, out.env_bytes = len(envs.removed), envs.freed
 
 
 async def run_forever(sm: Sessions, settings: Settings, stop: asyncio.Event) -> None:
@@ -263,7 +270,7 @@ async def run_forever(sm: Sessions, settings: Settings, stop: asyncio.Event) -> 
 
 def pruned_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
     """Sum of the counts of recorded prune passes, by kind (for ``/metrics``)."""
-    totals = {"jobs": 0, "chain_runs": 0, "messages": 0, "files": 0}
+    totals = {"jobs": 0, "chain_runs": 0, "messages": 0, "files": 0, "envs": 0}
     for details in rows:
         for key in totals:
             value = details.get(key)

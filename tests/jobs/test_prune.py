@@ -161,6 +161,7 @@ async def test_retention_keeps_what_may_still_matter(services, tmp_path: Path) -
         "chain_runs": 1,
         "messages": 1,
         "files": 1,
+        "envs": 0,
     }
     again = await prune(services.sessionmaker, settings, now=NOW)
     assert again is not None and again.total() == 0
