@@ -1,11 +1,19 @@
 """What one run of a skill changed in its workspace.
 
-When a run starts, the workspace's top level is listed (name, size, mtime_ns, inode) and a
-marker for the run is written under ``.skilljobs-runs/``; when it ends, the listing is
-compared and the markers of other runs tell whether someone else was writing there too.
-A file that appeared or changed while another run of the same workspace was also alive is
-attributed to neither run. Markers live in the workspace itself, so runs in different
-worker processes (or hosts sharing the volume) see each other.
+When a run starts, the workspace's top level is listed (name, size, mtime_ns, inode); when
+it ends, the listing is compared. A file that appeared or changed while another run of the
+same workspace was also alive is attributed to neither run.
+
+Who else was alive is known two ways. This process's own runs are tracked in memory,
+exactly (start, end, job). Other processes (other workers, other hosts sharing the volume)
+see this process's runs through a marker under ``.skilljobs-runs/``: one marker per
+*episode*, a stretch of time during which this process had at least one run alive in that
+workspace. The marker is created when the first run of an episode starts (before that run's
+snapshot, so before any of its writes) and renamed with its end when the last one ends.
+Many overlapping runs of one workspace (one busy chat session) thus cost no file-system
+writes per run; a lone run costs one marker, as before. An episode stops taking new runs
+after :data:`ROLL_NS`, so no open marker outlives :data:`STALE_NS` while its process lives.
+A marker of another process names the job that opened its episode.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import contextlib
 import itertools
 import os
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,6 +39,9 @@ _quiet_runs = itertools.count(1)
 # A marker older than the longest possible run (hard wall clock cap + margin) is stale: its
 # worker died without closing it.
 STALE_NS = (1800 + 600) * 1_000_000_000
+# An episode takes new runs this long; its marker then closes once its runs have ended (at
+# most the hard wall clock cap later), well before it could look stale.
+ROLL_NS = 300 * 1_000_000_000
 
 Stamp = tuple[int, int, int]  # size, mtime_ns, inode
 
@@ -43,6 +55,62 @@ class RunChanges:
     ambiguous: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class _Marker:
+    """A run (or another process's episode): from ``start`` to ``end`` (None: alive)."""
+
+    name: str
+    start: int
+    end: int | None
+    run: str
+    job: str
+
+
+@dataclass(slots=True)
+class _Episode:
+    id: str
+    start: int
+    job: str
+    on_disk: bool  # its marker was written (False: an unwritable workspace)
+    live: int = 0
+
+    @property
+    def open_name(self) -> str:
+        return f"o-{self.start}-{self.id}-{self.job}"
+
+
+class _Local:
+    """This process's runs in one workspace: the living ones and the ended ones a living
+    run may still overlap, and the episodes (markers) they belong to."""
+
+    __slots__ = ("cap", "current", "ended", "episodes", "live", "own")
+
+    def __init__(self) -> None:
+        self.current: _Episode | None = None
+        self.episodes: dict[str, _Episode] = {}  # open episodes by id
+        self.own: set[str] = set()  # ids of this process's markers (open or closed)
+        self.live: dict[str, tuple[_Marker, _Episode]] = {}
+        self.ended: list[_Marker] = []
+        self.cap = 64  # the ended list is tidied when it grows past this
+
+    def forget_ended(self) -> None:
+        """Drop the ended runs no living run overlapped (nobody here can need them)."""
+        if self.live:
+            horizon = min(m.start for m, _ in self.live.values())
+            self.ended = [m for m in self.ended if (m.end or 0) >= horizon]
+        else:
+            self.ended.clear()
+        # (a long run keeps what ended since it started: tidy again only once that doubled)
+        self.cap = max(64, 2 * len(self.ended))
+
+
+_local: dict[str, _Local] = {}
+_lock = threading.Lock()
+_run_ids = itertools.count(1)
+# A forked child does not own its parent's runs or markers.
+os.register_at_fork(after_in_child=_local.clear)
+
+
 @dataclass
 class RunScope:
     """One run of a skill in one workspace, from its first to its last moment."""
@@ -53,69 +121,108 @@ class RunScope:
     started_ns: int
     before: dict[str, Stamp]
     _changes: RunChanges | None = None
-
-    @property
-    def marker(self) -> Path:
-        """``o-<start ns>-<run>-<job>`` while the run lives; renamed to
-        ``c-<start ns>-<end ns>-<run>-<job>`` when it ends. Everything is in the name: a
-        listing of the folder is all another run reads."""
-        return self.workspace / RUNS_DIR / f"o-{self.started_ns}-{self.run_id}-{_safe(self.job_id)}"
+    _ended: bool = False
 
     def finish(self) -> RunChanges:
-        """Compare the workspace with the snapshot and close the marker (once; later calls
+        """Compare the workspace with the snapshot and end the run (once; later calls
         return the same answer)."""
         if self._changes is not None:
             return self._changes
         now = time.time_ns()
-        # Files first, then markers: a run whose writes are in this listing made its
-        # marker before them, so it is in the marker listing below.
+        # Files first, then markers: a run whose writes are in this listing started (and
+        # was registered, its episode's marker written) before them.
         current = listing(self.workspace)
         if all(self.before.get(name) == stamp for name, stamp in current.items()):
-            # Nothing new to attribute: close the marker (other runs still see that this
-            # one overlapped them) and leave the markers' upkeep to every PRUNE_EVERY-th
-            # such run — listing them all on every run costs O(concurrent runs).
+            # Nothing new to attribute: end the run, and leave the markers' upkeep to every
+            # PRUNE_EVERY-th such run.
             self._changes = RunChanges((), {})
-            closed = self.close(now)
-            if next(_quiet_runs) % PRUNE_EVERY == 0:
-                others = [m for m in _markers(self.workspace, now) if m.run != self.run_id]
-                _prune(self.workspace, others, now, closed)
+            closed = self._end(now)
+            if closed is not None and next(_quiet_runs) % PRUNE_EVERY == 0:
+                self._prune(now, closed)
             return self._changes
-        markers = [m for m in _markers(self.workspace, now) if m.run != self.run_id]
+        key = os.fspath(self.workspace)
+        with _lock:
+            here = _local.get(key)
+            own = set(here.own) if here is not None else set()
+            rivals = [] if here is None else [m for m, _ in here.live.values()] + here.ended
+        rivals = [m for m in rivals if m.run != self.run_id]
+        markers = [m for m in _markers(self.workspace) if m.run not in own]
         # an open marker older than any run can last: its worker died without closing it
-        others = [m for m in markers if m.end is not None or _alive(m, now)]
+        rivals += [m for m in markers if m.end is not None or _alive(m, now)]
         mine: list[str] = []
         ambiguous: dict[str, tuple[str, ...]] = {}
         for name, stamp in current.items():
             if self.before.get(name) == stamp:
                 continue
             mtime = stamp[1]
-            rivals = sorted({m.job for m in others if m.start <= mtime <= (m.end or now)})
-            if rivals:
-                ambiguous[name] = tuple(rivals)
+            jobs = sorted({m.job for m in rivals if m.start <= mtime <= (m.end or now)})
+            if jobs:
+                ambiguous[name] = tuple(jobs)
             else:
                 mine.append(name)
         self._changes = RunChanges(tuple(sorted(mine)), ambiguous)
-        _prune(self.workspace, markers, now, self.close(now))
+        self._prune(now, self._end(now), markers)
         return self._changes
 
     def close(self, now_ns: int | None = None) -> str | None:
-        """Record the run's end on its marker (idempotent, best effort); the closed name."""
-        end = now_ns or time.time_ns()
-        closed = f"c-{self.started_ns}-{end}-{self.run_id}-{_safe(self.job_id)}"
+        """End the run without comparing (idempotent). The closed marker's name when this
+        was the last run of its episode."""
+        return self._end(now_ns or time.time_ns())
+
+    def _end(self, now: int) -> str | None:
+        if self._ended:
+            return None
+        self._ended = True
+        key = os.fspath(self.workspace)
+        with _lock:
+            here = _local.get(key)
+            entry = here.live.pop(self.run_id, None) if here is not None else None
+            if here is None or entry is None:
+                return None
+            run, ep = entry
+            run.end = now
+            here.ended.append(run)
+            ep.live -= 1
+            if ep.live > 0:
+                if len(here.ended) > here.cap:
+                    here.forget_ended()
+                return None
+            del here.episodes[ep.id]
+            if here.current is ep:
+                here.current = None
+            here.forget_ended()
+            if not here.live and not here.episodes:
+                del _local[key]  # (its closed markers are then foreign to later runs)
+        if not ep.on_disk:
+            return None
+        closed = f"c-{ep.start}-{now}-{ep.id}-{ep.job}"
+        runs = os.path.join(key, RUNS_DIR)
         try:
-            os.rename(self.marker, self.marker.with_name(closed))
+            os.rename(os.path.join(runs, ep.open_name), os.path.join(runs, closed))
         except OSError:
             return None
         return closed
 
-
-@dataclass(frozen=True, slots=True)
-class _Marker:
-    name: str
-    start: int
-    end: int | None
-    run: str
-    job: str
+    def _prune(self, now: int, own: str | None, markers: list[_Marker] | None = None) -> None:
+        """Forget ended runs that no living run overlapped, and open markers of runs that
+        cannot still be alive: nobody can need them any more."""
+        key = os.fspath(self.workspace)
+        found = _markers(self.workspace) if markers is None else markers
+        with _lock:
+            here = _local.get(key)
+            living = [m.start for m, _ in here.live.values()] if here is not None else []
+            mine = set(here.own) if here is not None else set()
+            if here is not None and markers is None:  # own markers someone else pruned
+                here.own &= {*here.episodes, *(m.run for m in found)}
+        others = [m for m in found if m.run not in mine]
+        living += [m.start for m in others if _alive(m, now)]
+        horizon = min(living) if living else now + 1
+        doomed = [m.name for m in others if (m.end or 0) < horizon and not _alive(m, now)]
+        if own is not None and not living:
+            doomed.append(own)
+        for name in doomed:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(key, RUNS_DIR, name))
 
 
 def listing(workspace: Path) -> dict[str, Stamp]:
@@ -137,16 +244,24 @@ def listing(workspace: Path) -> dict[str, Stamp]:
 
 
 def begin(workspace: Path, job_id: str) -> RunScope:
-    """Mark a run as started in ``workspace`` and snapshot its top level."""
+    """Register a run as started in ``workspace`` and snapshot its top level."""
     workspace = Path(workspace)
+    key = os.fspath(workspace)
     now = time.time_ns()
-    scope = RunScope(workspace, job_id, uuid.uuid4().hex[:16], now, {})
-    try:
-        (workspace / RUNS_DIR).mkdir(parents=True, exist_ok=True)
-        with open(scope.marker, "x"):
-            pass
-    except OSError:
-        pass  # an unwritable workspace: the skill will say so itself
+    job = _safe(job_id)
+    run = _Marker("", now, None, f"r{next(_run_ids)}", job)
+    with _lock:
+        here = _local.get(key)
+        if here is None:
+            here = _local[key] = _Local()
+        ep = here.current
+        if ep is None or now - ep.start > ROLL_NS or not _still_there(key, ep):
+            ep = here.current = _open_episode(key, now, job)
+            here.episodes[ep.id] = ep
+            here.own.add(ep.id)
+        ep.live += 1
+        here.live[run.run] = (run, ep)
+    scope = RunScope(workspace, job_id, run.run, now, {})
     scope.before = listing(workspace)
     return scope
 
@@ -166,10 +281,29 @@ def begin_run(settings: Any, job: JobRow, ctx: dict[str, Any]) -> RunScope:
     return begin(job_results_dir(root, job), str(job.id))
 
 
-def _markers(workspace: Path, now: int) -> list[_Marker]:
+def _open_episode(key: str, now: int, job: str) -> _Episode:
+    ep = _Episode(uuid.uuid4().hex[:16], now, job, on_disk=True)
+    runs = os.path.join(key, RUNS_DIR)
+    try:
+        os.makedirs(runs, exist_ok=True)
+        with open(os.path.join(runs, ep.open_name), "x"):
+            pass
+    except OSError:
+        ep.on_disk = False  # an unwritable workspace: the skill will say so itself
+    return ep
+
+
+def _still_there(key: str, ep: _Episode) -> bool:
+    """Is the episode's marker still on disk (a workspace removed meanwhile loses it)?"""
+    if not ep.on_disk:
+        return False  # try to write one again
+    return os.path.exists(os.path.join(key, RUNS_DIR, ep.open_name))
+
+
+def _markers(workspace: Path) -> list[_Marker]:
     found: list[_Marker] = []
     try:
-        names = os.listdir(workspace / RUNS_DIR)
+        names = os.listdir(os.path.join(workspace, RUNS_DIR))
     except OSError:
         return found
     for name in names:
@@ -182,19 +316,6 @@ def _markers(workspace: Path, now: int) -> list[_Marker]:
         except ValueError:
             continue
     return found
-
-
-def _prune(workspace: Path, others: list[_Marker], now: int, own: str | None) -> None:
-    """Forget ended runs that no living run overlapped, and open markers of runs that
-    cannot still be alive: nobody can need them any more."""
-    living = [m.start for m in others if m.end is None and now - m.start <= STALE_NS]
-    horizon = min(living) if living else now + 1
-    doomed = [m.name for m in others if (m.end or 0) < horizon and not _alive(m, now)]
-    if own is not None and not living:
-        doomed.append(own)
-    for name in doomed:
-        with contextlib.suppress(OSError):
-            os.unlink(workspace / RUNS_DIR / name)
 
 
 def _alive(m: _Marker, now: int) -> bool:
