@@ -111,15 +111,20 @@ def add(file: Path = typer.Argument(..., help="Schedule file (YAML or JSON).")) 
 
 
 @schedules_app.command("list")
-def list_cmd() -> None:
-    """Every schedule with its next fire time and last run."""
+def list_cmd(
+    upcoming: int = typer.Option(
+        1, "--next", "-n", min=1, max=50, help="Upcoming fire times shown."
+    ),
+) -> None:
+    """Every schedule with its next fire time(s) and last run."""
     from chains import schedules
 
     async def go(svc: Any) -> None:
         rows = await schedules.list_schedules(svc)
         last = await schedules.last_runs(svc)
         table = Table(title=f"{len(rows)} schedule(s)")
-        for col in ("id", "name", "cron", "timezone", "enabled", "next fire", "last run", "steps"):
+        head = "next fire" if upcoming == 1 else f"next {upcoming} fires"
+        for col in ("id", "name", "cron", "timezone", "enabled", head, "last run", "steps"):
             table.add_column(col, overflow="fold")
         for r in rows:
             run = last.get(r.id)
@@ -132,7 +137,7 @@ def list_cmd() -> None:
                 "yes"
                 if r.enabled
                 else ("[red]paused[/red]" if r.paused_reason else "[dim]no[/dim]"),
-                _local(r.next_fire_at, r.timezone) if r.enabled else "-",
+                "\n".join(_local(t, r.timezone) for t in schedules.next_fires(r, upcoming)) or "-",
                 last_text,
                 str(len(r.steps or [])),
             )
@@ -141,9 +146,14 @@ def list_cmd() -> None:
     _with_services(go, redis=False)
 
 
+NEXT_OPT = typer.Option(5, "--next", "-n", min=1, max=50, help="Upcoming fire times to show.")
+
+
 @schedules_app.command("show")
-def show(schedule: str = typer.Argument(..., help="Schedule id or name.")) -> None:
-    """The schedule as stored (JSON)."""
+def show(
+    schedule: str = typer.Argument(..., help="Schedule id or name."), upcoming: int = NEXT_OPT
+) -> None:
+    """The schedule as stored (JSON), then its next fire times in its timezone and UTC."""
     from chains import schedules
 
     async def go(svc: Any) -> None:
@@ -151,7 +161,15 @@ def show(schedule: str = typer.Argument(..., help="Schedule id or name.")) -> No
         if row is None:
             fail(f"no schedule {schedule!r}")
             return
-        console.print_json(json.dumps(schedules.to_dict(row), ensure_ascii=False, default=str))
+        body = schedules.to_dict(row, fires=upcoming)
+        console.print_json(json.dumps(body, ensure_ascii=False, default=str))
+        fires = schedules.next_fires(row, upcoming)
+        if not fires:
+            console.print("next fires: none (disabled)")
+        else:
+            console.print(f"next {len(fires)} fire(s):")
+            for ts in fires:
+                console.print(f"  {_local(ts, row.timezone)}  ({_utc(ts)})")
 
     _with_services(go, redis=False)
 

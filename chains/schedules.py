@@ -225,8 +225,28 @@ def iso(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
 
 
-def to_dict(schedule: Schedule) -> dict[str, Any]:
-    """Schedule JSON: the file's fields + ``id``, ``enabled``, ``next_fire_at`` (ISO)."""
+NEXT_FIRES = 5  # upcoming fire times a schedule's JSON lists
+MAX_NEXT_FIRES = 50
+
+
+def next_fires(schedule: Schedule, n: int = NEXT_FIRES) -> list[float]:
+    """The next ``n`` fire instants (epoch seconds) of an enabled schedule, the stored
+    ``next_fire_at`` first (it may be due already); none when it is disabled."""
+    if not schedule.enabled or schedule.next_fire_at is None or n < 1:
+        return []
+    try:
+        tz, cron = ZoneInfo(schedule.timezone), parse(schedule.cron)
+    except (CronError, ValueError, KeyError):
+        return [schedule.next_fire_at]  # stored before a check that refuses it now
+    out = [schedule.next_fire_at]
+    while len(out) < min(n, MAX_NEXT_FIRES):
+        out.append(next_fire(cron, tz, out[-1]))
+    return out
+
+
+def to_dict(schedule: Schedule, *, fires: int = NEXT_FIRES) -> dict[str, Any]:
+    """Schedule JSON: the file's fields + ``id``, ``enabled``, ``next_fire_at`` (ISO) and
+    ``next_fires`` (the next ``fires`` fire times, ISO, the first being ``next_fire_at``)."""
     return {
         "id": schedule.id,
         "name": schedule.name,
@@ -242,6 +262,7 @@ def to_dict(schedule: Schedule) -> dict[str, Any]:
         "enabled": schedule.enabled,
         "paused_reason": schedule.paused_reason,
         "next_fire_at": iso(schedule.next_fire_at) if schedule.enabled else None,
+        "next_fires": [iso(t) for t in next_fires(schedule, fires)],
         "last_fire_at": iso(schedule.last_fire_at),
         "created_at": schedule.created_at,
         "updated_at": schedule.updated_at,
@@ -431,6 +452,7 @@ __all__ = [
     "last_runs",
     "list_runs",
     "list_schedules",
+    "next_fires",
     "run_dict",
     "set_enabled",
     "spec_of",

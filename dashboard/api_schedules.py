@@ -40,14 +40,23 @@ def _last_run(run: Any) -> dict[str, Any] | None:
     }
 
 
+NEXT_Q = Query(
+    schedules.NEXT_FIRES,
+    ge=1,
+    le=schedules.MAX_NEXT_FIRES,
+    alias="next",
+    description="how many upcoming fire times next_fires lists",
+)
+
+
 @router.get("/schedules")
-async def list_schedules(request: Request) -> dict[str, Any]:
+async def list_schedules(request: Request, upcoming: int = NEXT_Q) -> dict[str, Any]:
     sm = services_of(request).sessionmaker
     rows = await _call(schedules.list_schedules, sm)
     last = await _call(schedules.last_runs, sm)
     items = []
     for row in rows:
-        item = safe(schedules.to_dict(row))
+        item = safe(schedules.to_dict(row, fires=upcoming))
         item["last_run"] = _last_run(last.get(row.id))
         items.append(item)
     return {"items": items}
@@ -66,12 +75,12 @@ async def create_schedule(request: Request, body: Any = Body(...)) -> JSONRespon
 
 
 @router.get("/schedules/{schedule_id}")
-async def get_schedule(schedule_id: str, request: Request) -> Any:
+async def get_schedule(schedule_id: str, request: Request, upcoming: int = NEXT_Q) -> Any:
     sm = services_of(request).sessionmaker
     row = await _call(schedules.get, sm, schedule_id)
     if row is None:
         raise not_found(f"schedule {schedule_id}")
-    item = safe(schedules.to_dict(row))
+    item = safe(schedules.to_dict(row, fires=upcoming))
     item["last_run"] = _last_run((await _call(schedules.last_runs, sm)).get(row.id))
     return item
 

@@ -129,6 +129,13 @@ function isoTime(value) {
   return Number.isNaN(d.getTime()) ? String(value) : fmtTime(d.getTime() / 1000);
 }
 
+// A time as the schedule's own timezone reads it (the cron is written in that zone).
+function zoned(value, timeZone) {
+  try {
+    return new Date(value).toLocaleString([], { timeZone, dateStyle: "medium", timeStyle: "short", timeZoneName: "short" });
+  } catch (_) { return timeZone; }
+}
+
 function flash(message, isError) {
   const node = $("#flash");
   node.textContent = message;
@@ -788,7 +795,10 @@ async function loadRuns(s) {
   const dl = clear($("#schedule-fields"));
   const fields = [
     ["cron", `${s.cron} (${s.timezone})`], ["enabled", s.enabled ? "yes" : "no"],
-    ["next fire", s.enabled ? isoTime(s.next_fire_at) : "– (disabled)"],
+    ["next fires", s.enabled && (s.next_fires || []).length
+      ? el("ol", { id: "next-fires", class: "fires" }, s.next_fires.map((t) => el("li", {}, isoTime(t),
+        el("span", { class: "muted" }, ` (${zoned(t, s.timezone)})`))))
+      : "– (disabled)"],
     ["last fire", isoTime(s.last_fire_at)],
     ["steps", (s.steps || []).map((st, i) => st.id || `#${i}`).join(" → ") || "–"],
   ];

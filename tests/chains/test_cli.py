@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,12 @@ def test_schedules_cli_end_to_end(cli_env: Path, repo_root: Path) -> None:
     assert res.exit_code == 0 and '"enabled": false' in res.output
     res = runner.invoke(app, ["schedules", "enable", "daily-orders"])
     assert res.exit_code == 0 and "next fire" in res.output
+    res = runner.invoke(app, ["schedules", "show", "daily-orders", "--next", "3"])
+    assert res.exit_code == 0 and "next 3 fire(s):" in res.output
+    assert len(re.findall(r"^  \d{4}-\d\d-\d\d \d\d:\d\d .*UTC\)$", res.output, re.M)) == 3
+    assert res.output.count('"next_fires"') == 1
+    res = runner.invoke(app, ["schedules", "list", "--next", "4"])
+    assert res.exit_code == 0 and "next 4 fires" in res.output
 
     # queueing needs Redis; the command says so instead of failing obscurely
     res = runner.invoke(app, ["schedules", "run", "daily-orders"])

@@ -131,6 +131,7 @@ async def test_store_roundtrip(sessionmaker, registry) -> None:  # type: ignore[
     assert row.next_fire_at == T0 + 300
     d = schedules.to_dict(row)
     assert d["next_fire_at"] == "2026-03-02T08:05:00+00:00"
+    assert d["next_fires"] == [f"2026-03-02T08:{m:02d}:00+00:00" for m in range(5, 30, 5)]
     assert d["enabled"] is True and d["steps"][1]["input"] == {"rows": "$steps.fetch.data.rows"}
     with pytest.raises(ScheduleError, match="already exists"):
         await schedules.create(sessionmaker, spec)
@@ -140,6 +141,7 @@ async def test_store_roundtrip(sessionmaker, registry) -> None:  # type: ignore[
 
     off = await schedules.set_enabled(sessionmaker, row.id, False, now=T0 + 10)
     assert off.enabled is False and schedules.to_dict(off)["next_fire_at"] is None
+    assert schedules.to_dict(off)["next_fires"] == []
     # re-enabling much later does not replay the fire times missed while disabled
     on = await schedules.set_enabled(sessionmaker, row.id, True, now=T0 + 3600 + 1)
     assert on.next_fire_at == T0 + 3600 + 300
@@ -149,6 +151,14 @@ async def test_store_roundtrip(sessionmaker, registry) -> None:  # type: ignore[
     )
     assert changed.cron == "0 9 * * *"
     assert changed.next_fire_at == datetime(2026, 3, 2, 8, 0, tzinfo=UTC).timestamp()  # 09:00 CET
+    # the next fires: the stored one first, then the cron's, in its timezone
+    assert schedules.to_dict(changed)["next_fires"] == [
+        f"2026-03-0{day}T08:00:00+00:00" for day in range(2, 7)
+    ]
+    assert schedules.to_dict(changed, fires=2)["next_fires"] == [
+        "2026-03-02T08:00:00+00:00",
+        "2026-03-03T08:00:00+00:00",
+    ]
     with pytest.raises(ScheduleError, match="cron field 1"):
         await schedules.update(sessionmaker, row.id, {"cron": "99 * * * *"}, registry)
     with pytest.raises(LookupError):
@@ -365,3 +375,16 @@ async def test_run_forever_survives_an_unreachable_database(tmp_path: Path, capl
     finally:
         await close_services(svc)
     assert any("scheduler tick failed" in r.getMessage() for r in caplog.records)
+
+
+def test_next_fires_cross_a_daylight_saving_change() -> None:
+    from jobs.models import Schedule
+
+    before = datetime(2026, 3, 27, 8, 0, tzinfo=UTC).timestamp()  # 09:00 CET, a Friday
+    row = Schedule(
+        name="x", cron="0 9 * * *", timezone="Europe/Berlin", enabled=True, next_fire_at=before
+    )
+    hours = [datetime.fromtimestamp(t, UTC).hour for t in schedules.next_fires(row, 5)]
+    assert hours == [8, 8, 7, 7, 7]  # 09:00 local: CET, then CEST from March 29
+    row.enabled = False
+    assert schedules.next_fires(row) == []

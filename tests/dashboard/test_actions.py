@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import httpx
 import pytest
 from sqlalchemy import select
@@ -126,6 +128,17 @@ async def test_schedules_lifecycle(client: httpx.AsyncClient, services) -> None:
     assert resp.status_code == 201, resp.text
     sched = resp.json()
     assert sched["enabled"] is True and sched["next_fire_at"]
+    # the next 5 fires: 09:00 in Shanghai (01:00 UTC) on weekdays, the first next_fire_at
+    fires = [datetime.fromisoformat(t) for t in sched["next_fires"]]
+    assert len(fires) == 5 and sched["next_fires"][0] == sched["next_fire_at"]
+    assert fires == sorted(set(fires))
+    assert all(f.hour == 1 and f.minute == 0 and f.weekday() < 5 for f in fires)
+    more = (await client.get(f"/api/v1/schedules/{sched['id']}", params={"next": 12})).json()
+    assert len(more["next_fires"]) == 12 and more["next_fires"][:5] == sched["next_fires"]
+    listed = (await client.get("/api/v1/schedules", params={"next": 2})).json()["items"]
+    assert listed[0]["next_fires"] == sched["next_fires"][:2]
+    bad_next = await client.get(f"/api/v1/schedules/{sched['id']}", params={"next": 0})
+    assert bad_next.status_code == 422
     dup = await client.post("/api/v1/schedules", json=SCHEDULE)
     assert dup.status_code == 422 and "already exists" in dup.json()["error"]
 
@@ -134,7 +147,7 @@ async def test_schedules_lifecycle(client: httpx.AsyncClient, services) -> None:
 
     off = await client.patch(f"/api/v1/schedules/{sched['id']}", json={"enabled": False})
     assert off.status_code == 200 and off.json()["enabled"] is False
-    assert off.json()["next_fire_at"] is None
+    assert off.json()["next_fire_at"] is None and off.json()["next_fires"] == []
     changed = await client.patch(f"/api/v1/schedules/{sched['id']}", json={"cron": "5 9 * * *"})
     assert changed.status_code == 200 and changed.json()["cron"] == "5 9 * * *"
     wrong = await client.patch(f"/api/v1/schedules/{sched['id']}", json={"cron": "nope"})

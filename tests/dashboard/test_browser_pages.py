@@ -378,6 +378,7 @@ async def _admin(
     # a schedule's own address: runs including a missed fire; disabling changes the API
     await page.goto(f"{url}/#/schedules/{ids['schedule']}")
     await page.wait_for_selector('#runs-list .run[data-status="missed"]')
+    assert await page.locator("#next-fires li").count() == 5  # the next fire times
     await _shot(page, shots, "schedules")
     await page.click("#schedules tbody tr button:has-text('Disable')")
     await page.wait_for_selector("#schedules tbody tr button:has-text('Enable')")
