@@ -1,7 +1,8 @@
 """Feishu / Lark adapter: tenant access token, image and file uploads, im/v1/messages.
 
 Limits (open platform docs "上传图片", "上传文件", "发送消息", "发送消息内容结构"): images up to
-10 MB (JPG JPEG PNG WEBP GIF BMP ICO TIFF HEIC), files up to 30 MB and never empty, with
+10 MB (JPG JPEG PNG WEBP GIF BMP ICO TIFF HEIC) and 12000 × 12000 px (GIFs 2000 × 2000; a
+bigger picture goes as a file, as the page advises), files up to 30 MB and never empty, with
 ``file_type`` ``opus`` / ``mp4`` / ``pdf`` / ``doc`` / ``xls`` / ``ppt`` / ``stream``; a
 ``media`` (video) message is an mp4 plus a cover image, an ``audio`` message an opus file.
 The tenant access token lives at most 2 hours; a refused token (99991663, 99991664,
@@ -45,7 +46,10 @@ FILE_LIMIT = 30 * 1024 * 1024
 TEXT_BYTES = 100_000
 INVALID_TOKEN_CODES = {99991661, 99991663, 99991664, 99991668, 99991671}
 BUSY_CODES = {230020, 99991400}  # frequency limits
+IMAGE_UPLOAD = "feishu image upload"
 DOES_NOT_FIT_CODES = {234006, 234010, 234011}  # too large, empty, unreadable image
+IMAGE_SIDE = 12000  # 上传图片: resolution at most 12000 x 12000, GIFs 2000 x 2000
+GIF_SIDE = 2000
 REASONS = {
     230002: "the bot is not in this group chat; add the app's bot to the group",
     230006: "the app's bot capability is off; enable Bot in the developer console and publish",
@@ -194,6 +198,7 @@ class FeishuChannel(LimitedChannel):
 
     async def _send_as(self, kind: str, target: Target, path: str, caption: str | None) -> str:
         if kind == "image":
+            await self._check_resolution(path)
             return await self._send(target, "image", {"image_key": await self._upload_image(path)})
         if kind == "video":
             # An inline video is an mp4 plus its cover; without a cover it goes as a file.
@@ -212,13 +217,23 @@ class FeishuChannel(LimitedChannel):
         key = await self._upload_file(path, file_type(path), None)
         return await self._send(target, "file", {"file_key": key})
 
+    async def _check_resolution(self, path: str) -> None:
+        """Pictures over the upload's resolution bounds go as files (seen with ffprobe when
+        present; without it the upload's refusal says so)."""
+        info = await self.probe.info(path)
+        if info is None or not info.width or not info.height:
+            return
+        side = GIF_SIDE if Path(path).suffix.lower() == ".gif" else IMAGE_SIDE
+        if max(info.width, info.height) > side:
+            raise DoesNotFit(f"{info.width}×{info.height} px is over {side}×{side}")
+
     async def _upload_image(self, path: str) -> str:
         return await self._upload_image_bytes(Path(path).name, await read_file_async(path))
 
     async def _upload_image_bytes(self, name: str, content: bytes) -> str:
         data = await self._call(
             "/open-apis/im/v1/images",
-            "feishu image upload",
+            IMAGE_UPLOAD,
             data={"image_type": "message"},
             files={"image": (name, content)},
         )
@@ -239,8 +254,10 @@ class FeishuChannel(LimitedChannel):
 
 
 def _error(what: str, code: Any, msg: str) -> Exception:
-    """The right exception for a Feishu error body."""
-    if code in DOES_NOT_FIT_CODES:
+    """The right exception for a Feishu error body. Any refusal of an image upload (its
+    234xxx codes: size, format, resolution…) sends the picture as a file instead."""
+    image_refused = what == IMAGE_UPLOAD and isinstance(code, int) and code // 1000 == 234
+    if code in DOES_NOT_FIT_CODES or image_refused:
         return DoesNotFit(f"Feishu refused it: {msg} (code {code})")
     if code in BUSY_CODES:
         return DeliveryTransientError(f"{what}: {msg} (code {code})")

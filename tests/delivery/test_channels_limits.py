@@ -248,6 +248,27 @@ async def test_feishu_over_limit_image_goes_as_file_and_file_as_link(fs, http, t
         await feishu(http, fs).send_file("ou_a", huge)
 
 
+@pytest.mark.parametrize("probe", [None, NO_FFMPEG], ids=["ffprobe", "no-ffprobe"])
+async def test_feishu_picture_over_its_resolution_goes_as_file(fs, http, tmp_path, probe):
+    """上传图片: at most 12000 × 12000 px (GIFs 2000 × 2000), bigger ones as files. With
+    ffprobe the adapter sees it before uploading; without it the upload's refusal does."""
+    if probe is None:
+        need_ffmpeg()
+    ch = feishu(http, fs, probe=probe or MediaProbe())
+    wide = tmp_path / "wide.png"
+    wide.write_bytes(png(12001, 4))
+    receipt = await ch.send_image("ou_a", str(wide))
+    assert receipt.kind == "file" and "12000" in receipt.note  # type: ignore[attr-defined]
+    gif = tmp_path / "big.gif"
+    gif.write_bytes(b"GIF89a" + (2400).to_bytes(2, "little") + (10).to_bytes(2, "little"))
+    assert (await ch.send_image("ou_a", str(gif))).kind == "file"  # type: ignore[attr-defined]
+    assert [s["msg_type"] for s in fs.sent] == ["file", "file"]
+    assert fs.files[fs.sent[0]["content"]["file_key"]][1] == "wide.png"
+    ok = tmp_path / "ok.png"
+    ok.write_bytes(png(3000, 20))
+    assert (await ch.send_image("ou_a", str(ok))).kind == "image"  # type: ignore[attr-defined]
+
+
 async def test_feishu_video_is_media_with_cover_and_duration(fs, http, tmp_path):
     video = clip(tmp_path / "clip.mp4", seconds=2)
     receipt = await feishu(http, fs).send_video("ou_a", video)

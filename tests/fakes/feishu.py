@@ -1,6 +1,7 @@
 """Fake Feishu/Lark open platform: tenant token, image/file upload, im/v1/messages and replies.
 
-Enforced as documented: images up to 10 MB in the listed formats, files up to 30 MB, never
+Enforced as documented: images up to 10 MB in the listed formats and 12000 × 12000 px
+(GIFs 2000 × 2000), files up to 30 MB, never
 empty, with a ``file_type`` from the list (``mp4`` for a ``media`` message, ``opus`` for
 ``audio``); a ``media`` message carries its cover ``image_key``; a text request body stays
 under 150 KB. A group chat (``oc_…``) takes messages unless the bot is not in it
@@ -14,13 +15,15 @@ import itertools
 import json
 from typing import Any
 
-from tests.fakes.server import FakeServer, Request, Response, Tokens, suffix
+from tests.fakes.server import FakeServer, Request, Response, Tokens, picture_size, suffix
 
 ID_TYPES = {"open_id", "union_id", "chat_id", "user_id", "email"}
 FILE_TYPES = {"opus", "mp4", "pdf", "doc", "xls", "ppt", "stream"}
 IMAGE_FORMATS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "ico", "tif", "tiff", "heic"}
 IMAGE_LIMIT = 10 * 1024 * 1024
 FILE_LIMIT = 30 * 1024 * 1024
+IMAGE_SIDE = 12000  # 上传图片: at most 12000 x 12000 px, GIFs 2000 x 2000
+GIF_SIDE = 2000
 TEXT_BODY_LIMIT = 150 * 1024
 GROUP = "oc_group1"
 
@@ -88,6 +91,11 @@ class FakeFeishu(FakeServer):
             return fail(234010, "File's size can't be 0.")
         if len(up.content) > IMAGE_LIMIT:
             return fail(234006, "The file size exceed the max value.")
+        side = GIF_SIDE if suffix(up.filename) == "gif" else IMAGE_SIDE
+        size = picture_size(up.content)
+        if size is not None and max(size) > side:
+            # the page gives the bounds, not the code they are refused with
+            return fail(234007, f"The image resolution exceeds {side}x{side}.")
         key = f"img_v2_{next(self._n)}"
         self.images[key] = up.content
         return Response(200, {"code": 0, "msg": "success", "data": {"image_key": key}})

@@ -9,6 +9,8 @@ expired after a number of uses.
 
 from __future__ import annotations
 
+import struct
+
 import asyncio
 import json
 import socket
@@ -91,6 +93,25 @@ class Tokens:
     def revoke(self) -> None:
         self.expired |= self.valid
         self.valid.clear()
+
+
+def png_size(content: bytes) -> tuple[int, int] | None:
+    """Width and height from a PNG's IHDR chunk (None when it does not read as one: the
+    fake does not decode pictures, so test bytes that are not a real PNG pass)."""
+    if content[:8] != b"\x89PNG\r\n\x1a\n" or content[12:16] != b"IHDR":
+        return None
+    width, height = struct.unpack(">II", content[16:24])
+    if not (0 < width <= 1_000_000 and 0 < height <= 1_000_000):
+        return None
+    return int(width), int(height)
+
+
+def picture_size(content: bytes) -> tuple[int, int] | None:
+    """Width and height of a PNG (IHDR) or a GIF (logical screen), else None."""
+    if content[:6] in (b"GIF87a", b"GIF89a") and len(content) >= 10:
+        width, height = struct.unpack("<HH", content[6:10])
+        return (int(width), int(height)) if width and height else None
+    return png_size(content)
 
 
 def utf16_len(text: str) -> int:

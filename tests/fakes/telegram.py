@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import struct
 import time
 from typing import Any
 
-from tests.fakes.server import FakeServer, Request, Response, utf16_len
+from tests.fakes.server import FakeServer, Request, Response, png_size, utf16_len
 
 MEDIA_FIELDS = {
     "sendPhoto": "photo",
@@ -38,17 +37,6 @@ def error(status: int, description: str, **parameters: Any) -> Response:
     if parameters:
         body["parameters"] = parameters
     return Response(status, body)
-
-
-def png_size(content: bytes) -> tuple[int, int] | None:
-    """Width and height from a PNG's IHDR chunk (None when it does not read as one: the
-    fake does not decode pictures, so test bytes that are not a real PNG pass)."""
-    if content[:8] != b"\x89PNG\r\n\x1a\n" or content[12:16] != b"IHDR":
-        return None
-    width, height = struct.unpack(">II", content[16:24])
-    if not (0 < width <= 1_000_000 and 0 < height <= 1_000_000):
-        return None
-    return int(width), int(height)
 
 
 class FakeTelegram(FakeServer):
