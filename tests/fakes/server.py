@@ -9,11 +9,10 @@ expired after a number of uses.
 
 from __future__ import annotations
 
-import struct
-
 import asyncio
 import json
 import socket
+import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable
