@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import fcntl
 import functools
 import hashlib
+import importlib.abc
+import importlib.machinery
 import json
 import logging
 import os
@@ -28,7 +31,8 @@ import shutil
 import sys
 import time
 import tomllib
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+import types
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -612,18 +616,51 @@ def describe(spec: EnvSpec | None) -> Mapping[str, Any]:
 
 
 _pinned: dict[Path, Prepared] = {}
+_sites_of: dict[Path, tuple[str, ...]] = {}
+#: the site-packages of the in-process skill running in this context (its own environment)
+_SITES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "skilljobs_skill_sites", default=()
+)
 
 
-def expose(prepared: Prepared | None) -> None:
-    """In-process skills: the environment's packages become importable in the worker,
+class _SkillEnvFinder(importlib.abc.MetaPathFinder):
+    """Last on ``sys.meta_path``: a top-level import the worker's own packages do not
+    satisfy is looked up in the environment of the in-process skill making it — never in
+    another skill's (a package another skill already imported stays in ``sys.modules``)."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if path is not None:
+            return None  # a submodule: its package's own __path__ finds it
+        sites = _SITES.get()
+        if not sites:
+            return None
+        return importlib.machinery.PathFinder.find_spec(fullname, list(sites))
+
+
+_FINDER = _SkillEnvFinder()
+
+
+@contextlib.contextmanager
+def exposed(prepared: Prepared | None) -> Iterator[None]:
+    """In-process skills: while the skill imports and runs in this context (threads and
+    tasks it starts from there included), its environment's packages are importable,
     after the worker's own (a skill cannot replace a package the platform runs on). The
     environment stays held for the process's life: its modules may be loaded any time."""
-    if prepared is None:
-        return
-    if prepared.path in _pinned:
-        prepared.release()  # held already
-    else:
-        _pinned[prepared.path] = prepared
-    for site in prepared.site_packages():
-        if site not in sys.path:
-            sys.path.append(site)
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.append(_FINDER)
+    sites: tuple[str, ...] = ()
+    if prepared is not None:
+        if prepared.path in _pinned:
+            prepared.release()  # held already
+        else:
+            _pinned[prepared.path] = prepared
+        sites = _sites_of.get(prepared.path) or ()
+        if not sites:
+            sites = _sites_of[prepared.path] = tuple(prepared.site_packages())
+    token = _SITES.set(sites)
+    try:
+        yield
+    finally:
+        _SITES.reset(token)

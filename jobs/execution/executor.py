@@ -551,10 +551,10 @@ class Executor:
     async def _in_process(
         self, skill: Skill, input_data: dict[str, Any], rc: dict[str, Any], wall: float
     ) -> tuple[Any, str]:
-        envs.expose(await self.envs.prepare(skill))
         compat.install()  # backend.infra.providers.base for ported skills (seed §10.1)
-        entry = await inprocess.get_entry(self.entries, skill, wall)
-        return await inprocess.run_entry(entry, input_data, rc, wall, skill.name)
+        with envs.exposed(await self.envs.prepare(skill)):  # its own packages, no other's
+            entry = await inprocess.get_entry(self.entries, skill, wall)
+            return await inprocess.run_entry(entry, input_data, rc, wall, skill.name)
 
     # --- subprocesses -----------------------------------------------------------------------
 

@@ -371,7 +371,73 @@ async def test_in_process_skill_with_requirements(ex: Executor, envs_root: Path)
     out = await ex.execute("inproc_reqs", {"text": "café Zürich"}, dict(CTX))
     assert out.status == "succeeded", out.result
     assert out.result["ascii"] == "cafe Zurich"
-    assert any(str(envs_root) in p for p in sys.path[-3:])  # after the worker's own paths
+    assert not any(str(envs_root) in p for p in sys.path)  # only for this skill's imports
+
+
+def inproc_skill(skills: Path, name: str, requirements: str, handler: str) -> None:
+    folder = skills / name
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text(f"---\nname: {name}\ndescription: in-process\n---\n")
+    if requirements:
+        (folder / "requirements.txt").write_text(requirements)
+    (folder / "handler.py").write_text(textwrap.dedent(handler))
+
+
+@network
+async def test_in_process_environments_do_not_leak(tmp_path: Path, envs_root: Path) -> None:
+    """An in-process skill imports from its own environment (at import time, lazily in an
+    async entry and in a sync one's thread); another skill in the same worker cannot import
+    what only the first one's environment holds."""
+    skills = tmp_path / "skills"
+    inproc_skill(
+        skills,
+        "with_env",
+        "python-slugify==8.0.4\n",
+        """
+        from text_unidecode import unidecode  # a dependency of python-slugify
+
+        async def execute(input_data, runtime_context):
+            import slugify  # lazily, while the run goes on
+
+            return {"ok": True, "slug": slugify.slugify(unidecode(input_data["text"]))}
+        """,
+    )
+    inproc_skill(
+        skills,
+        "sync_with_env",
+        "python-slugify==8.0.4\n",
+        """
+        def execute(input_data):
+            from slugify import slugify
+
+            return {"ok": True, "slug": slugify(input_data["text"])}
+        """,
+    )
+    inproc_skill(
+        skills,
+        "without_env",
+        "",
+        """
+        async def execute(input_data, runtime_context):
+            import slugify  # not declared: must not come from the other skill's environment
+
+            return {"ok": True}
+        """,
+    )
+    e = executor(tmp_path, load_registry([skills]), envs_root)
+    try:
+        sys.modules.pop("slugify", None)
+        out = await e.execute("with_env", {"text": "Grüße aus Köln"}, dict(CTX))
+        assert out.status == "succeeded", out.result
+        assert out.result["slug"] == "grusse-aus-koln"
+        sys.modules.pop("slugify", None)  # as if only the other skill had imported it so far
+        sys.modules.pop("slugify.slugify", None)
+        out = await e.execute("without_env", {}, dict(CTX))
+        assert out.status == "failed" and out.result["missing_module"] == "slugify", out.result
+        out = await e.execute("sync_with_env", {"text": "A B"}, dict(CTX))
+        assert out.status == "succeeded" and out.result["slug"] == "a-b", out.result
+    finally:
+        await e.aclose()
 
 
 @network
