@@ -448,6 +448,19 @@ async def test_dingtalk_file_formats_and_limits(dt, http, tmp_path):
     assert link_for(huge) in dt.sent[-1]["msgParam"]["content"]
 
 
+async def test_dingtalk_long_text_stays_under_the_msg_param_limit(dt, http):
+    """msgParam ≤ 15,000 bytes (the fake refuses more): a long Chinese text with quotes and
+    line breaks, measured as escaped into msgParam, goes in pieces, in order."""
+    para = "销售额“同比”增长\n" * 300  # ~ 8 KB of text, more once escaped
+    text = "\n\n".join(f"第{i}段 " + para for i in range(4))
+    await dingtalk(http, dt).send_text("user001", text)
+    pieces = [s["msgParam"]["content"] for s in dt.sent]
+    assert len(pieces) > 1 and all(s["msgKey"] == "sampleText" for s in dt.sent)
+    joined = "".join(pieces)
+    marks = [joined.index(f"第{i}段") for i in range(4)]
+    assert marks == sorted(marks) and joined.count("销售额") == 4 * 300  # all of it, in order
+
+
 async def test_dingtalk_group_conversations(dt, http, files_png):
     ch = dingtalk(http, dt)
     await ch.send_text(DT_GROUP, "to the group")
