@@ -561,14 +561,17 @@ class JobRunner:
                 log.warning("heartbeat key not written: %s: %s", type(exc).__name__, exc)
         held = dict(self.held)
         asked_at = time.time()
-        still, cancel = await store.renew_leases(
+        found = await store.renew_leases(
             self.svc.sessionmaker, self.worker_id, held, s.worker_lease_sec
         )
+        still, cancel = found.still, found.cancel
         for job_id in still:
             if job_id in self.lease_until:
                 self.lease_until[job_id] = asked_at + self.certain_for
         for job_id in held:
-            if job_id not in still and job_id in self.held and self.held[job_id] == held[job_id]:
+            if job_id in still or job_id in found.busy:
+                continue  # (busy: locked by a finish in flight; neither renewed nor lost)
+            if job_id in self.held and self.held[job_id] == held[job_id]:
                 # Someone else owns it now (we were presumed dead): stop, record nothing.
                 self.lost.add(job_id)
                 task = self.inner.get(job_id)

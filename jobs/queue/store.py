@@ -478,29 +478,62 @@ async def _close_attempt(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """What a lease renewal found: the leases ``still`` held (renewed), those with a cancel
+    requested, and those ``busy`` (locked by another transaction — this worker's own
+    finish, usually — so neither renewed nor lost: asked again at the next heartbeat)."""
+
+    still: set[str]
+    cancel: set[str]
+    busy: set[str]
+
+
 async def renew_leases(
     sm: Sessions, worker_id: str, held: dict[str, int], lease_sec: float
-) -> tuple[set[str], set[str]]:
-    """Extend the leases this worker holds. Returns (still held, cancel requested)."""
+) -> Renewal:
+    """Extend the leases this worker holds.
+
+    Rows another transaction has locked are skipped (``SKIP LOCKED``), not waited for: a
+    batched finish locks the rows of its jobs in its own order, and a renewal waiting for
+    one of them while holding another would deadlock with it."""
     if not held:
-        return set(), set()
+        return Renewal(set(), set(), set())
     now = time.time()
+    ids = sorted(held)
+    mine = (
+        select(Job.id)
+        .where(Job.id.in_(ids), Job.lease_owner == worker_id, Job.status == RUNNING)
+        .order_by(Job.id)
+        .with_for_update(skip_locked=True)
+    )
     async with sm() as s:
         res = await s.execute(
             update(Job)
-            .where(
-                Job.lease_owner == worker_id,
-                Job.status == RUNNING,
-                Job.id.in_(list(held)),
-            )
+            .where(Job.id.in_(mine.scalar_subquery()))
             .values(lease_expires_at=now + lease_sec)
             .returning(Job.id, Job.lease_token, Job.cancel_requested)
+            .execution_options(synchronize_session=False)
         )
         rows = res.all()
         await s.commit()
+        missing = [i for i in ids if i not in {r[0] for r in rows}]
+        busy: set[str] = set()
+        if missing:  # locked (still ours as last committed) or really gone
+            found = await s.execute(
+                select(Job.id, Job.lease_token, Job.lease_owner, Job.status).where(
+                    Job.id.in_(missing)
+                )
+            )
+            busy = {
+                i
+                for i, tok, owner, status in found.all()
+                if owner == worker_id and status == RUNNING and held.get(i) == tok
+            }
+            await s.commit()
     still = {r[0] for r in rows if held.get(r[0]) == r[1]}
     cancel = {r[0] for r in rows if r[2] and r[0] in still}
-    return still, cancel
+    return Renewal(still, cancel, busy)
 
 
 LOST_CAP_REASON = "lost {n} times (the worker running it died or stalled each time)"

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from jobs.batching import Batcher
+from jobs.db import engine_of
 from jobs.models import Job, JobAttempt
 from jobs.queue import store
 from jobs.queue.dispatcher import Dispatcher
@@ -173,3 +174,32 @@ async def test_concurrency_bounds_the_flushes_in_flight():
     b: Batcher[int, int] = Batcher(flush, max_batch=5, concurrency=2)
     assert await asyncio.gather(*(b.submit(i) for i in range(40))) == list(range(40))
     assert peak == 2 and b.items == 40
+
+
+async def test_lease_renewal_skips_a_row_a_finish_holds_and_cannot_deadlock(services):
+    """A batched finish locks its jobs' rows in its own order while the heartbeat renews
+    the same worker's leases: the renewal skips a locked row (neither renewed nor lost)
+    instead of waiting for it while holding another, which PostgreSQL reported as
+    ``deadlock detected``."""
+    a, b = await _queued_jobs(services, 2)
+    sm = services.sessionmaker
+    assert all(await store.claim_many(sm, [(a, 0), (b, 0)], "w1", 30))
+    held = {a: 1, b: 1}
+    engine = engine_of(sm)
+    if engine.dialect.name != "postgresql":  # one writer at a time: no row locks to skip
+        found = await store.renew_leases(sm, "w1", held, 30)
+        assert found.still == {a, b} and not found.busy
+        return
+    async with engine.connect() as other:  # plays the finish: b locked, a wanted next
+        await other.execute(update(Job).where(Job.id == b).values(updated_at=1.0))
+        renewal = asyncio.ensure_future(store.renew_leases(sm, "w1", held, 30))
+        await asyncio.sleep(0.3)  # the renewal has run (or, waiting for b, holds a)
+        async with asyncio.timeout(10):
+            await other.execute(update(Job).where(Job.id == a).values(updated_at=1.0))
+            found = await renewal
+        await other.commit()
+    assert found.still == {a} and found.busy == {b} and not found.cancel
+    again = await store.renew_leases(sm, "w1", held, 30)
+    assert again.still == {a, b} and not again.busy
+    gone = await store.renew_leases(sm, "w1", {**held, a: 7}, 30)  # a's lease taken over
+    assert gone.still == {b} and not gone.busy
