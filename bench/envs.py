@@ -7,7 +7,11 @@
    the same script without the block (the worker's own interpreter), alternated so both
    see the same machine load; budget: median overhead ≤ 50 ms.
 
-    .venv/bin/python -m bench.envs [--runs 40]
+3. Node skills: CommonJS without dependencies, CommonJS with a lockfile environment
+   (``require`` through NODE_PATH), an ES module with the same environment (``import``
+   through the resolve hook ``node --import`` loads) — what the hook costs a run.
+
+    .venv/bin/python -m bench.envs [--runs 40] [--no-node]
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import argparse
 import asyncio
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -24,6 +29,7 @@ from pathlib import Path
 
 from jobs.catalog.loader import load_registry, load_skill
 from jobs.execution import envs
+from jobs.execution.env_specs import node_version
 from jobs.execution.executor import Executor
 from jobs.settings import Settings
 
@@ -57,6 +63,51 @@ def make_skills(root: Path) -> None:
         (d / "main.py").write_text(head + BODY.format(imports=imports))
 
 
+# Node: the same tiny skill as CommonJS without dependencies, CommonJS with a lockfile
+# (require through NODE_PATH) and ES module with the same lockfile (import through the
+# resolve hook loaded with node --import); the two with dependencies share one environment.
+NODE_PKG = '{"name": "bench-node", "version": "1.0.0", "private": true, "dependencies": {"is-number": "7.0.0"}}'
+NODE_LOCK = """{
+  "name": "bench-node", "version": "1.0.0", "lockfileVersion": 3, "requires": true,
+  "packages": {
+    "": {"name": "bench-node", "version": "1.0.0", "dependencies": {"is-number": "7.0.0"}},
+    "node_modules/is-number": {
+      "version": "7.0.0",
+      "integrity": "sha512-41Cifkg6e8TylSpdtTpeLVMqvSBEVzTttHvERD741+pnZ8ANv0004MRL43QKPDlK9cGvNp6NZWZUBlbGXYxxng==",
+      "license": "MIT", "engines": {"node": ">=0.12.0"}
+    }
+  }
+}
+"""
+NODE_SKILLS = {
+    "bench_node_plain": ("main.js", 'console.log(JSON.stringify({ ok: true, n: Number("4") }));\n'),
+    "bench_node_cjs": (
+        "main.js",
+        'const isNumber = require("is-number");\n'
+        "console.log(JSON.stringify({ ok: true, n: isNumber(4) }));\n",
+    ),
+    "bench_node_esm": (
+        "main.mjs",
+        'import isNumber from "is-number";\n'
+        "console.log(JSON.stringify({ ok: true, n: isNumber(4) }));\n",
+    ),
+}
+
+
+def make_node_skills(root: Path) -> None:
+    for name, (entry, code) in NODE_SKILLS.items():
+        d = root / name
+        d.mkdir(parents=True)
+        (d / "SKILL.md").write_text(
+            f"---\nname: {name}\ndescription: benchmark skill\n"
+            f"exec:\n  primary: {{type: node, entry: {entry}}}\n---\n"
+        )
+        (d / entry).write_text(code)
+        if name != "bench_node_plain":
+            (d / "package.json").write_text(NODE_PKG)
+            (d / "package-lock.json").write_text(NODE_LOCK)
+
+
 def first_builds(root: Path) -> tuple[float, float]:
     """(cold uv cache, warm uv cache) seconds for a fresh one-package environment."""
     spec = envs.spec_for(load_skill(root / "skills" / "bench_pep723"))
@@ -78,7 +129,9 @@ def first_builds(root: Path) -> tuple[float, float]:
     return cold, warm
 
 
-async def runs(root: Path, n: int) -> tuple[list[float], list[float]]:
+async def runs(root: Path, n: int, names: list[str]) -> dict[str, list[float]]:
+    """Milliseconds per ``Executor.execute`` of each skill, alternated, after a first
+    (building) run of each."""
     settings = Settings(data_dir=root / "data", redis_url=None, _env_file=None)  # type: ignore[call-arg]
     ex = Executor(
         settings=settings,
@@ -87,24 +140,32 @@ async def runs(root: Path, n: int) -> tuple[list[float], list[float]]:
         box=None,
     )
     ctx = {"role_id": "bench", "session_id": "s", "channel": "web"}
-    first = await ex.execute("bench_pep723", {"prompt": "x"}, dict(ctx))  # builds it
-    assert first.status == "succeeded", first.result
-    await ex.execute("bench_plain", {"prompt": "x"}, dict(ctx))
-    with_env: list[float] = []
-    plain: list[float] = []
+    for name in names:  # builds the environments
+        first = await ex.execute(name, {"prompt": "x"}, dict(ctx))
+        assert first.status == "succeeded", first.result
+    times: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(n):
-        for name, into in (("bench_pep723", with_env), ("bench_plain", plain)):
+        for name in names:
             t0 = time.perf_counter()
             out = await ex.execute(name, {"prompt": "x"}, dict(ctx))
-            into.append((time.perf_counter() - t0) * 1000)
+            times[name].append((time.perf_counter() - t0) * 1000)
             assert out.status == "succeeded", out.result
     await ex.aclose()
-    return with_env, plain
+    return times
+
+
+def node_report(times: dict[str, list[float]]) -> None:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    plain, cjs, esm = med["bench_node_plain"], med["bench_node_cjs"], med["bench_node_esm"]
+    print(f"Node {'.'.join(map(str, node_version()))}: no deps median {plain:.1f} ms")
+    print(f"  CommonJS + lockfile env: median {cjs:.1f} ms ({cjs - plain:+.1f} ms)")
+    print(f"  ES module + lockfile env (resolve hook): median {esm:.1f} ms ({esm - plain:+.1f} ms)")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--no-node", action="store_true", help="skip the Node measurements")
     args = ap.parse_args()
     if envs.find_uv() is None:
         print("uv is not installed: pip install uv")
@@ -112,8 +173,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-envs-") as tmp:
         root = Path(tmp)
         make_skills(root / "skills")
+        node = shutil.which("npm") is not None and not args.no_node
+        if node:
+            make_node_skills(root / "skills")
         cold, warm = first_builds(root)
-        with_env, plain = asyncio.run(runs(root, args.runs))
+        times = asyncio.run(runs(root, args.runs, ["bench_pep723", "bench_plain"]))
+        with_env, plain = times["bench_pep723"], times["bench_plain"]
+        if node:
+            node_report(asyncio.run(runs(root, args.runs, list(NODE_SKILLS))))
     med_env, med_plain = statistics.median(with_env), statistics.median(plain)
     overhead = med_env - med_plain
     print(f"Python {platform.python_version()}, {os.cpu_count()} CPU(s), {sys.platform}")

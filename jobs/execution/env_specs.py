@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import re
 import shutil
 import sys
@@ -71,6 +72,9 @@ class EnvSpec:
     requirements: tuple[str, ...]  # Python requirement lines; empty for Node
     files: tuple[tuple[str, bytes], ...]  # Node: package.json + lockfile contents
     key: str  # content hash + runtime version: the environment's directory name
+    # Node: the skill's code is (or loads) ES modules, which need the resolve hook
+    # (NODE_PATH does not reach them); not part of the key — CommonJS skills share it
+    esm: bool = False
 
     @property
     def dirname(self) -> str:
@@ -85,11 +89,11 @@ def _runtime_tag(kind: Kind) -> str:
         v = sys.version_info
         return f"{sys.implementation.name}-{v.major}.{v.minor}"
     # the major version decides binary compatibility of node_modules
-    return "node-" + (str(_node_version()[0]) if _node_version() else "none")
+    return "node-" + (str(node_version()[0]) if node_version() else "none")
 
 
 @functools.cache
-def _node_version() -> tuple[int, ...]:
+def node_version() -> tuple[int, ...]:
     """The installed Node's version, () when there is none (asked once per process)."""
     import subprocess
 
@@ -107,7 +111,7 @@ def _node_version() -> tuple[int, ...]:
 
 def node_has_register() -> bool:
     """Whether ``node --import`` and ``module.register`` exist (Node 18.19+, 20.6+)."""
-    v = _node_version()
+    v = node_version()
     return v >= (20, 6) or (18, 19) <= v < (19,)
 
 
@@ -193,7 +197,33 @@ def _node_spec(skill: Skill) -> EnvSpec | None:
     if lock is None:
         return None  # `npm ci` needs a lockfile; without one the skill runs as it is
     files = (("package.json", pkg.read_bytes()), (lock.name, lock.read_bytes()))
-    return EnvSpec("node", lock.name, (), files, _hash("node", [f[1] for f in files]))
+    key = _hash("node", [f[1] for f in files])
+    return EnvSpec("node", lock.name, (), files, key, esm=_uses_esm(skill.entry, folder))
+
+
+def _uses_esm(entry: Path | None, folder: Path) -> bool:
+    """Whether Node loads the entry as an ES module (``.mjs``, or ``"type": "module"`` in
+    the nearest package.json) or the entry imports dynamically (``import(``): only those
+    runs pay for the resolve hook (a loader thread at start-up)."""
+    if entry is None:
+        return True  # cannot tell: the hook makes both kinds work
+    if entry.suffix in (".mjs", ".mts"):
+        return True
+    with contextlib.suppress(OSError):
+        if "import(" in entry.read_text(encoding="utf-8", errors="replace"):
+            return True
+    if entry.suffix in (".cjs", ".cts"):
+        return False
+    here, top = entry.resolve().parent, folder.resolve()
+    while here == top or top in here.parents:  # the nearest package.json inside the skill
+        pkg = here / "package.json"
+        if pkg.is_file():
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads(pkg.read_text(encoding="utf-8"))
+                return isinstance(data, dict) and data.get("type") == "module"
+            return False
+        here = here.parent
+    return False
 
 
 def spec_for(skill: Skill) -> EnvSpec | None:

@@ -120,7 +120,7 @@ class Prepared:
                 return [self.python, *argv[1:]]
             return argv
         env["NODE_PATH"] = os.pathsep.join(p for p in (self.node_path, env.get("NODE_PATH")) if p)
-        if node_has_register():  # ES modules ignore NODE_PATH: a resolve hook reads it
+        if self.spec.esm and node_has_register():  # ES modules ignore NODE_PATH: a hook reads it
             hook = f'--import "{NODE_ESM_HOOK.as_uri()}"'
             env["NODE_OPTIONS"] = " ".join(p for p in (hook, env.get("NODE_OPTIONS")) if p)
         return argv

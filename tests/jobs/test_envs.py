@@ -71,6 +71,20 @@ def test_spec_sources() -> None:
     assert envs.spec_for(load_skill(MARKET / "pep723_plain")) is None
 
 
+def test_node_specs_know_which_skills_are_es_modules(tmp_path: Path) -> None:
+    """Only ES-module skills get the resolve hook (it costs a loader thread per start)."""
+    esm = {n: envs.spec_for(load_skill(MARKET / n)) for n in ("node_lock", "node_esm", "node_mjs")}
+    assert {n: s.esm for n, s in esm.items() if s} == {
+        "node_lock": False,  # CommonJS main.js
+        "node_esm": True,  # "type": "module"
+        "node_mjs": True,  # .mjs
+    }
+    assert esm["node_lock"].dirname == esm["node_mjs"].dirname  # type: ignore[union-attr]
+    folder = copy_skill("node_lock", tmp_path, "node_dynamic_import")
+    (folder / "main.js").write_text('import("is-number").then((m) => console.log(m.default(1)));\n')
+    assert envs.spec_for(load_skill(folder)).esm  # type: ignore[union-attr]
+
+
 def test_key_is_content_and_python_version(tmp_path: Path) -> None:
     a = copy_skill("req_skill", tmp_path, "a")
     b = copy_skill("req_skill", tmp_path, "b")
