@@ -26,6 +26,7 @@ from chains.deliver import deliver_outcome
 from chains.guard import is_empty_output
 from chains.refs import UnresolvedReference, resolve_input
 from chains.schedules import ScheduleSpec, spec_of
+from jobs import telemetry
 from jobs.constants import MAX_RUNS
 from jobs.crypto import redact
 from jobs.envelope import failure, is_failure, is_non_retriable
@@ -63,7 +64,9 @@ async def run_chain(services: Services, executor: Executor, run_id: str, *, work
     stop = asyncio.Event()
     beat = asyncio.create_task(_heartbeat(services, lease, stop))
     try:
-        return await _ChainRun(services, executor, lease, stop).run()
+        running = _ChainRun(services, executor, lease, stop).run()
+        attrs = {"skilljobs.chain_run.id": run_id}
+        return await telemetry.traced("skilljobs.chain_run", running, attrs=attrs, outcome=_ended)
     except rs.LeaseLost:
         log.warning("chain run %s: lease lost; this attempt stops", run_id)
         return "lost"
@@ -71,6 +74,14 @@ async def run_chain(services: Services, executor: Executor, run_id: str, *, work
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await beat
+
+
+def _step(index: int, step_id: str, skill: str) -> dict[str, str | int]:
+    return {"skilljobs.step": index, "skilljobs.step.id": step_id, "skilljobs.skill": skill}
+
+
+def _ended(status: str) -> dict[str, str]:
+    return {"skilljobs.outcome": status}
 
 
 async def _heartbeat(services: Services, lease: rs.Lease, lost: asyncio.Event) -> None:
@@ -140,7 +151,10 @@ class _ChainRun:
                 input=redact(data),
                 error=None,
             )
-            env = await self._execute(step.skill, data)
+            executing = self._execute(step.skill, data)
+            env = await telemetry.traced(
+                "skilljobs.chain_step", executing, attrs=_step(i, refs[i].id, step.skill)
+            )
             if is_failure(env):
                 error = f"step {i} ({refs[i].id}, {step.skill}): {env.get('error') or 'failed'}"
                 await self._record(i, rs.FAILED, data, env, error, started=started)

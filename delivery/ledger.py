@@ -50,7 +50,7 @@ from delivery.errors import (
     DeliveryPermanentError,
     DeliveryTransientError,
 )
-from jobs import storable
+from jobs import storable, telemetry
 from jobs.batching import Batcher
 from jobs.logs import SECRETS
 from jobs.models import PENDING, SENT, Delivery, DeliveryStatus, Worker
@@ -506,7 +506,7 @@ async def deliver_once(
         elif status in (UNKNOWN, DISMISSED, FAILED) and existing is not None:
             note = existing.error
         return {**base, "status": status, "error": note, "duplicate": True}
-    return await _send_claimed(
+    sending = _send_claimed(
         sessionmaker,
         send,
         row,
@@ -518,6 +518,12 @@ async def deliver_once(
         tries=tries,
         backoff=backoff,
     )
+    attrs = {"skilljobs.channel": channel, "skilljobs.kind": kind}
+    return await telemetry.traced("skilljobs.deliver", sending, attrs=attrs, outcome=_sent)
+
+
+def _sent(delivery: dict[str, Any]) -> dict[str, str]:
+    return {"skilljobs.delivery.status": str(delivery.get("status", ""))}
 
 
 async def _send_claimed(

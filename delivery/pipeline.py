@@ -23,6 +23,7 @@ from delivery.artifacts import ArtifactInfo, acollect, fill_local_path
 from delivery.fetch import SafeFetcher
 from delivery.materialize import materialize
 from delivery.router import deliver_result, workspace_of
+from jobs import telemetry
 from jobs.envelope import is_failure, normalize
 from jobs.models import Artifact, JobRow
 from jobs.runscope import RunScope
@@ -87,7 +88,8 @@ async def postprocess(
         env = fill_local_path(env, workspace)
         try:
             async with SafeFetcher(settings.allow_hosts) as fetcher:
-                env, post.fetches = await materialize(env, workspace, fetcher)
+                fetching = materialize(env, workspace, fetcher)
+                env, post.fetches = await telemetry.traced("skilljobs.materialize", fetching)
         except Exception as exc:  # a broken download step must not cost the user the result
             log.exception("job %s: materialization failed", job.id)
             post.problems.append({"path": "", "field": "materialize", "reason": str(exc)})

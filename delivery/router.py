@@ -34,6 +34,7 @@ from delivery.ledger import (
     record_receipts,
 )
 from delivery.render import TEXT_CAP, directives, failure_text, render
+from jobs import telemetry
 from jobs.context import group_conversation, job_segment, results_dir
 from jobs.envelope import is_failure
 from jobs.media import media_kind
@@ -208,7 +209,9 @@ async def deliver_result(
     reply = _apply_directives(result, job, adapter, items) or origin.reply_to
     try:
         if isinstance(adapter, WebChannel):
-            items, out = await _deliver_web(adapter, origin, items, workspace, common, job.id)
+            web = _deliver_web(adapter, origin, items, workspace, common, job.id)
+            attrs = {"skilljobs.channel": origin.channel}
+            items, out = await telemetry.traced("skilljobs.deliver", web, attrs=attrs)
         for i, item in enumerate(items):
             out.extend(
                 await _send_item(

@@ -169,6 +169,8 @@ class Job(Base):
     role_id: Mapped[str] = mapped_column(String(128), default="")
     org_id: Mapped[str] = mapped_column(String(128), default="")
     chain_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    #: W3C trace context of the dispatch, so the workers' spans join its trace (jobs.telemetry)
+    traceparent: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # Queue priority, 0 served first, 9 last (jobs.queue.limits).
     priority: Mapped[int] = mapped_column(Integer, default=3, server_default="3")
 
@@ -232,6 +234,8 @@ class JobRow(Protocol):
     def lease_owner(self) -> str | None: ...
     @property
     def chain_run_id(self) -> str | None: ...
+    @property
+    def traceparent(self) -> str | None: ...
 
 
 class DispatchKey(Base):

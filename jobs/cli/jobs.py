@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs import telemetry
 from jobs.cli.common import fail, with_services
 
 console = Console()
@@ -67,6 +68,7 @@ def dispatch(
         "org_id": org,
         "triggered_at": time.time(),
     }
+    telemetry.setup("skilljobs-cli")
 
     async def _go(svc: Any) -> int:
         from jobs.queue.dispatcher import Dispatcher

@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 
+from jobs import telemetry
 from jobs.cli.common import fail, load_settings, run_async
 from jobs.logs import setup_logging
 from jobs.settings import Settings
@@ -33,6 +34,7 @@ def worker(
     """Run an arq worker (and the chain scheduler) against SKILLJOBS_REDIS_URL."""
     settings = load_settings()
     setup_logging(settings)
+    telemetry.setup("skilljobs-worker")
     private_files(settings)
     if not settings.redis_url and not embedded_url_file(settings).exists():
         fail(
@@ -65,6 +67,7 @@ def web(
     """Serve the dashboard, the JSON API and /metrics."""
     settings = load_settings()
     setup_logging(settings)
+    telemetry.setup("skilljobs-web")
     private_files(settings)
     check_bind(settings, host)
 
@@ -88,6 +91,7 @@ def up(
     process, started again if it exits)."""
     settings = load_settings()
     setup_logging(settings)
+    telemetry.setup("skilljobs")
     private_files(settings)
     embedded = None
     if not settings.redis_url:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from jobs import texts
+from jobs import telemetry, texts
 from jobs.catalog.validation import input_problem
 from jobs.db import once_more_if_disconnected
 from jobs.envelope import failure, offload_sync
@@ -60,6 +60,17 @@ def refusal(
     status_code: int, error: str, error_type: str = "recoverable", **extra: Any
 ) -> DispatchResult:
     return DispatchResult(status_code, failure(error, error_type=error_type, **extra))
+
+
+def _span_attrs(skill: Skill, background: bool) -> dict[str, str | bool]:
+    return {"skilljobs.skill": skill.name, "skilljobs.background": background}
+
+
+def _answered(res: DispatchResult) -> dict[str, str | int]:
+    return {
+        "skilljobs.job.id": str(res.body.get("job_id") or ""),
+        "skilljobs.status_code": res.status_code,
+    }
 
 
 class Dispatcher:
@@ -153,8 +164,14 @@ class Dispatcher:
                     "session, but the context has no session_id",
                     skill=skill,
                 )
-            return await self._enqueue(found, input_data, ctx, ext, idempotency_key, priority)
-        return await self._run_now(found, input_data, ctx)
+            queued = self._enqueue(found, input_data, ctx, ext, idempotency_key, priority)
+            return await telemetry.traced(
+                "skilljobs.dispatch", queued, attrs=_span_attrs(found, True), outcome=_answered
+            )
+        sync = self._run_now(found, input_data, ctx)
+        return await telemetry.traced(
+            "skilljobs.dispatch", sync, attrs=_span_attrs(found, False), outcome=_answered
+        )
 
     # --- sync line ----------------------------------------------------------------------
 
@@ -243,6 +260,7 @@ class Dispatcher:
             "created_at": now,
             "queued_at": now,
             "updated_at": now,
+            "traceparent": telemetry.traceparent(),  # the workers' spans join this trace
         }
         session_key = (values["session_id"], role_id, ext)
         new_session = (
@@ -275,7 +293,7 @@ class Dispatcher:
         )
         try:
             # Group commit with the concurrent dispatches: returns once recorded AND enqueued.
-            await intake.submit(svc, new_job)
+            await telemetry.traced("skilljobs.enqueue", intake.submit(svc, new_job))
         except intake.Unqueued as exc:
             # Recorded but not enqueued (closed as failed): never a receipt for work that
             # may not run.

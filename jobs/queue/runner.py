@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
-from jobs import phases, sendscope, texts
+from jobs import phases, sendscope, telemetry, texts
 from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS
 from jobs.db import DB_UNAVAILABLE
@@ -150,12 +150,16 @@ class JobRunner:
         if claim is None:
             return "superseded"  # cancelled, re-enqueued or already running elsewhere
         job, token = claim.job, claim.token
+        telemetry.queue_wait(job, claim.attempt)
         self.held[job_id] = token
         self.lease_until[job_id] = asked_at + self.certain_for
         handed_off = False
         try:
             try:
-                done = await self._run_claimed(job, token, claim.attempt)
+                running = self._run_claimed(job, token, claim.attempt)
+                done = await telemetry.job_span(
+                    "skilljobs.run", running, job, attempt=claim.attempt
+                )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # never only logged: the job would be lost, re-run
@@ -173,7 +177,8 @@ class JobRunner:
                     self._hand_back(job, token, "worker stopped before it finished")
                 )
                 raise
-            task = asyncio.create_task(self._finish(job, token, done))
+            finish = telemetry.job_span("skilljobs.finish", self._finish(job, token, done), job)
+            task = asyncio.create_task(finish)
             self.finishing.add(task)
             task.add_done_callback(self._finished)
             if self.slots is not None:

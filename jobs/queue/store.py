@@ -927,6 +927,7 @@ _NEW_JOB_COLUMNS = (
     ("created_at", "float8"),
     ("queued_at", "float8"),
     ("updated_at", "float8"),
+    ("traceparent", "text"),
 )
 _NEW_JOB_KEYS = frozenset(name for name, _ in _NEW_JOB_COLUMNS)
 _SESSION_COLUMNS = ("session_id", "role_id", "org_id", "channel", "external_id")
