@@ -27,6 +27,7 @@ from dashboard import (
     api_stats,
     api_tokens,
     api_workers,
+    latency,
 )
 from dashboard.auth import AuthError, require_token
 from dashboard.errors import ApiError, envelope
@@ -143,7 +144,10 @@ def create_app(
     @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
     async def metrics(request: Request) -> Response:
         svc: Services = request.app.state.services
-        body = await request.app.state.metrics.render(svc.sessionmaker, limits=svc.settings.limits)
+        waits = await latency.ratelimit_waits(svc.redis, svc.settings.key)
+        body = await request.app.state.metrics.render(
+            svc.sessionmaker, limits=svc.settings.limits, ratelimit_waits=waits
+        )
         return Response(body, media_type=CONTENT_TYPE)
 
     @app.get("/", include_in_schema=False)

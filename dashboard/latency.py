@@ -1,4 +1,5 @@
-"""Latency histograms for ``/metrics``: queue wait per skill and delivery latency per channel.
+"""Latency for ``/metrics``: queue wait per skill and delivery latency per channel
+(histograms), and the sends that waited for the outbound rate limiter (counters).
 
 Both come from timestamps every process records in the database (the dispatcher's
 ``created_at``, the claiming worker's ``started_at``, the ledger's ``created_at`` and
@@ -9,17 +10,21 @@ whichever of them the scrape reaches. Like the run-time histogram they cover a w
 * delivery latency: from a delivery being recorded as due (the job's result ready to
   send) to the channel accepting it — rate-limit waits, retries and the platform's own
   answer — of first sends made in the window (an operator's resend is not latency).
+
+The rate limiter's waits are counted by the workers in two Redis hashes (per channel: sends
+that waited, seconds waited), monotonic counters for ``rate()`` in PromQL.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from jobs.constants import RATELIMIT_WAITED, RATELIMIT_WAITS
 from jobs.models import Delivery, DeliveryStatus, Job
 
 QUEUE_WAIT_BUCKETS_S = (
@@ -112,3 +117,41 @@ def families(snap: dict[str, Rows], window: str) -> Iterator[Metric]:
         DELIVERY_BUCKETS_S,
         window,
     )
+
+
+async def ratelimit_waits(redis: Any, key: Callable[[str], str]) -> list[tuple[str, int, float]]:
+    """``(channel, sends that waited, seconds waited)`` from the workers' counters; empty
+    when Redis cannot be read (the scrape still answers)."""
+    if redis is None:
+        return []
+    try:
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(key(RATELIMIT_WAITS))
+            pipe.hgetall(key(RATELIMIT_WAITED))
+            counts, seconds = await pipe.execute()
+    except Exception:
+        return []
+    text = {_str(k): v for k, v in seconds.items()}
+    return sorted((_str(k), int(v), float(text.get(_str(k), 0.0))) for k, v in counts.items())
+
+
+def _str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def ratelimit_families(waits: list[tuple[str, int, float]]) -> Iterator[Metric]:
+    sends = CounterMetricFamily(
+        "skilljobs_ratelimit_waits",
+        "Sends that waited for the outbound rate limiter, per channel (all workers).",
+        labels=["channel"],
+    )
+    waited = CounterMetricFamily(
+        "skilljobs_ratelimit_wait_seconds",
+        "Seconds sends waited for the outbound rate limiter, per channel (all workers).",
+        labels=["channel"],
+    )
+    for channel, n, seconds in waits:
+        sends.add_metric([channel], n)
+        waited.add_metric([channel], seconds)
+    yield sends
+    yield waited

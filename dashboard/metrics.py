@@ -93,6 +93,7 @@ class SnapshotCollector(Collector):
         yield hist
         if "latency" in snap:
             yield from latency.families(snap["latency"], window)
+        yield from latency.ratelimit_families(snap.get("ratelimit_waits", []))
 
         dl = GaugeMetricFamily(
             "skilljobs_deliveries",
@@ -197,6 +198,7 @@ class Metrics:
         window: float = METRICS_WINDOW_S,
         *,
         limits: Mapping[str, int] | None = None,
+        ratelimit_waits: list[tuple[str, int, float]] | None = None,
     ) -> bytes:
         async with sessionmaker() as session:
             now = time.time()
@@ -205,6 +207,7 @@ class Metrics:
             if limits:
                 snap["limits"] = await limit_metrics.snapshot(session, limits)
         snap["incidents"] = await incidents.open_incidents(sessionmaker)
+        snap["ratelimit_waits"] = ratelimit_waits or []
         # No await between setting the snapshot and rendering: concurrent scrapes on the
         # event loop can never see each other's snapshot.
         self._collector.snapshot = snap

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delivery.channels.limits import Target
+from jobs.constants import RATELIMIT_WAITED, RATELIMIT_WAITS
 
 log = logging.getLogger(__name__)
 
@@ -188,10 +189,23 @@ class RateLimiter:
                 self._script = None
                 return waited
             if ms <= 0:
+                if waited:
+                    await self._count_wait(channel, waited)
                 return waited
             step = min(ms / 1000.0, MAX_STEP)
             waited += step
             await asyncio.sleep(step)
+
+    async def _count_wait(self, channel: str, waited: float) -> None:
+        """Count a send that had to wait, for ``/metrics`` (every worker adds to the same
+        counters); best effort, like the limiter itself."""
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hincrby(self.settings.key(RATELIMIT_WAITS), channel, 1)
+                pipe.hincrbyfloat(self.settings.key(RATELIMIT_WAITED), channel, waited)
+                await pipe.execute()
+        except Exception as exc:
+            log.warning("rate limiter: wait not counted (%s)", exc)
 
     async def pause(self, channel: str, target: Target, retry_after: float) -> None:
         """A 429: no worker sends to this chat (or, without a chat bucket, on this bot)

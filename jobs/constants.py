@@ -21,3 +21,5 @@ WORKER_HEARTBEAT = "worker"  # worker:<id> → heartbeat JSON with TTL
 WORKER_PAUSE = "worker-pause"  # worker-pause:<id> set → that worker claims no new jobs
 WORKER_DRAIN = "worker-drain"  # worker-drain:<id> set → claims nothing, finishes, exits
 CANCEL_CHANNEL = "cancel"  # pub/sub: job ids to cancel on whichever worker runs them
+RATELIMIT_WAITS = "metrics:ratelimit-waits"  # hash channel → sends that waited for a token
+RATELIMIT_WAITED = "metrics:ratelimit-waited"  # hash channel → seconds those sends waited

@@ -5,14 +5,18 @@ delivering to the fake Telegram server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from dashboard.app import create_app
+from delivery.channels.limits import Target
+from delivery.ratelimit import RateLimiter
 from jobs.models import Delivery, Job
 from jobs.services import Services
 from tests.helpers.dashboard import TOKEN, seed_job, seed_rows
@@ -102,6 +106,37 @@ async def test_empty_database_has_the_families_and_no_series(client: httpx.Async
     }
     assert families[WAIT].type == "histogram" and families[WAIT].samples == []
     assert families[LATENCY].type == "histogram" and families[LATENCY].samples == []
+
+
+async def test_rate_limiter_waits_are_counted_across_limiters(
+    client: httpx.AsyncClient, services, tmp_path, redis_server_url: str, redis_prefix: str
+) -> None:
+    """Three limiters on their own Redis connections (three workers) sending to one chat:
+    /metrics counts every send that waited and the seconds waited, over all of them."""
+    rates = json.dumps({"telegram": {"bot": [30, 1], "chat": [2, 0.2]}})
+    settings = make_settings(
+        tmp_path, redis_url=redis_server_url, prefix=redis_prefix, rate_limits=rates
+    )
+    clients = [aioredis.from_url(redis_server_url) for _ in range(3)]
+    waited: list[float] = []
+
+    async def send(limiter: RateLimiter) -> None:
+        for _ in range(3):
+            waited.append(await limiter.acquire("telegram", Target("1001")))
+
+    try:
+        await asyncio.gather(*(send(RateLimiter.from_settings(c, settings)) for c in clients))
+        await RateLimiter.from_settings(clients[0], settings).acquire("feishu", Target("ou_1"))
+    finally:
+        for c in clients:
+            await c.aclose()
+    assert len(waited) == 9 and sum(1 for w in waited if w > 0) >= 6  # capacity 2, 9 sends
+    s = _samples((await client.get("/metrics")).text)
+    waits = s[("skilljobs_ratelimit_waits_total", (("channel", "telegram"),))]
+    seconds = s[("skilljobs_ratelimit_wait_seconds_total", (("channel", "telegram"),))]
+    assert waits == sum(1 for w in waited if w > 0)
+    assert abs(seconds - sum(waited)) < 1e-6
+    assert ("skilljobs_ratelimit_waits_total", (("channel", "feishu"),)) not in s  # no wait
 
 
 @pytest.mark.slow
