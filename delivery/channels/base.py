@@ -156,28 +156,62 @@ class TokenRejected(Exception):
     """The API answered that the access token is invalid or expired (each platform's code)."""
 
 
+def token_key(*parts: str) -> str:
+    """The key under which adapters of one app share its token in this process: the
+    platform, the app's id and a digest of its secret (never the secret itself)."""
+    import hashlib
+
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
+
+
 class TokenCache:
     """One access token, fetched on demand, kept until shortly before it expires, refreshed
-    by a single caller at a time."""
+    by a single caller at a time.
 
-    def __init__(self, fetch: Callable[[], Awaitable[tuple[str, float]]], *, margin: float = 60.0):
+    Caches built with the same ``share`` key (adapters of one app built again, as the
+    ``send_message`` skill does for each call) use one token of the process: the platforms
+    ask for it to be cached (WeCom limits ``gettoken`` calls), and one refresh serves all."""
+
+    #: share key → (token, monotonic expiry), for this process
+    _shared: dict[str, tuple[str, float]] = {}
+
+    def __init__(
+        self,
+        fetch: Callable[[], Awaitable[tuple[str, float]]],
+        *,
+        margin: float = 60.0,
+        share: str | None = None,
+    ):
         self._fetch = fetch
         self._margin = margin
+        self._share = share
         self._token: str | None = None
         self._expires_at = 0.0
         self._lock = asyncio.Lock()
         self.fetches = 0
 
-    async def get(self) -> str:
-        if self._token and time.monotonic() < self._expires_at:
+    def _valid(self) -> str | None:
+        now = time.monotonic()
+        if self._token and now < self._expires_at:
             return self._token
+        found = self._shared.get(self._share) if self._share else None
+        if found is not None and now < found[1]:
+            self._token, self._expires_at = found
+            return found[0]
+        return None
+
+    async def get(self) -> str:
+        if (token := self._valid()) is not None:
+            return token
         async with self._lock:
-            if self._token and time.monotonic() < self._expires_at:
-                return self._token
+            if (token := self._valid()) is not None:
+                return token
             token, ttl = await self._fetch()
             self.fetches += 1
             self._token = token
             self._expires_at = time.monotonic() + max(0.0, ttl - self._margin)
+            if self._share:
+                self._shared[self._share] = (token, self._expires_at)
             return token
 
     def invalidate(self, token: str | None = None) -> None:
@@ -185,6 +219,10 @@ class TokenCache:
         if token is None or token == self._token:
             self._token = None
             self._expires_at = 0.0
+        if self._share:
+            found = self._shared.get(self._share)
+            if found is not None and (token is None or found[0] == token):
+                del self._shared[self._share]
 
     async def call(self, use: Callable[[str], Awaitable[T]], what: str) -> T:
         """``use(token)``; when it raises :class:`TokenRejected` the token is refreshed once
@@ -294,5 +332,6 @@ __all__ = [
     "read_file",
     "read_file_async",
     "request",
+    "token_key",
     "with_retries",
 ]

@@ -34,6 +34,7 @@ from delivery.channels.base import (
     read_file,
     read_file_async,
     request,
+    token_key,
 )
 from delivery.channels.limits import (
     DoesNotFit,
@@ -100,8 +101,13 @@ class DingTalkChannel(LimitedChannel):
         self._robot_code = robot_code
         self._api = api_base.rstrip("/")
         self._oapi = oapi_base.rstrip("/")
-        self.tokens = TokenCache(self._fetch_token)
-        self.legacy_tokens = TokenCache(self._fetch_legacy_token)
+        self.tokens = TokenCache(
+            self._fetch_token, share=token_key("dingtalk", self._api, app_key, app_secret)
+        )
+        self.legacy_tokens = TokenCache(
+            self._fetch_legacy_token,
+            share=token_key("dingtalk-oapi", self._oapi, app_key, app_secret),
+        )
 
     def text_size(self, text: str) -> int:
         # the bytes of the text as it sits, escaped, inside msgParam

@@ -29,6 +29,7 @@ from delivery.channels.base import (
     json_body,
     read_file_async,
     request,
+    token_key,
 )
 from delivery.channels.limits import (
     DoesNotFit,
@@ -123,7 +124,9 @@ class FeishuChannel(LimitedChannel):
         self._app_id = app_id
         self._app_secret = app_secret
         self._base = api_base.rstrip("/")
-        self.tokens = TokenCache(self._fetch_token)
+        self.tokens = TokenCache(
+            self._fetch_token, share=token_key("feishu", self._base, app_id, app_secret)
+        )
 
     def text_size(self, text: str) -> int:
         return _escaped(text)

@@ -23,6 +23,7 @@ from delivery.channels.base import (
     json_body,
     read_file_async,
     request,
+    token_key,
 )
 from delivery.channels.limits import (
     DoesNotFit,
@@ -99,7 +100,9 @@ class WeComChannel(LimitedChannel):
         self._corp_secret = corp_secret
         self._agent_id = agent_id
         self._base = api_base.rstrip("/")
-        self.tokens = TokenCache(self._fetch_token)
+        self.tokens = TokenCache(
+            self._fetch_token, share=token_key("wecom", self._base, corp_id, corp_secret)
+        )
 
     def text_size(self, text: str) -> int:
         return utf8_len(text)

@@ -163,10 +163,29 @@ async def test_feishu_token_refreshed_when_revoked_or_expired(fs, http) -> None:
     assert len(fs.sent) == 2
     assert len(fs.calls("/open-apis/auth/v3/tenant_access_token/internal")) == 2
     fs.token_ttl = 60  # within the refresh margin: never reused
+    ch.tokens.invalidate()  # (the process's shared token too)
     ch2 = feishu(http, fs)
     await ch2.send_text("ou_a", "3")
     await ch2.send_text("ou_a", "4")
     assert ch2.tokens.fetches == 2
+
+
+async def test_adapters_of_one_app_share_its_token_in_the_process(fs, wc, http) -> None:
+    """The send_message skill builds its adapters for each call: they use the token the
+    process already has (WeCom limits gettoken calls), and one refresh serves all."""
+    for i in range(3):
+        await feishu(http, fs).send_text("ou_a", f"call {i}")
+        await wecom(http, wc).send_text("zhangsan", f"call {i}")
+    assert len(fs.calls("/open-apis/auth/v3/tenant_access_token/internal")) == 1
+    assert len(wc.calls("/cgi-bin/gettoken")) == 1
+    fs.revoke_tokens()
+    await feishu(http, fs).send_text("ou_a", "after a revocation")
+    await feishu(http, fs).send_text("ou_a", "and again")
+    assert len(fs.calls("/open-apis/auth/v3/tenant_access_token/internal")) == 2
+    other = FeishuChannel(http, "cli_other", fs.app_secret, api_base=fs.url)
+    with pytest.raises(DeliveryPermanentError):  # another app: never this app's token
+        await other.send_text("ou_a", "x")
+    assert len(fs.sent) == 5
 
 
 async def test_feishu_uploads(fs, http, files) -> None:
