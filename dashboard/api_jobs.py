@@ -97,7 +97,9 @@ def delivery_dict(d: Delivery) -> dict[str, Any]:
     }
 
 
-def attempt_dict(a: JobAttempt) -> dict[str, Any]:
+def attempt_dict(a: JobAttempt, secrets: list[str] | None = None) -> dict[str, Any]:
+    """One run of the job, with the tails of what it printed (capped when recorded,
+    scrubbed of the job's secret values then and again here)."""
     return {
         "number": a.number,
         "worker_id": a.worker_id,
@@ -107,6 +109,8 @@ def attempt_dict(a: JobAttempt) -> dict[str, Any]:
         "error": a.error,
         "error_type": a.error_type,
         "duration_ms": a.duration_ms,
+        "stdout_tail": scrub(a.stdout_tail, secrets or []),
+        "stderr_tail": scrub(a.stderr_tail, secrets or []),
     }
 
 
@@ -157,7 +161,8 @@ def job_dict(
         out["context"] = safe(job.context)
         out["fetches"] = safe(job.fetches or [])
         out["wall_sec"] = job.wall_sec
-        out["attempt_log"] = [attempt_dict(a) for a in attempts]
+        secrets = job_secrets(job, box)
+        out["attempt_log"] = [attempt_dict(a, secrets) for a in attempts]
     return out
 
 

@@ -267,6 +267,9 @@ class JobAttempt(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     error_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
     duration_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the tails of what the run printed (jobs.queue.attempt_logs), secrets scrubbed
+    stdout_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
+    stderr_tail: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Artifact(Base):

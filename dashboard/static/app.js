@@ -655,7 +655,11 @@ async function openDetail(jobId) {
     el("strong", {}, `#${a.number}`), " ", statusBadge(a.outcome), " ",
     `${fmtTime(a.started_at)} → ${fmtTime(a.finished_at)} (${fmtMs(a.duration_ms)})`,
     a.worker_id ? ` on ${a.worker_id}` : "",
-    a.error ? el("pre", { class: "bad log" }, a.error) : "")), "not started yet", 1);
+    a.error ? el("pre", { class: "bad log" }, a.error) : "",
+    ["stdout", "stderr"].map((name) => a[`${name}_tail`]
+      ? el("details", { class: `tail tail-${name}` }, el("summary", {}, `${name} (last lines)`),
+        el("pre", { class: "log" }, a[`${name}_tail`]))
+      : ""))), "not started yet", 1);
 
   $("#detail-input").textContent = pretty(job.input);
   const failed = job.error && job.status !== "succeeded";

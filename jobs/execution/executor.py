@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -63,6 +63,14 @@ ROLE_LLM_TTL_SEC = 30.0
 ROLE_LLM_LOOKUP_SEC = 5.0
 
 
+class Printed(NamedTuple):
+    """What a run wrote (each capped): a subprocess's stdout and stderr tails; an
+    in-process skill's prints (both streams) are its ``stdout``."""
+
+    stdout: str = ""
+    stderr: str = ""
+
+
 @dataclass
 class Outcome:
     result: dict[str, Any]  # normalized envelope; failures have ok False + error
@@ -71,8 +79,14 @@ class Outcome:
     error_type: str | None
     exception: str | None  # exception class name when the skill raised
     transient: bool  # raised a connection/timeout/OS/database error: worth re-running
-    log: str  # subprocess stderr (capped)
+    stdout: str  # Printed.stdout, scrubbed of the run's secret values
+    stderr: str  # Printed.stderr, scrubbed likewise
     duration_ms: float
+
+    @property
+    def log(self) -> str:
+        """The run's log: a subprocess's stderr, else what the run printed."""
+        return self.stderr or self.stdout
 
 
 def _secs(n: float) -> str:
@@ -278,7 +292,7 @@ class Executor:
         rc = self._runtime_context(ctx, found, depth, provider)
         wall = within_caller(found.effective_wall_sec(policy_wall_sec))
         deadline = WALL_DEADLINE.set(time.monotonic() + wall)  # what a callee may use (C9)
-        log_text = ""
+        printed = Printed()
         try:
             data = input_data or {}
             try:  # attachment ids, force_raw_prompt (seed §3.3, §3.4)
@@ -296,14 +310,15 @@ class Executor:
                     )
                 except inputs.Refused as refused:
                     return self._outcome(inputs.refusal(refused, name), t0, name=name)
-            raw, log_text = await self._dispatch(found, data, rc, wall, llm)
+            raw, printed = await self._dispatch(found, data, rc, wall, llm)
         except inprocess.WallExpired as expired:
             env = failure(
                 f"skill ran over {_secs(expired.seconds)} s and was stopped",
                 skill=name,
                 timed_out=True,
             )
-            return self._outcome(env, t0, name=name, status="timed_out", log=expired.log)
+            printed = Printed(expired.stdout, expired.log)
+            return self._outcome(env, t0, name=name, status="timed_out", printed=printed)
         except inprocess.Raised as wrapped:
             raised = wrapped.__cause__ or wrapped
             if isinstance(raised, ImportError):  # undeclared dependency: no re-run fixes it
@@ -328,7 +343,7 @@ class Executor:
             db = rc.get("db")
             if isinstance(db, LazySession) and db.opened and db is not ctx.get("db"):
                 await asyncio.shield(db.close())
-        return self._outcome(normalize(raw, name), t0, name=name, log=log_text)
+        return self._outcome(normalize(raw, name), t0, name=name, printed=printed)
 
     def _refuse(
         self, skill: Skill | None, name: str, input_data: Any, ctx: Any
@@ -405,7 +420,7 @@ class Executor:
         status: str | None = None,
         exception: str | None = None,
         transient: bool = False,
-        log: str = "",
+        printed: Printed = Printed(),
     ) -> Outcome:
         failed = is_failure(env)
         if status is None:
@@ -417,7 +432,8 @@ class Executor:
             error_type=env.get("error_type") if failed else None,
             exception=exception,
             transient=transient,
-            log=log,
+            stdout=printed.stdout,
+            stderr=printed.stderr,
             duration_ms=(time.perf_counter() - t0) * 1000.0,
         )
         return outcome
@@ -508,7 +524,7 @@ class Executor:
         rc: dict[str, Any],
         wall: float,
         llm: dict[str, str],
-    ) -> tuple[Any, str]:
+    ) -> tuple[Any, Printed]:
         et = skill.exec_type
         try:
             if et is ExecType.PYTHON:
@@ -527,34 +543,35 @@ class Executor:
                 coro = run_http(
                     skill, input_data, rc, self.http, wall=wall, fetcher=self.outbound()
                 )
-                return await inprocess.with_wall(coro, wall), ""
+                return await inprocess.with_wall(coro, wall), Printed()
         except subproc.SetupError as exc:
             return failure(
                 f"skill {skill.name!r} cannot start: {exc}",
                 error_type="config",
                 non_retriable=True,
                 skill=skill.name,
-            ), ""
+            ), Printed()
         except envs.BuildFailed as exc:
-            return exc.envelope(skill.name), ""
+            return exc.envelope(skill.name), Printed()
         except inprocess.ImportFailed as exc:
             return envs.import_failure(skill, str(exc)) or failure(
                 f"skill {skill.name!r} cannot be imported: {exc}",
                 error_type="config",
                 non_retriable=True,
                 skill=skill.name,
-            ), ""
-        return failure(f"exec type {et.value} is not supported", skill=skill.name), ""
+            ), Printed()
+        return failure(f"exec type {et.value} is not supported", skill=skill.name), Printed()
 
     # --- in-process Python ----------------------------------------------------------------
 
     async def _in_process(
         self, skill: Skill, input_data: dict[str, Any], rc: dict[str, Any], wall: float
-    ) -> tuple[Any, str]:
+    ) -> tuple[Any, Printed]:
         compat.install()  # backend.infra.providers.base for ported skills (seed §10.1)
         with envs.exposed(await self.envs.prepare(skill)):  # its own packages, no other's
             entry = await inprocess.get_entry(self.entries, skill, wall)
-            return await inprocess.run_entry(entry, input_data, rc, wall, skill.name)
+            raw, text = await inprocess.run_entry(entry, input_data, rc, wall, skill.name)
+        return raw, Printed(stdout=text)
 
     # --- subprocesses -----------------------------------------------------------------------
 
@@ -567,7 +584,7 @@ class Executor:
         llm: dict[str, str],
         *,
         cli: bool = False,
-    ) -> tuple[Any, str]:
+    ) -> tuple[Any, Printed]:
         if cli:
             from dataclasses import replace
 
@@ -597,9 +614,9 @@ class Executor:
         finally:
             if prepared is not None:
                 prepared.release()
-        log_text = subproc.log_tail(res.stderr)
+        printed = Printed(subproc.log_tail(res.stdout), subproc.log_tail(res.stderr))
         if res.timed_out:
-            raise inprocess.WallExpired(timeout, log_text)
+            raise inprocess.WallExpired(timeout, printed.stderr, stdout=printed.stdout)
         if res.overflow:
             mb = subproc.OUTPUT_CAP // (1 << 20)
             return failure(
@@ -607,12 +624,12 @@ class Executor:
                 "write large results to a file in the workspace",
                 skill=skill.name,
                 non_retriable=True,
-            ), log_text
+            ), printed
         code = res.returncode if res.returncode is not None else -9
         if code != 0:
             missing = envs.import_failure(skill, subproc.decode(res.stderr[-subproc.ERROR_TAIL :]))
-            return missing or exit_failure(skill.name, code, res.stdout, res.stderr), log_text
-        return subproc.parse_stdout(subproc.decode(res.stdout), ws or None), log_text
+            return missing or exit_failure(skill.name, code, res.stdout, res.stderr), printed
+        return subproc.parse_stdout(subproc.decode(res.stdout), ws or None), printed
 
     async def _launch(
         self,
@@ -736,8 +753,10 @@ def _attachments(ctx: Mapping[str, Any]) -> list[Any]:
 
 
 def _scrub_outcome(out: Outcome, secrets: list[str]) -> None:
-    """Known secret values never leave a run: not in the log, the error or the result."""
-    out.log = scrub(out.log, secrets)
+    """Known secret values never leave a run: not in what it printed, the error or the
+    result."""
+    out.stdout = scrub(out.stdout, secrets)
+    out.stderr = scrub(out.stderr, secrets)
     if out.error:
         out.error = scrub(out.error, secrets)
     text = json.dumps(out.result, ensure_ascii=False)

@@ -36,10 +36,14 @@ CANCEL_GRACE_SEC = 1.0  # how long a timed-out or cancelled skill gets to unwind
 
 
 class WallExpired(Exception):
-    def __init__(self, seconds: float, log: str = "") -> None:
+    """A run over its wall clock; ``log`` / ``stdout``: what it had written by then (a
+    subprocess's stderr and stdout tails; an in-process run's prints are its stdout)."""
+
+    def __init__(self, seconds: float, log: str = "", *, stdout: str = "") -> None:
         super().__init__(seconds)
         self.seconds = seconds
         self.log = log
+        self.stdout = stdout
 
 
 class Raised(Exception):
@@ -195,7 +199,7 @@ async def run_entry(
                 if inspect.isawaitable(result):
                     result = await with_wall(result, wall)
         except WallExpired as expired:
-            expired.log = expired.log or run.text()
+            expired.stdout = expired.stdout or run.text()
             raise
         except Raised as wrapped:
             exc = wrapped.__cause__

@@ -268,6 +268,16 @@ class JobRunner:
             )
             return CANCELLED
 
+        # what the run printed, kept on its attempt (no statement when it printed nothing)
+        await retry_db(
+            "output",
+            store.record_output,
+            svc.sessionmaker,
+            job_id,
+            token,
+            outcome.stdout,
+            outcome.stderr,
+        )
         if outcome.transient and attempt < MAX_RUNS:
             failures = await retry_db(
                 "breaker", store.recent_failures, svc.sessionmaker, job.skill, job.role_id

@@ -1010,3 +1010,31 @@ async def mark_failed_unqueued(s: AsyncSession, job_id: str, reason: str) -> Non
         )
     )
     await s.commit()
+
+
+OUTPUT_TAIL_CHARS = 8192  # characters of each stream an attempt keeps
+
+
+def output_tail(text: str, cap: int = OUTPUT_TAIL_CHARS) -> str | None:
+    """The last ``cap`` characters of what a run printed (None when it printed nothing)."""
+    if not text or not text.strip():
+        return None
+    if len(text) > cap:
+        text = f"[… {len(text) - cap:,} characters cut]\n" + text[-cap:]
+    return storable.text(text)
+
+
+async def record_output(sm: Sessions, job_id: str, token: int, stdout: str, stderr: str) -> None:
+    """The tails of what the attempt holding ``token`` printed, on its attempt row (already
+    scrubbed of the job's secret values by the executor). Nothing is written for a run that
+    printed nothing, so a quiet skill costs no statement."""
+    out, err = output_tail(stdout), output_tail(stderr)
+    if out is None and err is None:
+        return
+    async with sm() as s:
+        await s.execute(
+            update(JobAttempt)
+            .where(JobAttempt.job_id == job_id, JobAttempt.lease_token == token)
+            .values(stdout_tail=out, stderr_tail=err)
+        )
+        await s.commit()

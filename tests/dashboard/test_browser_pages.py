@@ -24,6 +24,7 @@ from jobs.models import (
     Delivery,
     Incident,
     Job,
+    JobAttempt,
     OpsAction,
     Schedule,
     Worker,
@@ -109,6 +110,20 @@ async def _seed(settings: Any) -> dict[str, str]:
             s.add_all([*jobs, *flaky, evil])
             ids["job"] = jobs[0].id
             ids["flaky"] = flaky[0].id
+            await s.flush()
+            s.add(
+                JobAttempt(
+                    job_id=flaky[0].id,
+                    number=1,
+                    worker_id="worker-a1",
+                    started_at=now - 310,
+                    finished_at=now - 300,
+                    outcome="failed",
+                    error="upstream 503: quota exceeded",
+                    stdout_tail="fetched page 1\nfetched page 2\n",
+                    stderr_tail=f"HTTP 503 from upstream {EVIL}\n",
+                )
+            )
             ids["evil"] = evil.id
             sched = Schedule(
                 name="daily-sales",
@@ -309,6 +324,11 @@ async def _admin(
     assert await page.is_enabled("#bulk-retry")  # a search is a bulk filter too
     await page.click(f'#jobs tbody tr[data-job-id="{ids["flaky"]}"]')
     await page.wait_for_selector(f'#detail[data-job-id="{ids["flaky"]}"]')
+    # the attempt's output tails, folded, as text
+    await page.click("#detail-attempts details.tail-stderr summary")
+    stderr = await page.text_content("#detail-attempts details.tail-stderr pre") or ""
+    assert "HTTP 503 from upstream <img src=x" in stderr
+    assert "fetched page 2" in (await page.text_content("#detail-attempts .tail-stdout pre") or "")
     assert f"#/jobs/{ids['flaky']}?q=flaky" in page.url
     await _shot(page, shots, "job")
 
