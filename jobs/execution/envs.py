@@ -86,6 +86,7 @@ class Prepared:
     spec: EnvSpec
     path: Path
     lease: Lease | None = None
+    esm_hook: Path | None = None  # Node ES modules: the resolve hook, next to the environments
 
     def release(self) -> None:
         if self.lease is not None:
@@ -120,8 +121,8 @@ class Prepared:
                 return [self.python, *argv[1:]]
             return argv
         env["NODE_PATH"] = os.pathsep.join(p for p in (self.node_path, env.get("NODE_PATH")) if p)
-        if self.spec.esm and node_has_register():  # ES modules ignore NODE_PATH: a hook reads it
-            hook = f'--import "{NODE_ESM_HOOK.as_uri()}"'
+        if self.esm_hook is not None:  # ES modules ignore NODE_PATH: the hook reads it
+            hook = f'--import "{self.esm_hook.as_uri()}"'
             env["NODE_OPTIONS"] = " ".join(p for p in (hook, env.get("NODE_OPTIONS")) if p)
         return argv
 
@@ -221,6 +222,7 @@ class EnvManager:
         # None: look it up; False: never use uv (venv + pip)
         self.uv = find_uv() if uv is None else (uv or None)
         self._ready: set[Path] = set()
+        self._hook: Path | None = None
 
     @classmethod
     def from_settings(cls, settings: Any) -> EnvManager:
@@ -253,6 +255,24 @@ class EnvManager:
         self._ready.discard(path)
         return False
 
+    def esm_hook(self) -> Path:
+        """The resolve hook's copy in the environments folder, where a skill process can
+        read it whatever user or sandbox it runs under (written once per process)."""
+        if self._hook is None:
+            text = NODE_ESM_HOOK.read_bytes()
+            dest = self.root / NODE_ESM_HOOK.name
+            with contextlib.suppress(OSError):
+                if dest.read_bytes() == text:
+                    self._hook = dest
+                    return dest
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.{os.getpid()}")
+            tmp.write_bytes(text)
+            tmp.chmod(0o644)
+            os.replace(tmp, dest)
+            self._hook = dest
+        return self._hook
+
     def forget(self, spec: EnvSpec) -> None:
         self._ready.discard(self.path_of(spec))
 
@@ -269,7 +289,8 @@ class EnvManager:
             except (OSError, TimeoutError) as exc:
                 raise BuildFailed(f"cannot use the environment {spec.dirname}: {exc}") from exc
             if self.is_ready(spec):
-                return Prepared(spec, self.path_of(spec), lease)
+                hook = self.esm_hook() if spec.esm and node_has_register() else None
+                return Prepared(spec, self.path_of(spec), lease, hook)
             lease.release()
             await self._build_now(skill, spec)
         raise BuildFailed(f"the environment {spec.dirname} was removed again while starting")

@@ -40,12 +40,17 @@ async def market_services(  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def registries_reachable() -> str | None:
-    """None when PyPI answers, else why not (proxies from the environment are honoured)."""
-    try:
-        with urllib.request.urlopen("https://pypi.org/simple/six/", timeout=5) as resp:
-            resp.read(1)
-    except OSError as exc:
-        return f"PyPI is not reachable ({exc})"
+    """None when PyPI and the npm registry answer, else why not (proxies from the
+    environment are honoured)."""
+    for name, url in (
+        ("PyPI", "https://pypi.org/simple/six/"),
+        ("the npm registry", "https://registry.npmjs.org/is-number"),
+    ):
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                resp.read(1)
+        except OSError as exc:
+            return f"{name} is not reachable ({exc})"
     return None
 
 

@@ -289,6 +289,8 @@ async def test_node_esm_skills_import_their_packages(ex: Executor, envs_root: Pa
     assert out.result["message"] == "7 is odd" and out.result["odd"] is True
     assert {p.name for p in (MARKET / "node_esm").rglob("*")} == before
     assert list(envs_root.glob("node-*/node_modules/is-odd/package.json"))
+    # the hook is read from the environments folder (reachable by the skill user, sandbox)
+    assert (envs_root / "node_paths.mjs").read_bytes() == envs.NODE_ESM_HOOK.read_bytes()
     mjs = await ex.execute("node_mjs", {"value": "x1"}, dict(CTX))
     assert mjs.status == "succeeded", mjs.result
     assert mjs.result["is_number"] is False
