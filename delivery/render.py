@@ -3,7 +3,9 @@
 The text is ``message`` / ``result`` / ``text`` / ``output``; when none of them holds
 anything, a short readable rendering of the other content (``key: value`` lines, lists as
 counts and first items). ``display_md`` goes after the text: as Markdown on rich channels
-(web sessions), lightly converted to plain text elsewhere. A partial result says so on its
+(web sessions) and on channels whose adapter converts Markdown to what the platform renders
+(``markdown``: Telegram HTML, Feishu cards, WeCom and DingTalk markdown messages, see
+``delivery.richtext``), as plain text elsewhere. A partial result says so on its
 first line. Everything is cut to the channel's limit with a note, and the work done is
 bounded by what is shown, never by the size of the result.
 """
@@ -60,11 +62,13 @@ def render(
     skill: str = "",
     lang: str = "en",
     rich: bool = False,
+    markdown: bool = False,
     limit: int | None = None,
     fallback: bool = True,
 ) -> str:
     """The delivered text of a successful result. With ``fallback``, an empty result
-    becomes "<skill> finished."; otherwise it is ``""`` (e.g. a file that needs no text)."""
+    becomes "<skill> finished."; otherwise it is ``""`` (e.g. a file that needs no text).
+    ``markdown``: the channel's adapter converts Markdown, so ``display_md`` stays as it is."""
     cap = limit if limit is not None else (RICH_TEXT_CAP if rich else TEXT_CAP)
     body = main_text(result)
     md = result.get("display_md")
@@ -74,7 +78,7 @@ def render(
     parts = [body] if body else []
     if md and md != body:
         # only what can be shown is converted: the work is bounded by the channel limit
-        parts.append(md if rich else markdown_to_text(md[: cap + 1]))
+        parts.append(md if rich or markdown else markdown_to_text(md[: cap + 1]))
     if is_partial(result):
         warning = result.get("warning")
         reason = warning.strip() if isinstance(warning, str) and warning.strip() else ""

@@ -110,7 +110,10 @@ def plan(
         return [Item("text", "failure", text=failure_text(skill, result, lang))]
     rich = isinstance(adapter, WebChannel)
     limit = getattr(adapter, "text_limit", None)
-    text = render(result, skill=skill, lang=lang, rich=rich, limit=limit, fallback=False)
+    md = getattr(adapter, "renders_markdown", False)  # the adapter converts it (richtext)
+    text = render(
+        result, skill=skill, lang=lang, rich=rich, markdown=md, limit=limit, fallback=False
+    )
     media: list[Item] = []
     seen: set[str] = set()
     sources: set[str] = set()
@@ -133,7 +136,7 @@ def plan(
         text = text.strip()
     if not media:
         if not text:
-            text = render(result, skill=skill, lang=lang, rich=rich, limit=limit)
+            text = render(result, skill=skill, lang=lang, rich=rich, markdown=md, limit=limit)
         return [Item("text", "text", text=text)]
     if text and adapter.supports_caption:
         media[0].text = text

@@ -11,7 +11,8 @@ ffprobe/ffmpeg absent those go as files. A file of another format is zipped (zip
 format DingTalk takes). ``chat:<id>`` or a ``cid…`` id is
 a group (``openConversationId``); the robot APIs have no replies, a ``reply_to`` is ignored.
 Both tokens live 2 hours; ``InvalidAuthentication`` (new API) and errcode 40014/42001
-(legacy) refresh them once.
+(legacy) refresh them once. Text with Markdown goes as ``sampleMarkdown`` (a title and the
+text, ``delivery.richtext``).
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ from delivery.channels.limits import (
     rule,
 )
 from delivery.channels.probe import MediaProbe
+from delivery.richtext import DINGTALK, Piece, has_markup, pieces, title_of
 
 MEDIA_LIMIT = 20 * 1024 * 1024
 VOICE_LIMIT = 2 * 1024 * 1024
 MSG_PARAM_BYTES = 15_000
+TITLE_CHARS = 64  # the title shows in the notification and the chat list
 FILE_FORMATS = frozenset("doc docx xls xlsx ppt pptx zip pdf rar".split())
 INVALID_TOKEN_CODES = {"InvalidAuthentication"}
 LEGACY_INVALID_TOKEN = {40014, 42001}
@@ -218,7 +221,19 @@ class DingTalkChannel(LimitedChannel):
             raise DeliveryTransientError(f"{what}: rate limited for {target.id}")
         return str(answer.get("processQueryKey", ""))
 
+    renders_markdown = True  # text_pieces converts it (delivery.render keeps it)
+
+    def text_pieces(self, text: str) -> list[str]:
+        if has_markup(text):
+            # room for the title (at most TITLE_CHARS characters, 4 bytes each) in msgParam
+            room = MSG_PARAM_BYTES - len('{"title":"","text":""}') - 4 * TITLE_CHARS
+            return list(pieces(text, DINGTALK, room, self.text_size))
+        return super().text_pieces(text)
+
     async def _post_text(self, target: Target, text: str) -> str:
+        if isinstance(text, Piece):
+            param = {"title": title_of(text.plain, TITLE_CHARS) or "…", "text": str(text)}
+            return await self._send(target, "sampleMarkdown", param)
         return await self._send(target, "sampleText", {"content": text})
 
     async def _send_as(self, kind: str, target: Target, path: str, caption: str | None) -> str:

@@ -8,12 +8,16 @@ bigger picture goes as a file, as the page advises), files up to 30 MB and never
 The tenant access token lives at most 2 hours; a refused token (99991663, 99991664,
 99991668, 99991671) is refreshed once. ``oc_…`` (or ``chat:<id>``) is a group chat
 (``receive_id_type=chat_id``); replies go through ``/messages/{message_id}/reply``.
+Text with Markdown goes as an interactive card (JSON 2.0, a ``markdown`` element, at most
+30 KB: ``delivery.richtext``); a card Feishu refuses goes again as plain text.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,14 +41,22 @@ from delivery.channels.limits import (
     LinkFor,
     Target,
     rule,
+    split_text,
 )
 from delivery.channels.probe import MediaProbe
+from delivery.richtext import FEISHU, Piece, feishu_card, has_markup, pieces
+
+log = logging.getLogger(__name__)
 
 IMAGE_LIMIT = 10 * 1024 * 1024
 FILE_LIMIT = 30 * 1024 * 1024
 # A text message's request body may be 150 KB: pieces are cut well under it, measured as
 # the bytes of the text once escaped into ``content`` and again into the request body.
 TEXT_BYTES = 100_000
+#: a card's request may be 30 KB: its Markdown is cut well under that, measured escaped
+CARD_BYTES = 25_000
+#: the card was refused as such (invalid content, too large): it goes again as text
+CARD_REFUSED_CODES = {230099, 230025, 11310}
 INVALID_TOKEN_CODES = {99991661, 99991663, 99991664, 99991668, 99991671}
 BUSY_CODES = {230020, 99991400}  # frequency limits
 IMAGE_UPLOAD = "feishu image upload"
@@ -196,8 +208,29 @@ class FeishuChannel(LimitedChannel):
         )
         return str(data.get("message_id", ""))
 
+    renders_markdown = True  # text_pieces converts it (delivery.render keeps it)
+
+    def text_pieces(self, text: str) -> list[str]:
+        if has_markup(text):
+            return list(pieces(text, FEISHU, CARD_BYTES, _escaped))
+        return super().text_pieces(text)
+
     async def _post_text(self, target: Target, text: str) -> str:
-        return await self._send(target, "text", {"text": text})
+        if not isinstance(text, Piece):
+            return await self._send(target, "text", {"text": text})
+        try:
+            return await self._send(target, "interactive", feishu_card(text))
+        except DeliveryPermanentError as exc:
+            found = re.search(r"\(code (\d+)\)$", str(exc))
+            if not found or int(found.group(1)) not in CARD_REFUSED_CODES:
+                raise
+            log.warning("feishu: the card was refused (%s); sent as plain text", exc)
+        first = ""
+        for i, plain in enumerate(split_text(text.plain, TEXT_BYTES, _escaped)):
+            place = target if i == 0 else replace(target, reply_to=None)
+            mid = await self._send(place, "text", {"text": plain})
+            first = first or mid
+        return first
 
     async def _send_as(self, kind: str, target: Target, path: str, caption: str | None) -> str:
         if kind == "image":

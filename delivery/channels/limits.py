@@ -305,8 +305,13 @@ class LimitedChannel(Channel):
 
     # --- helpers -----------------------------------------------------------------------
 
+    def text_pieces(self, text: str) -> list[str]:
+        """``text`` as the messages :meth:`_post_text` sends, each within ``TEXT_LIMIT``
+        (adapters that render Markdown convert it here, see ``delivery.richtext``)."""
+        return split_text(text, self.TEXT_LIMIT, self.text_size)
+
     async def _text(self, target: Target, text: str) -> str:
-        pieces = split_text(text, self.TEXT_LIMIT, self.text_size)
+        pieces = self.text_pieces(text)
         if not pieces:
             raise DeliveryPermanentError(f"{self.name}: empty text, nothing to send")
         first = ""

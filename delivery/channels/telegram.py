@@ -5,12 +5,15 @@ characters, captions 0–1024 (counted here in UTF-16 code units, which is never
 uploads of photos up to 10 MB (width + height ≤ 10000, ratio ≤ 20), other files up to 50 MB.
 A group is a chat id like any other (negative, ``-100…`` for supergroups and channels);
 replies use ``reply_parameters``. The only adapter that turns Markdown images
-(``![alt](url)``) in text into photos.
+(``![alt](url)``) in text into photos. Text with Markdown goes as HTML (``parse_mode=HTML``,
+``delivery.richtext``), each message within 4096 characters as Telegram counts them after
+parsing the entities; if Telegram cannot parse them, that message goes again as plain text.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -31,10 +34,14 @@ from delivery.channels.limits import (
     LinkFor,
     Target,
     rule,
+    split_text,
     utf16_len,
 )
 from delivery.channels.probe import MediaProbe
+from delivery.richtext import TELEGRAM, Piece, has_markup, pieces
 from delivery.urlsafety import RefusedURL, check_url
+
+log = logging.getLogger(__name__)
 
 TEXT_LIMIT = 4096
 CAPTION_LIMIT = 1024
@@ -197,10 +204,31 @@ class TelegramChannel(LimitedChannel):
 
     # --- text ----------------------------------------------------------------------------
 
+    renders_markdown = True  # text_pieces converts it (delivery.render keeps it)
+
+    def text_pieces(self, text: str) -> list[str]:
+        if has_markup(text):
+            return list(pieces(text, TELEGRAM, TEXT_LIMIT))
+        return super().text_pieces(text)
+
     async def _post_text(self, target: Target, text: str) -> str:
-        return await self._call(
-            "sendMessage", {**self._fields(target, multipart=False), "text": text}
-        )
+        fields = {**self._fields(target, multipart=False), "text": text}
+        if not isinstance(text, Piece):
+            return await self._call("sendMessage", fields)
+        try:
+            return await self._call("sendMessage", {**fields, "parse_mode": "HTML"})
+        except DeliveryPermanentError as exc:
+            if "can't parse entities" not in str(exc).lower():
+                raise
+            log.warning("telegram: the HTML was refused (%s); sent as plain text", exc)
+        first = ""
+        for i, plain in enumerate(split_text(text.plain, TEXT_LIMIT, utf16_len)):
+            place = target if i == 0 else replace(target, reply_to=None)
+            mid = await self._call(
+                "sendMessage", {**self._fields(place, multipart=False), "text": plain}
+            )
+            first = first or mid
+        return first
 
     async def _text(self, target: Target, text: str) -> str:
         rest, images = split_markdown_images(text, self._allow_hosts)

@@ -5,7 +5,8 @@ Limits (WeCom server API "上传临时素材", "发送应用消息", "应用推�
 bytes; image 10 MB JPG/PNG, voice 2 MB AMR of at most 60 s, video 10 MB MP4, file 20 MB;
 text at most 2048 bytes; a video's title at most 128 bytes. ``access_token`` lives 2 hours;
 errcode 40014 (invalid) or 42001 (expired) refreshes it once. ``chat:<chatid>`` sends to an
-app group chat. The app message API has no replies: a ``reply_to`` is ignored.
+app group chat. The app message API has no replies: a ``reply_to`` is ignored. Text with
+Markdown goes as a ``markdown`` message (at most 2048 bytes each, ``delivery.richtext``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from delivery.channels.limits import (
     utf8_len,
 )
 from delivery.channels.probe import MediaProbe
+from delivery.richtext import WECOM, Piece, has_markup, pieces
 
 INVALID_TOKEN_CODES = {40014, 42001}
 BUSY_CODES = {-1, 6000, 45009, 45033}  # system busy, API rate limits
@@ -179,8 +181,16 @@ class WeComChannel(LimitedChannel):
             )
         return str(body.get("msgid", ""))
 
+    renders_markdown = True  # text_pieces converts it (delivery.render keeps it)
+
+    def text_pieces(self, text: str) -> list[str]:
+        if has_markup(text):
+            return list(pieces(text, WECOM, TEXT_BYTES))
+        return super().text_pieces(text)
+
     async def _post_text(self, target: Target, text: str) -> str:
-        return await self._send(target, "text", {"content": text})
+        kind = "markdown" if isinstance(text, Piece) else "text"
+        return await self._send(target, kind, {"content": text})
 
     async def _send_as(self, kind: str, target: Target, path: str, caption: str | None) -> str:
         if kind == "image":

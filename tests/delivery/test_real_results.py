@@ -29,6 +29,12 @@ STANDUP = (
     "- merged: dashboard filters by skill\n"
     "- in review: Feishu card rendering"
 )
+STANDUP_TG = (
+    "Stand-up notes for team core\n\n"
+    "• merged: retry budget for transient failures\n"
+    "• merged: dashboard filters by skill\n"
+    "• in review: Feishu card rendering"
+)
 FRAMES = "clip: clip.mp4\nfps: 24\nduration_sec: 10\nframes: 240\nkeyframes: 3 items: 0, 120, 239"
 
 
@@ -61,8 +67,9 @@ async def test_every_real_skill_reaches_telegram_and_the_web_session(
             assert text and text != f"{skill} finished.", (skill, text)
         assert len(seen["tg"]) == 1 and len(seen["web"]) == 1, (skill, seen)
 
-    # text-printing shell CLI: its stdout is the message
-    assert got["standup_notes"]["tg"] == [STANDUP] == got["standup_notes"]["web"]
+    # text-printing shell CLI: its stdout is the message (on Telegram its list as bullets)
+    assert got["standup_notes"]["web"] == [STANDUP]
+    assert got["standup_notes"]["tg"] == [STANDUP_TG]
     assert got["standup_notes"]["job"]["status"] == "succeeded"
 
     # stdout error + exit 1: the reason is the stdout line, both tails kept on the job
@@ -76,7 +83,8 @@ async def test_every_real_skill_reaches_telegram_and_the_web_session(
     assert got["dupe_finder"]["tg"] == [want] == got["dupe_finder"]["web"]
 
     # argparse CLI
-    assert got["flashcards"]["tg"][0].startswith("3 cards due in spanish:\n  * spanish card 1")
+    assert got["flashcards"]["web"][0].startswith("3 cards due in spanish:\n  * spanish card 1")
+    assert got["flashcards"]["tg"][0].startswith("3 cards due in spanish:\n\n• spanish card 1")
 
     # a sys.argv script runs as a subprocess: it never sees the host's argv
     report = got["sysinfo_report"]["tg"][0]
@@ -92,15 +100,18 @@ async def test_every_real_skill_reaches_telegram_and_the_web_session(
     result = got["model_costs"]["job"]["result"]
     assert result["schema_keys"] == ["model", "calls", "usd"] and result["primary_key"] == "model"
 
-    # display_md + message: appended as Markdown on the web, as plain text on Telegram
+    # display_md + message: appended as Markdown on the web, as HTML on Telegram (the table
+    # in a <pre> of aligned columns)
     (web,) = got["bench_table"]["web"]
     assert web.startswith("2 benchmarks aggregated, no regressions.\n\n## Benchmarks\n\n| case |")
     assert "| render 1 MB | **3.1** | 4.0 |" in web
     (tg_text,) = got["bench_table"]["tg"]
-    assert tg_text.startswith("2 benchmarks aggregated, no regressions.\n\nBenchmarks\n\n| case |")
-    assert (
-        "**" not in tg_text and "|---|" not in tg_text and "| render 1 MB | 3.1 | 4.0 |" in tg_text
-    )
+    assert tg_text.startswith("2 benchmarks aggregated, no regressions.\n\nBenchmarks\n\ncase ")
+    assert "**" not in tg_text and "|---|" not in tg_text
+    assert "render 1 MB |    3.1 |    4.0\n" in tg_text
+    (sent,) = [m for m in tg.sent if m.get("text") == tg_text]
+    assert sent["parse_mode"] == "HTML" and "<b>Benchmarks</b>" in sent["html"]
+    assert [e["type"] for e in sent["entities"]] == ["bold", "pre"]
 
     # partial result: a line in the text, a flag on the job record
     crawl = got["site_crawl"]

@@ -151,6 +151,9 @@ class FakeDingTalk(FakeServer):
     def _param_problem(self, key: str, p: dict[str, Any]) -> str | None:
         if key == "sampleText":
             return None if str(p.get("content", "")).strip() else "content is required"
+        if key == "sampleMarkdown":
+            ok = str(p.get("title", "")).strip() and str(p.get("text", "")).strip()
+            return None if ok else "title and text are required"
         if key == "sampleImageMsg":
             return None if self._media_is(p.get("photoURL"), "image") else "photoURL"
         if key == "sampleFile":

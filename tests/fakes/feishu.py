@@ -15,6 +15,7 @@ import itertools
 import json
 from typing import Any
 
+from tests.fakes import feishu_card
 from tests.fakes.server import FakeServer, Request, Response, Tokens, picture_size, suffix
 
 ID_TYPES = {"open_id", "union_id", "chat_id", "user_id", "email"}
@@ -130,6 +131,8 @@ class FakeFeishu(FakeServer):
             return fail(230001, "text is empty")
         if mtype == "image" and content.get("image_key") not in self.images:
             return fail(230001, "invalid image_key")
+        if mtype == "interactive" and (refused := feishu_card.problem(content, len(req.body))):
+            return fail(*refused)
         need = {"media": "mp4", "audio": "opus"}.get(str(mtype))
         if mtype in {"file", "media", "audio"}:
             found = self.files.get(content.get("file_key"))

@@ -96,7 +96,7 @@ class FakeWeCom(FakeServer):
         )
 
     def _payload_refusal(self, mtype: str, payload: dict[str, Any]) -> Response | None:
-        if mtype == "text":
+        if mtype in ("text", "markdown"):  # markdown: content of at most 2048 bytes too
             content = str(payload.get("content", ""))
             if not content.strip():
                 return fail(44004, "empty content")
