@@ -1,24 +1,37 @@
-"""Delivering a chain's outcome to the schedule's ``deliver`` recipient, once.
+"""Delivering a chain's outcome to the schedule's ``deliver`` recipient, through the same
+pipeline as a job's result.
 
-``{to}`` goes through ``send_message``, ``{target}`` through ``notify``, ``{session_id}``
-to that web chat session. Files go along only from inside the chain's workspace. Each send
-is recorded in the delivery ledger under a key made from the run id and recipient, so a
-resumed or re-run chain never sends it twice.
+The final step's output is post-processed like a job's (``filename`` → ``local_path``,
+remote URLs materialized under the outbound policy, artifacts registered, confined to the
+chain's workspace and backfilled only from what that step wrote), then routed per channel
+(media by kind, captions, directives) item by item through the ledger, with custody and
+the shared rate limits (a parked item waits in the outbox, not in the chain's worker).
+``deliver: {each_step: true}`` also sends each earlier step's files as that step ends.
+
+``{to}`` names one or more recipients the way ``send_message`` takes them, ``{session_id}``
+a web chat session; ``{target}`` is a ``notify`` alias (Apprise, the text and the files,
+ledgered once). Ledger keys are made of the run id (``<run>:<step>`` for a step's files),
+the recipient and the item, so a resumed or re-run chain never sends anything twice. The
+run's result records its ``artifacts``, ``fetches`` and ``deliveries``; ``delivery`` is
+the first failed one (else the first).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chains.runstore import FAILED, STOPPED_EMPTY, Lease, LeaseLost, renew
+from jobs.context import workspace_dir
 from jobs.texts import language_of
 
 if TYPE_CHECKING:
     from chains.schedules import ScheduleSpec
     from jobs.models import ChainRun
+    from jobs.runscope import RunScope
     from jobs.services import Services
 
 log = logging.getLogger("skilljobs.chains")
@@ -50,46 +63,103 @@ def outcome_text(name: str, status: str, final: Any, error: str | None, lang: st
     return f"{name}: {text}"[:TEXT_CAP]
 
 
-def _file(value: Any, workspace: Path | None) -> str | None:
-    """An existing file named by ``value``: absolute, or relative to the chain's workspace
-    (a step returning ``{"filename": "report.csv"}`` means the file it wrote there). The
-    senders confine it to the workspace again."""
-    if not isinstance(value, str) or not value.strip() or "://" in value:
-        return None
-    p = Path(value)
-    if not p.is_absolute():
-        if workspace is None:
-            return None
-        p = workspace / p
-    return str(p) if p.is_file() else None
+@dataclass(frozen=True)
+class ChainOrigin:
+    """A chain run's delivery to one recipient, as delivery reads a job
+    (:class:`jobs.models.JobRow`): ``id`` keys the ledger (``<run>`` or ``<run>:<step>``)."""
+
+    id: str
+    skill: str
+    channel: str
+    chain_run_id: str
+    actor_key: str = ""
+    session_id: str = ""
+    role_id: str = ""
+    org_id: str = ""
+    context: dict[str, Any] = field(default_factory=dict)
+    lease_owner: str | None = None
+    lease_token: int = 0
+    status: str = "running"
+    input: dict[str, Any] = field(default_factory=dict)
+    external_id: str = ""
+    attempts: int = 1
+    traceparent: str | None = None
 
 
-def _attachments(final: Any, workspace: Path | None = None) -> list[str]:
-    if not isinstance(final, dict):
-        return []
-    out = []
-    for key in ("local_path", "filename", "file_path", "path"):
-        if (path := _file(final.get(key), workspace)) is not None:
-            out.append(path)
-    for key in ("images", "videos", "files", "audios", "attachments"):
-        items = final.get(key)
-        for item in items if isinstance(items, list) else []:
-            if isinstance(item, dict):
-                item = item.get("local_path") or item.get("filename")
-            if (path := _file(item, workspace)) is not None:
-                out.append(path)
-    return list(dict.fromkeys(out))
+@dataclass
+class Route:
+    """Where a chain's outcome goes: origins (channel, contact) or a notify target."""
+
+    origins: list[tuple[str, str]] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    notify: str | None = None
 
 
-def _recipient(deliver: dict[str, Any]) -> tuple[str, str]:
-    """(``kind`` of route, recipient label for the ledger)."""
+def route_of(deliver: dict[str, Any]) -> Route:
+    from delivery.send_message import parse_recipients
+
     if deliver.get("session_id"):
-        return "session", f"web:{deliver['session_id']}"
+        return Route([("web", str(deliver["session_id"]))])
     if deliver.get("target"):
-        return "notify", f"notify:{deliver['target']}"
-    to = deliver.get("to")
-    label = to if isinstance(to, str) else json.dumps(to, ensure_ascii=False, sort_keys=True)
-    return "send_message", str(label)
+        return Route(notify=str(deliver["target"]))
+    found, bad = parse_recipients(deliver.get("to"), deliver.get("channel"))
+    failed = [
+        {"recipient": b.get("target", ""), "kind": "text", "status": "failed", "error": b["error"]}
+        for b in bad
+    ]
+    return Route(found, failed)
+
+
+def workspace_of_spec(services: Services, spec: ScheduleSpec) -> Path | None:
+    """The workspace the schedule's steps run in (``<root>/<role>/<session or shared>``)."""
+    identity = spec.identity
+    return workspace_dir(
+        services.settings.resolved_workspace_root,
+        str(identity.get("role_id") or ""),
+        str(identity.get("session_id") or ""),
+    )
+
+
+def _origin(
+    ledger_id: str, run: ChainRun, spec: ScheduleSpec, lease: Lease, channel: str, contact: str
+) -> ChainOrigin:
+    from delivery.channels.web import WEB_CHANNELS
+
+    web = channel in WEB_CHANNELS
+    identity = spec.identity
+    return ChainOrigin(
+        id=ledger_id,
+        skill=spec.name,
+        channel=channel,
+        chain_run_id=run.id,
+        actor_key="" if web else contact,
+        session_id=contact if web else "",
+        role_id=str(identity.get("role_id") or ""),
+        org_id=str(identity.get("org_id") or ""),
+        context={k: v for k, v in identity.items() if k in ("locale", "message_id")},
+        lease_owner=lease.owner,
+        lease_token=lease.token,
+    )
+
+
+def _fence(services: Services, lease: Lease) -> Any:
+    async def fence() -> bool:
+        try:
+            await renew(services.sessionmaker, lease, services.settings.worker_lease_sec)
+        except LeaseLost:
+            return False
+        return True
+
+    return fence
+
+
+def summary(deliveries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The one delivery record a run shows first: the first that did not arrive, else the
+    first."""
+    for d in deliveries:
+        if d.get("status") not in ("sent",):
+            return d
+    return deliveries[0] if deliveries else None
 
 
 async def deliver_outcome(
@@ -100,106 +170,178 @@ async def deliver_outcome(
     status: str,
     final: Any,
     error: str | None,
+    *,
+    scope: RunScope | None = None,
 ) -> dict[str, Any]:
-    """Send the outcome once; returns the delivery record ``{recipient, kind, status, error}``."""
-    from delivery import ledger
-
+    """Post-process and send the outcome once per item and recipient. Returns what the
+    run records: ``{"delivery", "deliveries", "artifacts", "fetches"}`` (+ problems)."""
     deliver = dict(spec.deliver or {})
-    route, recipient = _recipient(deliver)
     lang = language_of(services.settings, spec.identity)
-    text = outcome_text(spec.name, status, final, error, lang)
-    sm = services.sessionmaker
-
-    async def fence() -> bool:
-        try:
-            await renew(sm, lease, services.settings.worker_lease_sec)
-        except LeaseLost:
-            return False
-        return True
-
-    from jobs.context import workspace_dir
-
-    identity = spec.identity
-    ws = workspace_dir(
-        services.settings.resolved_workspace_root,
-        str(identity.get("role_id") or ""),
-        str(identity.get("session_id") or ""),
-    )
-    attach = _attachments(final, ws) if status not in (FAILED, STOPPED_EMPTY) else []
-
-    async def send() -> None:
-        await _send(services, route, deliver, text, attach, ws)
-
-    try:
-        return await ledger.deliver_once(
-            sm,
-            send,
-            key=ledger.ledger_key(run.id, recipient, "outcome"),
-            recipient=recipient,
-            owner=ledger.owner_id(lease.owner, lease.token),
-            kind="text",
-            item="outcome",
-            channel=route,
-            chain_run_id=run.id,
-            fence=fence,
+    ok = status not in (FAILED, STOPPED_EMPTY)
+    if ok:
+        env = (
+            final
+            if isinstance(final, dict)
+            else {"ok": True, "message": outcome_text(spec.name, status, final, error, lang)}
         )
+    else:
+        env = {"ok": True, "message": outcome_text(spec.name, status, final, error, lang)}
+    return await _deliver(services, lease, run, spec, run.id, env, deliver, scope=scope, post=ok)
+
+
+async def deliver_step_files(
+    services: Services,
+    lease: Lease,
+    run: ChainRun,
+    spec: ScheduleSpec,
+    index: int,
+    skill: str,
+    output: Any,
+    *,
+    scope: RunScope | None = None,
+) -> dict[str, Any]:
+    """``deliver: {each_step: true}``: an earlier step's files (not its text) as it ends,
+    captioned with the step; nothing when it made none."""
+    if not isinstance(output, dict):
+        return {"deliveries": [], "artifacts": []}
+    caption = f"{spec.name}: step {index + 1} ({skill})"
+    return await _deliver(
+        services,
+        lease,
+        run,
+        spec,
+        f"{run.id}:{index}",
+        output,
+        dict(spec.deliver or {}),
+        scope=scope,
+        post=True,
+        caption=caption,
+    )
+
+
+async def _deliver(
+    services: Services,
+    lease: Lease,
+    run: ChainRun,
+    spec: ScheduleSpec,
+    ledger_id: str,
+    env: dict[str, Any],
+    deliver: dict[str, Any],
+    *,
+    scope: RunScope | None,
+    post: bool,
+    caption: str | None = None,
+) -> dict[str, Any]:
+    from delivery import ledger
+    from delivery.pipeline import postprocess
+    from delivery.router import deliver_result
+
+    fence = _fence(services, lease)
+    ws = workspace_of_spec(services, spec)
+    route = route_of(deliver)
+    first = _origin(ledger_id, run, spec, lease, *(route.origins or [("web", "")])[0])
+    artifacts: list[Any] = []
+    record: dict[str, Any] = {"artifacts": [], "fetches": []}
+    if post and ws is not None:
+        if scope is None:  # resumed past the step: nothing is backfilled, declared files are
+            from jobs.runscope import begin as begin_scope
+
+            scope = begin_scope(ws, ledger_id)
+        done = await postprocess(
+            services,
+            first,
+            env,
+            fence=fence,
+            deliver=False,
+            scope=scope,
+            workspace=ws,
+            store=False,
+        )
+        env, artifacts = done.result, done.artifacts
+        record["artifacts"] = [a.to_dict() for a in artifacts]
+        record["fetches"] = done.fetches
+        if done.problems:
+            record["artifact_problems"] = done.problems
+    elif scope is not None:
+        scope.close()
+    if caption is not None:  # a step's files alone, captioned with the step
+        if not artifacts:
+            return {**record, "deliveries": []}
+        env = {"ok": True, "message": caption}
+    deliveries = list(route.failed)
+    try:
+        if route.notify is not None:
+            deliveries.append(
+                await _notify(
+                    services,
+                    run,
+                    ledger_id,
+                    route.notify,
+                    deliver,
+                    env,
+                    artifacts,
+                    ws,
+                    lease,
+                    fence,
+                )
+            )
+        for channel, contact in route.origins:
+            job = _origin(ledger_id, run, spec, lease, channel, contact)
+            deliveries += await deliver_result(
+                services, job, env, artifacts, fence=fence, workspace=ws
+            )
     except ledger.LeaseLost as exc:
         raise LeaseLost(str(exc)) from exc
+    return {**record, "delivery": summary(deliveries), "deliveries": deliveries}
 
 
-async def _send(
+async def _notify(
     services: Services,
-    route: str,
+    run: ChainRun,
+    ledger_id: str,
+    target: str,
     deliver: dict[str, Any],
-    text: str,
-    attach: list[str],
+    env: dict[str, Any],
+    artifacts: list[Any],
     workspace: Path | None,
-) -> None:
+    lease: Lease,
+    fence: Any,
+) -> dict[str, Any]:
+    """A notify target gets the text and the files in one Apprise message, ledgered once."""
+    from delivery import ledger
     from delivery.errors import DeliveryPermanentError
+    from delivery.notify import notify
+    from delivery.render import render
 
-    if route == "session":
-        from delivery.artifacts import ArtifactRefused, resolve_inside
-        from delivery.channels.web import post_message
+    recipient = f"notify:{target}"
+    text = render(env, skill=str(run.schedule_id), limit=TEXT_CAP) if env else ""
+    message = env.get("message") if isinstance(env.get("message"), str) else None
+    text = message or text
+    attach = [a.local_path for a in artifacts]
 
-        if attach and workspace is None:
-            raise DeliveryPermanentError("attachments refused: the chain has no workspace")
-        try:
-            inside = [str(resolve_inside(p, workspace)) for p in attach] if workspace else []
-        except ArtifactRefused as exc:
-            raise DeliveryPermanentError(f"attachment refused: {exc.reason}") from exc
-        atts = [{"local_path": p, "filename": Path(p).name} for p in inside]
-        await post_message(
-            services.sessionmaker,
-            services.redis,
-            services.settings,
-            str(deliver["session_id"]),
-            text,
-            atts,
-        )
-        return
-    if route == "notify":
-        from delivery.notify import notify
-
+    async def send() -> None:
         result = await notify(
             services.settings,
             text,
-            target=deliver["target"],
+            target=target,
             title=deliver.get("title"),
             attach=attach or None,
             workspace=workspace,
         )
-    else:
-        from delivery.channels.registry import channels_for
-        from delivery.send_message import send_message
+        if not result.get("sent"):  # success is judged by ``sent``
+            raise DeliveryPermanentError(str(result.get("message") or "no recipient accepted it"))
 
-        channels = channels_for(services)
-        result = await send_message(
-            channels,
-            to=deliver["to"],
-            text=text,
-            attachments=attach or None,
-            channel=deliver.get("channel"),
-            workspace=workspace,
-        )
-    if not result.get("sent"):  # success is judged by ``sent``
-        raise DeliveryPermanentError(str(result.get("message") or "no recipient accepted it"))
+    out = await ledger.deliver_once(
+        services.sessionmaker,
+        send,
+        key=ledger.ledger_key(ledger_id, recipient, "outcome"),
+        recipient=recipient,
+        owner=ledger.owner_id(lease.owner, lease.token),
+        kind="text",
+        item="outcome",
+        channel="notify",
+        chain_run_id=run.id,
+        content={"text": text},
+        fence=fence,
+    )
+    return {k: out.get(k) for k in ("recipient", "kind", "status", "error")}

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from chains import policies
 from chains import runstore as rs
-from chains.deliver import deliver_outcome
+from chains.deliver import deliver_outcome, deliver_step_files
 from chains.guard import is_empty_output
 from chains.refs import UnresolvedReference, resolve_input
 from chains.schedules import ScheduleSpec, spec_of
@@ -31,6 +31,8 @@ from jobs.constants import MAX_RUNS
 from jobs.crypto import redact
 from jobs.envelope import failure, is_failure, is_non_retriable
 from jobs.models import ChainRun, Schedule
+from jobs.runscope import RunScope
+from jobs.runscope import begin as begin_scope
 
 if TYPE_CHECKING:
     from jobs.execution.executor import Executor
@@ -107,6 +109,9 @@ class _ChainRun:
         self.executor = executor
         self.lease = lease
         self.lost = lost
+        # what this attempt's steps wrote (backfill takes only that) and what they delivered
+        self.final_scope: RunScope | None = None
+        self.sent: dict[str, list[Any]] = {"deliveries": [], "artifacts": [], "fetches": []}
 
     async def run(self) -> str:
         async with self.sm() as s:
@@ -151,10 +156,13 @@ class _ChainRun:
                 input=redact(data),
                 error=None,
             )
+            scope = self._scope(i)
             executing = self._execute(step.skill, data)
             env = await telemetry.traced(
                 "skilljobs.chain_step", executing, attrs=_step(i, refs[i].id, step.skill)
             )
+            if scope is not None and (is_failure(env) or is_empty_output(env)):
+                scope.close()
             if is_failure(env):
                 error = f"step {i} ({refs[i].id}, {step.skill}): {env.get('error') or 'failed'}"
                 await self._record(i, rs.FAILED, data, env, error, started=started)
@@ -165,8 +173,32 @@ class _ChainRun:
                 return await self._close_after(i, rs.STOPPED_EMPTY, note)
             await self._record(i, rs.SUCCEEDED, data, env, None, started=started)
             outputs.append(env)
+            if i == len(spec.steps) - 1:
+                self.final_scope = scope
+            elif self._each_step():
+                sent = await deliver_step_files(
+                    self.svc, self.lease, run, spec, i, step.skill, env, scope=scope
+                )
+                self._keep(sent)
+            elif scope is not None:
+                scope.close()
         final = outputs[-1] if outputs else None
         return await self._close(rs.SUCCEEDED, None, final)
+
+    def _scope(self, i: int) -> RunScope | None:
+        """A snapshot of the chain's workspace as step ``i`` starts: its backfill then
+        takes only the files that step wrote."""
+        from chains.deliver import workspace_of_spec
+
+        ws = workspace_of_spec(self.svc, self.spec)
+        return begin_scope(ws, f"{self.lease.run_id}:{i}") if ws is not None else None
+
+    def _each_step(self) -> bool:
+        return bool((self.spec.deliver or {}).get("each_step"))
+
+    def _keep(self, sent: dict[str, Any]) -> None:
+        for key in self.sent:
+            self.sent[key].extend(sent.get(key) or [])
 
     async def _execute(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
         runs = 0
@@ -254,9 +286,22 @@ class _ChainRun:
     async def _close(self, status: str, error: str | None, final: Any) -> str:
         result: dict[str, Any] = {"output": rs.cap_output(final)} if final is not None else {}
         if self.spec.deliver:
-            result["delivery"] = await deliver_outcome(
-                self.svc, self.lease, self.run_row, self.spec, status, final, error
+            sent = await deliver_outcome(
+                self.svc,
+                self.lease,
+                self.run_row,
+                self.spec,
+                status,
+                final,
+                error,
+                scope=self.final_scope,
             )
+            self._keep(sent)
+            result.update(self.sent, delivery=sent.get("delivery"))
+            if sent.get("artifact_problems"):
+                result["artifact_problems"] = sent["artifact_problems"]
+        elif self.final_scope is not None:
+            self.final_scope.close()
         await rs.finish(self.sm, self.lease, status, error=error, result=self.svc.box.seal(result))
         log.info("chain run %s finished: %s", self.lease.run_id, status)
         await policies.after_run(self.svc, self.schedule.id, status)

@@ -131,7 +131,10 @@ async def dismiss(sessionmaker: Any, delivery_id: int, *, actor: str = "") -> Ou
     return Outcome(True, "dismissed", delivery=custody_dict(fresh) if fresh else None)
 
 
-def _adapter(services: Any, row: Delivery, channels: dict[str, Channel] | None) -> Channel | None:
+def adapter_for(
+    services: Any, row: Delivery, channels: dict[str, Channel] | None = None
+) -> Channel | None:
+    """The adapter a stored delivery goes out on (a web one bound to its job)."""
     chans = channels if channels is not None else channels_for(services)
     name = row.channel or row.recipient.partition(":")[0]
     adapter = chans.get(name)
@@ -140,10 +143,15 @@ def _adapter(services: Any, row: Delivery, channels: dict[str, Channel] | None) 
     return adapter
 
 
-def _sender(
+def sender_for(
     services: Any, adapter: Channel, contact: str, content: dict[str, Any], kind: str
 ) -> Callable[[], Awaitable[str]]:
+    """Send a stored delivery's content (``{"text"}`` or ``{"path", "caption"?}``, and
+    ``reply_to`` when it answers a message) again; files only from inside the workspaces."""
     text = content.get("text")
+    reply = content.get("reply_to")
+    if reply not in (None, "") and "#" not in contact:  # a reply travels in the contact
+        contact = f"{contact}#{reply}"
     path = content.get("path")
     outside = False
     if isinstance(path, str) and path:
@@ -185,7 +193,7 @@ async def resend(
     content = row.content or {}
     if not content:
         return Outcome(False, f"delivery {delivery_id} has no stored content to send again", 409)
-    adapter = _adapter(services, row, channels)
+    adapter = adapter_for(services, row, channels)
     if adapter is None:
         return Outcome(False, f"channel {row.channel!r} is not configured here", 409)
     owner = f"resend-{uuid.uuid4().hex[:12]}#{row.generation + 1}"
@@ -217,7 +225,7 @@ async def resend(
     contact = row.recipient.partition(":")[2]
     out = await deliver_once(
         sm,
-        _sender(services, adapter, contact, content, row.kind),
+        sender_for(services, adapter, contact, content, row.kind),
         key=row.ledger_key,
         recipient=row.recipient,
         owner=owner,
@@ -236,4 +244,14 @@ async def resend(
     return Outcome(False, f"not sent: {out['status']}: {out.get('error')}", 502, body)
 
 
-__all__ = ["OPEN", "RESENDABLE", "STATUSES", "Outcome", "dismiss", "list_deliveries", "resend"]
+__all__ = [
+    "OPEN",
+    "RESENDABLE",
+    "STATUSES",
+    "Outcome",
+    "adapter_for",
+    "dismiss",
+    "list_deliveries",
+    "resend",
+    "sender_for",
+]

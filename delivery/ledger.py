@@ -38,7 +38,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -82,6 +82,25 @@ class LedgerEntry:
     item: str = ""
     job_id: str | None = None
     chain_run_id: str | None = None
+
+
+#: ``claimed_by`` of a row parked in the outbox (:mod:`delivery.outbox`): waiting for its
+#: chat's rate limit, in order, sent by whichever worker's outbox gets to it
+PARKED = "outbox"
+
+
+class Gate(Protocol):
+    """A send's way past the shared rate limits (:class:`delivery.outbox.Gate`): ``enter``
+    says whether it may go now (a token taken) or must be parked; ``parked`` queues the
+    parked row (``wait``: seconds until it may be tried); ``leave`` ends the turn."""
+
+    note: str
+
+    async def enter(self) -> bool: ...
+
+    async def parked(self, row_id: int, wait: float | None = None) -> None: ...
+
+    async def leave(self) -> None: ...
 
 
 class LeaseLost(Exception):
@@ -462,6 +481,7 @@ async def deliver_once(
     dead_after: float = 60.0,
     stale_after: float = 900.0,
     wait: float = 0.0,
+    gate: Gate | None = None,
 ) -> dict[str, Any]:
     """Claim → ``sending`` → send (transient failures retried with backoff, ``retry_after``
     honoured) → record ``sent`` with the receipt ``send`` returns, ``failed``, or
@@ -472,7 +492,11 @@ async def deliver_once(
 
     ``wait``: how long to keep trying when another claimant that still looks alive holds
     the item — a re-run of a job whose worker was killed mid-delivery waits until that
-    worker is known dead instead of leaving the item pending forever."""
+    worker is known dead instead of leaving the item pending forever.
+
+    ``gate``: the shared rate limits. When the item cannot go now it is *parked* instead
+    of waited for: the row stays ``pending`` (its content stored) under :data:`PARKED`,
+    queued in order for its chat, and the answer is ``pending`` with ``parked``."""
     base = {"recipient": recipient, "kind": kind}
     if fence is not None and not await fence():
         raise LeaseLost(recipient)
@@ -506,6 +530,8 @@ async def deliver_once(
         elif status in (UNKNOWN, DISMISSED, FAILED) and existing is not None:
             note = existing.error
         return {**base, "status": status, "error": note, "duplicate": True}
+    if gate is not None and not await gate.enter():
+        return await _park(sessionmaker, gate, row, key, owner, base)
     sending = _send_claimed(
         sessionmaker,
         send,
@@ -517,13 +543,86 @@ async def deliver_once(
         fence=fence,
         tries=tries,
         backoff=backoff,
+        gate=gate,
     )
     attrs = {"skilljobs.channel": channel, "skilljobs.kind": kind}
-    return await telemetry.traced("skilljobs.deliver", sending, attrs=attrs, outcome=_sent)
+    try:
+        return await telemetry.traced("skilljobs.deliver", sending, attrs=attrs, outcome=_sent)
+    finally:
+        if gate is not None:
+            await gate.leave()
 
 
 def _sent(delivery: dict[str, Any]) -> dict[str, str]:
     return {"skilljobs.delivery.status": str(delivery.get("status", ""))}
+
+
+async def park(sessionmaker: Sessions, key: str, owner: str, generation: int, note: str) -> bool:
+    """Hand a claimed row to the outbox: ``pending`` under :data:`PARKED` (not sent)."""
+    return await _finish(
+        sessionmaker, key, owner, generation, status=PENDING, claimed_by=PARKED, error=note
+    )
+
+
+async def _park(
+    sessionmaker: Sessions,
+    gate: Gate,
+    row: Delivery,
+    key: str,
+    owner: str,
+    base: dict[str, Any],
+    wait: float | None = None,
+) -> dict[str, Any]:
+    if await park(sessionmaker, key, owner, row.generation, gate.note):
+        await gate.parked(row.id, wait)
+    else:
+        await gate.leave()
+    return {**base, "status": PENDING, "error": gate.note, "parked": True}
+
+
+async def claim_parked(sessionmaker: Sessions, row: Delivery, owner: str) -> bool:
+    """Take a parked row out of the outbox for ``owner`` (compare-and-set: one taker)."""
+    async with sessionmaker() as s:
+        res = await s.execute(
+            update(Delivery)
+            .where(
+                Delivery.id == row.id,
+                Delivery.status == PENDING,
+                Delivery.claimed_by == PARKED,
+                Delivery.generation == row.generation,
+            )
+            .values(claimed_by=owner, updated_at=time.time())
+        )
+        await s.commit()
+        return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+
+
+async def send_claimed(
+    sessionmaker: Sessions,
+    send: Callable[[], Awaitable[Any]],
+    row: Delivery,
+    owner: str,
+    *,
+    dedup: bool = False,
+    tries: int = DEFAULT_TRIES,
+    backoff: float = 1.0,
+    gate: Gate | None = None,
+) -> dict[str, Any]:
+    """Send a row this ``owner`` holds (a parked one it took): ``sending`` → outcome."""
+    base = {"recipient": row.recipient, "kind": row.kind}
+    return await _send_claimed(
+        sessionmaker,
+        send,
+        row,
+        row.ledger_key,
+        owner,
+        base,
+        dedup=dedup,
+        fence=None,
+        tries=tries,
+        backoff=backoff,
+        gate=gate,
+    )
 
 
 async def _send_claimed(
@@ -538,6 +637,7 @@ async def _send_claimed(
     fence: Fence | None,
     tries: int,
     backoff: float,
+    gate: Gate | None = None,
 ) -> dict[str, Any]:
     gen = row.generation
     recipient = base["recipient"]
@@ -563,6 +663,9 @@ async def _send_claimed(
             continue
         except DeliveryTransientError as exc:
             error = exc.reason
+            if gate is not None and exc.retry_after:
+                # the platform said when: the row waits in the outbox, not in this task
+                return await _park(sessionmaker, gate, row, key, owner, base, exc.retry_after)
             if attempt >= tries:
                 break
             pause = exc.retry_after if exc.retry_after is not None else backoff * 2 ** (attempt - 1)

@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete
@@ -71,19 +72,23 @@ async def postprocess(
     fence: Fence,
     deliver: bool = True,
     scope: RunScope | None = None,
+    workspace: Path | None = None,
+    store: bool = True,
 ) -> PostResult:
     """Run the post-processing steps for ``job``'s ``result`` and deliver it.
 
     ``fence`` (``async () -> bool``) is checked before writes and before each send; once it
     says False nothing more is written or sent. ``scope`` is the run's workspace snapshot:
     backfill then takes only the files this run wrote (without it, every top-level file).
+    ``workspace`` overrides the job's (a chain's steps run in the schedule's workspace);
+    ``store=False`` keeps the artifacts off the job's rows (a chain run records them itself).
     """
     settings = services.settings
     changes = scope.finish() if scope is not None else None
     env = normalize(result, job.skill)
     post = PostResult(result=env)
     if not is_failure(env):
-        workspace = workspace_of(settings, job)
+        workspace = workspace or workspace_of(settings, job)
         os.makedirs(workspace, exist_ok=True)  # one syscall: not worth a thread hop
         env = fill_local_path(env, workspace)
         try:
@@ -97,11 +102,13 @@ async def postprocess(
         post.artifacts = await acollect(env, workspace, post.problems, changes)
         if not await fence():
             return post
-        if post.artifacts or getattr(job, "attempts", 1) > 1:
+        if store and (post.artifacts or getattr(job, "attempts", 1) > 1):
             # (a first attempt without files has no rows to write or replace)
             await store_artifacts(services.sessionmaker, job.id, post.artifacts)
         if post.problems:
             post.result = env = {**env, "artifact_problems": post.problems}
     if deliver:
-        post.deliveries = await deliver_result(services, job, env, post.artifacts, fence=fence)
+        post.deliveries = await deliver_result(
+            services, job, env, post.artifacts, fence=fence, workspace=workspace
+        )
     return post

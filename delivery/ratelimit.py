@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from delivery.channels.limits import Target
+from delivery.channels.limits import Target, credit, spend_credit
 from jobs.constants import RATELIMIT_WAITED, RATELIMIT_WAITS
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,16 @@ class RateLimiter:
             args += [cap, rate]
         return int(await self._script(keys=keys, args=args))
 
+    async def try_take(self, channel: str, target: Target) -> int:
+        """Take a token now (0) or say how many ms until one is due; Redis unreachable: 0
+        (a limiter must not stop delivery), logged."""
+        try:
+            return await self.wait_ms(channel, target)
+        except Exception as exc:
+            log.warning("rate limiter unavailable (%s): sending unthrottled", exc)
+            self._script = None
+            return 0
+
     async def acquire(self, channel: str, target: Target) -> float:
         """Wait until the send may go; returns the seconds waited. Redis unreachable: the
         send goes (a limiter must not stop delivery), and that is logged."""
@@ -220,4 +230,12 @@ class RateLimiter:
             log.warning("rate limiter: cannot record a pause (%s)", exc)
 
 
-__all__ = ["DEFAULTS", "RateLimiter", "is_group", "load_limits", "parse_rate"]
+__all__ = [
+    "DEFAULTS",
+    "RateLimiter",
+    "credit",
+    "is_group",
+    "load_limits",
+    "parse_rate",
+    "spend_credit",
+]

@@ -33,6 +33,7 @@ from delivery.ledger import (
     owner_id,
     record_receipts,
 )
+from delivery.outbox import Outbox, outbox_of
 from delivery.render import TEXT_CAP, directives, failure_text, render
 from jobs import telemetry
 from jobs.context import group_conversation, job_segment, results_dir
@@ -153,8 +154,10 @@ async def deliver_result(
     fence: Fence,
     channels: dict[str, Channel] | None = None,
     backoff: float = 1.0,
+    workspace: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Send the job's result to its origin; returns ``[{"recipient","kind","status","error"}]``.
+    ``workspace``: where its files must lie (default: the job's own workspace).
 
     ``fence`` is checked before every send: when it says False this attempt lost its lease and
     delivery stops without sending.
@@ -203,10 +206,11 @@ async def deliver_result(
         except LeaseLost:
             return []
 
-    workspace = workspace_of(settings, job)
+    workspace = workspace or workspace_of(settings, job)
     if artifacts:  # files are attached only from inside the real workspace
         workspace = workspace.resolve()
     out: list[dict[str, Any]] = []
+    outbox = outbox_of(services)
     lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
     items = plan(result, artifacts, adapter, skill=job.skill, lang=lang)
     reply = _apply_directives(result, job, adapter, items) or origin.reply_to
@@ -226,6 +230,7 @@ async def deliver_result(
                     common,
                     job.id,
                     reply_to=reply if i == 0 else None,
+                    outbox=outbox,
                 )
             )
     except LeaseLost:
@@ -337,10 +342,14 @@ async def _send_item(
     job_id: str,
     *,
     reply_to: str | None = None,
+    outbox: Outbox | None = None,
 ) -> list[dict[str, Any]]:
+    """One item through the ledger. With an outbox (in a worker), an item whose chat has
+    no token now is parked there (``pending``) instead of waited for here."""
     # a reply travels in the contact (``<contact>#<message id>``, delivery.channels.limits)
     contact = f"{origin.contact}#{reply_to}" if reply_to and "#" not in origin.contact else None
     contact = contact or origin.contact
+    gate = outbox.gate(adapter, origin.recipient, origin.contact) if outbox else None
     if item.path is None:
         text = item.text or ""
 
@@ -355,8 +364,9 @@ async def _send_item(
                     key=ledger_key(job_id, origin.recipient, item.key),
                     kind="text",
                     item=item.key,
-                    content={"text": text},
+                    content={"text": text, "reply_to": reply_to},
                     dedup=adapter.dedups_for(origin.contact),
+                    gate=gate,
                     **common,
                 )
             )
@@ -375,15 +385,19 @@ async def _send_item(
             key=ledger_key(job_id, origin.recipient, item.key),
             kind=item.kind,
             item=path,
-            content={"path": path, "caption": caption},
+            content={"path": path, "caption": caption, "reply_to": reply_to},
             dedup=adapter.dedups_for(origin.contact),
+            gate=gate,
             **common,
         )
     )
     if caption and res["status"] == "failed":
         # the caption must not be lost with the file: send the text on its own
         fallback = Item("text", "text", text=caption)
-        return [res, *await _send_item(sm, adapter, origin, fallback, workspace, common, job_id)]
+        rest = await _send_item(
+            sm, adapter, origin, fallback, workspace, common, job_id, outbox=outbox
+        )
+        return [res, *rest]
     return [res]
 
 

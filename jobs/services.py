@@ -4,7 +4,7 @@ startup) and passed down as plain typed objects."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import httpx
@@ -35,6 +35,9 @@ class Services:
     known_sessions: set[tuple[str, str, str]] = field(default_factory=set)
     # The channel adapters, built once by ``delivery.channels.registry.channels_for``.
     channels: dict[str, Channel] | None = None
+    # The parked deliveries this process sends (``delivery.outbox.Outbox``), set by a
+    # worker; without one a send waits for its rate limit in place.
+    outbox: Any = None
     _executor: Executor | None = field(default=None, repr=False)
     # The read replica (``SKILLJOBS_DATABASE_READ_URL``), when one is configured.
     read_engine: AsyncEngine | None = None

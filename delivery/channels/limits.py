@@ -15,8 +15,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -207,6 +209,33 @@ def parse_target(contact: str, reply_to: str | None = None) -> Target:
     return Target(place.strip(), chat, reply_to or anchor.strip() or None)
 
 
+#: a token already taken for the next request of one send (``(channel, chat id)``): the
+#: outbox takes it before it decides between sending now and parking the item
+_CREDIT: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar(
+    "ratelimit_credit", default=None
+)
+
+
+@contextlib.contextmanager
+def credit(channel: str, target: Target) -> Iterator[None]:
+    """Within this block the first request of a send to ``target`` on ``channel`` spends
+    the token the caller already took instead of taking another."""
+    marker = _CREDIT.set([(channel, target.id)])
+    try:
+        yield
+    finally:
+        _CREDIT.reset(marker)
+
+
+def spend_credit(channel: str, target: Target) -> bool:
+    """True (once) when a token was taken in advance for this request."""
+    held = _CREDIT.get()
+    if held and held[0] == (channel, target.id):
+        held.clear()
+        return True
+    return False
+
+
 class LimitedChannel(Channel):
     """A chat platform with documented limits. Adapters define ``TEXT_LIMIT`` (measured by
     :meth:`text_size`), ``RULES`` per media kind, and the two sends: :meth:`_post_text`
@@ -226,7 +255,7 @@ class LimitedChannel(Channel):
 
     async def _gate(self, target: Target) -> None:
         """Wait for the shared rate limit before one message request."""
-        if self.limiter is not None:
+        if self.limiter is not None and not spend_credit(self.name, target):
             await self.limiter.acquire(self.name, target)
 
     async def _paused(self, target: Target, exc: DeliveryTransientError) -> None:
@@ -366,10 +395,12 @@ __all__ = [
     "MediaRule",
     "Receipt",
     "Target",
+    "credit",
     "fit",
     "human_size",
     "parse_target",
     "rule",
+    "spend_credit",
     "split_text",
     "utf8_len",
     "utf16_len",

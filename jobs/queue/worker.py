@@ -226,6 +226,8 @@ class SkillJobsWorker(Worker):
                         await asyncio.gather(*self.tasks.values())
                         if self.runner is not None:
                             await self.runner.wait_finishing()
+                            if self.runner.svc.outbox is not None:  # parked deliveries too
+                                await self.runner.svc.outbox.settle()
                         await self._cleanup.flush()
                         if await self.pool.zcard(self.queue_name) == 0:
                             return
@@ -412,6 +414,12 @@ def build_worker(
         background.append(
             asyncio.create_task(prune.run_forever(services.sessionmaker, settings, prune_stop))
         )
+        from delivery.outbox import Outbox
+
+        services.outbox = Outbox(services, wid)
+        outbox_stop = asyncio.Event()
+        ctx["outbox_stop"] = outbox_stop
+        background.append(asyncio.create_task(services.outbox.run_forever(outbox_stop)))
         if scheduler:
             stop = asyncio.Event()
             ctx["scheduler_stop"] = stop
@@ -424,7 +432,7 @@ def build_worker(
         )
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
-        for key in ("scheduler_stop", "prune_stop"):
+        for key in ("scheduler_stop", "prune_stop", "outbox_stop"):
             if key in ctx:
                 ctx[key].set()
         if runner.stall is not None:

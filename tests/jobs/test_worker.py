@@ -281,8 +281,9 @@ async def test_stopping_with_a_full_finishing_stage_hands_every_job_back(job_set
         job_settings.telegram_api_base = tg.url
         svc = await Services.open(job_settings)
         try:
-            origin = {**TG, "actor_key": "1001"}
-            ids = [await dispatch(svc, "bg_sleep", {"seconds": 0}, origin) for _ in range(4)]
+            # one chat each: a send to a chat that is busy would be parked, not hang here
+            origins = [{**TG, "actor_key": f"10{n:02d}"} for n in range(4)]
+            ids = [await dispatch(svc, "bg_sleep", {"seconds": 0}, o) for o in origins]
             w = build_worker(svc, handle_signals=False, scheduler=False, max_jobs=1)
             assert w.runner is not None and w.runner.max_finishing == 2
             run = asyncio.create_task(w.async_run())
