@@ -45,6 +45,10 @@ def dispatch(
     session: str = typer.Option("", "--session", help="Chat session id."),
     actor_key: str = typer.Option("", "--actor-key", help="Recipient on third-party channels."),
     external_id: str = typer.Option("", "--external-id", help="Session external id (orgdeleg:…)."),
+    conversation: str = typer.Option(
+        "", "--conversation", help="Group chat the call came from (the result goes there)."
+    ),
+    message_id: str = typer.Option("", "--message-id", help="Message the result answers."),
     role: str = typer.Option("", "--role", help="Role id (selects skill configs, workspace)."),
     org: str = typer.Option("", "--org", help="Org id."),
     wait: bool = typer.Option(
@@ -68,6 +72,9 @@ def dispatch(
         "org_id": org,
         "triggered_at": time.time(),
     }
+    context.update(
+        {k: v for k, v in (("conversation_id", conversation), ("message_id", message_id)) if v}
+    )
     telemetry.setup("skilljobs-cli")
 
     async def _go(svc: Any) -> int:
@@ -122,6 +129,11 @@ def _print_job(svc: Any, job: Any) -> None:
     console.print(
         f"origin: channel={job.channel or '-'} session={job.session_id or '-'} "
         f"actor_key={job.actor_key or '-'} role={job.role_id or '-'}"
+        + "".join(
+            f" {k}={job.context[k]}"
+            for k in ("conversation_id", "message_id")
+            if isinstance(job.context, dict) and job.context.get(k)
+        )
     )
     console.print(
         f"created {_ts(job.created_at)}  started {_ts(job.started_at)}  "

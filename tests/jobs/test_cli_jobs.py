@@ -71,6 +71,29 @@ def test_dispatch_async_then_list_show_cancel_retry(cli_env):
     assert retried.exit_code == 0 and "new attempt" in retried.output
 
 
+def test_dispatch_from_a_group_conversation(cli_env):
+    res = run(
+        cli_env,
+        "dispatch",
+        "bg_sleep",
+        "--input",
+        '{"seconds": 0}',
+        "--channel",
+        "telegram",
+        "--actor-key",
+        "1001",
+        "--role",
+        "r1",
+        "--conversation",
+        "-1001234567890",
+        "--message-id",
+        "42",
+    )
+    assert res.exit_code == 0, res.output
+    shown = run(cli_env, "jobs", "show", json.loads(res.output)["job_id"])
+    assert "conversation_id=-1001234567890 message_id=42" in shown.output, shown.output
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
