@@ -120,6 +120,8 @@ def test_wheel_installs_and_runs_outside_the_checkout(installed: Path, tmp_path:
         text=True,
     )
     assert not where.startswith(str(ROOT)), "the checkout leaked into the installed venv"
+    hook = Path(where.strip()).parent / "execution" / "node_paths.mjs"
+    assert hook.is_file(), "the Node ES-module resolve hook is missing from the wheel"
 
     version = _run(installed, home, "--version")
     assert version.returncode == 0 and re.match(r"skilljobs \d", version.stdout), version

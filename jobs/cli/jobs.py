@@ -185,10 +185,11 @@ def list_jobs(
     table.add_column("error", overflow="ellipsis", max_width=60)
     for j in rows:
         dur = f"{j.duration_ms / 1000:.2f}s" if j.duration_ms else "-"
+        phase = j.current_phase()  # running (preparing environment)
         table.add_row(
             j.id,
             j.skill,
-            j.status,
+            f"{j.status} ({phase['name']})" if phase else j.status,
             str(j.attempts),
             j.channel or "-",
             _ts(j.created_at),

@@ -73,7 +73,7 @@ def build_lock_held(path: Path) -> Iterator[None]:
         holder.wait(10)
 
 
-def cli_show(svc: Services, job_id: str) -> str:
+def cli(svc: Services, *args: str) -> str:
     env = {
         **os.environ,
         "SKILLJOBS_DATABASE_URL": svc.settings.database_url or "",
@@ -82,7 +82,7 @@ def cli_show(svc: Services, job_id: str) -> str:
         "COLUMNS": "200",
     }
     res = subprocess.run(
-        [sys.executable, "-m", "jobs.cli.app", "jobs", "show", job_id],
+        [sys.executable, "-m", "jobs.cli.app", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -126,8 +126,10 @@ async def test_job_shows_preparing_environment(svc: Services) -> None:
             assert shown["phase_detail"] == "PEP 723 block in generate.py" and shown["phase_since"]
             listed = (await api.get("/api/v1/jobs?status=running")).json()["items"]
             assert [j["phase"] for j in listed] == ["preparing environment"]
-            out = await asyncio.to_thread(cli_show, svc, job_id)
+            out = await asyncio.to_thread(cli, svc, "jobs", "show", job_id)
             assert "phase: preparing environment (PEP 723 block in generate.py)" in out
+            out = await asyncio.to_thread(cli, svc, "jobs", "list", "--status", "running")
+            assert "running (preparing environment)" in out
         await asyncio.wait_for(run, 120)
     finally:
         await worker.close()
@@ -137,7 +139,7 @@ async def test_job_shows_preparing_environment(svc: Services) -> None:
     assert job.current_phase() is None
     shown = (await api_get(svc, f"/api/v1/jobs/{job_id}")).json()
     assert shown["phase"] is None
-    assert "phase:" not in await asyncio.to_thread(cli_show, svc, job_id)
+    assert "phase:" not in await asyncio.to_thread(cli, svc, "jobs", "show", job_id)
 
 
 async def test_phase_is_fenced_and_not_carried_to_a_later_attempt(svc: Services) -> None:
