@@ -265,3 +265,33 @@ def test_envs_cli_and_retention_pass(tmp_path: Path, monkeypatch: pytest.MonkeyP
     listed = runner.invoke(app, ["skills", "list", "--json"]).output
     rows = {r["name"]: r["env"] for r in json.loads(listed)["items"]}
     assert rows["req_skill"] == "missing (requirements.txt)"  # built again on next use
+
+
+async def test_the_workers_pruner_cleans_environments(services) -> None:  # type: ignore[no-untyped-def]
+    """The retention loop every worker runs (``prune.run_forever``) removes an environment
+    nobody used for the retention, keeps a fresh one, and records the count in the audit."""
+    from sqlalchemy import select
+
+    from jobs.models import OpsAction
+    from jobs.queue import prune
+
+    settings = services.settings.model_copy(update={"prune_interval_sec": 0.1})
+    root = envs.EnvManager.from_settings(settings).root
+    root.mkdir(parents=True, exist_ok=True)
+    make_env(root, "py-stale", days=60, size=MB)
+    make_env(root, "py-fresh", days=0)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(prune.run_forever(services.sessionmaker, settings, stop))
+    try:
+        for _ in range(400):
+            if not (root / "py-stale").exists():
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 30)
+    assert not (root / "py-stale").exists() and (root / "py-fresh" / env_store.READY).is_file()
+    async with services.sessionmaker() as s:
+        audit = (await s.scalars(select(OpsAction).where(OpsAction.action == "prune"))).all()
+    assert [a.details["envs"] for a in audit][:1] == [1]
+    assert audit[0].details["env_bytes"] >= MB
