@@ -92,10 +92,15 @@ class Lease:
 
 
 @contextlib.contextmanager
-def _exclusive(path: Path) -> Iterator[bool]:
-    """An exclusive ``flock`` on ``path`` if nobody holds it now (True), else False."""
+def _exclusive(path: Path, *, create: bool = True) -> Iterator[bool]:
+    """An exclusive ``flock`` on ``path`` if nobody holds it now (True), else False.
+    Without ``create`` a missing lock file counts as free and is not made (a check must
+    not touch the last-used time)."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
+    except FileNotFoundError:
+        yield not create
+        return
     except OSError:
         yield False
         return
@@ -196,7 +201,10 @@ def scan(root: Path) -> list[EnvInfo]:
 
 def in_use(root: Path, name: str) -> bool:
     """Whether a run holds the environment, or a build of it is under way (asked now)."""
-    with _exclusive(use_lock(root, name)) as free, _exclusive(build_lock(root, name)) as idle:
+    with (
+        _exclusive(use_lock(root, name), create=False) as free,
+        _exclusive(build_lock(root, name), create=False) as idle,
+    ):
         return not (free and idle)
 
 

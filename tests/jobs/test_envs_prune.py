@@ -116,6 +116,19 @@ def test_rules_dry_run_then_removal(root: Path) -> None:
     }
 
 
+def test_looking_does_not_count_as_using(root: Path) -> None:
+    """`envs list` and a dry run ask whether an environment is in use without making its
+    lock file: an environment built but never run keeps ageing."""
+    make_env(root, "py-built-never-run", days=40)
+    env_store.use_lock(root, "py-built-never-run").unlink()
+    (before,) = env_store.scan(root)
+    assert not env_store.in_use(root, "py-built-never-run")
+    dry = env_store.prune(root, Policy(max_age_days=30), dry_run=True)
+    assert names(dry) == {"py-built-never-run": "unused for 40 days"}
+    assert not env_store.use_lock(root, "py-built-never-run").exists()
+    assert env_store.scan(root)[0].last_used == before.last_used
+
+
 def test_size_cap_removes_least_recently_used_first(root: Path) -> None:
     for name, days in (("py-a", 5), ("py-b", 3), ("py-c", 1), ("py-d", 0)):
         make_env(root, name, days=days, size=MB)
