@@ -18,6 +18,7 @@ from dashboard.sync_pool import SyncPool
 from jobs.context import fixed_segment, scrub, secret_values
 from jobs.crypto import ENC_TAG, REDACTED, redact
 from jobs.envelope import is_partial
+from jobs.links import file_link, file_link_key
 from jobs.models import Artifact, Delivery, Job, JobAttempt
 from jobs.queue import control, filters, limits
 from jobs.queue.dispatcher import Dispatcher, is_background
@@ -263,8 +264,29 @@ async def get_job(job_id: str, request: Request) -> dict[str, Any]:
         attempts = await queries.job_attempts(session, job_id)
     box = services_of(request).box
     out = job_dict(job, arts.get(job_id, []), dels.get(job_id, []), attempts, box=box)
+    settings = services_of(request).settings
+    out["artifacts"] = await asyncio.to_thread(signed_links, settings, job_id, out["artifacts"])
     # e.g. "limit org:o1": a queued job over a concurrency limit waits for a slot
     out["waiting_for"] = await limits.waiting_for(services_of(request), job)
+    return out
+
+
+ARTIFACT_LINK_TTL_S = 86400  # a link from the job detail, to paste into a ticket or chat
+
+
+def signed_links(
+    settings: Any, job_id: str, artifacts: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each artifact with ``link``: a signed ``/files/<token>`` address valid for a day
+    (no API token needed: the signature is the authorization), or None when its file is
+    gone or outside the workspace root (file reads: run in a thread)."""
+    key = file_link_key(settings)
+    root = settings.resolved_workspace_root.resolve()
+    out = []
+    for art in artifacts:
+        path, problem = _servable(art["local_path"], root)
+        link = None if problem else file_link(key, job_id, str(path), ARTIFACT_LINK_TTL_S)
+        out.append({**art, "link": link})
     return out
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dashboard import queries
+from dashboard import latency, queries
 from dashboard.api_jobs import services_of
 from dashboard.errors import ApiError
 
@@ -41,14 +41,26 @@ async def timeseries(
     """``jobs``: finished per bucket (succeeded / failed / cancelled); ``queue_depth``:
     waiting jobs at the end of each bucket; ``latency``: queue wait and run time p50/p95
     per skill over the window; ``deliveries``: created per bucket by status, and per
-    channel the failure rate. ``t`` holds each bucket's start (epoch seconds); ``now`` is
-    when it was computed (answers are shared for ``TTL`` seconds)."""
+    channel the failure rate, and ``ratelimit_waits``: per channel, the sends that waited
+    for the outbound rate limiter and the seconds they waited (every worker's counts since
+    they began). ``t`` holds each bucket's start (epoch seconds); ``now`` is when it was
+    computed (answers are shared for ``TTL`` seconds)."""
     wanted = _metrics_of(metric)
     span = queries.SERIES_WINDOWS[window]
     step = step or DEFAULT_STEP[window]
     if span / step > queries.MAX_POINTS:
         raise ApiError(422, f"step too small: at most {queries.MAX_POINTS} points per window")
-    return await _cached(request, (",".join(wanted), window, step), span, step, wanted)
+    out = await _cached(request, (",".join(wanted), window, step), span, step, wanted)
+    if "deliveries" in wanted:
+        svc = services_of(request)
+        waits = await latency.ratelimit_waits(svc.redis, svc.settings.key)
+        out = {
+            **out,
+            "ratelimit_waits": [
+                {"channel": ch, "waits": n, "waited_s": round(secs, 3)} for ch, n, secs in waits
+            ],
+        }
+    return out
 
 
 class SeriesCache:

@@ -673,6 +673,7 @@ async function openDetail(jobId) {
   fillRows($("#detail-artifacts"), job.artifacts.map((a) => {
     const item = el("li", {},
       el("button", { type: "button", class: "small", onclick: () => download(a) }, "download"), " ",
+      a.link ? [el("a", { href: a.link, class: "small signed-link", title: "a signed link, valid for a day: no token needed" }, "link"), " "] : "",
       a.filename, el("span", { class: "muted" }, ` ${a.media}, ${a.size} bytes`),
       a.source_url ? el("div", { class: "muted mono" }, `from ${a.source_url}`) : "");
     if (a.media === "image") preview(a, item);
@@ -906,10 +907,19 @@ async function loadDeliveries() {
     api(`/api/v1/deliveries?${q}`),
     api("/api/v1/stats/timeseries?metric=deliveries&window=24h&step=3600"),
   ]);
-  fillRows($("#channel-health tbody"), stats.delivery_channels.map((c) => el("tr", {},
-    el("td", {}, el("a", { href: address("deliveries", null, new URLSearchParams({ channel: c.channel })) }, c.channel || "?")),
-    el("td", {}, c.total), el("td", { class: c.failed ? "bad" : "" }, c.failed),
-    el("td", { class: c.failure_rate > 0.1 ? "bad" : "" }, pct(c.failure_rate)))), "no deliveries in the last 24 hours", 4);
+  const waits = new Map((stats.ratelimit_waits || []).map((w) => [w.channel, w]));
+  const channels = [...stats.delivery_channels];
+  for (const ch of waits.keys()) {
+    if (!channels.some((c) => c.channel === ch)) channels.push({ channel: ch, total: 0, failed: 0, failure_rate: 0 });
+  }
+  fillRows($("#channel-health tbody"), channels.map((c) => {
+    const w = waits.get(c.channel);
+    return el("tr", { dataset: { channel: c.channel } },
+      el("td", {}, el("a", { href: address("deliveries", null, new URLSearchParams({ channel: c.channel })) }, c.channel || "?")),
+      el("td", {}, c.total), el("td", { class: c.failed ? "bad" : "" }, c.failed),
+      el("td", { class: c.failure_rate > 0.1 ? "bad" : "" }, pct(c.failure_rate)),
+      el("td", { class: "ratelimit" }, w ? `${w.waits} sends, ${fmtMs(w.waited_s * 1000)} in all` : "–"));
+  }), "no deliveries in the last 24 hours", 5);
   const reload = () => loadDeliveries().catch(report);
   fillRows($("#deliveries tbody"), list.items.map((d) => el("tr", { dataset: { deliveryId: d.id, status: d.status } },
     el("td", {}, fmtTime(d.created_at)), el("td", {}, d.recipient), el("td", {}, d.kind),

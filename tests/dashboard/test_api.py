@@ -206,6 +206,14 @@ async def test_job_detail_has_timeline_artifacts_deliveries_fetches(
     assert gone.status_code == 410
     other = await client.get(f"/api/v1/jobs/{'0' * 32}/artifacts/{arts['chart.png']['id']}")
     assert other.status_code == 404
+    # a signed link to paste elsewhere: no API token needed, only for files that can be served
+    assert arts["outside.txt"]["link"] is None and arts["gone.txt"]["link"] is None
+    link = arts["chart.png"]["link"]
+    assert link.startswith("/files/")
+    bare = await client.get(link, headers={"authorization": ""})
+    assert bare.status_code == 200 and bare.content == chart.read_bytes()
+    forged = link[:-3] + ("AAA" if not link.endswith("AAA") else "BBB")
+    assert (await client.get(forged, headers={"authorization": ""})).status_code == 403
 
     missing = await client.get("/api/v1/jobs/nope")
     assert missing.status_code == 404

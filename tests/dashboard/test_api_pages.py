@@ -98,6 +98,17 @@ async def test_timeseries_queue_depth_latency_and_deliveries(
     assert sum(dl["sent"]) == 2 and sum(dl["failed"]) == 1 and sum(dl["unknown"]) == 1
     chans = {c["channel"]: c for c in body["delivery_channels"]}
     assert chans["telegram"]["failure_rate"] == 0.5 and chans["feishu"]["failed"] == 1
+    assert body["ratelimit_waits"] == []
+    # the workers' rate-limiter counters (as they write them) join the channel health
+    from jobs.constants import RATELIMIT_WAITED, RATELIMIT_WAITS
+
+    await services.redis.hincrby(services.settings.key(RATELIMIT_WAITS), "telegram", 7)
+    await services.redis.hincrbyfloat(services.settings.key(RATELIMIT_WAITED), "telegram", 3.25)
+    waits = (await client.get("/api/v1/stats/timeseries?window=1h&metric=deliveries")).json()
+    assert waits["ratelimit_waits"] == [{"channel": "telegram", "waits": 7, "waited_s": 3.25}]
+    assert (
+        "ratelimit_waits" not in (await client.get("/api/v1/stats/timeseries?metric=jobs")).json()
+    )
 
 
 async def test_timeseries_refuses_bad_parameters(client: httpx.AsyncClient) -> None:

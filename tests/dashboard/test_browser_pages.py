@@ -17,6 +17,7 @@ import pytest
 from pydantic import SecretStr
 
 from dashboard.app import create_app
+from jobs.constants import RATELIMIT_WAITED, RATELIMIT_WAITS
 from jobs.db import create_engine, create_sessionmaker
 from jobs.models import (
     ChainRun,
@@ -239,12 +240,15 @@ async def _shot(page: Any, shots: Path, name: str) -> None:
 
 
 async def test_every_page_in_chromium(
-    live: LiveServer, env_settings: Any, screenshots: Path
+    live: LiveServer, env_settings: Any, screenshots: Path, redis: Any
 ) -> None:
     _need_chromium()
     from playwright.async_api import async_playwright
 
     ids = await _seed(env_settings)
+    # the workers' rate-limiter counters, as they write them
+    await redis.hincrby(env_settings.key(RATELIMIT_WAITS), "telegram", 4)
+    await redis.hincrbyfloat(env_settings.key(RATELIMIT_WAITED), "telegram", 2.5)
     auth = {"authorization": f"Bearer {TOKEN}"}
     async with (
         httpx.AsyncClient(base_url=live.url, headers=auth, timeout=30) as http,
@@ -384,6 +388,8 @@ async def _admin(
     assert await page.locator("#deliveries tbody tr[data-delivery-id]").count() == 2
     health = await page.text_content("#channel-health tbody") or ""
     assert "feishu" in health and "50.0 %" in health and "33.3 %" in health
+    waited = await page.text_content("#channel-health tr[data-channel=telegram] td.ratelimit")
+    assert waited is not None and waited.startswith("4 sends")
     await _shot(page, shots, "deliveries")
     failed = "#deliveries tbody tr[data-status=failed]"
     failed_id = await page.get_attribute(failed, "data-delivery-id")
