@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from jobs.cli.common import fail, load_settings, open_services, run_async
+from jobs.cli.common import fail, load_settings, with_services
 
 console = Console()
 schedules_app = typer.Typer(help="Cron-defined chains of skills.", no_args_is_help=True)
@@ -70,21 +70,19 @@ def _read_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _with_services(fn: Any, **open_kw: Any) -> Any:
-    settings = load_settings()
+def _with_services(fn: Any, *, redis: bool = True) -> Any:
+    """``jobs.cli.common.with_services``, a schedule's refusals (unknown id, a change that
+    does not validate) ending the command with their one-line reason."""
 
-    async def _go() -> Any:
-        svc = await open_services(settings, **open_kw)
+    async def guarded(svc: Any) -> Any:
         try:
             return await fn(svc)
         except LookupError as exc:
             fail(str(exc.args[0] if exc.args else exc))
         except ValueError as exc:
             fail(str(exc))
-        finally:
-            await svc.close()
 
-    return run_async(_go)
+    return with_services(guarded, redis=redis)
 
 
 @schedules_app.command("add")
