@@ -3,7 +3,8 @@
 Run: ``.venv/bin/python -m bench.dashboard [--url URL] [--rows 1000000] [--runs 60]``.
 Seeds the database with ``bench.seed_jobs`` when it has fewer rows, then times requests
 through the real ASGI app in-process (app + SQL, no network). Budget: p95 ≤ 100 ms for the
-overview (``/api/v1/queue``), a filtered job list and ``/metrics``.
+overview (``/api/v1/queue``), a filtered job list and ``/metrics``; bulk dry runs (the
+count a bulk action asks to confirm) are timed too.
 """
 
 from __future__ import annotations
@@ -67,7 +68,22 @@ async def _cases(http: httpx.AsyncClient, engine: Any) -> list[tuple[str, str]]:
         ("deliveries status=sent", "/api/v1/deliveries?status=sent&limit=100"),
         ("audit", "/api/v1/audit?limit=50"),
         ("incidents", "/api/v1/incidents"),
+        ("jobs status=failed,timed_out", "/api/v1/jobs?status=failed,timed_out&limit=50"),
+        ("jobs status=failed, since=24h", "/api/v1/jobs?status=failed&since=24h&limit=50"),
+        ("schedules (next 5 fires each)", "/api/v1/schedules"),
     ]
+
+
+def _bulk(name: str, flt: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    return (f"bulk dry run: {name}", "/api/v1/jobs/bulk", {"action": "retry", "filter": flt})
+
+
+BULK_CASES = [
+    _bulk("failed, skill=video_cut (rare)", {"status": "failed", "skill": "video_cut"}),
+    _bulk("failed, q=quota, last 24 h", {"status": "failed", "q": "quota", "since": "24h"}),
+    _bulk("failed, channel=feishu, last 24 h", {"channel": "feishu", "since": "24h"}),
+    _bulk("failed and timed out (every one)", {}),
+]
 
 
 async def run(url: str, rows: int, runs: int) -> list[dict[str, Any]]:
@@ -90,13 +106,18 @@ async def run(url: str, rows: int, runs: int) -> list[dict[str, Any]]:
         base_url="http://127.0.0.1",
         headers={"authorization": f"Bearer {TOKEN}"},
     ) as http:
-        for name, path in await _cases(http, engine):
+        cases = [(name, path, None) for name, path in await _cases(http, engine)]
+        for name, path, body in [*cases, *BULK_CASES]:
+
+            def call(path: str = path, body: Any = body) -> Any:
+                return http.get(path) if body is None else http.post(path, json=body)
+
             for _ in range(5):  # warm up (connections, plans, caches)
-                assert (await http.get(path)).status_code == 200, path
+                assert (await call()).status_code == 200, path
             times = []
             for _ in range(runs):
                 t0 = time.perf_counter()
-                resp = await http.get(path)
+                resp = await call()
                 times.append((time.perf_counter() - t0) * 1000)
                 assert resp.status_code == 200
             times.sort()
