@@ -289,7 +289,11 @@ class EnvManager:
             except (OSError, TimeoutError) as exc:
                 raise BuildFailed(f"cannot use the environment {spec.dirname}: {exc}") from exc
             if self.is_ready(spec):
-                hook = self.esm_hook() if spec.esm and node_has_register() else None
+                try:
+                    hook = self.esm_hook() if spec.esm and node_has_register() else None
+                except OSError as exc:
+                    lease.release()
+                    raise BuildFailed(f"cannot write the Node resolve hook: {exc}") from exc
                 return Prepared(spec, self.path_of(spec), lease, hook)
             lease.release()
             await self._build_now(skill, spec)
