@@ -255,3 +255,15 @@ async def test_a_refusal_is_recorded_with_what_to_fix(svc, tg, fs, wc, dt) -> No
         first = shown["deliveries"][0]
         assert first["status"] == "failed" and reason in first["error"], (reason, first)
         assert "HTTP 4" not in first["error"] and first["tries"] == 1
+
+
+async def test_reply_to_current_answers_the_dispatched_message(svc, tg) -> None:
+    """In a one-to-one chat a result answers the message that asked only when it says so
+    ([[reply_to_current]]): the dispatch context's message_id reaches the delivery."""
+    asked = tg.receive("1001")
+    ctx = origin("telegram", "1001", message_id=str(asked))
+    await dispatch(svc, ctx, "[[reply_to_current]] here it is")
+    await dispatch(svc, ctx, "and without the tag")
+    await drain(svc)
+    replies = {m["caption"]: m.get("reply_to") for m in tg.sent}
+    assert replies == {"here it is": asked, "and without the tag": None}
