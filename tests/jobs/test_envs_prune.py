@@ -257,6 +257,15 @@ def test_envs_cli_and_retention_pass(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert built["source"] == "requirements.txt" and built["size_bytes"] > 20_000
     table = runner.invoke(app, ["envs", "list"]).output
     assert "req_skill" in table and "- (none declares it)" in table
+    # --rebuild removes it first, never from under a running job
+    holder = Holder(env_store.use_lock(data / "envs", built["name"]), shared=True)
+    try:
+        busy = runner.invoke(app, ["skills", "prepare", "--rebuild", "req_skill"])
+        assert busy.exit_code == 1 and "a running job uses it" in busy.output, busy.output
+    finally:
+        holder.stop()
+    rebuilt = runner.invoke(app, ["skills", "prepare", "--rebuild", "req_skill"])
+    assert rebuilt.exit_code == 0 and "req_skill: built" in rebuilt.output, rebuilt.output
 
     dry = runner.invoke(app, ["envs", "prune", "--dry-run"])
     assert dry.exit_code == 0, dry.output
