@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from delivery.richtext import to_plain
 from jobs.envelope import is_partial
 from jobs.texts import TRACE_HINTS, meaningful_line, strip_admin_hints, text
 
@@ -76,9 +77,10 @@ def render(
     if body is None and not md:
         body = readable(result, lang=lang) or None
     parts = [body] if body else []
-    if md and md != body:
+    room = cap - len(body or "")
+    if md and md != body and room > 0:
         # only what can be shown is converted: the work is bounded by the channel limit
-        parts.append(md if rich or markdown else markdown_to_text(md[: cap + 1]))
+        parts.append(md[: cap * 2] if rich or markdown else markdown_to_text(md[: room * 2]))
     if is_partial(result):
         warning = result.get("warning")
         reason = warning.strip() if isinstance(warning, str) and warning.strip() else ""
@@ -211,21 +213,11 @@ def strip_directives(value: str, *, rich: bool) -> str:
 # --------------------------------------------------------------------------- Markdown
 
 
-_HEADING = re.compile(r"^#{1,6}\s+", re.M)
-_EMPHASIS = re.compile(r"(\*\*|__)(.+?)\1")
-_LINK = re.compile(r"(?<!!)\[([^\]]+)\]\((\S+?)\)")
-_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$", re.M)
-
-
 def markdown_to_text(md: str) -> str:
-    """Markdown for a channel that shows plain text: headings and emphasis markers
-    dropped, links as ``text (url)``, table rules removed (rows stay aligned by ``|``).
-    Markdown images stay as they are: adapters that turn them into media need them."""
-    out = _HEADING.sub("", md)
-    out = _EMPHASIS.sub(r"\2", out)
-    out = _LINK.sub(r"\1 (\2)", out)
-    out = _RULE.sub("", out)
-    return re.sub(r"\n{3,}", "\n\n", out).strip()
+    """Markdown for a channel that shows plain text (parsed, ``delivery.richtext``):
+    headings, emphasis and link syntax dropped (links as ``text (url)``), lists with
+    bullets, tables as aligned columns."""
+    return to_plain(md)
 
 
 # --------------------------------------------------------------------------- failures

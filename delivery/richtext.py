@@ -177,11 +177,21 @@ class _Renderer:
         return "\n".join(out)
 
 
+_BREAKS = ("softbreak", "hardbreak")
+
+
 def plain_of(node: SyntaxTreeNode) -> str:
-    """The text of an inline node and its children."""
+    """The text of an inline node and its children (read from the flat inline tokens: the
+    tree's properties are slow on a long table)."""
+    token = node.token if node.type == "inline" else None
+    if token is not None and token.children is not None:
+        return "".join(
+            t.content if t.type in ("text", "code_inline", "image") else "\n" * (t.type in _BREAKS)
+            for t in token.children
+        )
     if node.type in ("text", "code_inline"):
         return node.content
-    if node.type in ("softbreak", "hardbreak"):
+    if node.type in _BREAKS:
         return "\n"
     return "".join(plain_of(c) for c in node.children)
 
@@ -206,6 +216,13 @@ def blocks(md: str, dialect: Dialect) -> list[Block]:
     r, p = _Renderer(dialect), _Renderer(PLAIN)
     out: list[Block] = []
     for node in parse(md).children:
+        if node.type == "table":  # its cells are read once
+            rows, aligns = table_rows(node)
+            text = dialect.table(rows, aligns)
+            block = Block(text, PLAIN.table(rows, aligns), "table", aligns=aligns)
+            block.lines = ["\t".join(row) for row in rows]
+            out.append(block)
+            continue
         text = r.block(node)
         if not text.strip():
             continue
@@ -213,9 +230,6 @@ def blocks(md: str, dialect: Dialect) -> list[Block]:
         if node.type in ("fence", "code_block"):
             block.info = node.info if node.type == "fence" else ""
             block.lines = node.content.rstrip("\n").split("\n")
-        elif node.type == "table":
-            rows, aligns = table_rows(node)
-            block.lines, block.aligns = ["\t".join(r) for r in rows], aligns
         out.append(block)
     return out
 

@@ -255,8 +255,13 @@ class TelegramChannel(LimitedChannel):
         if caption and (utf16_len(caption) > CAPTION_LIMIT or MARKDOWN_IMAGE.search(caption)):
             caption, extra_text = None, caption  # too long for a caption: it follows as text
         fields = self._fields(target, multipart=True)
+        plain = None
         if caption:
             fields["caption"] = caption
+            converted = pieces(caption, TELEGRAM, CAPTION_LIMIT) if has_markup(caption) else []
+            if len(converted) == 1:  # Markdown as HTML when it fits one caption
+                fields["caption"], fields["parse_mode"] = str(converted[0]), "HTML"
+                plain = converted[0].plain
         name = Path(path).name
         files: dict[str, tuple[str, bytes]] = {}
         if kind == "image":
@@ -264,7 +269,14 @@ class TelegramChannel(LimitedChannel):
         elif kind == "video":
             await self._video_details(path, fields, files)
         files[field] = (name, await read_file_async(path))
-        mid = await self._call(method, fields, files)
+        try:
+            mid = await self._call(method, fields, files)
+        except DeliveryPermanentError as exc:
+            if plain is None or "can't parse entities" not in str(exc).lower():
+                raise
+            fields.pop("parse_mode")
+            fields["caption"] = plain if utf16_len(plain) <= CAPTION_LIMIT else caption
+            mid = await self._call(method, fields, files)
         if extra_text:
             await self._text(replace(target, reply_to=None), extra_text)
         return mid

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from delivery import richtext
+from delivery.channels.base import DeliveryPermanentError
 from delivery.channels.dingtalk import DingTalkChannel
 from delivery.channels.feishu import FeishuChannel
 from delivery.channels.telegram import TEXT_LIMIT, TelegramChannel
@@ -15,6 +16,7 @@ from delivery.channels.wecom import TEXT_BYTES, WeComChannel
 from delivery.render import render
 from tests.fakes import feishu_card, telegram_html
 from tests.fakes.dingtalk import FakeDingTalk
+from tests.fakes.server import Response
 from tests.fakes.wecom import FakeWeCom
 
 REPORT = """# Model cost report
@@ -184,3 +186,33 @@ async def test_dingtalk_sample_markdown_with_a_title(http) -> None:  # type: ign
         assert md["msgParam"]["text"].startswith("# Model cost report\n\n")
         assert "*large*" in md["msgParam"]["text"]
         assert plain["msgKey"] == "sampleText"
+
+
+async def test_telegram_markdown_caption_goes_as_html(tg, http, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    photo = tmp_path / "chart.png"
+    photo.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    ch = TelegramChannel(http, tg.token, api_base=tg.url)
+    await ch.send_image("1001", str(photo), "**Weekly chart** for <team> & co")
+    tg.unsupported_tags = {"b"}
+    await ch.send_image("1001", str(photo), "**Weekly chart** again")
+    html_one, plain_one = tg.sent
+    assert (
+        html_one["parse_mode"] == "HTML" and html_one["caption"] == "Weekly chart for <team> & co"
+    )
+    assert html_one["caption_entities"] == [{"type": "bold", "offset": 0, "length": 12}]
+    assert "parse_mode" not in plain_one and plain_one["caption"] == "Weekly chart again"
+
+
+async def test_feishu_card_refused_goes_as_text(fs, http) -> None:  # type: ignore[no-untyped-def]
+    ch = FeishuChannel(http, fs.app_id, fs.app_secret, api_base=fs.url)
+    refused = Response(400, {"code": 230099, "msg": "Failed to create card content"})
+    fs.fail_next("/open-apis/im/v1/messages", refused)
+    await ch.send_text("ou_1", REPORT)
+    (sent,) = fs.sent
+    assert sent["msg_type"] == "text"
+    assert sent["content"]["text"].startswith("Model cost report\n\nPrices from 3 providers")
+    # any other refusal is the send's failure, not a reason to send it differently
+    fs.fail_next("/open-apis/im/v1/messages", Response(400, {"code": 230002, "msg": "no bot"}))
+    with pytest.raises(DeliveryPermanentError, match="230002"):
+        await ch.send_text("ou_1", REPORT)
+    assert len(fs.sent) == 1

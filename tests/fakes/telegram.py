@@ -188,6 +188,12 @@ class FakeTelegram(FakeServer):
         else:
             return error(400, f"Bad Request: there is no {field} in the request")
         caption = params.get("caption")
+        if caption and params.get("parse_mode") == "HTML":
+            parsed = telegram_html.parse(str(caption), self.unsupported_tags)
+            if isinstance(parsed, str):
+                return error(400, f"Bad Request: can't parse entities: {parsed}")
+            entry.update(caption_html=caption, parse_mode="HTML", caption_entities=parsed[1])
+            caption = parsed[0]
         if caption:
             if utf16_len(str(caption)) > CAPTION_LIMIT:
                 return error(400, "Bad Request: message caption is too long")
