@@ -197,7 +197,7 @@ def apply(
                 error_type="recoverable",
                 skill=skill.name,
                 unknown_attachment=exc.ref,
-                need_param=exc.field.split(".", 1)[0].split("[", 1)[0],
+                need_param=[exc.field.split(".", 1)[0].split("[", 1)[0]],
             )
         ) from exc
     return raw_prompt(skill, out, ctx, depth)

@@ -213,7 +213,7 @@ def refusal(exc: Refused, skill: str) -> dict[str, Any]:
     return failure(
         f"input field {exc.field!r} was refused: {exc.reason}",
         error_type="recoverable",
-        need_param=True,
+        need_param=[exc.field.split(".", 1)[0].split("[", 1)[0]],  # the field(s), as dispatch
         field=exc.field,
         skill=skill,
     )

@@ -79,6 +79,7 @@ def test_unknown_id_is_refused(data: dict[str, object], field: str) -> None:
     env = refused.value.envelope
     assert env["error_type"] == "recoverable" and env["unknown_attachment"] in env["error"]
     assert field in env["error"] and "img_1" in env["error"]  # says what there is
+    assert env["need_param"] == [field.split("[")[0]]
 
 
 def test_first_required_string() -> None:

@@ -147,6 +147,7 @@ async def test_file_parameters_outside_the_workspace_are_refused(
     out = await ex.execute("iso_read", {field: value}, dict(CTX))
     assert out.status == "failed"
     assert out.result["error_type"] == "recoverable" and out.result["field"] == field
+    assert out.result["need_param"] == [field]  # names the field, as dispatch refusals do
     assert field in out.result["error"] and "text" not in out.result
 
 
