@@ -25,12 +25,14 @@ from chains import runstore as rs
 from chains.deliver import deliver_outcome, deliver_step_files
 from chains.guard import is_empty_output
 from chains.refs import UnresolvedReference, resolve_input
+from chains.runs import enqueue_run
 from chains.schedules import ScheduleSpec, spec_of
 from jobs import telemetry
 from jobs.constants import MAX_RUNS
 from jobs.crypto import redact
 from jobs.envelope import failure, is_failure, is_non_retriable
 from jobs.models import ChainRun, Schedule
+from jobs.queue.store import LOST_CAP_REASON
 from jobs.runscope import RunScope
 from jobs.runscope import begin as begin_scope
 
@@ -43,27 +45,57 @@ log = logging.getLogger("skilljobs.chains")
 
 TRANSIENT_BACKOFF_SEC = 1.0
 
+#: the stop events of this process's chain attempts (see :func:`stop_attempts`)
+_ATTEMPTS: set[asyncio.Event] = set()
+
+
+def stop_attempts() -> int:
+    """This process was stopped long enough for peers to presume it dead (SIGSTOP, a frozen
+    VM) and is running again: its chain attempts stop before their steps take another step
+    (a peer may be running them) and hand their runs back (a no-op when a peer took them).
+    The number of attempts stopped."""
+    for stop in _ATTEMPTS:
+        stop.set()
+    return len(_ATTEMPTS)
+
 
 async def chain_job(ctx: WorkerContext, run_id: str) -> str:
     """The arq job body registered under ``FN_RUN_CHAIN``."""
-    return await run_chain(ctx["services"], ctx["executor"], run_id, worker_id=ctx["worker_id"])
+    return await run_chain(
+        ctx["services"],
+        ctx["executor"],
+        run_id,
+        worker_id=ctx["worker_id"],
+        arq_id=ctx.get("job_id"),
+    )
 
 
-async def run_chain(services: Services, executor: Executor, run_id: str, *, worker_id: str) -> str:
-    """Run (or resume) chain run ``run_id``; returns its final status, or ``"busy"`` when
-    another live worker holds it, or ``"lost"`` when the lease was taken over meanwhile."""
+async def run_chain(
+    services: Services,
+    executor: Executor,
+    run_id: str,
+    *,
+    worker_id: str,
+    arq_id: str | None = None,
+) -> str:
+    """Run (or resume) chain run ``run_id``; returns its final status, ``"busy"`` when
+    another live worker holds it, ``"superseded"`` when queue entry ``arq_id`` is not the
+    run's latest, or ``"lost"`` when the lease was taken over meanwhile."""
     sm = services.sessionmaker
     lease_sec = services.settings.worker_lease_sec
-    lease = await rs.take_lease(sm, run_id, worker_id, lease_sec)
+    lease = await rs.take_lease(sm, run_id, worker_id, lease_sec, arq_id=arq_id)
     if lease is None:
         async with sm() as s:
             run = await s.get(ChainRun, run_id)
         if run is None:
             log.warning("chain run %s does not exist", run_id)
             return "missing"
-        return run.status if run.status in rs.RUN_FINAL else "busy"
+        if run.status in rs.RUN_FINAL:
+            return run.status
+        return "superseded" if arq_id and run.arq_job_id != arq_id else "busy"
 
     stop = asyncio.Event()
+    _ATTEMPTS.add(stop)
     beat = asyncio.create_task(_heartbeat(services, lease, stop))
     try:
         running = _ChainRun(services, executor, lease, stop).run()
@@ -71,8 +103,15 @@ async def run_chain(services: Services, executor: Executor, run_id: str, *, work
         return await telemetry.traced("skilljobs.chain_run", running, attrs=attrs, outcome=_ended)
     except rs.LeaseLost:
         log.warning("chain run %s: lease lost; this attempt stops", run_id)
+        await _hand_back(services, lease)  # (fenced: only when no peer has taken it)
         return "lost"
+    except asyncio.CancelledError:
+        # The worker is stopping (its grace period is over): the run goes back to the
+        # queue for another worker, not counted as lost; its succeeded steps are kept.
+        await asyncio.shield(_hand_back(services, lease))
+        raise
     finally:
+        _ATTEMPTS.discard(stop)
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await beat
@@ -84,6 +123,16 @@ def _step(index: int, step_id: str, skill: str) -> dict[str, str | int]:
 
 def _ended(status: str) -> dict[str, str]:
     return {"skilljobs.outcome": status}
+
+
+async def _hand_back(services: Services, lease: rs.Lease) -> None:
+    try:
+        n = await rs.hand_back(services.sessionmaker, lease)
+        if n is not None:
+            await enqueue_run(services, lease.run_id, n)
+            log.info("chain run %s: handed back", lease.run_id)
+    except Exception as exc:  # its lease runs out and the reconciliation pass re-runs it
+        log.warning("chain run %s: hand back failed: %s", lease.run_id, exc)
 
 
 async def _heartbeat(services: Services, lease: rs.Lease, lost: asyncio.Event) -> None:
@@ -127,6 +176,8 @@ class _ChainRun:
         records = await rs.ensure_steps(
             self.sm, self.lease, [(r.id, st.skill) for r, st in zip(refs, spec.steps, strict=True)]
         )
+        if self.lease.lost >= MAX_RUNS:
+            return await self._fail_lost(records)
         outputs: list[Any] = []
         for i, step in enumerate(spec.steps):
             rec = records[i]
@@ -200,6 +251,25 @@ class _ChainRun:
         for key in self.sent:
             self.sent[key].extend(sent.get(key) or [])
 
+    async def _fail_lost(self, records: list[Any]) -> str:
+        """Every allowed run was lost (each time its worker died or stalled, perhaps because
+        of a step): the run fails instead of running that step again, the running step
+        failed with the reason, the rest skipped, the outcome delivered as any failure."""
+        reason = LOST_CAP_REASON.format(n=self.lease.lost)
+        log.warning("chain run %s: %s; not run again", self.lease.run_id, reason)
+        at = -1
+        for i, rec in enumerate(records):
+            if rec.status == rs.RUNNING:
+                await rs.set_step(
+                    self.sm, self.lease, i, status=rs.FAILED, error=reason, finished_at=time.time()
+                )
+                at = i
+                break
+            if rec.status != rs.SUCCEEDED:
+                break
+            at = i
+        return await self._close_after(at, rs.FAILED, reason)
+
     async def _execute(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
         runs = 0
         while True:
@@ -218,6 +288,9 @@ class _ChainRun:
         lost = asyncio.ensure_future(self.lost.wait())
         try:
             done, _ = await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the worker is stopping: so does the skill
+            task.cancel()
+            raise
         finally:
             lost.cancel()
         if task not in done:
@@ -314,4 +387,4 @@ class _ChainRun:
         return status
 
 
-__all__ = ["ScheduleSpec", "chain_job", "run_chain"]
+__all__ = ["ScheduleSpec", "chain_job", "run_chain", "stop_attempts"]

@@ -1,21 +1,28 @@
-"""Chain runs: manual triggers, the arq ids of a run's enqueues, the chain run JSON."""
+"""Chain runs: manual triggers, enqueues (the arq ids are ``runstore.arq_job_id``), the
+take-over of runs whose worker died, the chain run JSON."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 
+from chains import runstore as rs
+from chains.runstore import arq_job_id, enqueue_number
 from jobs.constants import FN_RUN_CHAIN
 from jobs.crypto import redact
 from jobs.db import sessions_of
 from jobs.models import ChainRun, ChainRunStatus, ChainStep, OpsAction, Schedule
+from jobs.queue import broker
 from jobs.queue.broker import enqueue
 
 if TYPE_CHECKING:
     from jobs.services import Services
+
+log = logging.getLogger("skilljobs.chains")
 
 QUEUED = ChainRunStatus.QUEUED
 
@@ -31,23 +38,29 @@ async def _require(sm: Any, id_or_name: str) -> Schedule:
     return row
 
 
-def arq_job_id(run_id: str, n: int) -> str:
-    """The arq id of the n-th enqueue of a run (never reused: arq refuses a known id)."""
-    return f"chain:{run_id}:{n}"
-
-
-def enqueue_number(arq_id: str | None) -> int:
-    """``n`` of an id made by :func:`arq_job_id` (-1 when never enqueued)."""
-    if not arq_id:
-        return -1
-    try:
-        return int(arq_id.rsplit(":", 1)[1])
-    except (IndexError, ValueError):
-        return 0
-
-
 async def enqueue_run(services: Services, run_id: str, n: int) -> None:
     await enqueue(services, FN_RUN_CHAIN, run_id, job_id=arq_job_id(run_id, n))
+
+
+async def take_over_runs(services: Services, me: str, missing_after: float) -> list[str]:
+    """Re-run the chain runs of peers presumed dead, without waiting for their leases (as
+    ``JobRunner.take_over_once`` does for jobs): the peer's heartbeat key is gone *and* its
+    leases went unrenewed for ``missing_after`` seconds. The new attempt takes the lease
+    with a new token, so the old one (should it only have been paused) can record nothing;
+    its steps that succeeded are not run again. The ids of the runs re-enqueued."""
+    sm = services.sessionmaker
+    before = time.time() + services.settings.worker_lease_sec - missing_after
+    owners = await rs.stale_owners(sm, before, exclude=me)
+    if not owners:
+        return []
+    up = await broker.alive(services, owners)
+    dead = {o for o, alive in zip(owners, up, strict=True) if not alive}
+    out: list[str] = []
+    for run_id, n in await rs.take_over(sm, dead, before):
+        log.warning("chain run %s: its worker missed 3 heartbeats, re-run", run_id)
+        await enqueue_run(services, run_id, n)
+        out.append(run_id)
+    return out
 
 
 async def trigger_manual(
@@ -162,3 +175,17 @@ async def last_runs(target: Any) -> dict[str, ChainRun]:
             (ChainRun.schedule_id == newest.c.schedule_id) & (ChainRun.created_at == newest.c.at),
         )
         return {r.schedule_id: r for r in (await s.execute(q)).scalars()}
+
+
+__all__ = [
+    "QUEUED",
+    "arq_job_id",
+    "enqueue_number",
+    "enqueue_run",
+    "get_run",
+    "last_runs",
+    "list_runs",
+    "run_dict",
+    "take_over_runs",
+    "trigger_manual",
+]

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import case, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from jobs import storable
@@ -32,6 +32,21 @@ RUN_FINAL = frozenset({SUCCEEDED, FAILED, STOPPED_EMPTY})
 OUTPUT_CAP = 200_000  # characters of a stored step output
 
 
+def arq_job_id(run_id: str, n: int) -> str:
+    """The arq id of the n-th enqueue of a run (never reused: arq refuses a known id)."""
+    return f"chain:{run_id}:{n}"
+
+
+def enqueue_number(arq_id: str | None) -> int:
+    """``n`` of an id made by :func:`arq_job_id` (-1 when never enqueued)."""
+    if not arq_id:
+        return -1
+    try:
+        return int(arq_id.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
 class LeaseLost(RuntimeError):
     """Another worker holds this run now; this attempt must stop without writing."""
 
@@ -41,11 +56,19 @@ class Lease:
     run_id: str
     token: int
     owner: str
+    #: earlier attempts of the run whose lease was taken from them (worker died or stalled)
+    lost: int = 0
 
 
-async def take_lease(sm: Sessions, run_id: str, owner: str, lease_sec: float) -> Lease | None:
-    """Lease a queued run, a run whose lease expired, or one this worker already holds."""
+async def take_lease(
+    sm: Sessions, run_id: str, owner: str, lease_sec: float, *, arq_id: str | None = None
+) -> Lease | None:
+    """Lease a queued run, a run whose lease expired, or one this worker already holds.
+    Taking a ``running`` run's lease means its attempt was lost: counted in ``lost_runs``.
+    ``arq_id``: the queue entry asking; only the run's latest enqueue may take it (an older
+    entry, redelivered after a take-over or a hand-back, is superseded)."""
     now = time.time()
+    latest = [] if arq_id is None else [ChainRun.arq_job_id == arq_id]
     async with sm() as s:
         res = await s.execute(
             update(ChainRun)
@@ -57,27 +80,115 @@ async def take_lease(sm: Sessions, run_id: str, owner: str, lease_sec: float) ->
                     ChainRun.lease_expires_at < now,
                     ChainRun.lease_owner == owner,
                 ),
+                *latest,
             )
             .values(
                 status=RUNNING,
                 lease_owner=owner,
                 lease_token=ChainRun.lease_token + 1,
                 lease_expires_at=now + lease_sec,
+                lost_runs=ChainRun.lost_runs + case((ChainRun.status == RUNNING, 1), else_=0),
             )
         )
         if res.rowcount != 1:  # type: ignore[attr-defined]
             await s.rollback()
             return None
-        token = (
-            await s.execute(select(ChainRun.lease_token).where(ChainRun.id == run_id))
-        ).scalar_one()
+        token, lost = (
+            await s.execute(
+                select(ChainRun.lease_token, ChainRun.lost_runs).where(ChainRun.id == run_id)
+            )
+        ).one()
         await s.execute(
             update(ChainRun)
             .where(ChainRun.id == run_id, ChainRun.started_at.is_(None))
             .values(started_at=now)
         )
         await s.commit()
-    return Lease(run_id, token, owner)
+    return Lease(run_id, token, owner, lost)
+
+
+async def hand_back(sm: Sessions, lease: Lease) -> int | None:
+    """Give a run this attempt holds back to the queue (the worker is stopping): ``queued``
+    again, not counted as lost. The number of its next enqueue, or None when the lease was
+    no longer this attempt's."""
+    async with sm() as s:
+        old = await s.scalar(select(ChainRun.arq_job_id).where(ChainRun.id == lease.run_id))
+        n = enqueue_number(old) + 1
+        res = await s.execute(
+            update(ChainRun)
+            .where(
+                ChainRun.id == lease.run_id,
+                ChainRun.lease_token == lease.token,
+                ChainRun.status == RUNNING,
+            )
+            .values(
+                status="queued",
+                lease_owner=None,
+                lease_expires_at=None,
+                arq_job_id=arq_job_id(lease.run_id, n),
+            )
+        )
+        await s.commit()
+    return n if res.rowcount == 1 else None  # type: ignore[attr-defined]
+
+
+async def stale_owners(sm: Sessions, before: float, *, exclude: str) -> list[str]:
+    """Workers other than ``exclude`` holding a running chain run whose lease expires before
+    ``before`` (renewed longer ago than a live worker would let it be)."""
+    async with sm() as s:
+        rows = await s.scalars(
+            select(ChainRun.lease_owner)
+            .where(
+                ChainRun.status == RUNNING,
+                ChainRun.lease_expires_at < before,
+                ChainRun.lease_owner.is_not(None),
+                ChainRun.lease_owner != exclude,
+            )
+            .distinct()
+        )
+        return sorted(o for o in rows if o)
+
+
+async def take_over(sm: Sessions, owners: set[str], before: float) -> list[tuple[str, int]]:
+    """End the leases of ``owners``' running runs last renewed before ``before - lease``
+    (their worker is presumed dead), each with a new enqueue number: (run id, number). A
+    run whose lease or enqueue changed meanwhile is left alone (fenced)."""
+    if not owners:
+        return []
+    async with sm() as s:
+        rows = (
+            await s.execute(
+                select(ChainRun.id, ChainRun.lease_token, ChainRun.arq_job_id).where(
+                    ChainRun.status == RUNNING,
+                    ChainRun.lease_owner.in_(sorted(owners)),
+                    ChainRun.lease_expires_at < before,
+                )
+            )
+        ).all()
+    out: list[tuple[str, int]] = []
+    for run_id, token, old in rows:
+        n = enqueue_number(old) + 1
+        same_enqueue = (
+            ChainRun.arq_job_id.is_(None) if old is None else (ChainRun.arq_job_id == old)
+        )
+        async with sm() as s:
+            res = await s.execute(
+                update(ChainRun)
+                .where(
+                    ChainRun.id == run_id,
+                    ChainRun.lease_token == token,
+                    ChainRun.status == RUNNING,
+                    ChainRun.lease_owner.in_(sorted(owners)),
+                    ChainRun.lease_expires_at < before,
+                    same_enqueue,
+                )
+                # no owner: found once (stale_owners), free for the next attempt
+                .values(lease_owner=None, lease_expires_at=0.0, arq_job_id=arq_job_id(run_id, n))
+            )
+            await s.commit()
+        if res.rowcount == 1:  # type: ignore[attr-defined]
+            out.append((run_id, n))
+    return out
 
 
 async def _fence(s: AsyncSession, lease: Lease, lease_sec: float | None = None) -> None:

@@ -374,6 +374,8 @@ class ChainRun(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     lease_token: Mapped[int] = mapped_column(Integer, default=0)
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Attempts whose lease was taken from them (worker died or stalled): 3 fail the run.
+    lost_runs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[float] = mapped_column(Float, default=now)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -24,7 +24,8 @@ from arq import Worker
 from arq.typing import WorkerCoroutine
 from arq.worker import func
 
-from chains.runner import chain_job
+from chains.runner import chain_job, stop_attempts
+from chains.runs import take_over_runs
 from chains.scheduler import Scheduler
 from jobs.batching import Batcher
 from jobs.constants import (
@@ -403,11 +404,24 @@ def build_worker(
         background.append(
             asyncio.create_task(_loop("take-over", takeover_every, runner.take_over_once))
         )
+
+        async def take_over_chains() -> None:
+            await take_over_runs(services, wid, runner.missing_after)
+
+        background.append(
+            asyncio.create_task(_loop("chain take-over", takeover_every, take_over_chains))
+        )
         runner.stall = StallWatch(threshold=settings.worker_stall_sec)
         runner.stall.start()
+
         # Continued after a stop (SIGSTOP, a frozen VM): handled before any skill resumes.
+        def resumed() -> None:
+            if time.time() - runner.last_beat >= runner.missing_after - 0.5:
+                stop_attempts()  # chain runs: as runner.resumed does for jobs
+            runner.resumed()
+
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            asyncio.get_running_loop().add_signal_handler(signal.SIGCONT, runner.resumed)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGCONT, resumed)
         background.append(asyncio.create_task(_listen_cancels(runner)))
         prune_stop = asyncio.Event()
         ctx["prune_stop"] = prune_stop
