@@ -51,7 +51,6 @@ from delivery.errors import (
     DeliveryTransientError,
 )
 from jobs import storable, telemetry
-from jobs.batching import Batcher
 from jobs.logs import SECRETS
 from jobs.models import PENDING, SENT, Delivery, DeliveryStatus, Worker
 
@@ -393,33 +392,10 @@ _RECEIPT = (
     .where(_deliveries.c.ledger_key == bindparam("k"), _deliveries.c.status == SENT)
     .values(message_id=bindparam("m"), verified=True)
 )
-# One receipt writer per (event loop, sessionmaker): receipts of jobs finishing together
-# are one statement, not one transaction per job.
-_receipt_writers: dict[tuple[int, int], Batcher[tuple[str, str], None]] = {}
-
-
-def _receipt_writer(sessionmaker: Sessions) -> Batcher[tuple[str, str], None]:
-    key = (id(asyncio.get_running_loop()), id(sessionmaker))
-    writer = _receipt_writers.get(key)
-    if writer is None:
-
-        async def flush(items: list[tuple[str, str]]) -> list[None]:
-            async with sessionmaker() as s:
-                await s.execute(_RECEIPT, [{"k": k, "m": m[:255]} for k, m in items])
-                await s.commit()
-            return [None] * len(items)
-
-        writer = _receipt_writers[key] = Batcher(flush, name="receipts")
-    return writer
-
-
-async def record_receipts(sessionmaker: Sessions, receipts: list[tuple[str, str]]) -> None:
-    """Message ids of rows already ``sent`` (web messages: known once they are stored),
-    written together with those of other jobs finishing at the same time."""
-    if not receipts:
-        return
-    writer = _receipt_writer(sessionmaker)
-    await asyncio.gather(*(writer.submit(r) for r in receipts))
+async def record_web_receipts(s: AsyncSession, receipts: list[tuple[str, str]]) -> None:
+    """Message ids of web ledger rows ``sent`` in the caller's transaction (``receipts``:
+    ledger key, stored message id), written with the messages themselves."""
+    await s.execute(_RECEIPT, [{"k": k, "m": m[:255]} for k, m in receipts])
 
 
 async def get(sessionmaker: Sessions, key: str) -> Delivery | None:

@@ -89,7 +89,9 @@ async def postprocess(
     post = PostResult(result=env)
     if not is_failure(env):
         workspace = workspace or workspace_of(settings, job)
-        os.makedirs(workspace, exist_ok=True)  # one syscall: not worth a thread hop
+        # one stat, not worth a thread hop (a mkdir of an existing folder costs more)
+        if not os.path.isdir(workspace):  # noqa: ASYNC240
+            os.makedirs(workspace, exist_ok=True)
         env = fill_local_path(env, workspace)
         try:
             async with SafeFetcher(settings.allow_hosts) as fetcher:

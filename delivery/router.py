@@ -31,7 +31,6 @@ from delivery.ledger import (
     deliver_once,
     ledger_key,
     owner_id,
-    record_receipts,
 )
 from delivery.outbox import Outbox, outbox_of
 from delivery.render import TEXT_CAP, directives, failure_text, render
@@ -314,10 +313,8 @@ async def _deliver_web(
             for i, _ in batch
         ]
     out = []
-    receipts: list[tuple[str, str]] = []
-    for (item, msg), res in zip(batch, results, strict=True):
-        if isinstance(res, dict) and res.get("id") is not None and msg.ledger is not None:
-            receipts.append((msg.ledger.key, str(res["id"])))
+    for (item, _msg), res in zip(batch, results, strict=True):
+        # (each ledger row got its message's id as its receipt when the message was stored)
         error = res.reason if isinstance(res, DeliveryPermanentError) else None
         out.append(
             {
@@ -327,8 +324,6 @@ async def _deliver_web(
                 "error": error,
             }
         )
-    if web.sessionmaker is not None:
-        await record_receipts(web.sessionmaker, receipts)
     return rest, out
 
 

@@ -3,7 +3,8 @@ in the same write (a web delivery is recorded exactly once, with no window).
 
 ``store_batch`` (any backend: one transaction) and ``store_batch_pg`` (PostgreSQL: one
 autocommitted statement) return the same thing: the sessions that exist, the indexes of the
-messages delivered already, and the ids of the messages stored, in order.
+messages delivered already, and the ids of the messages stored, in order. Each ledger row
+gets its message's id as its receipt in the same write.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from delivery.ledger import LedgerEntry, record_web_deliveries
+from delivery.ledger import LedgerEntry, record_web_deliveries, record_web_receipts
 from jobs import storable
 from jobs.db import raw_fetch
 from jobs.models import ChatSession, SessionMessage
@@ -78,6 +79,10 @@ async def store_batch(
                 rows,
             )
             new_ids = list(res.scalars())
+        stored = [m for i, m in enumerate(messages) if m.session_id in known and i not in dup]
+        receipts = [(m.ledger.key, str(n)) for m, n in zip(stored, new_ids, strict=True) if m.ledger]
+        if receipts:  # the stored message's id is the receipt, in the same transaction
+            await record_web_receipts(s, receipts)
         await s.commit()
     return known, dup, new_ids
 
@@ -121,7 +126,8 @@ async def store_batch_pg(
 # The ledger rule of ``record_web_deliveries`` as one statement: the first message of each
 # ledger key inserts its row or takes over a pending/failed one (ON CONFLICT locks it, like
 # FOR UPDATE); a key already sent, or sent by a concurrent transaction, skips its message.
-# Message ids are drawn up front so each input row learns its own.
+# Message ids are drawn up front (for every message of a known session, in order; a skipped
+# one leaves a gap) so each input row learns its own and each ledger row its receipt.
 _PG_STORE = """
 WITH req AS (
   SELECT * FROM unnest(
@@ -136,18 +142,24 @@ WITH req AS (
     EXISTS (SELECT 1 FROM chat_sessions cs WHERE cs.session_id = req.session_id) AS ok,
     row_number() OVER (PARTITION BY lkey ORDER BY idx) AS nth
   FROM req
+), ids AS (
+  SELECT idx, nextval(pg_get_serial_sequence('session_messages', 'id')) AS new_id
+  FROM (SELECT idx FROM known WHERE ok ORDER BY idx) AS ordered
 ), led AS (
   INSERT INTO deliveries AS d (ledger_key, job_id, chain_run_id, recipient, channel, kind,
-    item, status, error, tries, claimed_by, created_at, updated_at, sent_at)
+    item, status, error, tries, claimed_by, created_at, updated_at, sent_at, message_id,
+    verified)
   SELECT lkey, ljob, lchain, lrecip, 'web', lkind, litem,
     CASE WHEN ok THEN 'sent' ELSE 'failed' END,
     CASE WHEN ok THEN NULL ELSE 'unknown session ' || quote_literal(session_id) END,
-    1, lowner, $13::float8, $13::float8, CASE WHEN ok THEN $13::float8 END
-  FROM known WHERE lkey IS NOT NULL AND nth = 1
+    1, lowner, $13::float8, $13::float8, CASE WHEN ok THEN $13::float8 END,
+    ids.new_id::text, CASE WHEN ok THEN true END
+  FROM known LEFT JOIN ids USING (idx) WHERE lkey IS NOT NULL AND nth = 1
   ORDER BY lkey
   ON CONFLICT (ledger_key) DO UPDATE SET status = EXCLUDED.status, error = EXCLUDED.error,
     claimed_by = EXCLUDED.claimed_by, sent_at = EXCLUDED.sent_at,
-    updated_at = EXCLUDED.updated_at, tries = d.tries + 1
+    updated_at = EXCLUDED.updated_at, tries = d.tries + 1,
+    message_id = EXCLUDED.message_id, verified = EXCLUDED.verified
   WHERE d.status <> 'sent'
   RETURNING ledger_key
 ), judged AS (
@@ -155,9 +167,8 @@ WITH req AS (
     (lkey IS NULL OR (nth = 1 AND lkey IN (SELECT ledger_key FROM led))) AS fresh
   FROM known
 ), keep AS (
-  SELECT idx, session_id, text, attachments, job_id,
-    nextval(pg_get_serial_sequence('session_messages', 'id')) AS new_id
-  FROM (SELECT * FROM judged WHERE ok AND fresh ORDER BY idx) AS ordered
+  SELECT judged.idx, session_id, text, attachments, job_id, ids.new_id
+  FROM judged JOIN ids USING (idx) WHERE ok AND fresh
 ), msg AS (
   INSERT INTO session_messages (id, session_id, text, attachments, job_id, created_at)
   SELECT new_id, session_id, text, CAST(attachments AS JSONB), job_id, $13::float8

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -739,10 +740,17 @@ def _role_of(ctx: Any) -> str:
 
 
 def _is_bundled(skill: Skill) -> bool:
+    return _bundled_path(str(skill.path))
+
+
+@functools.lru_cache(maxsize=1024)
+def _bundled_path(path: str) -> bool:
+    """Is this skill folder one of the bundled skills? (resolved once per folder: two
+    ``realpath`` walks per run were a measurable share of a no-op job's cost)"""
     from jobs.settings import BUNDLED_SKILLS
 
     try:
-        return Path(skill.path).resolve().is_relative_to(BUNDLED_SKILLS.resolve())
+        return Path(path).resolve().is_relative_to(BUNDLED_SKILLS.resolve())
     except (OSError, ValueError):
         return False
 
