@@ -392,6 +392,8 @@ _RECEIPT = (
     .where(_deliveries.c.ledger_key == bindparam("k"), _deliveries.c.status == SENT)
     .values(message_id=bindparam("m"), verified=True)
 )
+
+
 async def record_web_receipts(s: AsyncSession, receipts: list[tuple[str, str]]) -> None:
     """Message ids of web ledger rows ``sent`` in the caller's transaction (``receipts``:
     ledger key, stored message id), written with the messages themselves."""

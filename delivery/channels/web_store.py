@@ -80,7 +80,9 @@ async def store_batch(
             )
             new_ids = list(res.scalars())
         stored = [m for i, m in enumerate(messages) if m.session_id in known and i not in dup]
-        receipts = [(m.ledger.key, str(n)) for m, n in zip(stored, new_ids, strict=True) if m.ledger]
+        receipts = [
+            (m.ledger.key, str(n)) for m, n in zip(stored, new_ids, strict=True) if m.ledger
+        ]
         if receipts:  # the stored message's id is the receipt, in the same transaction
             await record_web_receipts(s, receipts)
         await s.commit()
