@@ -71,9 +71,10 @@ class _GuardedSys(types.ModuleType):
             self.__dict__["argv"] = value
 
 
-class _Stream(io.TextIOBase):
+class _Stream:
     """``sys.stdout`` / ``sys.stderr`` while runs are active: a run's writes go to its
-    capture, everybody else's to the stream that was there."""
+    capture, everybody else's to the stream that was there. Not an ``io.TextIOBase``: its
+    ``encoding``/``errors`` would read None instead of the host stream's."""
 
     def __init__(self, host: TextIO) -> None:
         self.host = host
@@ -84,6 +85,10 @@ class _Stream(io.TextIOBase):
             return self.host.write(text)
         run.write(text)
         return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
 
     def flush(self) -> None:
         if _RUN.get() is None:

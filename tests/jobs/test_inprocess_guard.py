@@ -144,6 +144,7 @@ async def test_overlapping_runs_keep_their_own_argv_and_the_host_keeps_its(
     ex: Executor, tmp_path: Path
 ) -> None:
     before = list(sys.argv)
+    encoding = sys.stdout.encoding
     rewrites = _skill(tmp_path, "rewrites", REWRITES_ARGV)
     sync = _skill(tmp_path, "sync_rewrites", SYNC_REWRITES)
     runs = [
@@ -153,6 +154,8 @@ async def test_overlapping_runs_keep_their_own_argv_and_the_host_keeps_its(
     ]
     await asyncio.sleep(0.02)
     assert sys.argv == before and host_argv() is sys.argv  # while they run
+    assert sys.stdout.encoding == encoding  # the host's streams behave as they did
+    print("the host still prints", file=sys.stdout)
     one, two, three = await asyncio.gather(*runs)
     handler = str(rewrites.entry)
     assert one.result["first"] == [handler, "--mutated"]
@@ -161,6 +164,7 @@ async def test_overlapping_runs_keep_their_own_argv_and_the_host_keeps_its(
     assert two.result["later"] == ["tool", "two"]
     assert three.result["later"] == ["sync", "three"]
     assert sys.argv == before and "--mutated" not in sys.argv
+    assert all("the host still prints" not in r.log for r in (one, two, three))
 
 
 async def test_a_script_with_a_main_block_that_exits_still_runs_as_cli(
