@@ -23,6 +23,7 @@ plain text (:func:`has_markup`), as it always was.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -79,9 +80,16 @@ class Piece(str):
 def has_markup(md: str) -> bool:
     """Whether ``md`` uses any Markdown (a heading, list, quote, code, table, rule, emphasis,
     link or image); plain lines of text are not converted."""
-    if not md.strip():
-        return False
+    if not md.strip() or _MAYBE_MARKUP.search(md) is None:
+        return False  # no character or line start that Markdown reads: no parse needed
     return _uses_markup(parse(md))
+
+
+#: what any Markdown construct needs: an emphasis/code/link/table/quote/heading character,
+#: a list marker, an indented code line or a rule line (a text without one is plain)
+_MAYBE_MARKUP = re.compile(
+    r"[*_`#|>\[~]|^ *(?:[-+]|\d{1,9}[.)])(?: |$)|^(?: {4}|\t)|^ *[-=]{3,} *$", re.M
+)
 
 
 def _uses_markup(node: SyntaxTreeNode) -> bool:
