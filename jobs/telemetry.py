@@ -64,8 +64,8 @@ def setup(service_name: str = "skilljobs") -> bool:
     if _tracer is not None:
         return True
     provider = trace.get_tracer_provider()
-    if _is_sdk_provider(provider):  # installed by the host process: use it
-        return use(provider)
+    if not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return use(provider)  # installed by the host process (opentelemetry-instrument, an app)
     if not wanted:
         return False
     built = _provider_from_env(service_name, wanted)
@@ -76,7 +76,7 @@ def setup(service_name: str = "skilljobs") -> bool:
 
 
 def use(provider: Any) -> bool:
-    """Trace through ``provider`` (an SDK ``TracerProvider``), e.g. a test's in-memory one."""
+    """Trace through ``provider`` (a ``TracerProvider``), e.g. a test's in-memory one."""
     global _tracer, _propagator
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -108,14 +108,6 @@ def _exporter_names() -> list[str]:
     if not names and any(os.environ.get(v) for v in OTLP_ENDPOINTS):
         names = ["otlp"]
     return names
-
-
-def _is_sdk_provider(provider: Any) -> bool:
-    try:
-        from opentelemetry.sdk.trace import TracerProvider
-    except ImportError:
-        return False
-    return isinstance(provider, TracerProvider)
 
 
 def _provider_from_env(service_name: str, names: list[str]) -> Any:

@@ -265,3 +265,32 @@ def test_otel_variables_export_over_otlp_http() -> None:
     [(path, ctype, body)] = _Collector.received  # flushed when the process exited
     assert path == "/v1/traces" and ctype == "application/x-protobuf"
     assert b"skilljobs.dispatch" in body and b"skilljobs-test-worker" in body
+
+
+def test_a_provider_installed_by_the_host_is_used() -> None:
+    """An application (or opentelemetry-instrument) that set its own provider gets the
+    spans there, without any OTEL_* exporter variable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    out = _in_subprocess(
+        "import asyncio\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from opentelemetry.sdk.trace.export import SimpleSpanProcessor\n"
+        "from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
+        "exporter = InMemorySpanExporter()\n"
+        "provider = TracerProvider()\n"
+        "provider.add_span_processor(SimpleSpanProcessor(exporter))\n"
+        "trace.set_tracer_provider(provider)\n"
+        "assert telemetry.setup()\n"
+        "async def f(): return 1\n"
+        "asyncio.run(telemetry.traced('skilljobs.enqueue', f()))\n"
+        "print([s.name for s in exporter.get_finished_spans()])",
+        env,
+    )
+    assert out == "['skilljobs.enqueue']"
+
+
+def test_otel_sdk_disabled_wins() -> None:
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    env["OTEL_SDK_DISABLED"] = "true"
+    assert _in_subprocess("print(telemetry.setup(), telemetry.enabled())", env) == "False False"
