@@ -2,7 +2,8 @@
 
     python -m bench.queue [--jobs 20000] [--sleep-jobs 5000]
 
-Needs PostgreSQL and Redis (SKILLJOBS_BENCH_DATABASE_URL / SKILLJOBS_BENCH_REDIS_URL,
+``--only drain_traced`` compares the no-op drain with tracing off and on (needs the otel
+extra). Needs PostgreSQL and Redis (SKILLJOBS_BENCH_DATABASE_URL / SKILLJOBS_BENCH_REDIS_URL,
 defaults: the local services). Creates and drops its own database.
 """
 
@@ -24,6 +25,7 @@ from arq.connections import RedisSettings, create_pool
 from sqlalchemy import delete, func, select
 
 from bench.common import REDIS, drop_db, make_db, pct
+from jobs import telemetry
 from jobs.models import Job
 from jobs.queue.dispatcher import Dispatcher
 from jobs.queue.worker import build_worker
@@ -202,6 +204,34 @@ async def ours_drain(svc: Services, n: int, skill: str, max_jobs: int, orgs: int
     return Drain(n / elapsed, cpu, n)
 
 
+async def traced_drains(svc: Services, n: int) -> dict[str, object]:
+    """The no-op drain with tracing off, on (every span through the SDK's batch processor
+    into an in-memory exporter), and off again: what tracing costs the worker."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    off = await ours_drain(svc, n, "noop", 100)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1_000_000))
+    telemetry.use(provider)
+    try:
+        on = await ours_drain(svc, n, "noop", 100)
+    finally:
+        telemetry.disable()
+        provider.shutdown()
+    again = await ours_drain(svc, n, "noop", 100)
+    return {
+        "off_jobs_s": off,
+        "on_jobs_s": on,
+        "off_again_jobs_s": again,
+        "on_vs_off_mean": on / ((off + again) / 2),
+        "cpu_us_per_job": {"off": off.cpu_us, "on": on.cpu_us, "off_again": again.cpu_us},
+        "spans_per_job": len(exporter.get_finished_spans()) / n,
+    }
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=20000)
@@ -237,6 +267,8 @@ async def main() -> None:
                 "limits_jobs_s": limited,
                 "ratio": limited / plain,
             }
+        if "drain_traced" in args.only:  # not by default: needs the otel extra
+            out["drain_traced"] = await traced_drains(svc, args.jobs)
         if not args.only or "sleep" in args.only:
             raw = await raw_arq_drain(args.sleep_jobs, "_sleep100", 100)
             ours = await ours_drain(svc, args.sleep_jobs, "sleep100", 100)
