@@ -126,11 +126,21 @@ def reachable(path: str | os.PathLike[str], *, need: int) -> bool:
 _warned: set[str] = set()
 
 
-def usable(user: SkillUser | None, program: str, skill_dir: str, workspace: str) -> bool:
-    """Whether a run can be made as ``user``; warns once per reason when it cannot."""
+def usable(
+    user: SkillUser | None,
+    program: str,
+    skill_dir: str,
+    workspace: str,
+    *,
+    env_dir: str = "",
+) -> bool:
+    """Whether a run can be made as ``user``; warns once per reason when it cannot.
+    ``env_dir``: the skill's dependency environment, which it must be able to read."""
     if user is None:
         return False
     problems = []
+    if env_dir and not reachable(env_dir, need=stat.S_IXOTH | stat.S_IROTH):
+        problems.append(f"its dependency environment {env_dir}")
     exe = shutil.which(program) or program
     if not reachable(exe, need=stat.S_IXOTH):
         problems.append(f"the program {os.path.realpath(exe)}")

@@ -645,7 +645,12 @@ class Executor:
         user = self.skill_user()
         if user is not None and ws:
             self._open_parents(ws)
-        if user is not None and not privileges.usable(user, argv[0], skill_dir, ws):
+        env_dir = env.get("VIRTUAL_ENV") or os.path.dirname(
+            env.get("NODE_PATH", "").split(os.pathsep)[0]
+        )
+        if user is not None and not privileges.usable(
+            user, argv[0], skill_dir, ws, env_dir=env_dir
+        ):
             user = None
         if user is None:
             with _run_dir(ws) as cwd:
