@@ -8,7 +8,8 @@ scheduler) and ``skilljobs web``, through which every job is dispatched.
 
 Workload: ``--jobs`` jobs spread over ``--duration`` seconds — no-ops, 0.2–2 s sleepers,
 file-producing skills, flaky (transient) skills — delivered to the fake Telegram chat or to
-web sessions, plus 3 chains firing every minute. Faults meanwhile: ``kill -9`` of a random
+web sessions, plus 3 chains firing every minute (a 6 s sleeper, then a no-op; each step logs
+its completion under its run). Faults meanwhile: ``kill -9`` of a random
 worker every 5–20 s (restarted after a few seconds), SIGTERM of one, a Redis restart and a
 ``FLUSHALL``, a PostgreSQL restart (``pg_ctl restart -m fast``), ``pg_terminate_backend`` of
 every client connection, a connection-pool exhaustion burst, a worker stalled (SIGSTOP)
@@ -18,7 +19,7 @@ Accounting, from the database and the fakes' own logs (each skill appends a line
 completion log when it completes). Must be 0, else the exit status is 1: jobs lost (never
 terminal), skill completions after the job's outcome was recorded, web messages stored
 twice, Telegram messages sent twice beyond deliveries left ``unknown``, cron fire times
-missing or run twice. Reported: all repeated completions, jobs failed because of faults,
+missing or run twice, chain steps completed after their run's outcome was recorded. Reported: all repeated completions, jobs failed because of faults,
 time from each fault to the next finished job and from each ``kill -9`` to the re-run of
 the killed worker's jobs (p50/p99). The table is appended to ``--results``.
 """
@@ -192,6 +193,8 @@ def _completed(tag):
 
 async def execute(input_data, ctx):
     tag = input_data["tag"]
+    if ctx.get("channel") == "schedule":  # a chain step: one tag per run (its fire time)
+        tag = f"{{tag}}@{{round(float(ctx.get('triggered_at') or 0))}}"
 {body}
     _completed(tag)
     return {{"ok": True, "message": f"done {{tag}}"{extra}}}
@@ -420,7 +423,10 @@ async def make_chains(run: Run, svc: Any) -> list[str]:
                 "cron": "* * * * *",
                 "timezone": "UTC",
                 "identity": {"role_id": "chaos", "org_id": "chaos", "session_id": f"chain-{n}"},
-                "steps": [{"skill": "chaos_noop", "input": {"tag": f"chain{n}"}}],
+                "steps": [
+                    {"skill": "chaos_sleep", "input": {"tag": f"chain{n}s", "seconds": 6}},
+                    {"skill": "chaos_noop", "input": {"tag": f"chain{n}"}},
+                ],
             },
             svc.registry,
         )
@@ -628,6 +634,20 @@ async def account(
     expected = [(c, t) for c in chains for t in range(first, int(end), 60)]
     missing = [k for k in expected if k not in finished]
     doubled = [k for k, n in fires.items() if n > 1]
+    # chain steps: completed more than once per run, and after their run's outcome
+    run_end = {
+        (f"chain{chains.index(r.schedule_id)}", round(r.fire_at)): r.finished_at
+        for r in runs
+        if r.schedule_id in chains and r.trigger == "cron"
+    }
+    step_done = {t: c for t, c in done.items() if "@" in t}
+    steps_twice = [t for t, c in step_done.items() if len(c) > 1]
+    steps_after = [
+        t
+        for t, times in step_done.items()
+        if (end_at := run_end.get((t.split("@")[0].rstrip("s"), int(t.split("@")[1]))))
+        and any(c > end_at + 0.001 for c in times)
+    ]
     failed = [j for j in jobs.values() if j.status == "failed"]
     # the flaky skill fails its first run on purpose; when the per-role circuit breaker has
     # tripped, that one run is all it gets (SPEC §7): not a fault's doing
@@ -676,6 +696,10 @@ async def account(
         "cron fire times expected": len(expected),
         "cron fire times missing": len(missing),
         "cron fire times doubled": len(doubled),
+        "chain runs taken over (lost runs)": sum(r.lost_runs for r in runs),
+        "chain runs failed": sum(r.status == "failed" for r in runs),
+        "chain steps completed more than once": len(steps_twice),
+        "chain steps completed after their run was recorded": len(steps_after),
         "failed because of faults": len(by_faults),
         "failed reasons": dict(Counter((j.error_type or "?") for j in by_faults)),
         "flaky jobs stopped by the circuit breaker": len(breaker),
@@ -698,6 +722,7 @@ MUST_BE_ZERO = (
     "telegram sent twice beyond unknown",
     "cron fire times missing",
     "cron fire times doubled",
+    "chain steps completed after their run was recorded",
 )
 
 
