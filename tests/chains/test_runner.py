@@ -33,9 +33,22 @@ from tests.helpers.chains import (
 from tests.helpers.settings import make_settings
 
 
+def _shell_skill(root: Path, name: str, script: str) -> None:
+    """A SKILL.md + run.sh skill whose script prints what it is given."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "SKILL.md").write_text(
+        f"---\nname: {name}\ndescription: prints bytes no database stores\n"
+        "exec:\n  primary:\n    type: shell\n    entry: run.sh\n---\n# poison\n"
+    )
+    (folder / "run.sh").write_text(f"#!/bin/sh\n{script}\n")
+    (folder / "run.sh").chmod(0o755)
+
+
 @pytest.fixture
 def skills_dir(tmp_path: Path) -> Path:
     root = tmp_path / "testskills"
+    _shell_skill(root, "poison_out", r"printf 'weird \000 bytes \377\376 end\n'")
     write_skill(root, "counter", COUNTER)
     write_skill(root, "fail_step", FAIL)
     write_skill(root, "sleep_once", SLEEP_ONCE)
@@ -515,3 +528,22 @@ async def test_outcome_to_a_person_and_to_a_notify_alias(  # type: ignore[no-unt
         finally:
             await ex.aclose()
             await close_services(svc)
+
+
+async def test_a_step_printing_nul_and_bad_bytes_is_stored(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """NUL and undecodable bytes in a step's output (and so in the next step's input and the
+    run's result) are escaped where they are written, on both backends: the chain ends."""
+    svc, ex = env
+    run_id = await start_run(
+        svc,
+        chain(
+            {"id": "dirty", "skill": "poison_out"},
+            {"id": "echo", "skill": "echo", "passthrough": True},
+        ),
+    )
+    status = await run_chain(svc, ex, run_id, worker_id="w1")
+    got = await schedules.get_run(svc, run_id)
+    assert got is not None and status == got["status"] == "succeeded", got["error"]
+    stored = json.dumps([got["steps"], got["result"]], ensure_ascii=False)
+    assert "\\u0000" not in stored and "\\\\x00" in stored  # no NUL; NUL escaped
+    assert "weird" in json.dumps(svc.box.unseal(got["steps"][1]["output"]), ensure_ascii=False)
