@@ -40,7 +40,9 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY --from=builder /dist /dist
+# with the otel extra: traces stay off unless OTEL_EXPORTER_OTLP_ENDPOINT is set
 RUN pip install /dist/*.whl \
+ && pip install "$(ls /dist/*.whl)[otel]" \
  && skilljobs --version
 
 # --- runtime ----------------------------------------------------------------------------
