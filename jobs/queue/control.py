@@ -44,9 +44,21 @@ async def _audit(svc: Services, action: str, target: str, actor: str, **details:
         await s.commit()
 
 
-async def cancel_job(svc: Services, job_id: str, *, actor: str = "") -> ActionResult:
+async def _refused(
+    svc: Services, action: str, job_id: str, actor: str, res: ActionResult, audit: bool
+) -> ActionResult:
+    """A refused action is in the audit trail too (result ``refused``, with why)."""
+    if audit:
+        await _audit(svc, action, job_id[:255], actor, result="refused", error=res.message)
+    return res
+
+
+async def cancel_job(
+    svc: Services, job_id: str, *, actor: str = "", audit_refusal: bool = True
+) -> ActionResult:
     """A queued job never starts; a running one is stopped by its worker (subprocesses and
-    their children killed) and ends ``cancelled``."""
+    their children killed) and ends ``cancelled``. ``audit_refusal``: record a refusal
+    (bulk actions count theirs in their own entry)."""
     job = await store.cancel_queued(svc.sessionmaker, job_id)
     if job is not None:
         if job.arq_job_id:
@@ -63,31 +75,37 @@ async def cancel_job(svc: Services, job_id: str, *, actor: str = "") -> ActionRe
         )
     found = await store.get_job(svc.sessionmaker, job_id)
     if found is None:
-        return ActionResult(False, f"no job {job_id}", 404)
-    return ActionResult(
-        False,
-        f"job {job_id} already finished ({found.status})",
-        409,
-        job_id=job_id,
-        status=found.status,
-    )
+        res = ActionResult(False, f"no job {job_id}", 404)
+    else:
+        res = ActionResult(
+            False,
+            f"job {job_id} already finished ({found.status})",
+            409,
+            job_id=job_id,
+            status=found.status,
+        )
+    return await _refused(svc, "cancel", job_id, actor, res, audit_refusal)
 
 
-async def retry_job(svc: Services, job_id: str, *, actor: str = "") -> ActionResult:
+async def retry_job(
+    svc: Services, job_id: str, *, actor: str = "", audit_refusal: bool = True
+) -> ActionResult:
     """A finished job runs again as a new attempt of the same job."""
     reopened = await store.reopen(svc.sessionmaker, job_id)
     if reopened is None:
         found = await store.get_job(svc.sessionmaker, job_id)
         if found is None:
-            return ActionResult(False, f"no job {job_id}", 404)
-        return ActionResult(
-            False,
-            f"job {job_id} is {found.status}; only finished jobs "
-            f"({', '.join(sorted(FINAL_STATUSES))}) can be retried",
-            409,
-            job_id=job_id,
-            status=found.status,
-        )
+            res = ActionResult(False, f"no job {job_id}", 404)
+        else:
+            res = ActionResult(
+                False,
+                f"job {job_id} is {found.status}; only finished jobs "
+                f"({', '.join(sorted(FINAL_STATUSES))}) can be retried",
+                409,
+                job_id=job_id,
+                status=found.status,
+            )
+        return await _refused(svc, "retry", job_id, actor, res, audit_refusal)
     job, token = reopened
     await enqueue(
         svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token), meta=job_meta(job)
@@ -149,9 +167,13 @@ async def matching_jobs(
         return len(ids), ids[:limit]
     async with svc.sessionmaker() as s:
         total = int((await s.execute(select(func.count()).where(*conds))).scalar() or 0)
-        ids_q = select(Job.id).where(*conds).order_by(Job.created_at, Job.id).limit(limit)
-        ids = list((await s.execute(ids_q)).scalars())
-    return total, ids
+        if not total:
+            return 0, []
+        q = select(Job.id, Job.created_at).where(*conds)
+        if total > limit:  # only then the oldest first; else the planner need not sort
+            q = q.order_by(Job.created_at, Job.id).limit(limit)
+        rows = (await s.execute(q)).all()
+    return total, [r.id for r in sorted(rows, key=lambda r: (r.created_at, r.id))][:limit]
 
 
 async def bulk_action(
@@ -176,14 +198,17 @@ async def bulk_action(
         raise ValueError(f"unknown action {action!r}: one of {', '.join(BULK_ACTIONS)}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= BULK_CAP:
         raise ValueError(f"limit must be a whole number from 1 to {BULK_CAP}")
-    matched, ids = await matching_jobs(svc, flt, action, limit=limit)
+    # a dry run shows only the first ids: it need not read every one it counts
+    matched, ids = await matching_jobs(
+        svc, flt, action, limit=min(limit, SHOWN) if dry_run else limit
+    )
     out: dict[str, Any] = {
         "action": action,
         "dry_run": dry_run,
         "filter": flt.to_dict(),
         "matched": matched,
         "limit": limit,
-        "capped": matched > len(ids),
+        "capped": matched > limit,
         "affected": 0,
         "job_ids": ids[:SHOWN],
         "refused": [],
@@ -192,7 +217,7 @@ async def bulk_action(
         return out
     fn = retry_job if action == "retry" else cancel_job
     for job_id in ids:
-        res = await fn(svc, job_id, actor=actor)
+        res = await fn(svc, job_id, actor=actor, audit_refusal=False)
         if res.ok:
             out["affected"] += 1
         elif len(out["refused"]) < SHOWN:
@@ -207,6 +232,7 @@ async def bulk_action(
         taken=len(ids),
         affected=out["affected"],
         refused=len(ids) - out["affected"],
+        result="ok" if out["affected"] == len(ids) else "partial",
     )
     return out
 

@@ -77,11 +77,17 @@ async def test_retry_cancel_requeue_are_recorded(client: httpx.AsyncClient, serv
     missing = await client.post("/api/v1/jobs/nope/retry")
     assert missing.status_code == 404 and missing.json()["ok"] is False
 
+    # refusals are recorded too (their result is "refused" in GET /api/v1/audit)
     assert await _audit(services) == [
         ("cancel", queued.id, "admin"),
+        ("cancel", queued.id, "admin"),
+        ("retry", done.id, "admin"),
         ("retry", done.id, "admin"),
         ("requeue_failed", "echo", "admin"),
+        ("retry", "nope", "admin"),
     ]
+    results = (await client.get("/api/v1/audit", params={"action": "retry"})).json()["items"]
+    assert [r["result"] for r in results] == ["refused", "refused", "ok"]
 
 
 async def test_role_skill_config_masks_secrets(client: httpx.AsyncClient, services) -> None:

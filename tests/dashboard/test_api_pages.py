@@ -317,6 +317,12 @@ async def test_bulk_takes_exactly_what_the_job_list_shows(
     audit = (await client.get("/api/v1/audit", params={"action": "bulk.retry"})).json()["items"]
     assert [(x["details"]["matched"], x["details"]["taken"]) for x in audit] == [(1, 1), (2, 1)]
     assert audit[0]["details"]["filter"]["q"] == "quota" and audit[0]["actor"] == "admin"
+    assert [x["result"] for x in audit] == ["ok", "ok"]
+    # a refused action is audited too, with why
+    assert (await client.post(f"/api/v1/jobs/{a.id}/retry")).status_code == 409  # queued
+    refused = (await client.get("/api/v1/audit", params={"target": a.id})).json()["items"]
+    assert [(x["action"], x["result"]) for x in refused][0] == ("retry", "refused")
+    assert "only finished jobs" in refused[0]["details"]["error"]
 
     bad = await client.post("/api/v1/jobs/bulk", json={"action": "retry", "filter": {"x": 1}})
     assert bad.status_code == 422 and "known: status" in bad.json()["error"]
