@@ -11,6 +11,8 @@ import html
 import re
 import unicodedata
 
+from markdown_it.common.normalize_url import normalizeLinkText
+
 _LINK_SCHEMES = ("http://", "https://", "mailto:", "tg://")
 
 
@@ -59,12 +61,15 @@ class Dialect:
         return self.esc(text)
 
     def link(self, href: str, inner: str, plain: str) -> str:
-        if not href or plain == href:
-            return inner or self.esc(href)
-        return f"{inner} ({self.esc(href)})"
+        """A link the platform cannot show as one: its text and the address (as written,
+        not percent-encoded)."""
+        shown = normalizeLinkText(href)
+        if not href or plain in (href, shown):
+            return inner or self.esc(shown)
+        return f"{inner} ({self.esc(shown)})"
 
     def image(self, src: str, alt: str) -> str:
-        return self.link(src, self.esc(alt), alt) if alt else self.esc(src)
+        return self.link(src, self.esc(alt), alt) if alt else self.esc(normalizeLinkText(src))
 
     def heading(self, level: int, inner: str) -> str:
         return self.strong(inner)

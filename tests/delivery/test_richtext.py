@@ -216,3 +216,31 @@ async def test_feishu_card_refused_goes_as_text(fs, http) -> None:  # type: igno
     with pytest.raises(DeliveryPermanentError, match="230002"):
         await ch.send_text("ou_1", REPORT)
     assert len(fs.sent) == 1
+
+
+# Pieces of Markdown and of text that looks like it, combined at random (seeded): whatever a
+# skill prints, every message parses as Telegram parses it, fits, and shows every word.
+ATOMS = (
+    "**", "*", "_", "__", "`", "[", "]", "(", ")", "https://a.b/c?x=1&y=2", "<", ">", "&",
+    "&amp;", "\n", "\n\n", "# ", "- ", "1. ", "> ", "|", "---", "    ", "word", "词", "😀",
+    "![", "\\", "<b>", "javascript:alert(1)", "\t", "+ ", "===", '"', "'",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("limit", [60, 300, TEXT_LIMIT])
+def test_any_text_converts_to_valid_html_within_the_limit(limit: int) -> None:
+    import random
+
+    rnd = random.Random(limit)
+    for _ in range(300):
+        src = "".join(rnd.choice(ATOMS) for _ in range(rnd.randint(1, 120)))
+        shown = []
+        for piece in richtext.pieces(src, richtext.TELEGRAM, limit):
+            parsed = telegram_html.parse(piece)
+            assert not isinstance(parsed, str), (src, piece, parsed)
+            assert richtext.telegram_visible_len(piece) <= limit, src
+            shown.append(parsed[0])
+        for word in ("word", "词", "😀"):
+            assert "".join(shown).count(word) == src.count(word), (src, shown)
+        for dialect in (richtext.FEISHU, richtext.WECOM, richtext.DINGTALK):
+            assert all(dialect.size(p) <= limit for p in richtext.pieces(src, dialect, limit))
