@@ -321,7 +321,7 @@ async def test_bulk_takes_exactly_what_the_job_list_shows(
     # a refused action is audited too, with why
     assert (await client.post(f"/api/v1/jobs/{a.id}/retry")).status_code == 409  # queued
     refused = (await client.get("/api/v1/audit", params={"target": a.id})).json()["items"]
-    assert [(x["action"], x["result"]) for x in refused][0] == ("retry", "refused")
+    assert (refused[0]["action"], refused[0]["result"]) == ("retry", "refused")
     assert "only finished jobs" in refused[0]["details"]["error"]
 
     bad = await client.post("/api/v1/jobs/bulk", json={"action": "retry", "filter": {"x": 1}})
