@@ -172,8 +172,9 @@ async def matching_jobs(
         q = select(Job.id, Job.created_at).where(*conds)
         if total > limit:  # only then the oldest first; else the planner need not sort
             q = q.order_by(Job.created_at, Job.id).limit(limit)
-        rows = (await s.execute(q)).all()
-    return total, [r.id for r in sorted(rows, key=lambda r: (r.created_at, r.id))][:limit]
+        found_rows = (await s.execute(q)).all()
+    oldest_first = sorted(found_rows, key=lambda r: (r.created_at, r.id))
+    return total, [r.id for r in oldest_first][:limit]
 
 
 async def bulk_action(
