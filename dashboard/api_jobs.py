@@ -15,6 +15,7 @@ from dashboard import queries
 from dashboard.auth import identity_of
 from dashboard.errors import ApiError, not_found
 from dashboard.sync_pool import SyncPool
+from jobs import telemetry
 from jobs.context import fixed_segment, scrub, secret_values
 from jobs.crypto import ENC_TAG, REDACTED, redact
 from jobs.envelope import is_partial
@@ -181,14 +182,20 @@ class DispatchBody(BaseModel):
 
 @router.post("/dispatch")
 async def dispatch(body: DispatchBody, request: Request) -> JSONResponse:
-    """Relay to the dispatcher: 202 receipt, 200 result envelope, or a 4xx refusal."""
+    """Relay to the dispatcher: 202 receipt, 200 result envelope, or a 4xx refusal. A
+    ``traceparent`` header puts the dispatch (and the job) in the caller's trace."""
+    with telemetry.incoming(request.headers.get("traceparent")):
+        return await _dispatch(body, request)
+
+
+async def _dispatch(body: DispatchBody, request: Request) -> JSONResponse:
     key = body.idempotency_key or request.headers.get("idempotency-key") or None
     svc = services_of(request)
     pool: SyncPool | None = getattr(request.app.state, "sync_pool", None)
     if pool is not None and runs_now(svc, body):
         # The sync line runs in an executor process: a CPU-bound skill cannot stall us.
         size = request.headers.get("content-length", "")
-        status, answer_body = await pool.dispatch(
+        running = pool.dispatch(
             size=int(size) if size.isdigit() else 1 << 30,
             skill=body.skill,
             input=body.input,
@@ -197,6 +204,11 @@ async def dispatch(body: DispatchBody, request: Request) -> JSONResponse:
             idempotency_key=key,
             priority=body.priority,
         )
+        attrs: dict[str, str | bool] = {
+            "skilljobs.skill": body.skill,
+            "skilljobs.background": False,
+        }
+        status, answer_body = await telemetry.traced("skilljobs.dispatch", running, attrs=attrs)
         return JSONResponse(answer_body, status_code=status)
     answer = await Dispatcher(svc).dispatch(
         skill=body.skill,

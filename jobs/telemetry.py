@@ -18,11 +18,12 @@ built or stored, and this module imports without the extra.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
 log = logging.getLogger("skilljobs.telemetry")
@@ -169,6 +170,27 @@ def _exporter(name: str) -> Any:
 # --- the hooks ---------------------------------------------------------------------------------
 
 
+def incoming(header: str | None) -> contextlib.AbstractContextManager[None]:
+    """Continue the caller's trace (a request's ``traceparent`` header) in what runs inside,
+    unless a span is current already (an instrumented server made one from the header)."""
+    if _tracer is None or not header:
+        return contextlib.nullcontext()
+    from opentelemetry import context, trace
+
+    if trace.get_current_span().get_span_context().is_valid:
+        return contextlib.nullcontext()
+    return _attached(context, _context(header))
+
+
+@contextlib.contextmanager
+def _attached(context: Any, ctx: Any) -> Iterator[None]:
+    token = context.attach(ctx)
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
 def traceparent() -> str | None:
     """The W3C ``traceparent`` of the current span (stored with a new job), None when off."""
     if _tracer is None:
@@ -269,6 +291,7 @@ async def _in_span(
 __all__ = [
     "disable",
     "enabled",
+    "incoming",
     "job_span",
     "outcome_of",
     "parent_of",

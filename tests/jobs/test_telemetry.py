@@ -294,3 +294,33 @@ def test_otel_sdk_disabled_wins() -> None:
     env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
     env["OTEL_SDK_DISABLED"] = "true"
     assert _in_subprocess("print(telemetry.setup(), telemetry.enabled())", env) == "False False"
+
+
+async def test_a_dispatch_over_http_continues_the_callers_trace(
+    svc: Services, spans: InMemorySpanExporter
+) -> None:
+    """The chat platform sends its ``traceparent``: the dispatch and the worker's spans are
+    in the platform's trace, under its span."""
+    import httpx
+
+    from dashboard.app import create_app
+
+    caller_trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    app = create_app(svc.settings, services=svc)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+    ) as client:
+        res = await client.post(
+            "/api/v1/dispatch",
+            json={"skill": "bg_ctx", "input": {}, "context": TG_CTX},
+            headers={"traceparent": f"00-{caller_trace}-{caller_span}-01"},
+        )
+    assert res.status_code == 202, res.text
+    await drain(svc)
+    got = _by_name(spans)
+    [root] = got["skilljobs.dispatch"]
+    assert f"{root.context.trace_id:032x}" == caller_trace
+    assert root.parent is not None and f"{root.parent.span_id:016x}" == caller_span
+    [run] = got["skilljobs.run"]
+    assert f"{run.context.trace_id:032x}" == caller_trace
+    assert _parent_id(run) == root.context.span_id
