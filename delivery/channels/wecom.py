@@ -189,8 +189,17 @@ class WeComChannel(LimitedChannel):
         return super().text_pieces(text)
 
     async def _post_text(self, target: Target, text: str) -> str:
-        kind = "markdown" if isinstance(text, Piece) else "text"
-        return await self._send(target, kind, {"content": text})
+        if not isinstance(text, Piece):
+            return await self._send(target, "text", {"content": text})
+        try:
+            return await self._send(target, "markdown", {"content": text})
+        except DeliveryPermanentError as exc:
+            if "(errcode 40008)" not in str(exc):  # markdown is not a type this app may send
+                raise
+        first = ""
+        for plain in byte_chunks(text.plain, TEXT_BYTES):
+            first = first or await self._send(target, "text", {"content": plain})
+        return first
 
     async def _send_as(self, kind: str, target: Target, path: str, caption: str | None) -> str:
         if kind == "image":

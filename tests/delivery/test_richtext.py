@@ -244,3 +244,14 @@ def test_any_text_converts_to_valid_html_within_the_limit(limit: int) -> None:
             assert "".join(shown).count(word) == src.count(word), (src, shown)
         for dialect in (richtext.FEISHU, richtext.WECOM, richtext.DINGTALK):
             assert all(dialect.size(p) <= limit for p in richtext.pieces(src, dialect, limit))
+
+
+async def test_wecom_markdown_refused_as_a_type_goes_as_text(http) -> None:  # type: ignore[no-untyped-def]
+    with FakeWeCom() as wc:
+        ch = WeComChannel(http, wc.corp_id, wc.corp_secret, str(wc.agent_id), api_base=wc.url)
+        refused = Response(200, {"errcode": 40008, "errmsg": "invalid message type"})
+        wc.fail_next("/cgi-bin/message/send", refused)
+        await ch.send_text("zhangsan", REPORT)
+        (sent,) = wc.sent
+        assert sent["msgtype"] == "text"
+        assert sent["text"]["content"].startswith("Model cost report\n\nPrices from 3 providers")
