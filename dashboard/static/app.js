@@ -41,7 +41,7 @@ function el(tag, attrs, ...children) {
     else if (k === "dataset") Object.assign(node.dataset, v);
     else node.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -55,7 +55,7 @@ function svg(tag, attrs, ...children) {
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v !== null && v !== undefined) node.setAttribute(k, String(v));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }

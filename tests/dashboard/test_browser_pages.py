@@ -121,6 +121,7 @@ async def _seed(settings: Any) -> dict[str, str]:
                     finished_at=now - 300,
                     outcome="failed",
                     error="upstream 503: quota exceeded",
+                    duration_ms=10000.0,
                     stdout_tail="fetched page 1\nfetched page 2\n",
                     stderr_tail=f"HTTP 503 from upstream {EVIL}\n",
                 )
@@ -349,6 +350,10 @@ async def _admin(
     await page.wait_for_selector("#tab-workers", state="visible")
     await page.wait_for_selector("#workers tbody tr[data-worker-id=worker-a1]")
     assert "alive" in (await page.text_content("#workers tbody") or "")
+    # its current job is a link to the job, shown by its id
+    running = page.locator("#workers tbody tr[data-worker-id=worker-a1] a")
+    assert await running.first.get_attribute("href") == f"#/jobs/{ids['job']}"
+    assert (await running.first.text_content() or "") == ids["job"][:8]
     await _shot(page, shots, "workers")
     # drain: asked first, then the API says draining and the row shows it
     worker = "#workers tbody tr[data-worker-id=worker-a1]"
