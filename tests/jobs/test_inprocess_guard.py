@@ -73,6 +73,14 @@ def run(input_data):
     sys.exit("no input file given")
 """
 
+ASYNC_EXITS = """
+import sys
+
+async def execute(input_data, runtime_context):
+    print("checking input")
+    sys.exit("no input file given")
+"""
+
 
 def _skill(tmp_path: Path, name: str, body: str) -> Skill:
     folder = tmp_path / "skills" / name
@@ -120,8 +128,9 @@ async def test_argparse_error_in_process_is_a_clean_failure(
     assert (await ex.execute(other, {}, dict(CTX))).status == "succeeded"
 
 
-async def test_sys_exit_reason_is_the_failure(ex: Executor, tmp_path: Path) -> None:
-    out = await ex.execute(_skill(tmp_path, "exits", EXITS), {}, dict(CTX))
+@pytest.mark.parametrize("body", [EXITS, ASYNC_EXITS], ids=["sync", "async"])
+async def test_sys_exit_reason_is_the_failure(ex: Executor, tmp_path: Path, body: str) -> None:
+    out = await ex.execute(_skill(tmp_path, "exits", body), {}, dict(CTX))
     assert out.status == "failed" and "no input file given" in (out.error or "")
     assert "checking input" in out.log
 
