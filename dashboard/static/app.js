@@ -132,7 +132,10 @@ function isoTime(value) {
 // A time as the schedule's own timezone reads it (the cron is written in that zone).
 function zoned(value, timeZone) {
   try {
-    return new Date(value).toLocaleString([], { timeZone, dateStyle: "medium", timeStyle: "short", timeZoneName: "short" });
+    return new Date(value).toLocaleString([], {
+      timeZone, year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
+      hour12: false, timeZoneName: "short",
+    });
   } catch (_) { return timeZone; }
 }
 
@@ -188,7 +191,9 @@ function navigate(hash) {
 function route() {
   const { page, id, params } = parseHash();
   const known = TABS.includes(page) || page === "chain-runs";
+  const previous = state.page;
   state.page = known ? page : "overview";
+  if (previous && previous !== state.page) $("#flash").hidden = true; // a note about the page left
   state.id = id;
   state.params = params;
   const tab = state.page === "chain-runs" ? "schedules" : state.page;

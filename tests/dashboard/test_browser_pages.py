@@ -410,6 +410,8 @@ async def _admin(
     await page.goto(f"{url}/#/schedules/{ids['schedule']}")
     await page.wait_for_selector('#runs-list .run[data-status="missed"]')
     assert await page.locator("#next-fires li").count() == 5  # the next fire times
+    # after the stored one, 09:00 as the schedule's own timezone reads it
+    assert "09:00" in (await page.locator("#next-fires li").nth(1).text_content() or "")
     await _shot(page, shots, "schedules")
     await page.click("#schedules tbody tr button:has-text('Disable')")
     await page.wait_for_selector("#schedules tbody tr button:has-text('Enable')")
