@@ -14,8 +14,10 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import re
 import shutil
+import stat
 import sys
 import tomllib
 from collections.abc import Mapping
@@ -161,7 +163,43 @@ def _pyproject_dependencies(path: Path) -> list[str]:
     return [d for d in deps if isinstance(d, str) and d.strip()]
 
 
+_Stamp = tuple[int, int, int] | None
+#: what a Python skill declares, by the identity of the files it is read from
+_PY_SPECS: dict[tuple[str, _Stamp, _Stamp, _Stamp], EnvSpec | None] = {}
+
+
+def _stamp(path: str) -> _Stamp:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
 def _python_spec(skill: Skill) -> EnvSpec | None:
+    """:func:`_read_python_spec`, read again only when one of its files changed: three
+    ``stat`` calls per run instead of reading and parsing the entry file."""
+    entry = skill.entry
+    folder = os.fspath(skill.path)
+    script = os.fspath(entry) if entry is not None and entry.suffix == ".py" else ""
+    key = (
+        f"{folder}\0{script}",
+        _stamp(script) if script else None,
+        _stamp(os.path.join(folder, "requirements.txt")),
+        _stamp(os.path.join(folder, "pyproject.toml")),
+    )
+    try:
+        return _PY_SPECS[key]
+    except KeyError:
+        pass
+    spec = _read_python_spec(skill)
+    if len(_PY_SPECS) >= 1024:
+        _PY_SPECS.clear()
+    _PY_SPECS[key] = spec
+    return spec
+
+
+def _read_python_spec(skill: Skill) -> EnvSpec | None:
     entry = skill.entry
     if entry is not None and entry.suffix == ".py" and entry.is_file():
         text = entry.read_text(encoding="utf-8", errors="replace")

@@ -132,6 +132,7 @@ class Executor:
         # role_id → (valid until, provider, subprocess env): a role's own model binding
         self.role_llm_ttl = ROLE_LLM_TTL_SEC
         self._role_llm: dict[str, tuple[float, Any, dict[str, str]]] = {}
+        self._role_llm_pending: dict[str, asyncio.Future[tuple[Any, dict[str, str]]]] = {}
         self._role_providers: list[Any] = []
         self.workspace_root = settings.resolved_workspace_root if settings is not None else None
         self.env_passthrough = subproc.parse_names(getattr(settings, "skill_env_passthrough", ""))
@@ -216,6 +217,17 @@ class Executor:
         hit = self._role_llm.get(role_id)
         if hit is not None and hit[0] > now:
             return hit[1], hit[2]
+        # One lookup per role at a time: the jobs that start together (a worker's first
+        # slots, a refresh) wait for it instead of each taking a connection for it.
+        lookup = self._role_llm_pending.get(role_id)
+        if lookup is None:
+            lookup = asyncio.ensure_future(self._look_up_llm(role_id, now))
+            self._role_llm_pending[role_id] = lookup
+            lookup.add_done_callback(lambda _t: self._role_llm_pending.pop(role_id, None))
+        return await asyncio.shield(lookup)
+
+    async def _look_up_llm(self, role_id: str, now: float) -> tuple[Any, dict[str, str]]:
+        assert self.config_store is not None
         from jobs.execution.provider import llm_env, provider_from, role_llm_values
 
         try:
