@@ -328,13 +328,16 @@ def to_plain(md: str) -> str:
     return "\n\n".join(b.text for b in blocks(md, PLAIN))
 
 
-def feishu_card(content: str) -> dict[str, Any]:
-    """A Feishu card (JSON 2.0) showing ``content`` (card Markdown)."""
-    return {
+def feishu_card(content: str, summary: str = "") -> dict[str, Any]:
+    """A Feishu card (JSON 2.0) showing ``content`` (card Markdown); ``summary`` is what the
+    chat list shows for it (instead of "[card]")."""
+    card: dict[str, Any] = {
         "schema": "2.0",
-        "config": {"wide_screen_mode": True},
         "body": {"elements": [{"tag": "markdown", "content": content}]},
     }
+    if summary:
+        card["config"] = {"summary": {"content": summary}}
+    return card
 
 
 def title_of(md: str, limit: int = 64) -> str:

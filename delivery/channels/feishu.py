@@ -44,7 +44,7 @@ from delivery.channels.limits import (
     split_text,
 )
 from delivery.channels.probe import MediaProbe
-from delivery.richtext import FEISHU, Piece, feishu_card, has_markup, pieces
+from delivery.richtext import FEISHU, Piece, feishu_card, has_markup, pieces, title_of
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,8 @@ class FeishuChannel(LimitedChannel):
         if not isinstance(text, Piece):
             return await self._send(target, "text", {"text": text})
         try:
-            return await self._send(target, "interactive", feishu_card(text))
+            card = feishu_card(text, summary=title_of(text.plain))
+            return await self._send(target, "interactive", card)
         except DeliveryPermanentError as exc:
             found = re.search(r"\(code (\d+)\)$", str(exc))
             if not found or int(found.group(1)) not in CARD_REFUSED_CODES:

@@ -157,6 +157,7 @@ async def test_feishu_sends_an_interactive_card(fs, http) -> None:  # type: igno
     card, text = fs.sent
     assert card["msg_type"] == "interactive" and card["content"]["schema"] == "2.0"
     assert card["content"]["body"]["elements"][0]["tag"] == "markdown"
+    assert card["content"]["config"]["summary"]["content"] == "Model cost report"
     assert text["msg_type"] == "text" and text["content"] == {"text": CLI_OUTPUT}
 
 
