@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dashboard import latency, queries
+from dashboard import latency, series
 from dashboard.api_jobs import services_of
 from dashboard.errors import ApiError
 
@@ -46,10 +46,10 @@ async def timeseries(
     they began). ``t`` holds each bucket's start (epoch seconds); ``now`` is when it was
     computed (answers are shared for ``TTL`` seconds)."""
     wanted = _metrics_of(metric)
-    span = queries.SERIES_WINDOWS[window]
+    span = series.SERIES_WINDOWS[window]
     step = step or DEFAULT_STEP[window]
-    if span / step > queries.MAX_POINTS:
-        raise ApiError(422, f"step too small: at most {queries.MAX_POINTS} points per window")
+    if span / step > series.MAX_POINTS:
+        raise ApiError(422, f"step too small: at most {series.MAX_POINTS} points per window")
     out = await _cached(request, (",".join(wanted), window, step), span, step, wanted)
     if "deliveries" in wanted:
         svc = services_of(request)
@@ -95,17 +95,17 @@ async def _cached(
 async def _compute(sm: Any, span: float, step: float, wanted: list[str]) -> dict[str, Any]:
     """Each metric on its own connection, concurrently (each is one or a few range scans)."""
     now = time.time()
-    b = queries.Buckets.of(now, span, step)
+    b = series.Buckets.of(now, span, step)
 
     async def one(fn: Callable[[AsyncSession], Awaitable[Any]]) -> Any:
         async with sm() as session:
             return await fn(session)
 
     calls: dict[str, Callable[[AsyncSession], Awaitable[Any]]] = {
-        "jobs": lambda s: queries.finished_series(s, b),
-        "queue_depth": lambda s: queries.waiting_series(s, b),
-        "latency": lambda s: queries.latency_by_skill(s, now - span),
-        "deliveries": lambda s: queries.delivery_series(s, b),
+        "jobs": lambda s: series.finished_series(s, b),
+        "queue_depth": lambda s: series.waiting_series(s, b),
+        "latency": lambda s: series.latency_by_skill(s, now - span),
+        "deliveries": lambda s: series.delivery_series(s, b),
     }
     names = [m for m in METRICS if m in wanted]
     results = dict(zip(names, await asyncio.gather(*(one(calls[m]) for m in names)), strict=True))
