@@ -13,7 +13,8 @@ What the due fire times become follows the schedule's misfire and overlap polici
 fire time is decided once), or runs held until the previous run finishes. The next fire
 time is computed from now. The arq job is enqueued after the commit; a run
 whose enqueue was lost (Redis flushed, process killed in between) is re-enqueued by the
-reconciliation pass, as is a running run whose worker stopped renewing its lease.
+reconciliation pass, as is a running run whose worker stopped renewing its lease (sooner,
+a peer takes it over once that worker's heartbeat is missing: ``chains.runs.take_over_runs``).
 """
 
 from __future__ import annotations

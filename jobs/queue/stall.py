@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 
 log = logging.getLogger("skilljobs.stall")
 
@@ -26,9 +27,17 @@ class StallWatch:
     and ``max_lag`` (the longest block seen, seconds) are the metrics, written with the
     worker's heartbeat."""
 
-    def __init__(self, threshold: float = 3.0, interval: float = 0.25) -> None:
+    def __init__(
+        self,
+        threshold: float = 3.0,
+        interval: float = 0.25,
+        on_block: Callable[[float], None] | None = None,
+    ) -> None:
         self.threshold = threshold
         self.interval = interval
+        #: called on the loop with the block's length when a block past the threshold
+        #: ends, before any code the block held up runs (see :meth:`_tick`)
+        self.on_block = on_block
         self.stalls = 0
         self.max_lag = 0.0
         self._last = time.monotonic()
@@ -57,7 +66,13 @@ class StallWatch:
             self._thread.join(timeout=2)
 
     def _tick(self) -> None:
-        """On the loop: the block (if any) that delayed this tick is over."""
+        """On the loop: the block (if any) that delayed this tick is over.
+
+        This tick's timer expired during the block, so it runs in the loop's first pass
+        after it, with the other expired timers; the tasks those timers wake run only in
+        the next pass. So ``on_block`` acts before any of them takes another step — which
+        a SIGCONT handler cannot promise (the signal may reach another thread and wake the
+        loop a few passes later)."""
         now = time.monotonic()
         with self._lock:
             lag = max(0.0, now - self._last - self.interval)
@@ -74,6 +89,11 @@ class StallWatch:
                 lag,
                 self.stalls,
             )
+        if lag > self.threshold and self.on_block is not None:
+            try:
+                self.on_block(lag)
+            except Exception:  # the watch goes on
+                log.exception("stall handler failed")
         assert self._loop is not None
         self._handle = self._loop.call_later(self.interval, self._tick)
 

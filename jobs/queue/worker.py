@@ -411,15 +411,18 @@ def build_worker(
         background.append(
             asyncio.create_task(_loop("chain take-over", takeover_every, take_over_chains))
         )
-        runner.stall = StallWatch(threshold=settings.worker_stall_sec)
-        runner.stall.start()
 
-        # Continued after a stop (SIGSTOP, a frozen VM): handled before any skill resumes.
+        # Continued after a stop (SIGSTOP, a frozen VM) or a long block: handled before any
+        # skill resumes, by the stall detector's first tick after it (and on SIGCONT).
         def resumed() -> None:
             if time.time() - runner.last_beat >= runner.missing_after - 0.5:
                 stop_attempts()  # chain runs: as runner.resumed does for jobs
             runner.resumed()
 
+        runner.stall = StallWatch(
+            threshold=settings.worker_stall_sec, on_block=lambda _lag: resumed()
+        )
+        runner.stall.start()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGCONT, resumed)
         background.append(asyncio.create_task(_listen_cancels(runner)))

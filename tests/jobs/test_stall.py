@@ -1,10 +1,12 @@
-"""The stall detector of a real worker process: an event loop blocked past the threshold
-(here: the whole process stopped with SIGSTOP) is logged with the blocking stack, counted,
-written with the worker's heartbeat and shown by ``/metrics`` — on PostgreSQL and SQLite."""
+"""The stall detector. In a real worker process: an event loop blocked past the threshold
+(here: the whole process stopped with SIGSTOP) is logged, counted, written with the
+worker's heartbeat and shown by ``/metrics``, on PostgreSQL and SQLite. On a loop: the end
+of a block is handled before the code it held up runs."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 
@@ -15,6 +17,7 @@ from sqlalchemy import select
 
 from dashboard.app import create_app
 from jobs.models import Worker
+from jobs.queue.stall import StallWatch
 from jobs.services import Services
 from tests.helpers.settings import JOB_SKILLS, make_settings
 from tests.helpers.workers import WorkerProcess
@@ -83,3 +86,32 @@ async def test_a_stalled_worker_is_counted_and_shown_in_metrics(
     finally:
         worker.stop()
         await svc.close()
+
+
+async def test_the_end_of_a_block_is_handled_before_the_code_it_held_up_runs() -> None:
+    """``on_block`` runs in the loop's first pass after the block: a task whose sleep ran
+    out during the block is stopped before it takes another step (as a worker stops its
+    skills after a pause long enough for peers to have taken its jobs over)."""
+    steps: list[str] = []
+
+    async def skill() -> None:
+        await asyncio.sleep(0.2)
+        steps.append("skill went on")
+
+    task = asyncio.create_task(skill())
+
+    def on_block(lag: float) -> None:
+        steps.append(f"block of {lag:.1f}s handled")
+        task.cancel()
+
+    watch = StallWatch(threshold=0.3, interval=0.05, on_block=on_block)
+    watch.start()
+    try:
+        await asyncio.sleep(0.1)
+        time.sleep(0.8)  # the whole loop blocked (as in a SIGSTOP) past the skill's sleep
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        watch.stop()
+    assert task.cancelled()
+    assert len(steps) == 1 and steps[0].startswith("block of") and watch.stalls == 1
