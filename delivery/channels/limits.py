@@ -236,6 +236,12 @@ def spend_credit(channel: str, target: Target) -> bool:
     return False
 
 
+def _convertible(kind: str, path: str, found: MediaRule) -> bool:
+    """Audio in a format this kind does not take: ffmpeg may make one it does."""
+    ext = Path(path).suffix.lower().lstrip(".")
+    return kind in ("voice", "audio") and found.formats is not None and ext not in found.formats
+
+
 class LimitedChannel(Channel):
     """A chat platform with documented limits. Adapters define ``TEXT_LIMIT`` (measured by
     :meth:`text_size`), ``RULES`` per media kind, and the two sends: :meth:`_post_text`
@@ -297,20 +303,39 @@ class LimitedChannel(Channel):
         while current is not None:
             found = self.RULES.get(current)
             why = found.refusal(path, size) if found else "not taken on this channel"
+            send_path, done = path, ""
+            if why is not None and found is not None and _convertible(current, path, found):
+                send_path, done, why = await self._converted(path, found, why)
             if why is None:
                 await self._gate(target)
                 try:
-                    mid = await self._send_as(current, target, path, caption)
+                    mid = await self._send_as(current, target, send_path, caption)
                 except DoesNotFit as exc:
                     why = exc.reason
                 except DeliveryTransientError as exc:
                     await self._paused(target, exc)
                     raise
                 else:
-                    return self._receipt(mid, current, path, notes)
+                    return self._receipt(mid, current, path, [*notes, *([done] if done else [])])
             notes.append(f"not as {KIND_WORDS.get(current, current)}: {why}")
             current = NEXT_KIND.get(current)
         return await self._send_link(target, path, size, caption, notes)
+
+    async def _converted(
+        self, path: str, found: MediaRule, why: str
+    ) -> tuple[str, str, str | None]:
+        """``path`` converted by ffmpeg into a format ``found`` takes (:mod:`delivery.audio`):
+        ``(path to send, note, None)``, or ``(path, "", why not)``."""
+        from delivery.audio import convert
+
+        conv = await convert(self.probe.ffmpeg, path, found.formats or ())
+        if conv.path is None:
+            return path, "", f"{why}; {conv.reason}"
+        refused = found.refusal(conv.path, file_size(conv.path))
+        if refused is not None:
+            return path, "", f"{why}; converted to {conv.label} it is still refused: {refused}"
+        ext = Path(path).suffix.lower() or "(none)"
+        return conv.path, f"converted from {ext} to {conv.label} with ffmpeg", None
 
     async def send_image(
         self, contact: str, path: str, caption: str | None = None, *, reply_to: str | None = None

@@ -141,3 +141,23 @@ async def test_send_message_never_sends_a_tag_as_text(tg) -> None:
         )
     assert out["ok"] is True
     assert [m["text"] for m in tg.sent] == ["Ticket closed"]
+
+
+async def test_audio_as_voice_converts_mp3_to_ogg_opus_with_ffmpeg(services, tg) -> None:
+    """A real MP3 (made by ffmpeg) with [[audio_as_voice]]: converted to OGG/Opus and sent
+    as a Telegram voice note; the delivery's note says it was converted."""
+    from delivery.audio import FOLDER
+    from tests.helpers.media import tone
+
+    job = await make_job(services)
+    ws = services.settings.resolved_workspace_root / "r1" / "s1"
+    tone(ws / "speech.mp3", seconds=1.5)
+    result = {"message": "Your summary [[audio_as_voice]]", "filename": "speech.mp3"}
+    post = await postprocess(services, job, result, fence=always)
+    assert [d["status"] for d in post.deliveries] == ["sent"]
+    (msg,) = tg.sent
+    assert msg["method"] == "sendVoice" and msg["caption"] == "Your summary"
+    assert msg["content"][:4] == b"OggS" and b"OpusHead" in msg["content"][:200]
+    (row,) = await rows(services)
+    assert row.sent_as == "voice" and "converted from .mp3 to OGG/Opus with ffmpeg" in row.note
+    assert list((ws / FOLDER).glob("speech.*.ogg"))  # kept beside it, hidden from backfill
