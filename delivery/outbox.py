@@ -149,6 +149,24 @@ class Gate:
             self._credit = None
 
 
+class _Hold:
+    """The gate of a send from the outbox: a 429's ``retry_after`` parks the row again
+    (it is still its queue's head) instead of using up its tries."""
+
+    def __init__(self, channel: str) -> None:
+        self.note = f"waiting for the {channel} rate limit (in the outbox)"
+        self.wait_ms: int | None = None
+
+    async def enter(self) -> bool:
+        return True
+
+    async def parked(self, row_id: int, wait: float | None = None) -> None:
+        self.wait_ms = max(1, int((wait or 1.0) * 1000))
+
+    async def leave(self) -> None:
+        return None
+
+
 class Outbox:
     """The parked deliveries of one deployment, drained by every worker that runs one."""
 
@@ -291,9 +309,12 @@ class Outbox:
                 return HELD_MS if await self._still_held(row_id) else None
             row = taken
         send = sender_for(self.svc, adapter, contact, row.content or {}, row.kind)
+        hold = _Hold(adapter.name)
         with credit(adapter.name, target):
-            await send_claimed(sm, send, row, self.owner, dedup=adapter.dedups_for(contact))
-        return None
+            await send_claimed(
+                sm, send, row, self.owner, dedup=adapter.dedups_for(contact), gate=hold
+            )
+        return hold.wait_ms  # a 429 put it back at the head of its queue, for that long
 
     async def _take_over(self, row: Delivery, dedup: bool) -> Delivery | None:
         """The ledger's take-over rules: a ``sending`` row of a dead claimant becomes

@@ -82,6 +82,19 @@ return 0
 """
 
 
+# KEYS: the chat (or group) bucket. The refill counted from now on: the time the request
+# that took the last token spent on the wire does not count toward the next one.
+_SETTLE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local ts = tonumber(redis.call('HGET', KEYS[1], 'ts')) or now
+  if now > ts then redis.call('HSET', KEYS[1], 'ts', now) end
+end
+return 0
+"""
+
+
 def parse_rate(value: Any) -> tuple[float, float] | None:
     """``"30/s"`` → ``(30, 1)``; ``[20, 60]`` → ``(20, 60)``; ``0`` / ``None`` → None (off)."""
     if value in (None, 0, "0", ""):
@@ -132,6 +145,7 @@ class RateLimiter:
     settings: Any
     limits: dict[str, dict[str, tuple[float, float] | None]]
     _script: Any = None
+    _settle: Any = None
 
     @classmethod
     def from_settings(cls, redis: Any, settings: Any) -> RateLimiter:
@@ -216,6 +230,22 @@ class RateLimiter:
                 await pipe.execute()
         except Exception as exc:
             log.warning("rate limiter: wait not counted (%s)", exc)
+
+    async def settle(self, channel: str, target: Target) -> None:
+        """A message request to ``target`` has been answered: its chat's next token is
+        counted from now, not from when this one was taken. Platforms measure the gap
+        between the messages they *receive*; a slow request must not let the next one
+        arrive too soon after it."""
+        buckets = self.buckets(channel, target)
+        if len(buckets) < 2:
+            return
+        try:
+            if self._settle is None:
+                self._settle = self.redis.register_script(_SETTLE)
+            await self._settle(keys=[buckets[1][0]], args=[])
+        except Exception as exc:  # best effort, like the limiter itself
+            self._settle = None
+            log.warning("rate limiter: cannot settle a send (%s)", exc)
 
     async def pause(self, channel: str, target: Target, retry_after: float) -> None:
         """A 429: no worker sends to this chat (or, without a chat bucket, on this bot)

@@ -264,6 +264,11 @@ class LimitedChannel(Channel):
         if self.limiter is not None and not spend_credit(self.name, target):
             await self.limiter.acquire(self.name, target)
 
+    async def _answered(self, target: Target) -> None:
+        """The request is over: the chat's next token counts from now (shared limits)."""
+        if self.limiter is not None:
+            await self.limiter.settle(self.name, target)
+
     async def _paused(self, target: Target, exc: DeliveryTransientError) -> None:
         """A 429's ``retry_after`` pauses this chat's bucket for every worker."""
         if self.limiter is not None and exc.retry_after:
@@ -317,6 +322,8 @@ class LimitedChannel(Channel):
                     raise
                 else:
                     return self._receipt(mid, current, path, [*notes, *([done] if done else [])])
+                finally:
+                    await self._answered(target)
             notes.append(f"not as {KIND_WORDS.get(current, current)}: {why}")
             current = NEXT_KIND.get(current)
         return await self._send_link(target, path, size, caption, notes)
@@ -380,6 +387,8 @@ class LimitedChannel(Channel):
             except DeliveryTransientError as exc:
                 await self._paused(target, exc)
                 raise
+            finally:
+                await self._answered(target)
             first = first or mid
         return first
 
