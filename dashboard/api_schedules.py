@@ -129,9 +129,17 @@ async def schedule_runs(
 
 @router.get("/chain-runs/{run_id}")
 async def chain_run(run_id: str, request: Request) -> Any:
-    run = await _call(schedules.get_run, services_of(request).sessionmaker, run_id)
+    from delivery.custody import list_deliveries
+
+    sm = services_of(request).sessionmaker
+    run = await _call(schedules.get_run, sm, run_id)
     if run is None:
         raise not_found(f"chain run {run_id}")
+    # like a job's detail: the files its outcome carried and every delivery, with custody
+    result = run.get("result") if isinstance(run.get("result"), dict) else {}
+    run["artifacts"] = list(result.get("artifacts") or [])
+    run["fetches"] = list(result.get("fetches") or [])
+    run["deliveries"] = list(reversed(await list_deliveries(sm, job=run_id)))
     return safe(run)
 
 

@@ -853,6 +853,13 @@ async function loadChainRun(runId) {
     el("details", {}, el("summary", {}, "input"), el("pre", {}, pretty(st.input))),
     el("details", {}, el("summary", {}, "output"),
       el("pre", {}, pretty(st.output))))), "no steps", 1);
+  fillRows($("#chain-artifacts"), (run.artifacts || []).map((a) => el("li", {},
+    a.filename, el("span", { class: "muted" }, ` ${a.media}, ${a.size} bytes`),
+    a.source_url ? el("div", { class: "muted mono" }, `from ${a.source_url}`) : "")), "none", 1);
+  fillRows($("#chain-deliveries tbody"), (run.deliveries || []).map((d) => el("tr", { dataset: { deliveryId: d.id, status: d.status } },
+    el("td", {}, d.recipient), el("td", {}, d.kind), el("td", {}, statusBadge(d.status)),
+    el("td", {}, d.tries), el("td", {}, d.error || "–"),
+    el("td", { class: "nowrap" }, deliveryActions(d, () => loadChainRun(run.id))))), "none", 6);
 }
 
 async function rerun(run, step, index) {

@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 from sqlalchemy import select
 
 from chains import schedules
 from chains.runner import run_chain
 from chains.schedules import validate
+from dashboard.app import create_app
 from jobs.execution.executor import Executor
 from jobs.models import ChainRun, Delivery
 from tests.fakes.sink import FakeFiles
@@ -94,6 +96,11 @@ async def test_chain_goes_through_the_pipeline(
             }
             run_id = await _run(svc, ex, spec)
             run = await schedules.get_run(svc, run_id)
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=create_app(settings, services=svc)),
+                base_url="http://127.0.0.1",
+            ) as client:
+                page = (await client.get(f"/api/v1/chain-runs/{run_id}")).json()
             async with svc.sessionmaker() as s:
                 rows = (
                     await s.scalars(
@@ -125,3 +132,7 @@ async def test_chain_goes_through_the_pipeline(
     assert [f["status"] for f in result["fetches"]] == ["downloaded"]
     assert [d["status"] for d in result["deliveries"]] == ["sent"] * 3
     assert result["delivery"]["status"] == "sent"
+    # the chain run's page data shows them like a job's detail does
+    assert {a["filename"] for a in page["artifacts"]} == {"chart.png", "report.csv", "logo.png"}
+    assert [(d["status"], d["resendable"]) for d in page["deliveries"]] == [("sent", True)] * 3
+    assert page["deliveries"][0]["id"] == rows[0].id
