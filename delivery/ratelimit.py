@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -82,15 +83,20 @@ return 0
 """
 
 
-# KEYS: the chat (or group) bucket. The refill counted from now on: the time the request
-# that took the last token spent on the wire does not count toward the next one.
+# KEYS: the chat (or group) bucket. ARGV: its capacity, its idle expiry (ms). The refill is
+# counted from now on: the time the request that took the last token spent on the wire
+# (or waiting to be handled) does not count toward the next one. A bucket that expired
+# meanwhile comes back as if that token had just been taken from a full one.
 _SETTLE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local ts = tonumber(redis.call('HGET', KEYS[1], 'ts')) or now
   if now > ts then redis.call('HSET', KEYS[1], 'ts', now) end
+else
+  redis.call('HSET', KEYS[1], 't', tonumber(ARGV[1]) - 1, 'ts', now)
 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 0
 """
 
@@ -242,7 +248,8 @@ class RateLimiter:
         try:
             if self._settle is None:
                 self._settle = self.redis.register_script(_SETTLE)
-            await self._settle(keys=[buckets[1][0]], args=[])
+            key, cap, rate = buckets[1]
+            await self._settle(keys=[key], args=[cap, math.ceil(cap / rate) + 1000])
         except Exception as exc:  # best effort, like the limiter itself
             self._settle = None
             log.warning("rate limiter: cannot settle a send (%s)", exc)
