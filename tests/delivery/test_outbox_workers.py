@@ -1,12 +1,13 @@
 """300 results finishing at once to 10 Telegram chats from 3 real ``skilljobs worker``
 processes, against the fake Telegram enforcing its published flood limits (1 message/s per
 chat, 30/s per bot; beyond them it answers 429 with ``retry_after``): no 429, every message
-delivered exactly once, each long result's parts together and in order in its chat, and
-every delivery ``sent`` with the platform's message id."""
+delivered exactly once, a result's items in order in its chat (a chart, then its CSV,
+whichever workers send them), and every delivery ``sent`` with the platform's message id."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,7 +19,7 @@ from sqlalchemy import func, select
 from jobs.models import Delivery, Job
 from jobs.queue.dispatcher import Dispatcher
 from jobs.services import Services
-from tests.helpers.settings import make_settings
+from tests.helpers.settings import FAKE_SKILLS, make_settings
 from tests.helpers.workers import WorkerProcess
 
 pytestmark = pytest.mark.slow
@@ -26,15 +27,8 @@ pytestmark = pytest.mark.slow
 SKILLS = Path(__file__).parent / "outbox_skills"
 CHATS = [f"70{i:02d}" for i in range(10)]
 RESULTS = 300
-LONG_EVERY = 10  # one result in ten is longer than a Telegram message: two parts
-
-
-def _text(n: int) -> str:
-    head = f"{CHATS[n % len(CHATS)]} r{n:03d}"
-    if n % LONG_EVERY:
-        return head
-    filler = "x" * 3000
-    return f"{head} part one {filler}\n\n{head} part two {filler}"
+FILES_EVERY = 10  # one result in ten is a chart and a CSV (two messages)
+MESSAGES = RESULTS + RESULTS // FILES_EVERY
 
 
 async def _count(svc: Services, *where: Any) -> int:
@@ -53,7 +47,7 @@ async def test_300_results_3_workers_meet_the_flood_limits(
         redis_url=redis_server_url,
         prefix=redis_prefix,
         database_url=pg_url,
-        skills_path=str(SKILLS),
+        skills_path=os.pathsep.join([str(SKILLS), str(FAKE_SKILLS)]),
         worker_lease_sec=10.0,
         worker_heartbeat_sec=1.0,
         reconcile_interval_sec=1.0,
@@ -64,17 +58,25 @@ async def test_300_results_3_workers_meet_the_flood_limits(
     workers: list[WorkerProcess] = []
     try:
         d = Dispatcher(svc)
+        ids: list[str] = []
+        two_files: set[str] = set()
         for n in range(RESULTS):
             chat = CHATS[n % len(CHATS)]
             ctx = {"channel": "telegram", "actor_key": chat, "role_id": "r1", "org_id": "o1"}
-            res = await d.dispatch("say", {"text": _text(n)}, {**ctx, "session_id": f"s{n}"})
+            ctx["session_id"] = f"s{n}"
+            if (n // len(CHATS)) % FILES_EVERY != n % len(CHATS):  # 3 in each chat
+                res = await d.dispatch("say", {"text": f"{chat} r{n:03d}"}, ctx)
+            else:
+                res = await d.dispatch("two_files", {}, ctx)
+                two_files.add(res.body["job_id"])
             assert res.status_code == 202, res.body
+            ids.append(res.body["job_id"])
         # all queued before any worker starts: the results finish together
         workers = [WorkerProcess(settings, tmp_path / f"w{i}.log", **env) for i in range(3)]
         started = time.monotonic()
-        deadline = time.monotonic() + 330
+        deadline = time.monotonic() + 360
         while time.monotonic() < deadline:
-            if await _count(svc, Delivery.status == "sent") >= RESULTS:
+            if await _count(svc, Delivery.status == "sent") >= MESSAGES:
                 print(f"all {RESULTS} results delivered in {time.monotonic() - started:.1f} s")
                 break
             await asyncio.sleep(0.5)
@@ -89,23 +91,35 @@ async def test_300_results_3_workers_meet_the_flood_limits(
         line
         for w in workers
         for line in w.log.read_text(errors="replace").splitlines()
-        if " ERROR " in line or "outbox" in line
+        if " ERROR " in line or "outbox" in line or "429" in line
     )[-3000:]
     assert jobs == {"succeeded": RESULTS}, (jobs, logs)
+    per_job = Counter(str(r.job_id) for r in rows)
+    short = [j for j, k in per_job.items() if k < (2 if j in two_files else 1)]
+    short += [j for j in ids if j not in per_job]
+    about = "\n".join(
+        line
+        for w in workers
+        for line in w.log.read_text(errors="replace").splitlines()
+        if any(j in line for j in short)
+    )[-4000:]
+    assert not short, (short, about)
     statuses = Counter(r.status for r in rows)
-    assert statuses == {"sent": RESULTS}, (statuses, [r.error for r in rows if r.error][:5], logs)
+    assert statuses == {"sent": MESSAGES}, (statuses, [r.error for r in rows if r.error][:5], logs)
     assert all(r.message_id and r.verified for r in rows)
-    assert tg.too_many == 0  # the shared buckets kept every worker under the limits
-    # every message exactly once
-    long_results = RESULTS // LONG_EVERY
-    assert len(tg.sent) == RESULTS + long_results
-    for n in range(RESULTS):
-        chat = CHATS[n % len(CHATS)]
-        head = f"{chat} r{n:03d}"
-        stream = [m["text"] for m in tg.sent if m["chat_id"] == chat]
-        mine = [i for i, t in enumerate(stream) if t.startswith(head)]
-        if n % LONG_EVERY:
-            assert len(mine) == 1, head
-        else:  # the two parts, one right after the other
-            assert len(mine) == 2 and mine[1] == mine[0] + 1, (head, mine)
-            assert "part one" in stream[mine[0]] and "part two" in stream[mine[1]]
+    assert tg.too_many == 0, logs  # the shared buckets kept every worker under the limits
+    # every message exactly once, each where it belongs
+    assert len(tg.sent) == MESSAGES
+    assert len({m["message_id"] for m in tg.sent}) == MESSAGES
+    texts = Counter(m.get("text") for m in tg.sent if m["method"] == "sendMessage")
+    assert len(texts) == RESULTS - RESULTS // FILES_EVERY and set(texts.values()) == {1}
+    for m in tg.sent:
+        if m["method"] == "sendMessage":
+            assert m["text"].startswith(m["chat_id"])
+    # a result's items in order: the fake numbers messages in the order it received them
+    by_job: dict[str, dict[str, int]] = {}
+    for r in rows:
+        by_job.setdefault(str(r.job_id), {})[r.kind] = int(str(r.message_id))
+    pairs = [kinds for kinds in by_job.values() if len(kinds) == 2]
+    assert len(pairs) == RESULTS // FILES_EVERY
+    assert all(k["image"] < k["file"] for k in pairs), pairs
