@@ -64,10 +64,32 @@ def db_upgrade(revision: str = typer.Argument("head")) -> None:
 # Command groups owned by other modules. Each keeps its heavy imports inside its commands,
 # so ``skilljobs --help`` stays fast.
 from chains import cli as chains_cli  # noqa: E402
-from jobs.cli import config, deliveries, doctor, envs, prune, run, skills, workers  # noqa: E402
+from jobs.cli import (  # noqa: E402
+    config,
+    deliveries,
+    doctor,
+    envs,
+    incidents,
+    prune,
+    run,
+    skills,
+    workers,
+)
 from jobs.cli import jobs as jobs_cli  # noqa: E402
 
-_GROUPS = (skills, envs, config, jobs_cli, run, doctor, prune, chains_cli, deliveries, workers)
+_GROUPS = (
+    skills,
+    envs,
+    config,
+    jobs_cli,
+    incidents,
+    run,
+    doctor,
+    prune,
+    chains_cli,
+    deliveries,
+    workers,
+)
 for _group in _GROUPS:
     _group.register(app)
 

@@ -1,7 +1,7 @@
 """``skilljobs dispatch``, ``skilljobs jobs list|show|retry|cancel`` (one job, or every
 job a filter matches — the dashboard's job filter, ``jobs.queue.filters``:
-``jobs retry --status failed --skill X --since 2h [--dry-run]``) and
-``skilljobs incidents list|ack``."""
+``jobs retry --status failed --skill X --since 2h [--dry-run]``); incidents are
+``jobs.cli.incidents``."""
 
 from __future__ import annotations
 
@@ -385,62 +385,6 @@ def cancel(
     _act("cancel", job_id, filters, dry_run, yes, limit)
 
 
-incidents_app = typer.Typer(help="Failures grouped by signature.", no_args_is_help=True)
-
-
-@incidents_app.command("list")
-def list_incidents(
-    status: str = typer.Option("open", "--status", help="open, acked or all."),
-    skill: str = typer.Option("", "--skill", help="Only incidents of this skill."),
-    limit: int = typer.Option(50, "--limit", "-n", min=1, max=500),
-) -> None:
-    """Incidents, most recently seen first."""
-
-    async def _go(svc: Any) -> None:
-        from jobs.queue import incidents
-
-        items = await incidents.list_incidents(
-            svc.sessionmaker,
-            status=None if status == "all" else status,
-            skill=skill or None,
-            limit=limit,
-        )
-        table = Table(title=f"incidents ({status})")
-        for col in ("id", "skill", "type", "count", "first seen", "last seen", "status", "error"):
-            table.add_column(col, overflow="fold")
-        for i in items:
-            table.add_row(
-                i["id"],
-                i["skill"],
-                i["error_type"],
-                str(i["count"]),
-                _ts(i["first_seen"]),
-                _ts(i["last_seen"]),
-                i["status"],
-                i["pattern"][:120],
-            )
-        console.print(table)
-
-    with_services(_go, redis=False)
-
-
-@incidents_app.command("ack")
-def ack_incident(incident_id: str) -> None:
-    """Acknowledge an incident (a new failure of its signature re-opens it)."""
-
-    async def _go(svc: Any) -> dict[str, Any]:
-        from jobs.queue import incidents
-
-        try:
-            return await incidents.ack(svc.sessionmaker, incident_id, actor="cli")
-        except LookupError as exc:
-            fail(str(exc.args[0]))
-
-    done = with_services(_go, redis=False)
-    console.print(f"incident {incident_id} acknowledged ({done['count']} failures so far)")
-
-
 def register(app: typer.Typer) -> None:
     app.command("dispatch")(dispatch)
     app.add_typer(jobs_app, name="jobs")
-    app.add_typer(incidents_app, name="incidents")
