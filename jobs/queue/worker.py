@@ -351,6 +351,25 @@ async def _cancel_if_requested(runner: JobRunner, data: Any) -> None:
     runner.cancel_local(job_id)
 
 
+def _pause_handlers(runner: JobRunner) -> tuple[Callable[[], None], Callable[[float], None]]:
+    """The SIGCONT handler and the stall detector's end-of-block handler: after a pause long
+    enough for peers to presume this worker dead, its skills and chain steps stop before
+    they take another step and hand their work back (fenced)."""
+
+    def resumed() -> None:
+        if time.time() - runner.last_beat >= runner.missing_after - 0.5:
+            stop_attempts()  # chain runs: as runner.resumed does for jobs
+        runner.resumed()
+
+    def blocked(lag: float) -> None:
+        # Renewals stopped for the whole block: only a block this long, on top of the
+        # interval before it, can have let peers presume this worker dead.
+        if lag >= runner.missing_after - runner.svc.settings.worker_heartbeat_sec - 0.5:
+            resumed()
+
+    return resumed, blocked
+
+
 def build_worker(
     services: Services,
     *,
@@ -414,14 +433,8 @@ def build_worker(
 
         # Continued after a stop (SIGSTOP, a frozen VM) or a long block: handled before any
         # skill resumes, by the stall detector's first tick after it (and on SIGCONT).
-        def resumed() -> None:
-            if time.time() - runner.last_beat >= runner.missing_after - 0.5:
-                stop_attempts()  # chain runs: as runner.resumed does for jobs
-            runner.resumed()
-
-        runner.stall = StallWatch(
-            threshold=settings.worker_stall_sec, on_block=lambda _lag: resumed()
-        )
+        resumed, blocked = _pause_handlers(runner)
+        runner.stall = StallWatch(threshold=settings.worker_stall_sec, on_block=blocked)
         runner.stall.start()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGCONT, resumed)
