@@ -1,6 +1,9 @@
 """Queue benchmarks: dispatch receipts, wake-up latency, drain throughput vs raw arq.
 
-    python -m bench.queue [--jobs 20000] [--sleep-jobs 5000]
+    python -m bench.queue [--jobs 20000] [--sleep-jobs 5000] [--peers [--reps 3]]
+
+``--peers`` (needs the ``bench`` extra): SAQ, taskiq and streaQ drain the same jobs next to
+raw arq and us, in interleaved repetitions (bench/peers.py); ``--only peers`` skips the rest.
 
 ``--only drain_traced`` compares the no-op drain with tracing off and on (needs the otel
 extra). Needs PostgreSQL and Redis (SKILLJOBS_BENCH_DATABASE_URL / SKILLJOBS_BENCH_REDIS_URL,
@@ -238,6 +241,8 @@ async def main() -> None:
     ap.add_argument("--sleep-jobs", type=int, default=5000)
     ap.add_argument("--only", default="")
     ap.add_argument("--orgs", type=int, default=100, help="organisations of drain_limits")
+    ap.add_argument("--peers", action="store_true", help="SAQ, taskiq, streaQ in the same run")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions of --peers")
     args = ap.parse_args()
     db_url, name = await make_db()
     data = Path(tempfile.mkdtemp(prefix="skilljobs-bench-"))
@@ -279,6 +284,16 @@ async def main() -> None:
                 "raw_pct_of_ideal": raw / 1000 * 100,
                 "ratio": ours / raw,
             }
+        if args.peers:  # imported only when asked for: the peers are the bench extra
+            from bench.peers import compare
+
+            out["peers"] = await compare(
+                lambda n, shape: ours_drain(svc, n, shape, 100),
+                lambda n, shape: raw_arq_drain(n, f"_{shape}", 100),
+                args.jobs,
+                args.sleep_jobs,
+                args.reps,
+            )
     finally:
         await svc.close()
         await drop_db(name)
