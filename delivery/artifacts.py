@@ -175,6 +175,8 @@ def backfill(
     ``problems``, as are symlinks that lead outside and files over the cap. Without
     ``changes`` every top-level file is a candidate.
     """
+    if changes is not None and not changes.mine and not changes.ambiguous:
+        return []  # this run wrote nothing: nothing to backfill, nothing to report
     workspace = Path(workspace)
     if declares_own_files(result) or not workspace.is_dir():
         return []
