@@ -185,12 +185,20 @@ class Directives:
     reply_to: str | None = None
 
 
+_NO_DIRECTIVES = Directives()
+_TAGGED_KEYS = (*TEXT_KEYS, "display_md")
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
 def directives(result: dict[str, Any]) -> Directives:
     """The ``[[…]]`` tags in a result's text fields (and ``display_md``)."""
-    texts = [result.get(k) for k in (*TEXT_KEYS, "display_md")]
-    joined = "\n".join(t[:100_000] for t in texts if isinstance(t, str) and "[[" in t)
-    if not joined:
-        return Directives()
+    tagged = [t[:100_000] for k in _TAGGED_KEYS if "[[" in (t := _text(result.get(k)))]
+    if not tagged:
+        return _NO_DIRECTIVES
+    joined = "\n".join(tagged)
     found = _REPLY_TO.search(joined)
     return Directives(
         voice=re.search(r"\[\[\s*audio_as_voice\s*\]\]", joined) is not None,
