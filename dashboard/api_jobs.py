@@ -254,7 +254,9 @@ async def list_jobs(
     given |= {"error_type": error_type, "since": since, "until": until, "q": q}
     try:
         flt = filters.JobFilter.parse(given)
-    except ValueError as exc:
+    except filters.FilterError as exc:
+        if exc.field in ("since", "until"):  # a value that is not a time, as for a number
+            raise ApiError(422, str(exc)) from exc
         raise queries.BadQuery(str(exc)) from exc
     box = services_of(request).box
     async with services_of(request).read_sessionmaker() as session:

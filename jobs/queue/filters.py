@@ -59,6 +59,21 @@ def parse_time(value: Any, *, now: float | None = None) -> float | None:
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
+class FilterError(ValueError):
+    """A filter the caller sent cannot be used; ``field`` names the offending field."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _time_of(data: dict[str, Any], name: str, now: float | None) -> float | None:
+    try:
+        return parse_time(data.get(name), now=now)
+    except ValueError as exc:
+        raise FilterError(f"{name}: {exc}", name) from None
+
+
 @dataclass
 class JobFilter:
     """Which jobs: every given field must match."""
@@ -75,12 +90,12 @@ class JobFilter:
 
     @classmethod
     def parse(cls, data: dict[str, Any], *, now: float | None = None) -> JobFilter:
-        """From query parameters, a JSON body or CLI options; ``ValueError`` names what is
+        """From query parameters, a JSON body or CLI options; ``FilterError`` names what is
         wrong (an unknown field or status, a time that is not one)."""
         data = {ALIASES.get(k, k): v for k, v in data.items()}
         unknown = set(data) - set(FIELDS)
         if unknown:
-            raise ValueError(
+            raise FilterError(
                 f"unknown filter field(s): {', '.join(sorted(unknown))} "
                 f"(known: {', '.join(FIELDS)})"
             )
@@ -90,12 +105,13 @@ class JobFilter:
         )
         bad = [s for s in statuses if s not in JOB_STATUSES]
         if bad:
-            raise ValueError(
-                f"unknown status {bad[0]!r}: status must be one of {', '.join(JOB_STATUSES)}"
+            raise FilterError(
+                f"unknown status {bad[0]!r}: status must be one of {', '.join(JOB_STATUSES)}",
+                "status",
             )
         q = str(data.get("q") or "").strip() or None
         if q and len(q) > MAX_TEXT:
-            raise ValueError(f"the search text is longer than {MAX_TEXT} characters")
+            raise FilterError(f"the search text is longer than {MAX_TEXT} characters", "q")
 
         def text(name: str) -> str | None:
             value = data.get(name)
@@ -107,8 +123,8 @@ class JobFilter:
             channel=text("channel"),
             role=text("role"),
             error_type=text("error_type"),
-            since=parse_time(data.get("since"), now=now),
-            until=parse_time(data.get("until"), now=now),
+            since=_time_of(data, "since", now),
+            until=_time_of(data, "until", now),
             q=q,
             incident=text("incident"),
         )
