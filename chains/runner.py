@@ -31,6 +31,7 @@ from jobs import telemetry
 from jobs.constants import MAX_RUNS
 from jobs.crypto import redact
 from jobs.envelope import failure, is_failure, is_non_retriable
+from jobs.execution.inprocess import RUN_TASKS
 from jobs.models import ChainRun, Schedule
 from jobs.queue.store import LOST_CAP_REASON
 from jobs.runscope import RunScope
@@ -45,8 +46,8 @@ log = logging.getLogger("skilljobs.chains")
 
 TRANSIENT_BACKOFF_SEC = 1.0
 
-#: the stop events of this process's chain attempts (see :func:`stop_attempts`)
-_ATTEMPTS: set[asyncio.Event] = set()
+#: this process's chain attempts: stop event → the in-process skill tasks of its step
+_ATTEMPTS: dict[asyncio.Event, set[asyncio.Task[Any]]] = {}
 
 
 def stop_attempts() -> int:
@@ -54,8 +55,10 @@ def stop_attempts() -> int:
     VM) and is running again: its chain attempts stop before their steps take another step
     (a peer may be running them) and hand their runs back (a no-op when a peer took them).
     The number of attempts stopped."""
-    for stop in _ATTEMPTS:
+    for stop, tasks in _ATTEMPTS.items():
         stop.set()
+        for task in tasks:
+            task.cancel()  # now, before their own wake-ups run
     return len(_ATTEMPTS)
 
 
@@ -95,7 +98,9 @@ async def run_chain(
         return "superseded" if arq_id and run.arq_job_id != arq_id else "busy"
 
     stop = asyncio.Event()
-    _ATTEMPTS.add(stop)
+    skill_tasks: set[asyncio.Task[Any]] = set()
+    RUN_TASKS.set(skill_tasks)  # (this attempt's own task: a context of its own)
+    _ATTEMPTS[stop] = skill_tasks
     beat = asyncio.create_task(_heartbeat(services, lease, stop))
     try:
         running = _ChainRun(services, executor, lease, stop).run()
@@ -111,7 +116,7 @@ async def run_chain(
         await asyncio.shield(_hand_back(services, lease))
         raise
     finally:
-        _ATTEMPTS.discard(stop)
+        _ATTEMPTS.pop(stop, None)
         beat.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await beat

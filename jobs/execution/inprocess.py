@@ -34,6 +34,13 @@ from jobs.texts import meaningful_line
 ENTRY_NAMES = ("execute", "run", "handler", "main", "handle")
 CANCEL_GRACE_SEC = 1.0  # how long a timed-out or cancelled skill gets to unwind
 
+#: the skill tasks of one run (set by whoever runs it: the job runner, the chain runner), so
+#: they can be cancelled directly — cancelling the caller reaches them a loop pass later,
+#: too late after a pause (their own wake-ups run first)
+RUN_TASKS: contextvars.ContextVar[set[asyncio.Task[Any]] | None] = contextvars.ContextVar(
+    "skilljobs_run_tasks", default=None
+)
+
 
 class WallExpired(Exception):
     """A run over its wall clock; ``log`` / ``stdout``: what it had written by then (a
@@ -267,6 +274,10 @@ async def with_wall(coro: Any, wall: float) -> Any:
     wrapped in ``Raised``; expiry cancels it (a skill that ignores cancellation is abandoned
     after a grace period) and raises ``WallExpired``. Cancelling the caller cancels it."""
     task = asyncio.ensure_future(_contained(coro))
+    run_tasks = RUN_TASKS.get()
+    if run_tasks is not None:
+        run_tasks.add(task)
+        task.add_done_callback(run_tasks.discard)
     try:
         done = await wait_done(task, wall)
     except asyncio.CancelledError:

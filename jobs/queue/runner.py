@@ -24,6 +24,7 @@ from jobs import phases, sendscope, telemetry, texts
 from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS
 from jobs.db import DB_UNAVAILABLE
+from jobs.execution.inprocess import RUN_TASKS
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT, JobRow
 from jobs.queue import broker, incidents, limits, lost, store
 from jobs.queue.stall import StallWatch
@@ -102,6 +103,8 @@ class JobRunner:
         self.worker_id = worker_id
         self.held: dict[str, int] = {}  # job id → lease token
         self.inner: dict[str, asyncio.Task[Any]] = {}  # job id → running executor task
+        # job id → the in-process skill tasks of its run (jobs.execution.inprocess.RUN_TASKS)
+        self.skill_tasks: dict[str, set[asyncio.Task[Any]]] = {}
         self.cancel_asked: set[str] = set()
         self.lost: set[str] = set()
         self.scopes: dict[str, RunScope | None] = {}  # job id → its run's workspace snapshot
@@ -205,6 +208,7 @@ class JobRunner:
         self.held.pop(job_id, None)
         self.lease_until.pop(job_id, None)
         self.inner.pop(job_id, None)
+        self.skill_tasks.pop(job_id, None)
         self.cancel_asked.discard(job_id)
         self.lost.discard(job_id)
         self.suspect.discard(job_id)
@@ -239,6 +243,9 @@ class JobRunner:
         self.scopes[job_id] = begin_run(svc.settings, job, ctx)
         # skill-initiated sends of this run are ledgered under the job (jobs.sendscope)
         run = self.executor.execute(job.skill, input_data, ctx)
+        skill_tasks: set[asyncio.Task[Any]] = set()
+        RUN_TASKS.set(skill_tasks)  # (this job's own task: a context of its own)
+        self.skill_tasks[job_id] = skill_tasks
         run = phases.reporting(self._phase_reporter(job, token), run)  # preparing environment
         task = asyncio.create_task(sendscope.run_in(job_id, f"{self.worker_id}#{token}", run))
         self.inner[job_id] = task
@@ -546,6 +553,8 @@ class JobRunner:
                 )
                 self.suspect.add(job_id)
                 task.cancel()
+                for inner in self.skill_tasks.get(job_id, ()):
+                    inner.cancel()  # now, before their own wake-ups run
 
     @property
     def missing_after(self) -> float:

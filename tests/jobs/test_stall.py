@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from dashboard.app import create_app
+from jobs.execution.inprocess import RUN_TASKS, with_wall
 from jobs.models import Worker
 from jobs.queue.stall import StallWatch
 from jobs.services import Services
@@ -115,3 +116,35 @@ async def test_the_end_of_a_block_is_handled_before_the_code_it_held_up_runs() -
         watch.stop()
     assert task.cancelled()
     assert len(steps) == 1 and steps[0].startswith("block of") and watch.stalls == 1
+
+
+@pytest.mark.parametrize("direct", [True, False])
+async def test_a_paused_runs_skill_is_stopped_before_it_goes_on(direct: bool) -> None:
+    """After a block, cancelling the run reaches an in-process skill one loop pass too late
+    (its own wake-up runs first); cancelling the run's skill tasks (``RUN_TASKS``) too
+    stops it in time. ``direct=False`` shows the late way, for contrast."""
+    steps: list[str] = []
+
+    async def skill() -> None:
+        await asyncio.sleep(0.05)
+        steps.append("skill went on")
+
+    tasks: set[asyncio.Task[object]] = set()
+
+    async def run() -> object:
+        RUN_TASKS.set(tasks)
+        return await with_wall(skill(), 30)
+
+    outer = asyncio.create_task(run())
+    await asyncio.sleep(0.01)
+
+    def stop() -> None:  # what the worker does at the end of a pause
+        outer.cancel()
+        for task in tasks if direct else ():
+            task.cancel()
+
+    asyncio.get_running_loop().call_later(0.1, stop)  # expires after the skill's sleep...
+    time.sleep(0.3)  # ...both during this block, so they run in the same pass
+    with contextlib.suppress(asyncio.CancelledError):
+        await outer
+    assert steps == ([] if direct else ["skill went on"])
