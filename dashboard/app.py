@@ -145,8 +145,12 @@ def create_app(
     async def metrics(request: Request) -> Response:
         svc: Services = request.app.state.services
         waits = await latency.ratelimit_waits(svc.redis, svc.settings.key)
+        parked = await latency.ratelimit_parked(svc.redis, svc.settings.key)
         body = await request.app.state.metrics.render(
-            svc.sessionmaker, limits=svc.settings.limits, ratelimit_waits=waits
+            svc.sessionmaker,
+            limits=svc.settings.limits,
+            ratelimit_waits=waits,
+            ratelimit_parked=parked,
         )
         return Response(body, media_type=CONTENT_TYPE)
 

@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from jobs.constants import RATELIMIT_WAITED, RATELIMIT_WAITS
+from jobs.constants import RATELIMIT_PARKED, RATELIMIT_WAITED, RATELIMIT_WAITS
 from jobs.models import Delivery, DeliveryStatus, Job
 
 QUEUE_WAIT_BUCKETS_S = (
@@ -119,27 +119,40 @@ def families(snap: dict[str, Rows], window: str) -> Iterator[Metric]:
     )
 
 
-async def ratelimit_waits(redis: Any, key: Callable[[str], str]) -> list[tuple[str, int, float]]:
+Waits = list[tuple[str, int, float]]
+
+
+async def ratelimit_waits(redis: Any, key: Callable[[str], str]) -> Waits:
     """``(channel, sends that waited, seconds waited)`` from the workers' counters; empty
     when Redis cannot be read (the scrape still answers)."""
+    counts, seconds = await _hashes(redis, key, RATELIMIT_WAITS, RATELIMIT_WAITED)
+    return [(ch, int(n), float(seconds.get(ch, 0.0))) for ch, n in sorted(counts.items())]
+
+
+async def ratelimit_parked(redis: Any, key: Callable[[str], str]) -> dict[str, int]:
+    """Sends parked in the outbox for a rate limit, per channel (the workers' counters)."""
+    (parked,) = await _hashes(redis, key, RATELIMIT_PARKED)
+    return {ch: int(n) for ch, n in sorted(parked.items())}
+
+
+async def _hashes(redis: Any, key: Callable[[str], str], *names: str) -> list[dict[str, Any]]:
     if redis is None:
-        return []
+        return [{} for _ in names]
     try:
         async with redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(key(RATELIMIT_WAITS))
-            pipe.hgetall(key(RATELIMIT_WAITED))
-            counts, seconds = await pipe.execute()
+            for name in names:
+                pipe.hgetall(key(name))
+            found = await pipe.execute()
     except Exception:
-        return []
-    text = {_str(k): v for k, v in seconds.items()}
-    return sorted((_str(k), int(v), float(text.get(_str(k), 0.0))) for k, v in counts.items())
+        return [{} for _ in names]
+    return [{_str(k): v for k, v in h.items()} for h in found]
 
 
 def _str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def ratelimit_families(waits: list[tuple[str, int, float]]) -> Iterator[Metric]:
+def ratelimit_families(waits: Waits, parked_per_channel: dict[str, int]) -> Iterator[Metric]:
     sends = CounterMetricFamily(
         "skilljobs_ratelimit_waits",
         "Sends that waited for the outbound rate limiter, per channel (all workers).",
@@ -150,8 +163,16 @@ def ratelimit_families(waits: list[tuple[str, int, float]]) -> Iterator[Metric]:
         "Seconds sends waited for the outbound rate limiter, per channel (all workers).",
         labels=["channel"],
     )
+    parked = CounterMetricFamily(
+        "skilljobs_ratelimit_parked",
+        "Sends parked in the outbox for a rate limit, per channel (all workers).",
+        labels=["channel"],
+    )
     for channel, n, seconds in waits:
         sends.add_metric([channel], n)
         waited.add_metric([channel], seconds)
+    for channel, n in parked_per_channel.items():
+        parked.add_metric([channel], n)
     yield sends
     yield waited
+    yield parked

@@ -93,7 +93,9 @@ class SnapshotCollector(Collector):
         yield hist
         if "latency" in snap:
             yield from latency.families(snap["latency"], window)
-        yield from latency.ratelimit_families(snap.get("ratelimit_waits", []))
+        yield from latency.ratelimit_families(
+            snap.get("ratelimit_waits", []), snap.get("ratelimit_parked", {})
+        )
 
         dl = GaugeMetricFamily(
             "skilljobs_deliveries",
@@ -198,7 +200,8 @@ class Metrics:
         window: float = METRICS_WINDOW_S,
         *,
         limits: Mapping[str, int] | None = None,
-        ratelimit_waits: list[tuple[str, int, float]] | None = None,
+        ratelimit_waits: latency.Waits | None = None,
+        ratelimit_parked: dict[str, int] | None = None,
     ) -> bytes:
         async with sessionmaker() as session:
             now = time.time()
@@ -208,6 +211,7 @@ class Metrics:
                 snap["limits"] = await limit_metrics.snapshot(session, limits)
         snap["incidents"] = await incidents.open_incidents(sessionmaker)
         snap["ratelimit_waits"] = ratelimit_waits or []
+        snap["ratelimit_parked"] = ratelimit_parked or {}
         # No await between setting the snapshot and rendering: concurrent scrapes on the
         # event loop can never see each other's snapshot.
         self._collector.snapshot = snap

@@ -114,16 +114,20 @@ class Gate:
             return False  # others are ahead: this one queues behind them
         self.locked = True
         deadline = time.monotonic() + INLINE_WAIT
+        waited = 0.0
         while True:
             ms = await self.adapter.limiter.try_take(self.adapter.name, self.target)
             if ms <= 0:
                 self._credit = contextlib.ExitStack()
                 self._credit.enter_context(credit(self.adapter.name, self.target))
+                if waited:  # counted for /metrics
+                    await self.adapter.limiter.count_wait(self.adapter.name, waited)
                 return True
             if time.monotonic() + ms / 1000 > deadline:
                 self.wait_ms = ms
                 return False
             await asyncio.sleep(ms / 1000)
+            waited += ms / 1000
 
     async def parked(self, row_id: int, wait: float | None = None) -> None:
         ob = self.outbox
@@ -134,6 +138,7 @@ class Gate:
         self.locked = False
         self._end_credit()
         ob.wake.set()
+        await self.adapter.limiter.count_wait(self.adapter.name, 0.0, parked=True)
 
     async def leave(self) -> None:
         self._end_credit()

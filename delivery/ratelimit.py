@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from delivery.channels.limits import Target, credit, spend_credit
-from jobs.constants import RATELIMIT_WAITED, RATELIMIT_WAITS
+from jobs.constants import RATELIMIT_PARKED, RATELIMIT_WAITED, RATELIMIT_WAITS
 
 log = logging.getLogger(__name__)
 
@@ -220,19 +220,23 @@ class RateLimiter:
                 return waited
             if ms <= 0:
                 if waited:
-                    await self._count_wait(channel, waited)
+                    await self.count_wait(channel, waited)
                 return waited
             step = min(ms / 1000.0, MAX_STEP)
             waited += step
             await asyncio.sleep(step)
 
-    async def _count_wait(self, channel: str, waited: float) -> None:
-        """Count a send that had to wait, for ``/metrics`` (every worker adds to the same
-        counters); best effort, like the limiter itself."""
+    async def count_wait(self, channel: str, waited: float, *, parked: bool = False) -> None:
+        """Count a send that waited ``waited`` seconds for a token, or (``parked``) was
+        parked in the outbox, for ``/metrics`` (every worker adds to the same counters);
+        best effort, like the limiter itself."""
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hincrby(self.settings.key(RATELIMIT_WAITS), channel, 1)
-                pipe.hincrbyfloat(self.settings.key(RATELIMIT_WAITED), channel, waited)
+                if parked:
+                    pipe.hincrby(self.settings.key(RATELIMIT_PARKED), channel, 1)
+                else:
+                    pipe.hincrby(self.settings.key(RATELIMIT_WAITS), channel, 1)
+                    pipe.hincrbyfloat(self.settings.key(RATELIMIT_WAITED), channel, waited)
                 await pipe.execute()
         except Exception as exc:
             log.warning("rate limiter: wait not counted (%s)", exc)

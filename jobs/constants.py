@@ -23,3 +23,4 @@ WORKER_DRAIN = "worker-drain"  # worker-drain:<id> set → claims nothing, finis
 CANCEL_CHANNEL = "cancel"  # pub/sub: job ids to cancel on whichever worker runs them
 RATELIMIT_WAITS = "metrics:ratelimit-waits"  # hash channel → sends that waited for a token
 RATELIMIT_WAITED = "metrics:ratelimit-waited"  # hash channel → seconds those sends waited
+RATELIMIT_PARKED = "metrics:ratelimit-parked"  # hash channel → sends parked in the outbox

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,12 +19,14 @@ from dashboard.app import create_app
 from delivery.channels.limits import Target
 from delivery.ratelimit import RateLimiter
 from jobs.models import Delivery, Job
+from jobs.queue.worker import build_worker
 from jobs.services import Services
 from tests.helpers.dashboard import TOKEN, seed_job, seed_rows
 from tests.helpers.jobs import dispatch, wait_status
 from tests.helpers.settings import FAKE_SKILLS, make_settings
 from tests.helpers.workers import WorkerProcess
 
+OUTBOX_SKILLS = Path(__file__).resolve().parents[1] / "delivery" / "outbox_skills"
 WAIT = "skilljobs_job_queue_wait_seconds"
 LATENCY = "skilljobs_delivery_latency_seconds"
 
@@ -137,6 +140,59 @@ async def test_rate_limiter_waits_are_counted_across_limiters(
     assert waits == sum(1 for w in waited if w > 0)
     assert abs(seconds - sum(waited)) < 1e-6
     assert ("skilljobs_ratelimit_waits_total", (("channel", "feishu"),)) not in s  # no wait
+
+
+async def test_parked_sends_are_counted_and_their_wait_is_latency(
+    tmp_path, database_url: str, redis_server_url: str, redis_prefix: str, tg
+) -> None:
+    """One message per 2 s to a chat, three results for it from a real worker: the first
+    goes at once, the other two are parked in the outbox. /metrics counts the two parks,
+    and the delivery latency histogram holds their waits."""
+    settings = make_settings(
+        tmp_path,
+        redis_url=redis_server_url,
+        prefix=redis_prefix,
+        database_url=database_url,
+        skills_path=str(OUTBOX_SKILLS),
+        api_token=TOKEN,
+        telegram_bot_token=tg.token,
+        telegram_api_base=tg.url,
+        rate_limits=json.dumps({"telegram": {"chat": [1, 2]}}),
+    )
+    svc = await Services.open(settings)
+    worker = build_worker(svc, handle_signals=False, scheduler=False)
+    run = asyncio.create_task(worker.async_run())
+    try:
+        ctx = {"channel": "telegram", "actor_key": "1001", "role_id": "r1", "session_id": "s-p"}
+        ids = [await dispatch(svc, "say", {"text": f"n{n}"}, ctx) for n in range(3)]
+        for job_id in ids:
+            await wait_status(svc, job_id, {"succeeded"}, limit=60)
+        deadline = time.monotonic() + 60
+        while len(tg.sent) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        async with svc.sessionmaker() as session:
+            rows = (await session.scalars(select(Delivery))).all()
+        assert [r.status for r in rows] == ["sent"] * 3
+        app = create_app(settings, services=svc)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://127.0.0.1",
+            headers={"authorization": f"Bearer {TOKEN}"},
+        ) as client:
+            s = _samples((await client.get("/metrics")).text)
+    finally:
+        await worker.close()
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*")]
+        if keys:
+            await svc.redis.delete(*keys)
+        await svc.close()
+    assert s[("skilljobs_ratelimit_parked_total", (("channel", "telegram"),))] == 2
+    took = sorted(max(0.0, r.sent_at - r.created_at) for r in rows)
+    assert took[-1] >= 3.5  # the last one waited for two tokens (2 s each)
+    assert _get(s, f"{LATENCY}_count", channel="telegram") == 3
+    assert abs(_get(s, f"{LATENCY}_sum", channel="telegram") - sum(took)) < 1e-6
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ collector); off, and importable, without configuration or without the extra."""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import os
 import subprocess
@@ -324,3 +325,61 @@ async def test_a_dispatch_over_http_continues_the_callers_trace(
     [run] = got["skilljobs.run"]
     assert f"{run.context.trace_id:032x}" == caller_trace
     assert _parent_id(run) == root.context.span_id
+
+
+@pytest.mark.slow
+async def test_a_worker_process_exports_its_spans_into_the_dispatchers_trace(
+    tmp_path: Path, pg_url: str, redis_server_url: str, redis_prefix: str, tg: Any, spans
+) -> None:
+    """Across processes: dispatched here (in-memory exporter), run by a real `skilljobs
+    worker` configured only by OTEL_* variables, whose spans reach a loopback OTLP/HTTP
+    collector under the dispatch span."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    from tests.helpers.jobs import wait_status
+    from tests.helpers.workers import WorkerProcess
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Collector.received.clear()
+    settings = make_settings(
+        tmp_path,
+        redis_url=redis_server_url,
+        prefix=redis_prefix,
+        database_url=pg_url,
+        skills_path=os.pathsep.join([str(JOB_SKILLS), str(FAKE_SKILLS)]),
+    )
+    env = {
+        "SKILLJOBS_TELEGRAM_BOT_TOKEN": tg.token,
+        "SKILLJOBS_TELEGRAM_API_BASE": tg.url,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_port}",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    svc = await Services.open(settings)
+    worker = WorkerProcess(settings, tmp_path / "worker.log", **env)
+    try:
+        job_id = await dispatch(svc, "bg_report", {"message": "Your report"}, TG_CTX)
+        job = await wait_status(svc, job_id, {"succeeded", "failed"}, limit=60)
+        assert job.status == "succeeded", job.error
+        [root] = _by_name(spans)["skilljobs.dispatch"]
+        names: dict[str, Any] = {}
+        for _ in range(100):  # the batch processor exports every 100 ms
+            for _path, _ctype, body in list(_Collector.received):
+                request = ExportTraceServiceRequest.FromString(body)
+                for rs in request.resource_spans:
+                    for ss in rs.scope_spans:
+                        names.update({s.name: s for s in ss.spans})
+            if "skilljobs.finish" in names and "skilljobs.deliver" in names:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        worker.stop()
+        server.shutdown()
+        await svc.close()
+    for name in ("skilljobs.queue_wait", "skilljobs.run", "skilljobs.finish"):
+        span = names[name]
+        assert span.trace_id == root.context.trace_id.to_bytes(16, "big"), name
+        assert span.parent_span_id == root.context.span_id.to_bytes(8, "big"), name
+    assert names["skilljobs.deliver"].parent_span_id == names["skilljobs.finish"].span_id
