@@ -29,7 +29,10 @@ def list_workers() -> None:
     async def _go(svc: Any) -> list[dict[str, Any]]:
         from jobs.queue import worker_control
 
-        return await worker_control.list_workers(svc)
+        try:
+            return await worker_control.list_workers(svc)
+        except worker_control.WorkerControlError as exc:
+            fail(str(exc))
 
     items = with_services(_go)
     table = Table("id", "host", "pid", "state", "flags", "running", "last heartbeat")
