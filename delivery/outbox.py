@@ -40,9 +40,11 @@ log = logging.getLogger(__name__)
 #: a wait this short (one message interval of a chat limited to 1/s) is waited out in
 #: place: a result's next item then follows it at once; longer waits are parked
 INLINE_WAIT = 1.0
-#: how long one sender holds a chat (renewed with each message it sends). Expiry is safe:
+#: how long one sender holds a chat (renewed with each message it sends), longer than the
+#: stalls of a loaded host (a sender that took a token and stalled must still be the one
+#: to send to that chat). Expiry is safe for custody:
 #: the head stays queued until it is recorded, and the ledger lets one claimant send it.
-LOCK_MS = 5_000
+LOCK_MS = 15_000
 #: how often a head held by another claimant that still looks alive is looked at again
 HELD_MS = 1_000
 #: the longest the loop sleeps before looking at the due queues again

@@ -31,6 +31,18 @@ FILES_EVERY = 10  # one result in ten is a chart and a CSV (two messages)
 MESSAGES = RESULTS + RESULTS // FILES_EVERY
 
 
+def _lines_about(log: str, ids: list[str]) -> str:
+    """The log lines naming one of ``ids``, each with the traceback that follows it."""
+    out: list[str] = []
+    keep = False
+    for line in log.splitlines():
+        if line[:4].isdigit():  # a new record: "2026-…"
+            keep = any(j in line for j in ids)
+        if keep:
+            out.append(line)
+    return "\n".join(out)
+
+
 async def _count(svc: Services, *where: Any) -> int:
     async with svc.sessionmaker() as s:
         return int(await s.scalar(select(func.count()).select_from(Delivery).where(*where)) or 0)
@@ -48,8 +60,9 @@ async def test_300_results_3_workers_meet_the_flood_limits(
         prefix=redis_prefix,
         database_url=pg_url,
         skills_path=os.pathsep.join([str(SKILLS), str(FAKE_SKILLS)]),
-        worker_lease_sec=10.0,
-        worker_heartbeat_sec=1.0,
+        # a shared 2-core host under load: a worker is presumed dead only after 6 s silent
+        worker_lease_sec=20.0,
+        worker_heartbeat_sec=2.0,
         reconcile_interval_sec=1.0,
         reconcile_stale_sec=5.0,
     )
@@ -82,6 +95,9 @@ async def test_300_results_3_workers_meet_the_flood_limits(
             await asyncio.sleep(0.5)
         async with svc.sessionmaker() as s:
             jobs = Counter((await s.scalars(select(Job.status))).all())
+            errors = Counter(
+                (await s.scalars(select(Job.error).where(Job.error.is_not(None)))).all()
+            )
             rows = (await s.scalars(select(Delivery))).all()
     finally:
         for w in workers:
@@ -93,17 +109,12 @@ async def test_300_results_3_workers_meet_the_flood_limits(
         for line in w.log.read_text(errors="replace").splitlines()
         if " ERROR " in line or "outbox" in line or "429" in line
     )[-3000:]
-    assert jobs == {"succeeded": RESULTS}, (jobs, logs)
+    assert jobs == {"succeeded": RESULTS}, (jobs, errors.most_common(3))
     per_job = Counter(str(r.job_id) for r in rows)
     short = [j for j, k in per_job.items() if k < (2 if j in two_files else 1)]
     short += [j for j in ids if j not in per_job]
-    about = "\n".join(
-        line
-        for w in workers
-        for line in w.log.read_text(errors="replace").splitlines()
-        if any(j in line for j in short)
-    )[-4000:]
-    assert not short, (short, about)
+    about = "\n".join(_lines_about(w.log.read_text(errors="replace"), short) for w in workers)
+    assert not short, (short, about[-6000:])
     statuses = Counter(r.status for r in rows)
     assert statuses == {"sent": MESSAGES}, (statuses, [r.error for r in rows if r.error][:5], logs)
     assert all(r.message_id and r.verified for r in rows)
