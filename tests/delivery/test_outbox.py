@@ -123,7 +123,7 @@ async def test_lost_queue_is_rebuilt_from_the_ledger(
     in the ledger, and the sweep queues them again; each is sent once."""
     from delivery import outbox as ob
 
-    slow = json.dumps({"telegram": {"chat": [1, 1]}})
+    slow = json.dumps({"telegram": {"chat": [1, 10]}})  # one per 10 s: still parked below
     settings = await _settings(
         tmp_path, sqlite_url, redis_server_url, redis_prefix, tg, rate_limits=slow
     )
@@ -150,7 +150,7 @@ async def test_lost_queue_is_rebuilt_from_the_ledger(
                 row.updated_at -= 2 * ob.SWEEP_AFTER
             await s.commit()
         assert await outbox.sweep() == len(parked)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if all(r.status == "sent" for r in await _rows(svc)):
                 break
