@@ -163,6 +163,7 @@ def job_dict(
         out["context"] = safe(job.context)
         out["fetches"] = safe(job.fetches or [])
         out["wall_sec"] = job.wall_sec
+        out["trace_id"] = telemetry.trace_id(job)  # its spans' trace, when tracing is on
         secrets = job_secrets(job, box)
         out["attempt_log"] = [attempt_dict(a, secrets) for a in attempts]
     return out

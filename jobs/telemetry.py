@@ -263,6 +263,12 @@ def parent_of(job: Any) -> str:
     return f"00-{digest[:32]}-{digest[32:48]}-01"
 
 
+def trace_id(job: Any) -> str:
+    """The id of the trace the spans of ``job`` are in (when tracing is on), 32 hex digits:
+    what to look the job up by in the tracing backend."""
+    return parent_of(job).split("-")[1]
+
+
 def _job_attrs(job: Any) -> dict[str, str]:
     return {"skilljobs.job.id": str(job.id), "skilljobs.skill": str(job.skill)}
 
@@ -297,6 +303,7 @@ __all__ = [
     "parent_of",
     "queue_wait",
     "setup",
+    "trace_id",
     "traced",
     "traceparent",
     "use",

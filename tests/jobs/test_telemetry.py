@@ -325,6 +325,13 @@ async def test_a_dispatch_over_http_continues_the_callers_trace(
     [run] = got["skilljobs.run"]
     assert f"{run.context.trace_id:032x}" == caller_trace
     assert _parent_id(run) == root.context.span_id
+    # the job's detail names its trace, to look it up in the tracing backend
+    app_client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+    )
+    async with app_client as client:
+        detail = (await client.get(f"/api/v1/jobs/{res.json()['job_id']}")).json()
+    assert detail["trace_id"] == caller_trace
 
 
 @pytest.mark.slow
