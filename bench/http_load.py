@@ -2,18 +2,20 @@
 
     python -m bench.http_load [--reps 3] [--seconds 10] [--before REF] [--only pg,embedded]
 
-Starts ``skilljobs up`` (web app and a worker in one process, the worker draining the same
-jobs) and loads it with ``wrk -t2 -c20`` (``apt-get install -y wrk``), for each backend:
+Starts the servers (the worker draining the same jobs meanwhile) and loads them with ``wrk -t2 -c20`` (``apt-get install -y wrk``), for each backend:
 
-- ``pg``: PostgreSQL (``SKILLJOBS_BENCH_DATABASE_URL``, a fresh database per run) and
-  Redis (``SKILLJOBS_BENCH_REDIS_URL``, a fresh key prefix per run);
-- ``embedded``: the embedded default (SQLite in the data directory, bundled Redis).
+- ``pg``: ``skilljobs web`` + ``skilljobs worker`` on PostgreSQL
+  (``SKILLJOBS_BENCH_DATABASE_URL``, a fresh database per run) and Redis
+  (``SKILLJOBS_BENCH_REDIS_URL``, a fresh key prefix per run);
+- ``embedded``: ``skilljobs up``, the embedded default (SQLite in the data directory,
+  bundled Redis; the web app in the process, its worker a child process of its own).
 
 Per run: ``GET /healthz`` (the HTTP floor), background dispatches of the no-op skill from an
 ``orgdeleg:`` session (recorded, enqueued, run by the worker meanwhile) and sync dispatches
 of the bundled ``echo`` (the executor processes of the web app). Afterwards it counts the
 job rows against the 202 receipts (every receipt must have its row) and greps the server's
-log for "database is locked".
+log for "database is locked". The CPU of the web process and of the worker process during
+the background load is reported as a share of one core.
 
 ``--before REF`` also runs the tree of commit ``REF`` (``git archive``) with the same
 interpreter, interleaved with the working tree run by run, as the comparator.
@@ -149,6 +151,20 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _worker_child(pid: int) -> int:
+    """The ``skilljobs worker`` child of ``skilljobs up`` (process ``pid``); ``pid`` itself
+    when there is none (a tree whose ``up`` runs the worker in its own process)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            argv = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"worker" in argv:
+            return int(stat.parent.name)
+    return pid
+
+
 def _sqlite_count(path: Path) -> tuple[int, int]:
     db = sqlite3.connect(path)
     try:
@@ -186,7 +202,7 @@ def one_run(tree: Path, backend: str, seconds: int) -> dict[str, Any]:
         env["SKILLJOBS_QUEUE_NAME"] = f"{prefix}:queue"
     log_path = tmp / "server.log"
     # PostgreSQL: one web process and a worker process (the deployed shape); embedded:
-    # `skilljobs up`, web and worker in one process.
+    # `skilljobs up`, which starts its worker as a child process.
     commands = (
         [["web", "--port", str(port)], ["worker", "--no-scheduler"]]
         if backend == "pg"
@@ -226,9 +242,11 @@ def one_run(tree: Path, backend: str, seconds: int) -> dict[str, Any]:
         wrk(url, 2, SYNC, tmp)
         out["healthz"] = wrk(base + "/healthz", seconds, None, tmp)
         out["sync"] = wrk(url, seconds, SYNC, tmp)  # before the worker has a backlog
-        cpu0, t0 = _cpu(proc.pid), time.monotonic()
+        worker = procs[1].pid if len(procs) > 1 else _worker_child(proc.pid)
+        cpu0, wcpu0, t0 = _cpu(proc.pid), _cpu(worker), time.monotonic()
         out["background"] = wrk(url, seconds, BACKGROUND, tmp)
         out["web_cpu"] = (_cpu(proc.pid) - cpu0) / (time.monotonic() - t0)
+        out["worker_cpu"] = (_cpu(worker) - wcpu0) / (time.monotonic() - t0)
         time.sleep(1)
         if backend == "pg":
             total, done = asyncio.run(_pg_count(env["SKILLJOBS_DATABASE_URL"]))
@@ -272,7 +290,7 @@ def line(r: dict[str, Any]) -> str:
 
     return (
         f"{r['tree']:>8} {r['backend']:>8} | {part('healthz')} | {part('background')} | "
-        f"{part('sync')} | web CPU {r['web_cpu']:.0%} | rows {r['rows']} (drained {r['drained']}) locked {r['locked']} "
+        f"{part('sync')} | web CPU {r['web_cpu']:.0%} worker {r['worker_cpu']:.0%} | rows {r['rows']} (drained {r['drained']}) locked {r['locked']} "
         f"tracebacks {r['errors_logged']}"
     )
 

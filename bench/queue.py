@@ -5,6 +5,8 @@
 ``--peers`` (needs the ``bench`` extra): SAQ, taskiq and streaQ drain the same jobs next to
 raw arq and us, in interleaved repetitions (bench/peers.py); ``--only peers`` skips the rest.
 
+``--sqlite`` runs everything on the embedded default instead: a SQLite file and the bundled
+redis-server (persisted as ``skilljobs up`` runs it); raw arq then uses that Redis too.
 ``--only drain_traced`` compares the no-op drain with tracing off and on (needs the otel
 extra). Needs PostgreSQL and Redis (SKILLJOBS_BENCH_DATABASE_URL / SKILLJOBS_BENCH_REDIS_URL,
 defaults: the local services). Creates and drops its own database.
@@ -29,6 +31,7 @@ from sqlalchemy import delete, func, select
 
 from bench.common import REDIS, drop_db, make_db, pct
 from jobs import telemetry
+from jobs.cli.embedded import EmbeddedRedis
 from jobs.models import Job
 from jobs.queue.dispatcher import Dispatcher
 from jobs.queue.worker import build_worker
@@ -44,7 +47,7 @@ def settings_for(db_url: str, data: Path, prefix: str) -> Settings:
     return Settings(
         _env_file=None,
         database_url=db_url,
-        redis_url=REDIS,
+        redis_url=os.environ.get("SKILLJOBS_REDIS_URL", REDIS),
         data_dir=data,  # type: ignore[call-arg]
         skills_path=str(SKILLS),
         redis_prefix=prefix,
@@ -82,7 +85,7 @@ async def bench_wakeup(svc: Services, db_url: str, data: Path, n: int = 300) -> 
     env = {
         **os.environ,
         "SKILLJOBS_DATABASE_URL": db_url,
-        "SKILLJOBS_REDIS_URL": REDIS,
+        "SKILLJOBS_REDIS_URL": os.environ.get("SKILLJOBS_REDIS_URL", REDIS),
         "SKILLJOBS_DATA_DIR": str(data),
         "SKILLJOBS_SKILLS_PATH": str(SKILLS),
         "SKILLJOBS_REDIS_PREFIX": s.redis_prefix,
@@ -149,7 +152,8 @@ class Drain(float):
 
 async def raw_arq_drain(n: int, fn: str, max_jobs: int) -> Drain:
     queue = f"bench-raw-{uuid.uuid4().hex[:6]}"
-    pool = await create_pool(RedisSettings.from_dsn(REDIS), default_queue_name=queue)
+    redis = os.environ.get("SKILLJOBS_REDIS_URL", REDIS)
+    pool = await create_pool(RedisSettings.from_dsn(redis), default_queue_name=queue)
     for i in range(0, n, 500):
         await asyncio.gather(
             *(pool.enqueue_job(fn, _queue_name=queue) for _ in range(min(500, n - i)))
@@ -243,9 +247,15 @@ async def main() -> None:
     ap.add_argument("--orgs", type=int, default=100, help="organisations of drain_limits")
     ap.add_argument("--peers", action="store_true", help="SAQ, taskiq, streaQ in the same run")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions of --peers")
+    ap.add_argument("--sqlite", action="store_true", help="SQLite + bundled Redis")
     args = ap.parse_args()
-    db_url, name = await make_db()
     data = Path(tempfile.mkdtemp(prefix="skilljobs-bench-"))
+    embedded = _embedded(data) if args.sqlite else None
+    db_url, name = (
+        (f"sqlite+aiosqlite:///{data / 'skilljobs.db'}", "") if args.sqlite else await make_db()
+    )
+    if args.sqlite:
+        await _migrate(db_url)
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     svc = await Services.open(settings_for(db_url, data, prefix))
     out: dict[str, object] = {}
@@ -296,8 +306,27 @@ async def main() -> None:
             )
     finally:
         await svc.close()
-        await drop_db(name)
+        if embedded is not None:
+            embedded.stop()
+        else:
+            await drop_db(name)
     print(json.dumps(out, indent=2))
+
+
+def _embedded(data: Path) -> EmbeddedRedis:
+    """The bundled redis-server, as ``skilljobs up`` starts it; its URL in the environment."""
+    redis = EmbeddedRedis(data / "redis", persist=True)
+    os.environ["SKILLJOBS_REDIS_URL"] = redis.start()
+    return redis
+
+
+async def _migrate(url: str) -> None:
+    from jobs.db import create_engine
+    from jobs.migrate import upgrade
+
+    engine = create_engine(url)
+    await upgrade(engine)
+    await engine.dispose()
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from jobs import storable
 from jobs.constants import MAX_RUNS
-from jobs.db import autocommit, engine_of, raw_fetch
+from jobs.db import autocommit, engine_of, is_sqlite, raw_fetch
 from jobs.models import (
     CANCELLED,
     FAILED,
@@ -39,7 +39,7 @@ from jobs.models import (
     JobRow,
     Worker,
 )
-from jobs.queue import incidents
+from jobs.queue import incidents, store_sqlite
 
 Sessions = async_sessionmaker[AsyncSession]
 
@@ -259,8 +259,11 @@ async def claim_many(
         )
         for rec in records:
             rows[(rec["id"], rec["lease_token"] - 1)] = RowView(rec)
+    elif is_sqlite(engine := engine_of(sm)):
+        found = await store_sqlite.claim_many(engine, wanted, common)
+        rows = {key: RowView(row) for key, row in found.items()}
     else:
-        async with engine_of(sm).begin() as conn:
+        async with engine.begin() as conn:
             for job_id, tok in wanted:
                 params = {**common, "jid": job_id, "tok": tok, "new_tok": tok + 1}
                 got = (await conn.execute(_CLAIM, params)).first()
@@ -377,7 +380,12 @@ async def finish_many(sm: Sessions, outcomes: list[Outcome]) -> list[bool]:
         )
         done = {(r["id"], r["tok"]) for r in records}
         return [(o.job_id, o.token) in done for o in outcomes]
-    async with engine_of(sm).begin() as conn:
+    engine = engine_of(sm)
+    if is_sqlite(engine):
+        pairs = [(o, _attempt_error(o)) for o in outcomes]
+        done = await store_sqlite.finish_many(engine, pairs, now)
+        return [(o.job_id, o.token) in done for o in outcomes]
+    async with engine.begin() as conn:
         for o in outcomes:
             job_params = {
                 "jid": o.job_id,
@@ -891,7 +899,17 @@ async def record_jobs(
             return
         except asyncpg.PostgresError:
             pass  # refused, nothing written: the portable form below raises SQLAlchemy's error
-    async with engine_of(sm).begin() as conn:
+    engine = engine_of(sm)
+    if (
+        is_sqlite(engine)
+        and all(r.keys() == _NEW_JOB_KEYS for r in rows)
+        and all(s.keys() == _SESSION_KEYS for s in sessions.values())
+    ):
+        now = time.time()
+        new_sessions = [{**s, "created_at": now, "updated_at": now} for s in sessions.values()]
+        await store_sqlite.record_jobs(engine, _NEW_JOB_NAMES, rows, new_sessions)
+        return
+    async with engine.begin() as conn:
         if sessions:
             now = time.time()
             await conn.execute(
@@ -931,6 +949,8 @@ _NEW_JOB_COLUMNS = (
 )
 _NEW_JOB_KEYS = frozenset(name for name, _ in _NEW_JOB_COLUMNS)
 _SESSION_COLUMNS = ("session_id", "role_id", "org_id", "channel", "external_id")
+_SESSION_KEYS = frozenset(_SESSION_COLUMNS)
+_NEW_JOB_NAMES = tuple(name for name, _ in _NEW_JOB_COLUMNS)
 _NJ = len(_NEW_JOB_COLUMNS)
 _PG_NEW_JOBS = (
     "WITH s AS (INSERT INTO chat_sessions ("
