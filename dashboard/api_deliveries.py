@@ -1,20 +1,31 @@
-"""Deliveries across jobs: the ledger's rows by status, channel or job."""
+"""Deliveries across jobs: the ledger's rows by status, channel or job; resend or dismiss
+one, or every one the list's filter matches (bulk)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Body, Query, Request
 
 from dashboard import queries
 from dashboard.api_jobs import actor_of, delivery_dict, services_of
 from dashboard.errors import ApiError
+from jobs.models import OpsAction
 
 router = APIRouter(prefix="/api/v1")
 
 DEFAULT_STATUSES = ("failed", "unknown")
 DEFAULT_SINCE_S = 7 * 86400.0
+
+
+def _statuses(status: str | None, job: str | None) -> tuple[str, ...]:
+    statuses = tuple(s.strip() for s in (status or "").split(",") if s.strip())
+    bad = [s for s in statuses if s not in queries.DELIVERY_STATUSES]
+    if bad:
+        allowed = ", ".join(str(s) for s in queries.DELIVERY_STATUSES)
+        raise ApiError(422, f"status must be among {allowed} (not {bad[0]!r})")
+    return statuses or (() if job else DEFAULT_STATUSES)
 
 
 @router.get("/deliveries")
@@ -28,23 +39,107 @@ async def list_deliveries(
 ) -> dict[str, Any]:
     """Newest first. Without ``job``: ``failed`` and ``unknown`` of the last 7 days unless
     ``status`` / ``since`` say otherwise (the status index serves the range)."""
-    statuses = tuple(s.strip() for s in (status or "").split(",") if s.strip())
-    bad = [s for s in statuses if s not in queries.DELIVERY_STATUSES]
-    if bad:
-        allowed = ", ".join(str(s) for s in queries.DELIVERY_STATUSES)
-        raise ApiError(422, f"status must be among {allowed} (not {bad[0]!r})")
-    if not statuses and not job:
-        statuses = DEFAULT_STATUSES
     async with services_of(request).read_sessionmaker() as session:
         rows = await queries.list_deliveries(
             session,
-            statuses=statuses,
+            statuses=_statuses(status, job),
             since=since if since is not None else time.time() - DEFAULT_SINCE_S,
             channel=channel or None,
             job_id=job or None,
             limit=limit,
         )
     return {"items": [{**delivery_dict(d), **_custody(d)} for d in rows]}
+
+
+BULK_CAP = 500  # deliveries one bulk action takes at most (each resend is a real send)
+BULK_ACTIONS = ("resend", "dismiss")
+_BULK_FIELDS = {"status", "channel", "job", "since"}
+
+
+@router.post("/deliveries/bulk")
+async def bulk(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+    """``{"action": "resend"|"dismiss", "filter": {status, channel, job, since} (the
+    list's filter), "dry_run": true, "limit": n}`` → ``{"matched", "limit", "capped",
+    "affected", "delivery_ids", "refused"}``: the oldest ``limit`` (at most 500) matching
+    deliveries are taken; ``dry_run`` defaults to true. Each one is audited as it is
+    resent or dismissed, and the whole as ``bulk.resend`` / ``bulk.dismiss``."""
+    action, flt = body.get("action"), body.get("filter") or {}
+    dry_run, limit = body.get("dry_run", True), body.get("limit", BULK_CAP)
+    if action not in BULK_ACTIONS:
+        raise ApiError(422, f"unknown action {action!r}: one of {', '.join(BULK_ACTIONS)}")
+    if not isinstance(flt, dict) or not isinstance(dry_run, bool):
+        raise ApiError(422, "filter must be an object and dry_run true or false")
+    if set(flt) - _BULK_FIELDS:
+        unknown = ", ".join(sorted(set(flt) - _BULK_FIELDS))
+        raise ApiError(
+            422, f"unknown filter field(s): {unknown} (known: channel, job, since, status)"
+        )
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= BULK_CAP:
+        raise ApiError(422, f"limit must be a whole number from 1 to {BULK_CAP}")
+    since = flt.get("since")
+    if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)):
+        raise ApiError(422, "since must be a time in epoch seconds")
+    job = str(flt["job"]) if flt.get("job") else None
+    svc = services_of(request)
+    async with svc.sessionmaker() as session:
+        matched, ids = await queries.delivery_matches(
+            session,
+            statuses=_statuses(flt.get("status"), job),
+            since=float(since) if since is not None else time.time() - DEFAULT_SINCE_S,
+            channel=str(flt["channel"]) if flt.get("channel") else None,
+            job_id=job,
+            limit=limit,
+        )
+    out: dict[str, Any] = {
+        "action": action,
+        "dry_run": dry_run,
+        "filter": flt,
+        "matched": matched,
+        "limit": limit,
+        "capped": matched > limit,
+        "affected": 0,
+        "delivery_ids": ids[:100],
+        "refused": [],
+    }
+    if dry_run:
+        return out
+    actor = actor_of(request)
+    out["affected"], out["refused"] = await _apply(svc, str(action), ids, actor)
+    async with svc.sessionmaker() as s:
+        s.add(
+            OpsAction(
+                action=f"bulk.{action}",
+                target="deliveries",
+                actor=actor,
+                details={
+                    "filter": flt,
+                    "matched": matched,
+                    "taken": len(ids),
+                    "affected": out["affected"],
+                    "result": "ok" if out["affected"] == len(ids) else "partial",
+                },
+            )
+        )
+        await s.commit()
+    return out
+
+
+async def _apply(
+    svc: Any, action: str, ids: list[int], actor: str
+) -> tuple[int, list[dict[str, Any]]]:
+    from delivery.custody import dismiss, resend
+
+    done, refused = 0, list[dict[str, Any]]()
+    for delivery_id in ids:
+        if action == "resend":
+            res = await resend(svc, delivery_id, actor=actor)
+        else:
+            res = await dismiss(svc.sessionmaker, delivery_id, actor=actor)
+        if res.ok:
+            done += 1
+        elif len(refused) < 100:
+            refused.append({"delivery_id": delivery_id, "error": res.message})
+    return done, refused
 
 
 def _custody(d: Any) -> dict[str, Any]:

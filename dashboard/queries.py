@@ -465,6 +465,31 @@ async def list_deliveries(
     return list((await session.execute(stmt)).scalars())
 
 
+async def delivery_matches(
+    session: AsyncSession,
+    *,
+    statuses: tuple[str, ...],
+    since: float,
+    channel: str | None = None,
+    job_id: str | None = None,
+    limit: int = 500,
+) -> tuple[int, list[int]]:
+    """How many deliveries the list's filter matches, and the ids of the oldest ``limit``
+    (what a bulk resend or dismiss takes)."""
+    conds: list[Any] = [Delivery.status.in_(statuses)]
+    if job_id:
+        conds.append(Delivery.job_id == job_id)
+    else:
+        conds.append(Delivery.created_at >= since)
+    if channel:
+        conds.append(Delivery.channel == channel)
+    total = int((await session.execute(select(func.count()).where(*conds))).scalar() or 0)
+    if not total:
+        return 0, []
+    stmt = select(Delivery.id).where(*conds).order_by(Delivery.created_at, Delivery.id)
+    return total, list((await session.execute(stmt.limit(max(1, limit)))).scalars())
+
+
 async def list_audit(
     session: AsyncSession,
     *,

@@ -942,9 +942,29 @@ async function loadDeliveries() {
   const open = list.items.filter((d) => OPEN_DELIVERY.includes(d.status));
   const bar = clear($("#deliveries-bulk"));
   if (open.length) {
-    bar.append(action(`Resend ${open.length} shown…`, () => deliveryAction(open, "resend", reload)), " ",
-      action(`Dismiss ${open.length} shown…`, () => deliveryAction(open, "dismiss", reload)));
+    bar.append(action("Resend all matching…", () => deliveryBulk("resend", reload)), " ",
+      action("Dismiss all matching…", () => deliveryBulk("dismiss", reload)));
   }
+}
+
+// Every delivery the list's filter matches (not only those shown), after a dry-run count.
+async function deliveryBulk(verb, after) {
+  const filter = {};
+  for (const name of ["status", "channel"]) if (state.params.get(name)) filter[name] = state.params.get(name);
+  const what = Object.entries(filter).map(([k, v]) => `${k}=${v}`).join(", ") || "status=failed,unknown";
+  try {
+    const dry = await api("/api/v1/deliveries/bulk", { method: "POST", json: { action: verb, filter, dry_run: true } });
+    if (!dry.matched) { flash(`No delivery matches ${what}.`); return; }
+    const warn = verb === "resend" && (!filter.status || filter.status.includes("unknown"))
+      ? " An unknown delivery may have arrived already: its recipient can get it twice." : "";
+    const capped = dry.capped ? ` The oldest ${dry.limit} are taken now; run it again for the rest.` : "";
+    const label = verb === "resend" ? "Resend" : "Dismiss";
+    if (!window.confirm(`${label} ${dry.matched} deliveries matching ${what} (last 7 days)?${warn}${capped}`)) return;
+    const r = await api("/api/v1/deliveries/bulk", { method: "POST", json: { action: verb, filter, dry_run: false } });
+    const refused = (r.refused || []).length;
+    flash(`${verb}: ${r.affected} of ${r.matched}` + (refused ? ` — ${r.refused[0].error}` : ""), refused > 0);
+  } catch (err) { report(err); }
+  after();
 }
 
 // --- incidents ---------------------------------------------------------------------------

@@ -215,6 +215,7 @@ async def test_read_token_sees_everything_and_changes_nothing(services) -> None:
             (f"/api/v1/jobs/{job.id}/retry", None),
             (f"/api/v1/jobs/{job.id}/cancel", None),
             ("/api/v1/jobs/bulk", {"action": "retry", "filter": {"status": "failed"}}),
+            ("/api/v1/deliveries/bulk", {"action": "dismiss", "filter": {}}),
             ("/api/v1/incidents/x/ack", None),
             ("/api/v1/workers/x/pause", None),
             ("/api/v1/workers/x/drain", None),

@@ -84,3 +84,45 @@ async def test_read_token_cannot_resend_or_dismiss(services) -> None:
         for action in ("resend", "dismiss"):
             resp = await c.post(f"/api/v1/deliveries/{item['id']}/{action}")
             assert resp.status_code == 403, resp.text
+
+
+async def test_bulk_resend_and_dismiss_take_the_lists_filter(client, services, tg) -> None:
+    services.channels = {"telegram": TelegramChannel(services.http, tg.token, api_base=tg.url)}
+    jobs = [await seed_job(services, status="succeeded") for _ in range(3)]
+    for i, job in enumerate(jobs):
+        await _unknown(services, job.id, f"report {i}")
+
+    async def bulk(**kw):  # type: ignore[no-untyped-def]
+        resp = await client.post("/api/v1/deliveries/bulk", json=kw)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    listed = (await client.get("/api/v1/deliveries", params={"channel": "telegram"})).json()
+    dry = await bulk(action="resend", filter={"channel": "telegram"})
+    assert dry["dry_run"] is True and dry["matched"] == len(listed["items"]) == 3
+    assert dry["affected"] == 0 and tg.sent == []
+    assert (await bulk(action="resend", filter={"channel": "feishu"}))["matched"] == 0
+    # the oldest first, at most the limit: it says more are left
+    first = await bulk(action="resend", filter={"status": "unknown"}, dry_run=False, limit=2)
+    assert first["matched"] == 3 and first["capped"] is True and first["affected"] == 2
+    assert [m["text"] for m in tg.sent] == ["report 0", "report 1"]
+    rest = await bulk(action="dismiss", filter={"status": "unknown"}, dry_run=False)
+    assert rest["matched"] == 1 and rest["affected"] == 1 and len(tg.sent) == 2
+    statuses = sorted(
+        d["status"]
+        for d in (await client.get("/api/v1/deliveries?status=sent,dismissed")).json()["items"]
+    )
+    assert statuses == ["dismissed", "sent", "sent"]
+    async with services.sessionmaker() as s:
+        actions = (await s.scalars(select(OpsAction.action).order_by(OpsAction.id))).all()
+    assert actions.count("delivery_resend") == 2 and actions.count("delivery_dismiss") == 1
+    assert "bulk.resend" in actions and "bulk.dismiss" in actions
+
+    for bad in (
+        {"action": "explode", "filter": {}},
+        {"action": "dismiss", "filter": {"colour": "red"}},
+        {"action": "dismiss", "filter": {"status": "lost"}},
+        {"action": "dismiss", "filter": {}, "limit": 501},
+        {"action": "dismiss", "filter": {"since": "yesterday"}},
+    ):
+        assert (await client.post("/api/v1/deliveries/bulk", json=bad)).status_code == 422, bad
