@@ -405,6 +405,14 @@ async def _admin(
     assert any("Dismiss delivery to feishu:ou_0 (failed)?" in d for d in dialogs)
     gone = (await http.get("/api/v1/deliveries", params={"status": "dismissed"})).json()
     assert [str(d["id"]) for d in gone["items"]] == [failed_id]
+    # bulk: every delivery the filter matches, after the count
+    await page.click("#deliveries-bulk button:has-text('Dismiss all matching')")
+    await page.wait_for_function(
+        "() => !document.querySelector('#deliveries tbody tr[data-delivery-id]')"
+    )
+    assert any("Dismiss 1 deliveries matching status=failed,unknown" in d for d in dialogs)
+    gone = (await http.get("/api/v1/deliveries", params={"status": "dismissed"})).json()
+    assert len(gone["items"]) == 2
 
     # a schedule's own address: runs including a missed fire; disabling changes the API
     await page.goto(f"{url}/#/schedules/{ids['schedule']}")
