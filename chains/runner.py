@@ -105,7 +105,10 @@ async def run_chain(
     try:
         running = _ChainRun(services, executor, lease, stop).run()
         attrs = {"skilljobs.chain_run.id": run_id}
-        return await telemetry.traced("skilljobs.chain_run", running, attrs=attrs, outcome=_ended)
+        parent = telemetry.derived(run_id)  # one trace however many workers resume the run
+        return await telemetry.traced(
+            "skilljobs.chain_run", running, parent=parent, attrs=attrs, outcome=_ended
+        )
     except rs.LeaseLost:
         log.warning("chain run %s: lease lost; this attempt stops", run_id)
         await _hand_back(services, lease)  # (fenced: only when no peer has taken it)

@@ -5,7 +5,8 @@ finishing stage with the materialization and each delivery. The dispatcher store
 W3C ``traceparent`` of its span in the job record (``jobs.traceparent``), so the spans of
 whichever worker runs the job, however many runs later, join the dispatcher's trace. A
 job recorded without one (dispatched while tracing was off) still gets one trace: its id
-is derived from the job id. A chain run is one trace with a span per step.
+is derived from the job id. A chain run is one trace with a span per step, its id derived
+from the run id (a run resumed by another worker stays in it).
 
 Off unless configured (:func:`setup`): the ``skilljobs[otel]`` extra installed, and
 either the standard ``OTEL_*`` variables naming an exporter (``OTEL_EXPORTER_OTLP_ENDPOINT``
@@ -257,9 +258,13 @@ def parent_of(job: Any) -> str:
     """The ``traceparent`` the spans of ``job`` hang under: the one recorded at dispatch,
     else one derived from the job id (every worker derives the same)."""
     recorded = getattr(job, "traceparent", None)
-    if recorded:
-        return str(recorded)
-    digest = hashlib.sha256(str(job.id).encode()).hexdigest()
+    return str(recorded) if recorded else derived(str(job.id))
+
+
+def derived(key: str) -> str:
+    """A ``traceparent`` made from ``key`` (a job or chain run id): every process derives
+    the same, so every attempt of that job or run is in one trace."""
+    digest = hashlib.sha256(key.encode()).hexdigest()
     return f"00-{digest[:32]}-{digest[32:48]}-01"
 
 
@@ -295,6 +300,7 @@ async def _in_span(
 
 
 __all__ = [
+    "derived",
     "disable",
     "enabled",
     "incoming",

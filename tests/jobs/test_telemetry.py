@@ -169,6 +169,8 @@ async def test_a_chain_run_is_one_trace_with_a_span_per_step(
     [run] = got["skilljobs.chain_run"]
     steps = sorted(got["skilljobs.chain_step"], key=lambda s: s.start_time)
     assert run.attributes["skilljobs.chain_run.id"] == run_id
+    # its trace id comes from the run id: a run resumed by another worker stays in it
+    assert f"{run.context.trace_id:032x}" == telemetry.derived(run_id).split("-")[1]
     assert run.attributes["skilljobs.outcome"] == "succeeded"
     assert [s.attributes["skilljobs.step.id"] for s in steps] == ["first", "second"]
     for step in steps:
