@@ -324,7 +324,10 @@ class JobRunner:
         try:
             await self._linger()
             try:
-                post = await self._postprocess(job, token, result)
+                # The database away (restarting, out of connections) is waited out: every
+                # step is idempotent (the ledger sends nothing twice), and recording the job
+                # as done without its delivery would lose the result for its reader.
+                post = await retry_db("post-processing", self._postprocess, job, token, result)
                 result = post.result
             except asyncio.CancelledError:
                 raise

@@ -293,9 +293,13 @@ async def test_feishu_audio_is_opus_else_a_file(fs, http, tmp_path):
     voice = tone(tmp_path / "note.opus")
     await ch.send_audio("ou_a", voice)
     mp3 = tone(tmp_path / "song.mp3")
-    await ch.send_audio("ou_a", mp3)
-    assert [s["msg_type"] for s in fs.sent] == ["audio", "file"]
+    converted = await ch.send_audio("ou_a", mp3)  # ffmpeg makes the Opus the API wants
+    no_ffmpeg = feishu(http, fs, probe=MediaProbe(None, None))
+    as_file = await no_ffmpeg.send_audio("ou_a", mp3)
+    assert [s["msg_type"] for s in fs.sent] == ["audio", "audio", "file"]
     assert 1500 < int(fs.durations[fs.sent[0]["content"]["file_key"]]) < 2500
+    assert "converted from .mp3 to Opus" in converted.note  # type: ignore[attr-defined]
+    assert "ffmpeg not installed" in as_file.note  # type: ignore[attr-defined]
 
 
 async def test_feishu_group_chat_and_replies(fs, http):
