@@ -13,6 +13,7 @@ library ships them. Needs the ``bench`` extra (``pip install -e '.[bench]'``).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import statistics
 import sys
@@ -230,6 +231,12 @@ async def compare(ours: Drain, raw: Drain, jobs: int, sleep_jobs: int, reps: int
     """``reps`` interleaved repetitions: in each, every library drains ``jobs`` no-ops and
     then ``sleep_jobs`` sleepers, in an order rotated from one repetition to the next. The
     ratios us / them are taken per repetition and reported as min–max."""
+    missing = [m for m in ("saq", "taskiq_redis", "streaq") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SystemExit(
+            f"--peers needs the bench extra (not installed: {', '.join(missing)}): "
+            "pip install -e '.[bench]'"
+        )
     runners: dict[str, Drain] = {"skilljobs": ours, "arq": raw, **PEERS}
     libs = list(runners)
     rates: dict[str, dict[str, list[float]]] = {s: {lib: [] for lib in libs} for s in SHAPES}
@@ -240,13 +247,13 @@ async def compare(ours: Drain, raw: Drain, jobs: int, sleep_jobs: int, reps: int
             for lib in order:
                 rate = await runners[lib](n, shape)
                 rates[shape][lib].append(rate)
+                load.append(os.getloadavg()[0])
                 print(
                     f"rep {rep + 1}/{reps} {shape:8} {lib:9} {rate:8.0f} jobs/s "
-                    f"{getattr(rate, 'cpu_us', 0):6.0f} µs CPU/job  load {os.getloadavg()[0]:.1f}",
+                    f"{getattr(rate, 'cpu_us', 0):6.0f} µs CPU/job  load {load[-1]:.1f}",
                     file=sys.stderr,
                     flush=True,
                 )
-        load.append(os.getloadavg()[0])
     out: dict[str, Any] = {
         "reps": reps,
         "jobs": jobs,
