@@ -107,8 +107,16 @@ class _Local:
 _local: dict[str, _Local] = {}
 _lock = threading.Lock()
 _run_ids = itertools.count(1)
-# A forked child does not own its parent's runs or markers.
-os.register_at_fork(after_in_child=_local.clear)
+
+
+def _after_fork() -> None:
+    """A forked child does not own its parent's runs or markers (nor its lock's state)."""
+    global _lock
+    _lock = threading.Lock()
+    _local.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 @dataclass
