@@ -14,7 +14,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -74,7 +74,13 @@ async def record_failure(
     bump = (
         update(Incident)
         .where(Incident.signature == sig)
-        .values(count=Incident.count + 1, last_seen=now, status=OPEN)
+        .values(
+            count=Incident.count + 1,
+            # concurrent failures commit in any order: first/last seen stay the min/max
+            first_seen=case((Incident.first_seen > now, now), else_=Incident.first_seen),
+            last_seen=case((Incident.last_seen < now, now), else_=Incident.last_seen),
+            status=OPEN,
+        )
         .returning(Incident.id, Incident.sample_job_ids)
     )
     for _ in range(2):

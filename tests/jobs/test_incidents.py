@@ -145,6 +145,15 @@ async def test_concurrent_failures_of_one_signature_all_count(svc: Services) -> 
     assert inc["count"] == 12 and len(inc["sample_job_ids"]) == incidents.SAMPLES
 
 
+async def test_failures_recorded_out_of_order_keep_first_and_last_seen(svc: Services) -> None:
+    """Two workers' failures commit in either order: first/last seen are the min/max."""
+    await incidents.record_failure(svc.sessionmaker, "j2", "s", "failed", "boom 2", now=200.0)
+    await incidents.record_failure(svc.sessionmaker, "j1", "s", "failed", "boom 1", now=100.0)
+    await incidents.record_failure(svc.sessionmaker, "j3", "s", "failed", "boom 3", now=150.0)
+    [inc] = await incidents.list_incidents(svc.sessionmaker)
+    assert (inc["first_seen"], inc["last_seen"], inc["count"]) == (100.0, 200.0, 3)
+
+
 async def test_bulk_retry_by_filter_retries_exactly_the_matched_jobs(svc: Services) -> None:
     orders = await _fail_orders(svc, 3)
     quota = await dispatch(svc, "quota_report")
