@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
@@ -57,6 +58,11 @@ def behind_pgbouncer(url: str) -> bool:
     return parsed.get_backend_name() == "postgresql" and parsed.port == 6432
 
 
+# How long a SQLite statement waits for the write lock before "database is locked".
+BUSY_TIMEOUT_MS = 30_000
+# The pauses of :func:`sqlite_write` between tries for the write lock: first, longest (s).
+LOCK_PAUSE_S = (0.0005, 0.002)
+
 # Pools of engines whose connections go through PgBouncer in transaction mode.
 _PGBOUNCER: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -76,7 +82,7 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
             # writer contention into waiting instead of "database is locked".
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             cur.execute("PRAGMA foreign_keys=ON")
             # Per connection: a 16 MiB page cache (default 2 MiB), temporary b-trees in
             # memory, and reads through a 256 MiB memory map instead of read() calls.
@@ -199,13 +205,13 @@ async def sqlite_write(engine: AsyncEngine, fn: Callable[[sqlite3.Connection], T
     aiosqlite thread (cursor, execute, fetch, close), and the write lock is held across
     all of them, while the other process of ``skilljobs up`` waits for it. Here ``fn`` runs
     on the ``sqlite3`` connection itself, between ``BEGIN IMMEDIATE`` (the write lock is
-    taken first, waiting up to ``busy_timeout``, so the transaction can never fail to
-    upgrade a read) and ``COMMIT``; an exception rolls it back. Errors of ``sqlite3`` come
+    taken first, so the transaction can never fail to upgrade a read; see
+    :func:`_begin_immediate` for the wait) and ``COMMIT``; an exception rolls it back. Errors of ``sqlite3`` come
     back as SQLAlchemy's (``OperationalError`` for a locked or unavailable database).
     """
 
     def run(db: sqlite3.Connection) -> T:
-        db.execute("BEGIN IMMEDIATE")
+        _begin_immediate(db)
         try:
             out = fn(db)
         except BaseException:
@@ -225,6 +231,28 @@ async def sqlite_write(engine: AsyncEngine, fn: Callable[[sqlite3.Connection], T
             raise DBAPIError.instance(
                 "sqlite_write", None, exc, sqlite3.Error, hide_parameters=True
             ) from exc
+
+
+def _begin_immediate(db: sqlite3.Connection) -> None:
+    """``BEGIN IMMEDIATE``, trying again every 0.5-2 ms while another connection writes, for
+    up to ``BUSY_TIMEOUT_MS``. SQLite's own busy handler backs off to 100 ms between tries,
+    so a waiter can find the lock taken again by the other process at each try and wait far
+    longer than the transactions it waits for last (the tail of the dispatch receipts)."""
+    db.execute("PRAGMA busy_timeout=0")
+    try:
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        pause = LOCK_PAUSE_S[0]
+        while True:
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, LOCK_PAUSE_S[1])
+    finally:
+        db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
 
 
 def engine_of(sm: async_sessionmaker[AsyncSession]) -> AsyncEngine:

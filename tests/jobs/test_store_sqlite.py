@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from jobs.db import create_engine, sqlite_write
 from jobs.models import ChatSession, Job, JobAttempt, new_id
@@ -204,4 +204,28 @@ async def test_sqlite_write_waits_for_another_processs_writer(sqlite_url: str) -
     finally:
         release.set()
         thread.join(10)
+        await engine.dispose()
+
+
+async def test_sqlite_write_gives_up_after_the_busy_timeout(sqlite_url: str, monkeypatch) -> None:
+    """A lock held past the busy timeout is SQLAlchemy's OperationalError (what callers
+    retry as "database unavailable"), and the connection is usable again after."""
+    import jobs.db
+
+    monkeypatch.setattr(jobs.db, "BUSY_TIMEOUT_MS", 200)
+    path = sqlite_url.split(":///", 1)[1]
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    engine = create_engine(sqlite_url)
+    try:
+
+        def mine(db: sqlite3.Connection) -> None:
+            db.execute(SESSION_ROW, ("mine",))
+
+        with pytest.raises(OperationalError, match="locked"):
+            await sqlite_write(engine, mine)
+        other.execute("ROLLBACK")
+        await sqlite_write(engine, mine)
+    finally:
+        other.close()
         await engine.dispose()
