@@ -4,6 +4,7 @@ and bulk retry / cancel of every job a filter matches."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from dashboard.auth import identity_of
 from dashboard.errors import ApiError, not_found
 from dashboard.sync_pool import SyncPool
 from jobs import telemetry
-from jobs.context import fixed_segment, scrub, secret_values
+from jobs.context import channel_of, scrub, secret_values
 from jobs.crypto import ENC_TAG, REDACTED, redact
 from jobs.envelope import is_partial
 from jobs.links import file_link, file_link_key
@@ -183,19 +184,31 @@ class DispatchBody(BaseModel):
 
 @router.post("/dispatch")
 async def dispatch(body: DispatchBody, request: Request) -> JSONResponse:
-    """Relay to the dispatcher: 202 receipt, 200 result envelope, or a 4xx refusal. A
-    ``traceparent`` header puts the dispatch (and the job) in the caller's trace."""
-    with telemetry.incoming(request.headers.get("traceparent")):
-        return await _dispatch(body, request)
+    """Relay to the dispatcher: 202 receipt, 200 result envelope, or a 4xx refusal. (A
+    valid body is answered by ``dashboard.dispatch_lane`` before the router; this route
+    answers what the lane leaves to it.)"""
+    status, answer = await dispatch_answer(body, request.app.state, request.headers)
+    return JSONResponse(answer, status_code=status)
 
 
-async def _dispatch(body: DispatchBody, request: Request) -> JSONResponse:
-    key = body.idempotency_key or request.headers.get("idempotency-key") or None
-    svc = services_of(request)
-    pool: SyncPool | None = getattr(request.app.state, "sync_pool", None)
+async def dispatch_answer(
+    body: DispatchBody, state: Any, headers: Mapping[str, str]
+) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body answering ``body``. A ``traceparent`` header puts the
+    dispatch (and the job) in the caller's trace."""
+    with telemetry.incoming(headers.get("traceparent")):
+        return await _dispatch(body, state, headers)
+
+
+async def _dispatch(
+    body: DispatchBody, state: Any, headers: Mapping[str, str]
+) -> tuple[int, dict[str, Any]]:
+    key = body.idempotency_key or headers.get("idempotency-key") or None
+    svc: Services = state.services
+    pool: SyncPool | None = getattr(state, "sync_pool", None)
     if pool is not None and runs_now(svc, body):
         # The sync line runs in an executor process: a CPU-bound skill cannot stall us.
-        size = request.headers.get("content-length", "")
+        size = headers.get("content-length", "")
         running = pool.dispatch(
             size=int(size) if size.isdigit() else 1 << 30,
             skill=body.skill,
@@ -209,8 +222,7 @@ async def _dispatch(body: DispatchBody, request: Request) -> JSONResponse:
             "skilljobs.skill": body.skill,
             "skilljobs.background": False,
         }
-        status, answer_body = await telemetry.traced("skilljobs.dispatch", running, attrs=attrs)
-        return JSONResponse(answer_body, status_code=status)
+        return await telemetry.traced("skilljobs.dispatch", running, attrs=attrs)
     answer = await Dispatcher(svc).dispatch(
         skill=body.skill,
         input=body.input,
@@ -219,7 +231,7 @@ async def _dispatch(body: DispatchBody, request: Request) -> JSONResponse:
         idempotency_key=key,
         priority=body.priority,
     )
-    return JSONResponse(answer.body, status_code=answer.status_code)
+    return answer.status_code, answer.body
 
 
 def runs_now(svc: Services, body: DispatchBody) -> bool:
@@ -228,7 +240,7 @@ def runs_now(svc: Services, body: DispatchBody) -> bool:
     found = svc.registry.get(body.skill)
     if found is None or found.error or found.skill_type is not SkillType.HANDLER:
         return False
-    channel = fixed_segment(body.context)["channel"]
+    channel = channel_of(body.context)
     ext = str(body.external_id or body.context.get("external_id") or "")
     return not is_background(found, channel, ext)
 

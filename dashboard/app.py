@@ -30,6 +30,7 @@ from dashboard import (
     latency,
 )
 from dashboard.auth import AuthError, require_token
+from dashboard.dispatch_lane import DispatchLane
 from dashboard.errors import ApiError, envelope
 from dashboard.guard import Guard
 from dashboard.metrics import CONTENT_TYPE, Metrics
@@ -125,6 +126,8 @@ def create_app(
 
     _install_error_handlers(app)
     # The guard runs before anything reads the body; security headers wrap even its answers.
+    # Inside the guard, a valid dispatch goes straight to the dispatcher.
+    app.add_middleware(DispatchLane)
     app.add_middleware(Guard, settings=settings, tokens=app.state.token_key)
     app.add_middleware(SecurityHeaders)
 

@@ -28,6 +28,9 @@ from dashboard.tokens import Identity, TokenKey, identify
 log = logging.getLogger(__name__)
 
 IDENTITY = "skilljobs.identity"
+# The JSON body as the guard parsed it (absent when it did not parse): read it from here
+# instead of parsing the body a second time.
+PARSED_BODY = "skilljobs.json_body"
 MB = 1024 * 1024
 INT_MAX = 2**63 - 1
 BODY_TIMEOUT_S = 30.0
@@ -122,10 +125,16 @@ def check_json(value: Any, where: str = "", depth: int = 0) -> None:
         raise Refusal(422, f"{where or 'body'}: number out of range (at most 2^63-1)")
 
 
-def parse_json(body: bytes) -> None:
-    """Refuse a JSON body with NaN/Infinity, 64-bit overflows or absurd nesting."""
+NOT_PARSED: Any = object()
+
+
+def parse_json(body: bytes) -> Any:
+    """Refuse a JSON body with NaN/Infinity, 64-bit overflows or absurd nesting; the parsed
+    value, or ``NOT_PARSED`` when it is not JSON (a syntax error, left to the app)."""
     try:
-        check_json(json.loads(body, parse_constant=_nonfinite))
+        value = json.loads(body, parse_constant=_nonfinite)
+        check_json(value)
+        return value
     except RecursionError as exc:
         raise Refusal(422, "body: nested too deeply") from exc
     except ValueError as exc:
@@ -135,6 +144,7 @@ def parse_json(body: bytes) -> None:
             field = _field_of_constant(body)
             raise Refusal(422, f"{field}: non-finite number ({literal}) is not allowed") from exc
         # Syntax errors are left to the app, which names the position.
+        return NOT_PARSED
 
 
 def _field_of_constant(body: bytes) -> str:
@@ -340,11 +350,12 @@ class Guard:
             return receive
         ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
         if ctype == b"application/json" or ctype.endswith(b"+json"):
-            return await self.buffered_json(receive, limit)
+            return await self.buffered_json(scope, receive, limit)
         return counting(receive, limit)
 
-    async def buffered_json(self, receive: Receive, limit: int) -> Receive:
-        """Read the whole (capped) body, check its numbers, and replay it to the app."""
+    async def buffered_json(self, scope: Scope, receive: Receive, limit: int) -> Receive:
+        """Read the whole (capped) body, check its numbers, leave the parsed value in the
+        scope (``PARSED_BODY``) and replay the body to the app."""
         chunks: list[bytes] = []
         size = 0
         tail: Message | None = None
@@ -367,7 +378,9 @@ class Guard:
         body = b"".join(chunks)
         del chunks
         if body:
-            parse_json(body)
+            value = parse_json(body)
+            if value is not NOT_PARSED:
+                scope[PARSED_BODY] = value
         replayed = False
 
         async def replay() -> Message:

@@ -1,17 +1,23 @@
 """Running the dashboard app under uvicorn (``skilljobs web`` and ``skilljobs up``), with
-the connection hygiene a hostile network needs: a deadline for request heads, short
-keep-alive, a connection cap answered with a fast 503, the descriptor limit raised to
-what the system allows, and accept errors logged at most once in a while."""
+the connection hygiene a hostile network needs (on uvicorn's httptools parser): a deadline
+and a 16 KiB cap for request heads, short keep-alive, a connection cap answered with a
+fast 503, the descriptor limit raised to what the system allows, and accept errors logged
+at most once in a while."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dashboard.guard import is_loopback
 from jobs.settings import Settings
+
+if TYPE_CHECKING:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Protocol
+else:
+    _Protocol = object
 
 log = logging.getLogger(__name__)
 
@@ -105,54 +111,106 @@ BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n"
     b"content-length: 5\r\nconnection: close\r\n\r\nbusy\n"
 )
+HEAD_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\n"
+    b"content-length: 25\r\nconnection: close\r\n\r\nrequest head over 16 KiB\n"
+)
 
 
-def protocol_class(head_timeout_s: float, max_connections: int) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol with a deadline for each request head (a connection that
-    does not deliver a complete head in time is closed: slow-header attacks), and
-    connections past ``max_connections`` answered 503 and closed at once, so descriptors
-    never run out (asyncio's accept retries after EMFILE storm the log)."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+class HeadGuard(_Protocol):
+    """The guards of :func:`protocol_class`, mixed into uvicorn's httptools protocol."""
 
-    class GuardedH11(H11Protocol):
-        _head_timer: asyncio.TimerHandle | None = None
+    head_timeout_s = 10.0
+    max_connections = 1 << 20
+    max_head_bytes = MAX_HEAD_BYTES
+    _head_timer: asyncio.TimerHandle | None = None
+    # Bytes of the head being received, None while a body is: a head is counted from
+    # the end of the previous request, so one that follows a body in the same read
+    # may exceed the cap by at most that read (the memory stays bounded).
+    _head_bytes: int | None = 0
+    _heads = 0  # heads parsed on this connection
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if len(self.connections) > max_connections:
-                transport.write(BUSY)
-                transport.close()
-                return
-            self._watch_head()
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            transport.write(BUSY)
+            transport.close()
+            return
+        self._watch_head()
 
-        def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes) -> None:
+        if self._head_bytes is None:  # a body: not counted
             super().data_received(data)
-            self._watch_head()
+        elif self._head_bytes + len(data) <= self.max_head_bytes:
+            self._head_bytes += len(data)
+            super().data_received(data)
+        else:
+            # Parse only up to the cap: the head must be complete within it.
+            room, heads = self.max_head_bytes - self._head_bytes, self._heads
+            self._head_bytes = self.max_head_bytes
+            super().data_received(data[:room])
+            if self._heads == heads:
+                self._refuse_head()
+            elif not self.transport.is_closing():
+                self.data_received(data[room:])  # the next heads, counted alike
+            return
+        self._watch_head()
 
-        def connection_lost(self, exc: Exception | None) -> None:
+    def on_headers_complete(self) -> None:
+        self._head_bytes = None
+        self._heads += 1
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_bytes = 0
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _refuse_head(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(HEAD_TOO_LARGE)
+            self.transport.close()
+
+    def _waiting_for_head(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _watch_head(self) -> None:
+        if not self._waiting_for_head():
             self._stop_head_timer()
-            super().connection_lost(exc)
+        elif self._head_timer is None and not self.transport.is_closing():
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_expired)
 
-        def _waiting_for_head(self) -> bool:
-            return self.cycle is None or self.cycle.response_complete
-
-        def _watch_head(self) -> None:
-            if not self._waiting_for_head():
-                self._stop_head_timer()
-            elif self._head_timer is None and not self.transport.is_closing():
-                self._head_timer = self.loop.call_later(head_timeout_s, self._head_expired)
-
-        def _stop_head_timer(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _head_expired(self) -> None:
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
             self._head_timer = None
-            if self._waiting_for_head() and not self.transport.is_closing():
-                self.transport.close()
 
-    return GuardedH11
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if self._waiting_for_head() and not self.transport.is_closing():
+            self.transport.close()
+
+
+def protocol_class(
+    head_timeout_s: float, max_connections: int, max_head_bytes: int = MAX_HEAD_BYTES
+) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with a deadline for each request head (a connection
+    that does not deliver a complete head in time is closed: slow-header attacks), a cap
+    on the head's size (past ``max_head_bytes`` the answer is 431 and the connection is
+    closed, so a head never grows in memory), and connections past ``max_connections``
+    answered 503 and closed at once, so descriptors never run out (asyncio's accept
+    retries after EMFILE storm the log)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    attrs = {
+        "head_timeout_s": head_timeout_s,
+        "max_connections": max_connections,
+        "max_head_bytes": max_head_bytes,
+    }
+    return type("GuardedHttpTools", (HeadGuard, HttpToolsProtocol), attrs)
 
 
 def build_config(
@@ -189,7 +247,6 @@ def build_config(
         # Event-stream URLs may carry ?token=: request lines are never logged.
         access_log=False,
         timeout_keep_alive=KEEP_ALIVE_S,
-        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         limit_concurrency=limit,
         # Open event streams would otherwise hold shutdown forever.
         timeout_graceful_shutdown=5,

@@ -189,6 +189,11 @@ def fixed_segment(raw: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def channel_of(raw: Mapping[str, Any]) -> str:
+    """``fixed_segment(raw)["channel"]`` without building the rest of the segment."""
+    return _str(raw.get("channel"))
+
+
 def config_key(key: str) -> str:
     """Stored/looked-up form of a config key: ``--api-token`` → ``api_token`` (case kept)."""
     return key.strip().lstrip("-").replace("-", "_")
@@ -235,7 +240,11 @@ def lookup_config(ctx: Mapping[str, Any], skill: str, key: str, default: Any = N
 
 
 def background_context(
-    origin: Mapping[str, Any], *, skill: str, configs: Mapping[str, Any] | None
+    origin: Mapping[str, Any],
+    *,
+    skill: str,
+    configs: Mapping[str, Any] | None,
+    segment: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a queued job runs with (SPEC §3 + §11). JSON-serializable: the job row stores it.
 

@@ -22,10 +22,18 @@ def normalize_key(key: str) -> str:
     return _norm_re.sub("_", key.strip().lower()).strip("_")
 
 
+_SECRET_KEYS: dict[str, bool] = {}  # answers so far for short keys (field names are few)
+
+
 def is_secret_key(key: str) -> bool:
     """SPEC §2: any key containing a secret marker (substring match) is a secret."""
-    k = key.lower()
-    return any(m in k for m in SECRET_MARKERS)
+    hit = _SECRET_KEYS.get(key)
+    if hit is None:
+        k = key.lower()
+        hit = any(m in k for m in SECRET_MARKERS)
+        if len(key) <= 64 and len(_SECRET_KEYS) < 10_000:
+            _SECRET_KEYS[key] = hit
+    return hit
 
 
 def load_or_create_key(data_dir: Path, configured: str | None) -> bytes:
@@ -89,6 +97,8 @@ class SecretBox:
             for k, v in obj.items():
                 if isinstance(k, str) and is_secret_key(k) and v not in (None, ""):
                     out[k] = v if self.ours(v) else self.encrypt(v)
+                elif type(v) in _SCALARS:  # nothing to seal below (most values)
+                    out[k] = v
                 else:
                     out[k] = self.seal(v)
             return {LIT_TAG: out} if _looks_sealed(obj) else out
@@ -106,6 +116,9 @@ class SecretBox:
         if isinstance(obj, list):
             return [self.unseal(v) for v in obj]
         return obj
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _is_sealed(v: Any) -> bool:

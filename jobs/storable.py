@@ -97,9 +97,42 @@ def text(value: str | None, notes: Notes | None = None, *, cap: int = TEXT_CAP) 
     return out
 
 
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _json_typed(value: Any, depth: int = 0) -> bool:
+    """Only dicts with ``str`` keys, lists and JSON scalars, at most 200 levels deep."""
+    if isinstance(value, dict):
+        if depth > 200:
+            return False
+        for k, v in value.items():
+            if type(k) is not str or (type(v) not in _PLAIN and not _json_typed(v, depth + 1)):
+                return False
+        return True
+    if isinstance(value, list):
+        return depth <= 200 and all(type(v) in _PLAIN or _json_typed(v, depth + 1) for v in value)
+    return type(value) in _PLAIN
+
+
+def _as_is(value: Any, cap: int) -> bool:
+    """Nothing to change: JSON-typed, finite, no NUL or lone surrogate, within ``cap``
+    (one serialization checked instead of each string: most values are like this)."""
+    if not _json_typed(value):
+        return False
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (ValueError, RecursionError):
+        return False
+    # NUL is serialized as \u0000 (a false alarm on a literal "\u0000" only costs the walk).
+    return len(text) <= cap and "\\u0000" not in text and _BAD.search(text) is None
+
+
 def json_value(value: Any, notes: Notes | None = None, *, cap: int = JSON_CAP) -> Any:
     """``value`` fit for a JSON column: escaped, JSON-typed, and when its serialization is
-    longer than ``cap`` replaced by a marked summary (``_truncated``)."""
+    longer than ``cap`` replaced by a marked summary (``_truncated``). A value that needs
+    no change is returned as it is."""
+    if _as_is(value, cap):
+        return value
     own = notes if notes is not None else Notes()
     out = _clean(value, own)
     if out is None or isinstance(out, bool | int | float):

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from jobs.context import config_key
 from jobs.crypto import ENC_TAG, REDACTED, SecretBox, is_secret_key
-from jobs.db import autocommit, engine_of
+from jobs.db import autocommit, engine_of, raw_fetch
 from jobs.models import SkillConfig
 
 MAX_ID = 128
@@ -59,6 +59,11 @@ _GET = (
     select(_cfg.c.key, _cfg.c.value, _cfg.c.value_enc, _cfg.c.is_secret)
     .where(_cfg.c.role_id == bindparam("role"), _cfg.c.skill == bindparam("skill"))
     .order_by(_cfg.c.key)
+)
+
+_PG_GET_MANY = (
+    "SELECT role_id, skill, key, value, value_enc, is_secret FROM skill_configs "
+    "WHERE role_id = ANY($1::text[]) AND skill = ANY($2::text[]) ORDER BY key"
 )
 
 
@@ -158,9 +163,9 @@ class ConfigStore:
             return list(await s.scalars(q.order_by(SkillConfig.skill, SkillConfig.key)))
 
     def _plain(self, row: Any) -> Any:
-        if row.is_secret and row.value_enc is not None:
-            return self.box.decrypt({ENC_TAG: row.value_enc})
-        return row.value
+        if row["is_secret"] and row["value_enc"] is not None:
+            return self.box.decrypt({ENC_TAG: row["value_enc"]})
+        return row["value"]
 
     async def get(self, role_id: str, skill: str) -> dict[str, Any]:
         """The skill's configuration for the role, secrets decrypted (for execution only)."""
@@ -171,27 +176,30 @@ class ConfigStore:
         params = {"role": role_id, "skill": skill}
         async with (autocommit(engine) or engine).connect() as conn:
             rows = (await conn.execute(_GET, params)).all()
-        return {r.key: self._plain(r) for r in rows}
+        return {r.key: self._plain(r._mapping) for r in rows}
 
     async def get_many(self, wanted: list[tuple[str, str]]) -> list[dict[str, Any]]:
         """:meth:`get` for several ``(role_id, skill)`` pairs in one statement, in order."""
         pairs = sorted({(r, s) for r, s in wanted if r and s})
         found: dict[tuple[str, str], dict[str, Any]] = {p: {} for p in pairs}
         if pairs:
-            stmt = (
-                select(_cfg.c.role_id, _cfg.c.skill, *_GET.selected_columns)
-                .where(
-                    _cfg.c.role_id.in_(sorted({r for r, _ in pairs})),
-                    _cfg.c.skill.in_(sorted({s for _, s in pairs})),
-                )
-                .order_by(_cfg.c.key)
-            )
+            roles, skills = sorted({r for r, _ in pairs}), sorted({s for _, s in pairs})
             engine = engine_of(self.sessionmaker)
-            async with (autocommit(engine) or engine).connect() as conn:
-                rows = (await conn.execute(stmt)).all()
+            pg = autocommit(engine)
+            rows: Any
+            if pg is not None:  # the dispatch hot path: straight on asyncpg
+                rows = await raw_fetch(pg, _PG_GET_MANY, roles, skills)
+            else:
+                stmt = (
+                    select(_cfg.c.role_id, _cfg.c.skill, *_GET.selected_columns)
+                    .where(_cfg.c.role_id.in_(roles), _cfg.c.skill.in_(skills))
+                    .order_by(_cfg.c.key)
+                )
+                async with engine.connect() as conn:
+                    rows = (await conn.execute(stmt)).mappings().all()
             for r in rows:
-                if (r.role_id, r.skill) in found:
-                    found[(r.role_id, r.skill)][r.key] = self._plain(r)
+                if (r["role_id"], r["skill"]) in found:
+                    found[(r["role_id"], r["skill"])][r["key"]] = self._plain(r)
         return [dict(found.get(p, {})) for p in wanted]
 
     async def masked(self, role_id: str, skill: str | None = None) -> dict[str, dict[str, Any]]:

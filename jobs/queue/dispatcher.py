@@ -164,7 +164,7 @@ class Dispatcher:
                     "session, but the context has no session_id",
                     skill=skill,
                 )
-            queued = self._enqueue(found, input_data, ctx, ext, idempotency_key, priority)
+            queued = self._enqueue(found, input_data, ctx, ext, idempotency_key, priority, segment)
             return await telemetry.traced(
                 "skilljobs.dispatch", queued, attrs=_span_attrs(found, True), outcome=_answered
             )
@@ -206,6 +206,7 @@ class Dispatcher:
         ext: str,
         idempotency_key: str | None = None,
         priority: int | None = None,
+        segment: dict[str, Any] | None = None,
     ) -> DispatchResult:
         from jobs.context import background_context
 
@@ -217,7 +218,7 @@ class Dispatcher:
             if role_id
             else {}
         )
-        bg = background_context(ctx, skill=skill.name, configs=configs)
+        bg = background_context(ctx, skill=skill.name, configs=configs, segment=segment)
         if ext.startswith(ORGDELEG_PREFIX):  # delegated: force_raw_prompt does not apply
             bg["external_id"] = ext
         job_id = new_id()
