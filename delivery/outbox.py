@@ -45,6 +45,9 @@ INLINE_WAIT = 1.0
 #: to send to that chat). Expiry is safe for custody:
 #: the head stays queued until it is recorded, and the ledger lets one claimant send it.
 LOCK_MS = 15_000
+#: a chat's sender waits this long for its next token itself (it holds no worker slot);
+#: a longer wait goes back to the due queue
+STAY_MS = 3_000
 #: how often a head held by another claimant that still looks alive is looked at again
 HELD_MS = 1_000
 #: the longest the loop sleeps before looking at the due queues again
@@ -279,6 +282,11 @@ class Outbox:
                         return
                     continue
                 wait = await self._send_head(recipient, int(_text(head)))
+                if wait is not None and wait <= STAY_MS and not self.stopping:
+                    # the chat's next token is near: wait for it here, still its sender
+                    await asyncio.sleep(wait / 1000)
+                    await self.redis.pexpire(lock, LOCK_MS)
+                    continue
                 if wait is not None:
                     await self.redis.zadd(self.due_key, {recipient: _ms() + wait}, xx=True)
                     return
