@@ -323,18 +323,12 @@ class JobRunner:
         stage = "post-processing"
         try:
             await self._linger()
-            try:
-                # The database away (restarting, out of connections) is waited out: every
-                # step is idempotent (the ledger sends nothing twice), and recording the job
-                # as done without its delivery would lose the result for its reader.
-                post = await retry_db("post-processing", self._postprocess, job, token, result)
-                result = post.result
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # post-processing never loses the skill's result
-                log.exception("job %s: post-processing failed", job_id)
-                result = dict(result)
-                result.setdefault("postprocess_error", f"{exc.__class__.__name__}: {exc}")
+            # The database away (restarting, out of connections) is waited out: every step
+            # is idempotent (the ledger sends nothing twice). Anything else it raises ends
+            # the job failed/internal below, the skill's own result kept in the record:
+            # recorded as done without its delivery, the result would be lost to its reader.
+            post = await retry_db("post-processing", self._postprocess, job, token, result)
+            result = post.result
             stage = "record"
             fetches = getattr(post, "fetches", None)
             await self._record(
@@ -348,15 +342,25 @@ class JobRunner:
             raise
         except Exception as exc:
             log.exception("job %s: finishing stage (%s) failed", job_id, stage)
-            await asyncio.shield(self._fail_internal(job, token, stage, exc))
+            kept = result if stage == "post-processing" else None
+            await asyncio.shield(self._fail_internal(job, token, stage, exc, kept=kept))
             return FAILED
         finally:
             self._release(job_id)
 
-    async def _fail_internal(self, job: JobRow, token: int, stage: str, exc: BaseException) -> None:
+    async def _fail_internal(
+        self,
+        job: JobRow,
+        token: int,
+        stage: str,
+        exc: BaseException,
+        *,
+        kept: dict[str, Any] | None = None,
+    ) -> None:
         """End a job whose run or finishing stage raised: ``failed``/``internal``, the person told
         through the normal failure delivery, the record retried while the database is
-        away (never abandoned)."""
+        away (never abandoned). ``kept``: the skill's result, recorded as ``skill_result``
+        (post-processing failed after the skill had answered)."""
         where = "while running it" if stage == "run" else f"in the finishing stage ({stage})"
         error = f"internal error {where}: {type(exc).__name__}: {exc}"
         if job.id not in self.lost:
@@ -371,9 +375,10 @@ class JobRunner:
                 await self._postprocess(job, token, notice)
             except Exception as dexc:  # the record below still tells the operator
                 log.warning("job %s: failure notice not delivered: %r", job.id, dexc)
-        outcome = store.Outcome(
-            job.id, token, FAILED, {"ok": False, "error": error}, error, "internal"
-        )
+        record: dict[str, Any] = {"ok": False, "error": error}
+        if kept is not None:
+            record["skill_result"] = kept
+        outcome = store.Outcome(job.id, token, FAILED, record, error, "internal")
         try:
             ok = await retry_db(
                 "finish (internal)",

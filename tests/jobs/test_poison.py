@@ -149,6 +149,41 @@ async def test_an_exception_in_the_finishing_stage_fails_the_job_and_tells_the_u
         await svc.close()
 
 
+async def test_a_failing_post_processing_fails_the_job_keeping_the_skills_result(
+    job_settings, tg, monkeypatch
+):
+    """Post-processing that raises (not the database being away) is not recorded as a
+    success nobody received: failed/internal naming the stage, the person told, the
+    skill's result kept in the record for the operator."""
+    job_settings.telegram_bot_token = SecretStr(tg.token)
+    job_settings.telegram_api_base = tg.url
+    real = JobRunner._postprocess
+
+    async def broken(self, job, token, result):  # the success result only, not the notice
+        if result.get("ok", True) is not False:
+            raise ValueError("renderer exploded")
+        return await real(self, job, token, result)
+
+    monkeypatch.setattr(JobRunner, "_postprocess", broken)
+    svc = await Services.open(job_settings)
+    try:
+        job_id = await dispatch(svc, "bg_sleep", {"seconds": 0}, {**TG, "actor_key": "1001"})
+        await drain(svc)
+        job, attempts = await job_and_attempts(svc, job_id)
+        assert job.status == "failed" and job.error_type == "internal"
+        assert "finishing stage (post-processing)" in job.error
+        assert "ValueError: renderer exploded" in job.error
+        assert job.result["skill_result"]["ok"] is True  # what the skill answered, kept
+        assert [a.outcome for a in attempts] == ["failed"]
+        deadline = time.monotonic() + 10
+        while not tg.sent and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        texts = [m.get("text") or m.get("caption") or "" for m in tg.sent]
+        assert f"Sorry, bg_sleep could not finish: {INTERNAL_NOTICE}." in texts, texts
+    finally:
+        await svc.close()
+
+
 # --- the stall detector -----------------------------------------------------------------
 
 
