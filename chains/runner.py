@@ -48,6 +48,10 @@ TRANSIENT_BACKOFF_SEC = 1.0
 
 #: this process's chain attempts: stop event → the in-process skill tasks of its step
 _ATTEMPTS: dict[asyncio.Event, set[asyncio.Task[Any]]] = {}
+#: hand-backs in flight: a stopping worker waits for them before it closes its connections
+#: (a second cancel of the attempt would otherwise leave one half done: the run queued in
+#: the database, its queue entry never written)
+_HANDING_BACK: set[asyncio.Task[None]] = set()
 
 
 def stop_attempts() -> int:
@@ -116,7 +120,10 @@ async def run_chain(
     except asyncio.CancelledError:
         # The worker is stopping (its grace period is over): the run goes back to the
         # queue for another worker, not counted as lost; its succeeded steps are kept.
-        await asyncio.shield(_hand_back(services, lease))
+        handing = asyncio.ensure_future(_hand_back(services, lease))
+        _HANDING_BACK.add(handing)
+        handing.add_done_callback(_HANDING_BACK.discard)
+        await asyncio.shield(handing)
         raise
     finally:
         _ATTEMPTS.pop(stop, None)
@@ -131,6 +138,12 @@ def _step(index: int, step_id: str, skill: str) -> dict[str, str | int]:
 
 def _ended(status: str) -> dict[str, str]:
     return {"skilljobs.outcome": status}
+
+
+async def handed_back(limit_s: float = 10.0) -> None:
+    """Wait (up to ``limit_s``) for the hand-backs in flight, before connections close."""
+    if _HANDING_BACK:
+        await asyncio.wait(set(_HANDING_BACK), timeout=limit_s)
 
 
 async def _hand_back(services: Services, lease: rs.Lease) -> None:
@@ -395,4 +408,4 @@ class _ChainRun:
         return status
 
 
-__all__ = ["ScheduleSpec", "chain_job", "run_chain", "stop_attempts"]
+__all__ = ["ScheduleSpec", "chain_job", "handed_back", "run_chain", "stop_attempts"]

@@ -24,7 +24,7 @@ from arq import Worker
 from arq.typing import WorkerCoroutine
 from arq.worker import func
 
-from chains.runner import chain_job, stop_attempts
+from chains.runner import chain_job, handed_back, stop_attempts
 from chains.runs import take_over_runs
 from chains.scheduler import Scheduler
 from jobs.batching import Batcher
@@ -462,6 +462,7 @@ def build_worker(
         )
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
+        await handed_back()  # chain runs going back to the queue need Redis a moment more
         for key in ("scheduler_stop", "prune_stop", "outbox_stop"):
             if key in ctx:
                 ctx[key].set()
