@@ -4,7 +4,10 @@
 ``skilljobs worker`` processes against the fake Telegram enforcing its published flood
 limits (1 message/s per chat, 30/s per bot; 429 beyond them): the time from the workers'
 start until every message is delivered, against the limit-implied minimum (n / 10 - 1 s),
-and the 429s, lost and repeated messages. A throw-away PostgreSQL database and a unique
+and the 429s, lost and repeated messages. Also: the time from the first message the fake
+received to the last (the workers' start-up left out), the gaps between consecutive messages
+in one chat as the fake received them (the limit is 1 s: what is above it is ours), the
+workers' CPU time, and the load average. A throw-away PostgreSQL database and a unique
 Redis prefix; ``--n`` to change the count.
 """
 
@@ -13,6 +16,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
+import json
+import os
+import resource
 import tempfile
 import time
 import uuid
@@ -21,7 +28,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from bench.common import REDIS, drop_db, make_db
+from bench.common import REDIS, drop_db, make_db, pct
 from jobs.models import Delivery
 from jobs.queue.dispatcher import Dispatcher
 from jobs.services import Services
@@ -33,7 +40,8 @@ CHATS = [f"80{i:02d}" for i in range(10)]
 SKILLS = Path(__file__).parent / "skills"
 
 
-async def run(n: int) -> None:
+async def run(n: int, max_jobs: int | None = None) -> list[tuple[float, str, str]]:
+    """Run it, print the figures; each message's arrival (s from the start), chat, text."""
     url, name = await make_db()
     folder = Path(tempfile.mkdtemp(prefix="bench-outbox-"))
     from cryptography.fernet import Fernet
@@ -47,8 +55,9 @@ async def run(n: int) -> None:
         queue_name=f"bench-ob-{uuid.uuid4().hex[:8]}",
         skills_path=str(SKILLS),
         data_dir=str(folder),
-        worker_lease_sec=10.0,
-        worker_heartbeat_sec=1.0,
+        # the workers' lease and heartbeat are the defaults (30 s, 2.5 s): with 1 s / 10 s
+        # the loaded host's stalls at the start (each worker takes 100 jobs at once) made
+        # workers look dead and their jobs run twice
     )
     workers: list[WorkerProcess] = []
     with FakeTelegram() as tg:
@@ -62,7 +71,10 @@ async def run(n: int) -> None:
                 ctx = {"channel": "telegram", "actor_key": chat, "role_id": "r1", "org_id": "o1"}
                 await d.dispatch("echo_text", {"text": f"{chat} m{i}"}, ctx)
             env = {"SKILLJOBS_TELEGRAM_BOT_TOKEN": tg.token, "SKILLJOBS_TELEGRAM_API_BASE": tg.url}
+            if max_jobs is not None:  # jobs one worker runs at once (default 100)
+                env["SKILLJOBS_WORKER_MAX_JOBS"] = str(max_jobs)
             t0 = time.monotonic()
+            started = time.time()
             workers = [WorkerProcess(settings, folder / f"w{i}.log", **env) for i in range(3)]
             while time.monotonic() - t0 < 3 * n / len(CHATS) + 120:
                 async with svc.sessionmaker() as s:
@@ -78,6 +90,9 @@ async def run(n: int) -> None:
         finally:
             for w in workers:
                 w.stop()
+            # the workers are this process's only children, reaped by ``stop``
+            used = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = used.ru_utime + used.ru_stime
             with contextlib.suppress(Exception):
                 keys = [k async for k in svc.redis.scan_iter(match=f"{settings.redis_prefix}*")]
                 if keys:
@@ -85,6 +100,12 @@ async def run(n: int) -> None:
             await svc.close()
             await drop_db(name)
         texts = Counter(m["text"] for m in tg.sent)
+        arrivals = [m["at"] for m in tg.sent]
+        got = [(m["at"] - started, str(m["chat_id"]), str(m.get("text"))) for m in tg.sent]
+        gaps: list[float] = []
+        for chat in CHATS:
+            times = [m["at"] for m in tg.sent if m["chat_id"] == chat]
+            gaps += [(b - a) * 1000 for a, b in itertools.pairwise(times)]
     floor = n / len(CHATS) - 1  # 1 message/s in each chat, the first at once
     repeated = sum(c - 1 for c in texts.values() if c > 1)
     lost = n - len(texts)
@@ -93,9 +114,28 @@ async def run(n: int) -> None:
         f"(limit-implied minimum {floor:.0f} s, {100 * (wall / floor - 1):+.1f} %); "
         f"429s {tg.too_many}, lost {lost}, repeated {repeated}; ledger {dict(statuses)}"
     )
+    if arrivals and gaps:
+        span = max(arrivals) - min(arrivals)
+        print(
+            f"  the first message reached the platform {min(arrivals) - started:.1f} s "
+            "after the start"
+        )
+        print(
+            f"  first to last message at the platform: {span:.1f} s "
+            f"({100 * (span / floor - 1):+.1f} %); gaps in a chat: mean "
+            f"{sum(gaps) / len(gaps):.0f} ms, p50 {pct(gaps, 50):.0f} ms, p90 "
+            f"{pct(gaps, 90):.0f} ms, p99 {pct(gaps, 99):.0f} ms; workers' CPU {cpu:.1f} s; "
+            f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+        )
+    return got
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--n", type=int, default=1000)
-    asyncio.run(run(p.parse_args().n))
+    p.add_argument("--max-jobs", type=int, help="SKILLJOBS_WORKER_MAX_JOBS of the workers")
+    p.add_argument("--dump", help="write each message's arrival (s), chat and text as JSON")
+    args = p.parse_args()
+    got = asyncio.run(run(args.n, args.max_jobs))
+    if args.dump:  # each message as the platform received it, for a closer look
+        Path(args.dump).write_text(json.dumps(got))

@@ -227,23 +227,38 @@ DISTS = ("arq", "redis", "saq", "taskiq", "taskiq-redis", "streaq", "coredis")
 Drain = Callable[[int, str], Awaitable[float]]
 
 
-async def compare(ours: Drain, raw: Drain, jobs: int, sleep_jobs: int, reps: int) -> dict[str, Any]:
+async def compare(
+    ours: Drain,
+    raw: Drain,
+    jobs: int,
+    sleep_jobs: int,
+    reps: int,
+    *,
+    shapes: tuple[str, ...] = SHAPES,
+    only: tuple[str, ...] = (),
+    variants: dict[str, Drain] | None = None,
+) -> dict[str, Any]:
     """``reps`` interleaved repetitions: in each, every library drains ``jobs`` no-ops and
-    then ``sleep_jobs`` sleepers, in an order rotated from one repetition to the next. The
-    ratios us / them are taken per repetition and reported as min–max."""
+    then ``sleep_jobs`` sleepers (``shapes``: one of them only), in an order rotated from
+    one repetition to the next. The ratios us / them are taken per repetition and reported
+    as min–max. ``only``: these peers only; ``variants``: more drains of ours (another
+    setting), run and compared like the peers."""
     missing = [m for m in ("saq", "taskiq_redis", "streaq") if importlib.util.find_spec(m) is None]
     if missing:
         raise SystemExit(
             f"--peers needs the bench extra (not installed: {', '.join(missing)}): "
             "pip install -e '.[bench]'"
         )
-    runners: dict[str, Drain] = {"skilljobs": ours, "arq": raw, **PEERS}
+    peers = {k: v for k, v in PEERS.items() if not only or k in only}
+    runners: dict[str, Drain] = {"skilljobs": ours, **(variants or {}), "arq": raw, **peers}
     libs = list(runners)
-    rates: dict[str, dict[str, list[float]]] = {s: {lib: [] for lib in libs} for s in SHAPES}
+    rates: dict[str, dict[str, list[float]]] = {s: {lib: [] for lib in libs} for s in shapes}
     load = [os.getloadavg()[0]]
     for rep in range(reps):
         order = libs[rep % len(libs) :] + libs[: rep % len(libs)]
         for shape, n in (("noop", jobs), ("sleep100", sleep_jobs)):
+            if shape not in shapes:
+                continue
             for lib in order:
                 rate = await runners[lib](n, shape)
                 rates[shape][lib].append(rate)
@@ -263,7 +278,7 @@ async def compare(ours: Drain, raw: Drain, jobs: int, sleep_jobs: int, reps: int
         "versions": {d: version(d) for d in DISTS},
         "settings": SETTINGS,
     }
-    for shape in SHAPES:
+    for shape in shapes:
         per = rates[shape]
         section: dict[str, Any] = {
             "jobs_s": {lib: _span(v) for lib, v in per.items()},
@@ -296,19 +311,26 @@ def _span(values: list[float]) -> dict[str, Any]:
 
 def table(out: dict[str, Any]) -> str:
     """The comparison as a Markdown table: min–max over the repetitions."""
-    libs = list(out["noop"]["jobs_s"])
+    shapes = [s for s in SHAPES if s in out]
+    libs = list(out[shapes[0]]["jobs_s"])
 
     def cell(span: dict[str, Any] | None, fmt: str) -> str:
         return "–" if span is None else f"{span['min']:{fmt}}–{span['max']:{fmt}}"
 
-    rows = [
-        ("no-op drain, jobs/s", out["noop"]["jobs_s"], ",.0f"),
-        ("no-op, CPU µs/job (this process)", out["noop"]["cpu_us_per_job"], ",.0f"),
-        ("no-op, ratio us / them (per rep)", out["noop"]["ratio_us_over"], ".2f"),
-        ("100 ms sleepers, jobs/s", out["sleep100"]["jobs_s"], ",.0f"),
-        ("sleepers, % of ideal", out["sleep100"]["pct_of_ideal"], ".0f"),
-        ("sleepers, ratio us / them (per rep)", out["sleep100"]["ratio_us_over"], ".2f"),
-    ]
+    rows = []
+    if "noop" in out:
+        rows += [
+            ("no-op drain, jobs/s", out["noop"]["jobs_s"], ",.0f"),
+            ("no-op, CPU µs/job (this process)", out["noop"]["cpu_us_per_job"], ",.0f"),
+            ("no-op, ratio us / them (per rep)", out["noop"]["ratio_us_over"], ".2f"),
+        ]
+    if "sleep100" in out:
+        rows += [
+            ("100 ms sleepers, jobs/s", out["sleep100"]["jobs_s"], ",.0f"),
+            ("sleepers, CPU µs/job (this process)", out["sleep100"]["cpu_us_per_job"], ",.0f"),
+            ("sleepers, % of ideal", out["sleep100"]["pct_of_ideal"], ".0f"),
+            ("sleepers, ratio us / them (per rep)", out["sleep100"]["ratio_us_over"], ".2f"),
+        ]
     lines = ["| figure | " + " | ".join(libs) + " |", "|---" * (len(libs) + 1) + "|"]
     for label, spans, fmt in rows:
         lines.append(f"| {label} | " + " | ".join(cell(spans.get(lib), fmt) for lib in libs) + " |")

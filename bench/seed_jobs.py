@@ -6,7 +6,8 @@ is created (and migrated) when missing. ``--fresh`` empties it first.
 
 Shape: 30 days of jobs, Zipf-like skill mix, a few hundred queued/running now, ~8 % failed
 or timed out, ~2 % cancelled; one delivery per job for a fifth of them (some failed); a
-few schedules with runs; four workers.
+few schedules with runs; four workers; 30 days of audit trail (~50,000 operator actions
+and an hourly retention pass) and an incident per skill and error.
 """
 
 from __future__ import annotations
@@ -143,8 +144,11 @@ async def seed(url: str, rows: int, *, fresh: bool = False) -> dict[str, Any]:
                 " schedules, workers, ops_actions RESTART IDENTITY CASCADE"
             )
         have = await conn.fetchval("SELECT count(*) FROM jobs")
+        audit = await _audit_and_incidents(conn, time.time(), random.Random(20261201))
         if have >= rows:
-            return {"jobs": have, "seeded": 0, "seconds": 0.0}
+            if audit:
+                await conn.execute("VACUUM ANALYZE")
+            return {"jobs": have, "seeded": 0, "audit": audit, "seconds": 0.0}
         t0 = time.perf_counter()
         now = time.time()
         rng = random.Random(20261130)
@@ -173,7 +177,8 @@ async def seed(url: str, rows: int, *, fresh: bool = False) -> dict[str, Any]:
             )
         if have == 0:
             await _schedules_and_workers(conn, now, rng)
-        await conn.execute("ANALYZE")
+        # what a table autovacuum keeps looks like: statistics and the visibility map
+        await conn.execute("VACUUM ANALYZE")
         return {
             "jobs": rows,
             "seeded": todo,
@@ -182,6 +187,46 @@ async def seed(url: str, rows: int, *, fresh: bool = False) -> dict[str, Any]:
         }
     finally:
         await conn.close()
+
+
+AUDIT_ACTIONS = ["retry", "cancel", "bulk.retry", "resend", "dismiss", "incident.ack", "pause"]
+
+
+async def _audit_and_incidents(conn: asyncpg.Connection, now: float, rng: random.Random) -> int:
+    """When the audit trail is empty: 30 days of operator actions (~50,000, one retention
+    pass an hour among them) and one incident per skill and error."""
+    if await conn.fetchval("SELECT count(*) FROM ops_actions"):
+        return 0
+    start = now - DAYS * 86400
+    rows: list[tuple[Any, ...]] = []
+    for i in range(50_000):
+        at = start + i * (DAYS * 86400 / 50_000)
+        action = rng.choice(AUDIT_ACTIONS)
+        details = {"result": "ok"}
+        rows.append((action, uuid.UUID(int=rng.getrandbits(128)).hex, "admin", details, at))
+    for h in range(DAYS * 24):
+        counts = {"jobs": rng.randrange(1000), "chain_runs": 2, "messages": 40, "files": 3}
+        rows.append(("prune", "retention", "system", {**counts, "envs": 0}, start + h * 3600))
+    rows.sort(key=lambda r: r[4])
+    await conn.copy_records_to_table(
+        "ops_actions",
+        records=[(a, t, who, json.dumps(d), at) for a, t, who, d, at in rows],
+        columns=["action", "target", "actor", "details", "created_at"],
+    )
+    incidents = [
+        (uuid.uuid4().hex, f"sig-{skill}-{e}", skill, "transient", error, error,
+         rng.randrange(1, 500), json.dumps([]), "open" if e % 2 else "acked",
+         start + rng.uniform(0, 86400), now - rng.uniform(0, 86400 * 3), "")
+        for skill in SKILLS
+        for e, error in enumerate(ERRORS)
+    ]  # fmt: skip
+    await conn.copy_records_to_table(
+        "incidents",
+        records=incidents,
+        columns=["id", "signature", "skill", "error_type", "pattern", "sample_error", "count",
+                 "sample_job_ids", "status", "first_seen", "last_seen", "acked_by"],
+    )  # fmt: skip
+    return len(rows)
 
 
 async def _schedules_and_workers(conn: asyncpg.Connection, now: float, rng: random.Random) -> None:

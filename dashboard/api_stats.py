@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from dashboard import latency, series
+from dashboard import latency, series, shared
 from dashboard.api_jobs import services_of
 from dashboard.errors import ApiError
 
@@ -18,7 +18,8 @@ router = APIRouter(prefix="/api/v1")
 
 METRICS = ("jobs", "queue_depth", "latency", "deliveries")
 DEFAULT_STEP = {"1h": 60.0, "6h": 300.0, "24h": 600.0}
-TTL = {"1h": 5.0, "6h": 15.0, "24h": 30.0}  # seconds an answer is shared
+# an answer is recomputed after this many seconds and never served older than 3 times it
+REFRESH = {"1h": 5.0, "6h": 15.0, "24h": 30.0}
 
 
 def _metrics_of(raw: str | None) -> list[str]:
@@ -43,8 +44,10 @@ async def timeseries(
     per skill over the window; ``deliveries``: created per bucket by status, and per
     channel the failure rate, and ``ratelimit_waits``: per channel, the sends that waited
     for the outbound rate limiter and the seconds they waited (every worker's counts since
-    they began). ``t`` holds each bucket's start (epoch seconds); ``now`` is when it was
-    computed (answers are shared for ``TTL`` seconds)."""
+    they began). ``t`` holds each bucket's start (epoch seconds); ``now`` (= ``as_of``)
+    is when it was computed: answers are shared by every viewer of this process,
+    recomputed in the background after ``REFRESH`` seconds and never served older than
+    ``max_age_s``."""
     wanted = _metrics_of(metric)
     span = series.SERIES_WINDOWS[window]
     step = step or DEFAULT_STEP[window]
@@ -63,33 +66,18 @@ async def timeseries(
     return out
 
 
-class SeriesCache:
-    """Answers shared by every viewer for a few seconds (``TTL`` by window), computed
-    once per key even when many pages ask at the same moment."""
-
-    def __init__(self) -> None:
-        self.values: dict[tuple[Any, ...], tuple[float, dict[str, Any]]] = {}
-        self.locks: dict[tuple[Any, ...], asyncio.Lock] = {}
-
-
 async def _cached(
     request: Request, key: tuple[Any, ...], span: float, step: float, wanted: list[str]
 ) -> dict[str, Any]:
-    cache: SeriesCache | None = getattr(request.app.state, "stats_cache", None)
-    if cache is None:
-        cache = request.app.state.stats_cache = SeriesCache()
-    ttl = TTL.get(key[1], 5.0)
-    hit = cache.values.get(key)
-    if hit is not None and time.monotonic() < hit[0]:
-        return hit[1]
-    async with cache.locks.setdefault(key, asyncio.Lock()):
-        hit = cache.values.get(key)
-        if hit is not None and time.monotonic() < hit[0]:
-            return hit[1]
+    async def compute() -> dict[str, Any]:
         out = await _compute(services_of(request).read_sessionmaker, span, step, wanted)
         out["window"] = key[1]
-        cache.values[key] = (time.monotonic() + ttl, out)
         return out
+
+    answer = await shared.of(request.app.state).get(
+        ("timeseries", *key), REFRESH.get(key[1], 5.0), compute
+    )
+    return {**answer.value, **answer.freshness()}
 
 
 async def _compute(sm: Any, span: float, step: float, wanted: list[str]) -> dict[str, Any]:

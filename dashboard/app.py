@@ -28,6 +28,7 @@ from dashboard import (
     api_tokens,
     api_workers,
     latency,
+    shared,
 )
 from dashboard.auth import AuthError, require_token
 from dashboard.dispatch_lane import DispatchLane
@@ -97,13 +98,17 @@ def create_app(
         try:
             if services is not None:
                 app.state.services = services
-                yield
+                try:
+                    yield
+                finally:
+                    await app.state.aggregates.close()
                 return
             opened = await Services.open(settings)
             app.state.services = opened
             try:
                 yield
             finally:
+                await app.state.aggregates.close()
                 await opened.close()
         finally:
             if pool is not None:
@@ -120,6 +125,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
+    app.state.aggregates = shared.Shared()
     app.state.token_key = TokenKey(settings)
     if services is not None:
         app.state.services = services
@@ -147,10 +153,13 @@ def create_app(
     @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
     async def metrics(request: Request) -> Response:
         svc: Services = request.app.state.services
-        waits = await latency.ratelimit_waits(svc.redis, svc.settings.key)
-        parked = await latency.ratelimit_parked(svc.redis, svc.settings.key)
+        waits, parked = await asyncio.gather(
+            latency.ratelimit_waits(svc.redis, svc.settings.key),
+            latency.ratelimit_parked(svc.redis, svc.settings.key),
+        )
         body = await request.app.state.metrics.render(
             svc.sessionmaker,
+            request.app.state.aggregates,
             limits=svc.settings.limits,
             ratelimit_waits=waits,
             ratelimit_parked=parked,

@@ -2,151 +2,160 @@
 
 The database is the source of truth (workers come and go), so instead of counters kept
 in one process, each scrape reads a snapshot with indexed queries (``queries.
-metrics_snapshot``) and a collector turns it into metric families. Windowed values cover
-the last ``METRICS_WINDOW_S`` seconds; take rates with PromQL over the gauges.
+metrics_live``: queue depth, active jobs, workers, incidents, limits) and turns it into
+metric families. Windowed values cover the last ``METRICS_WINDOW_S`` seconds
+(``queries.metrics_window`` and ``latency.snapshot``: jobs finished, run time, queue
+wait, delivery latency, deliveries, schedule runs, retention totals); they are computed
+and rendered once per ``WINDOW_REFRESH_S`` per process and shared by the scrapes of that
+time (``dashboard.shared``: never older than 3 × ``WINDOW_REFRESH_S``). Take rates with
+PromQL over the gauges.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from dashboard import latency, limit_metrics, queries
+from dashboard import latency, limit_metrics, queries, shared
 from jobs.queue import incidents
 
 METRICS_WINDOW_S = 3600.0
+WINDOW_REFRESH_S = 10.0  # the windowed families are shared this long (dashboard.shared)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class SnapshotCollector(Collector):
-    """Yields the metric families of the snapshot set just before ``generate_latest``."""
+class Families:
+    """What ``generate_latest`` renders: the families ``build`` yields from a snapshot."""
 
-    def __init__(self) -> None:
-        self.snapshot: dict[str, Any] | None = None
-
-    def describe(self) -> list[Metric]:
-        return []
+    def __init__(self, build: Callable[[dict[str, Any]], Iterator[Metric]], snap: Any) -> None:
+        self._build = build
+        self._snap = snap
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot
-        if snap is None:
-            return
-        window = f"{int(snap['window'])}s"
-        depth = snap["depth"]
+        return self._build(self._snap)
 
-        g = GaugeMetricFamily(
-            "skilljobs_queue_depth", "Jobs waiting or running now.", labels=["status"]
-        )
-        g.add_metric(["queued"], depth["queued"])
-        g.add_metric(["running"], depth["running"])
-        yield g
-        yield GaugeMetricFamily(
-            "skilljobs_oldest_queued_age_seconds",
-            "Age of the oldest job still waiting (0 when none).",
-            value=depth["oldest_queued_age_s"],
-        )
 
-        live = GaugeMetricFamily(
-            "skilljobs_jobs_active", "Queued or running jobs per skill.", labels=["skill", "status"]
-        )
-        for skill, status, n in snap["live"]:
-            live.add_metric([skill, status], n)
-        yield live
+def live_families(snap: dict[str, Any]) -> Iterator[Metric]:
+    """Read at every scrape: queue depth, active jobs, workers, incidents, limits."""
+    depth = snap["depth"]
+    g = GaugeMetricFamily(
+        "skilljobs_queue_depth", "Jobs waiting or running now.", labels=["status"]
+    )
+    g.add_metric(["queued"], depth["queued"])
+    g.add_metric(["running"], depth["running"])
+    yield g
+    yield GaugeMetricFamily(
+        "skilljobs_oldest_queued_age_seconds",
+        "Age of the oldest job still waiting (0 when none).",
+        value=depth["oldest_queued_age_s"],
+    )
 
-        fin = GaugeMetricFamily(
-            "skilljobs_jobs_finished",
-            f"Jobs finished in the last {window}, per skill and outcome.",
-            labels=["skill", "outcome", "window"],
-        )
-        hist = HistogramMetricFamily(
-            "skilljobs_job_duration_seconds",
-            f"Run time of jobs finished in the last {window}.",
-            labels=["skill", "window"],
-        )
-        per_skill: dict[str, list[float]] = defaultdict(
-            lambda: [0.0, 0.0] + [0.0] * len(queries.DURATION_BUCKETS_MS)
-        )
-        for skill, status, n, n_dur, total_ms, *buckets in snap["finished"]:
-            fin.add_metric([skill, status, window], n)
-            acc = per_skill[skill]
-            acc[0] += n_dur
-            acc[1] += float(total_ms or 0.0)
-            for i, b in enumerate(buckets):
-                acc[2 + i] += b or 0
-        for skill, acc in sorted(per_skill.items()):
-            cumulative = [(_le(ms), acc[2 + i]) for i, ms in enumerate(queries.DURATION_BUCKETS_MS)]
-            cumulative.append(("+Inf", acc[0]))
-            hist.add_metric([skill, window], cumulative, sum_value=acc[1] / 1000.0)
-        yield fin
-        yield hist
-        if "latency" in snap:
-            yield from latency.families(snap["latency"], window)
-        yield from latency.ratelimit_families(
-            snap.get("ratelimit_waits", []), snap.get("ratelimit_parked", {})
-        )
+    live = GaugeMetricFamily(
+        "skilljobs_jobs_active", "Queued or running jobs per skill.", labels=["skill", "status"]
+    )
+    for skill, status, n in snap["live"]:
+        live.add_metric([skill, status], n)
+    yield live
+    yield from latency.ratelimit_families(
+        snap.get("ratelimit_waits", []), snap.get("ratelimit_parked", {})
+    )
 
-        dl = GaugeMetricFamily(
-            "skilljobs_deliveries",
-            f"Deliveries created in the last {window}, per channel and outcome.",
-            labels=["channel", "status", "window"],
-        )
-        for channel, status, n in snap["deliveries"]:
-            dl.add_metric([channel or "", status, window], n)
-        yield dl
+    up = GaugeMetricFamily(
+        "skilljobs_worker_up",
+        "1 when the worker's heartbeat is newer than 30 s.",
+        labels=["worker"],
+    )
+    age = GaugeMetricFamily(
+        "skilljobs_worker_heartbeat_age_seconds",
+        "Seconds since the worker's last heartbeat.",
+        labels=["worker"],
+    )
+    for wid, alive, hb_age in snap["workers"]:
+        up.add_metric([wid], 1 if alive else 0)
+        age.add_metric([wid], round(hb_age, 3))
+    yield up
+    yield age
+    yield from _stall_metrics(snap.get("stalls", []))
+    yield from _incident_metrics(snap.get("incidents", []))
+    if "limits" in snap:  # SKILLJOBS_LIMITS is set
+        yield from limit_metrics.families(snap["limits"])
+    yield GaugeMetricFamily(
+        "skilljobs_workers_alive",
+        "Workers with a heartbeat newer than 30 s.",
+        value=sum(1 for _, alive, _ in snap["workers"] if alive),
+    )
 
-        cr = GaugeMetricFamily(
-            "skilljobs_chain_runs",
-            f"Schedule runs created in the last {window}, per status.",
-            labels=["status", "window"],
-        )
-        for status, n in snap["chain_runs"]:
-            cr.add_metric([status, window], n)
-        yield cr
 
-        up = GaugeMetricFamily(
-            "skilljobs_worker_up",
-            "1 when the worker's heartbeat is newer than 30 s.",
-            labels=["worker"],
-        )
-        age = GaugeMetricFamily(
-            "skilljobs_worker_heartbeat_age_seconds",
-            "Seconds since the worker's last heartbeat.",
-            labels=["worker"],
-        )
-        for wid, alive, hb_age in snap["workers"]:
-            up.add_metric([wid], 1 if alive else 0)
-            age.add_metric([wid], round(hb_age, 3))
-        yield up
-        yield age
-        yield from _stall_metrics(snap.get("stalls", []))
-        pruned = GaugeMetricFamily(
-            "skilljobs_pruned_total",
-            "Rows and files deleted by retention passes so far (recorded in the audit trail).",
-            labels=["kind"],
-        )
-        for kind, n in sorted(snap.get("pruned", {}).items()):
-            pruned.add_metric([kind], n)
-        yield pruned
-        yield from _incident_metrics(snap.get("incidents", []))
-        if "limits" in snap:  # SKILLJOBS_LIMITS is set
-            yield from limit_metrics.families(snap["limits"])
-        yield GaugeMetricFamily(
-            "skilljobs_workers_alive",
-            "Workers with a heartbeat newer than 30 s.",
-            value=sum(1 for _, alive, _ in snap["workers"] if alive),
-        )
+def window_families(snap: dict[str, Any]) -> Iterator[Metric]:
+    """Over the last window (shared for a few seconds, ``dashboard.shared``): jobs
+    finished and their run time, queue wait and delivery latency, deliveries, schedule
+    runs, and the retention passes' totals."""
+    window = f"{int(snap['window'])}s"
+    fin = GaugeMetricFamily(
+        "skilljobs_jobs_finished",
+        f"Jobs finished in the last {window}, per skill and outcome.",
+        labels=["skill", "outcome", "window"],
+    )
+    hist = HistogramMetricFamily(
+        "skilljobs_job_duration_seconds",
+        f"Run time of jobs finished in the last {window}.",
+        labels=["skill", "window"],
+    )
+    per_skill: dict[str, list[float]] = defaultdict(
+        lambda: [0.0, 0.0] + [0.0] * len(queries.DURATION_BUCKETS_MS)
+    )
+    for skill, status, n, n_dur, total_ms, *buckets in snap["finished"]:
+        fin.add_metric([skill, status, window], n)
+        acc = per_skill[skill]
+        acc[0] += n_dur
+        acc[1] += float(total_ms or 0.0)
+        for i, b in enumerate(buckets):
+            acc[2 + i] += b or 0
+    for skill, acc in sorted(per_skill.items()):
+        cumulative = [(_le(ms), acc[2 + i]) for i, ms in enumerate(queries.DURATION_BUCKETS_MS)]
+        cumulative.append(("+Inf", acc[0]))
+        hist.add_metric([skill, window], cumulative, sum_value=acc[1] / 1000.0)
+    yield fin
+    yield hist
+    yield from latency.families(snap["latency"], window)
+
+    dl = GaugeMetricFamily(
+        "skilljobs_deliveries",
+        f"Deliveries created in the last {window}, per channel and outcome.",
+        labels=["channel", "status", "window"],
+    )
+    for channel, status, n in snap["deliveries"]:
+        dl.add_metric([channel or "", status, window], n)
+    yield dl
+
+    cr = GaugeMetricFamily(
+        "skilljobs_chain_runs",
+        f"Schedule runs created in the last {window}, per status.",
+        labels=["status", "window"],
+    )
+    for status, n in snap["chain_runs"]:
+        cr.add_metric([status, window], n)
+    yield cr
+    pruned = GaugeMetricFamily(
+        "skilljobs_pruned_total",
+        "Rows and files deleted by retention passes so far (recorded in the audit trail).",
+        labels=["kind"],
+    )
+    for kind, n in sorted(snap.get("pruned", {}).items()):
+        pruned.add_metric([kind], n)
+    yield pruned
 
 
 def _stall_metrics(stalls: list[tuple[str, int, float]]) -> Iterator[Metric]:
@@ -187,35 +196,41 @@ def _le(ms: float) -> str:
 
 
 class Metrics:
-    """One registry per app; ``render`` reads a fresh snapshot and returns the text."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self._collector = SnapshotCollector()
-        self.registry.register(self._collector)
+    """``render`` reads the live figures and the shared windowed ones and returns the text."""
 
     async def render(
         self,
         sessionmaker: async_sessionmaker[AsyncSession],
+        aggregates: shared.Shared,
         window: float = METRICS_WINDOW_S,
         *,
         limits: Mapping[str, int] | None = None,
         ratelimit_waits: latency.Waits | None = None,
         ratelimit_parked: dict[str, int] | None = None,
     ) -> bytes:
-        async with sessionmaker() as session:
-            now = time.time()
-            snap = await queries.metrics_snapshot(session, now, window)
-            snap["latency"] = await latency.snapshot(session, now - window)
-            if limits:
-                snap["limits"] = await limit_metrics.snapshot(session, limits)
-        snap["incidents"] = await incidents.open_incidents(sessionmaker)
+        async def windowed() -> bytes:
+            async with sessionmaker() as session:
+                now = time.time()
+                snap = await queries.metrics_window(session, now, window)
+                snap["latency"] = await latency.snapshot(session, now - window)
+            return generate_latest(Families(window_families, snap))
+
+        async def live() -> dict[str, Any]:
+            async with sessionmaker() as session:
+                snap = await queries.metrics_live(session, time.time())
+                if limits:
+                    snap["limits"] = await limit_metrics.snapshot(session, limits)
+            return snap
+
+        # each on its own connection, side by side
+        snap, open_incidents, window_part = await asyncio.gather(
+            live(),
+            incidents.open_incidents(sessionmaker),
+            aggregates.get(("metrics", window), WINDOW_REFRESH_S, windowed),
+        )
+        snap["incidents"] = open_incidents
         snap["ratelimit_waits"] = ratelimit_waits or []
         snap["ratelimit_parked"] = ratelimit_parked or {}
-        # No await between setting the snapshot and rendering: concurrent scrapes on the
-        # event loop can never see each other's snapshot.
-        self._collector.snapshot = snap
-        try:
-            return generate_latest(self.registry)
-        finally:
-            self._collector.snapshot = None
+        now_part = generate_latest(Families(live_families, snap))
+        window_text: bytes = window_part.value
+        return now_part + window_text

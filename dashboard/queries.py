@@ -76,7 +76,10 @@ def _dialect(session: AsyncSession) -> str:
 async def list_jobs(
     session: AsyncSession, flt: JobFilter, *, limit: int = 50, cursor: str | None = None
 ) -> tuple[list[Job], str | None]:
-    """One page of jobs, newest first, and the cursor of the next page (or None)."""
+    """One page of jobs, newest first, and the cursor of the next page (or None). A
+    free-text ``q`` that matches little is found through its own indexes (``pg_trgm`` on
+    skill and error, the primary key, session and actor: the planner's bitmap), a common
+    one by the newest-first walk, which meets its matches within a few rows."""
     limit = max(1, min(int(limit), MAX_PAGE))
     conds: list[Any] = flt.conditions()
     if cursor:
@@ -377,12 +380,28 @@ DURATION_BUCKETS_MS = (
 )
 
 
-async def metrics_snapshot(session: AsyncSession, now: float, window: float) -> dict[str, Any]:
-    """Everything ``/metrics`` exposes, read with indexed queries only."""
+async def metrics_live(session: AsyncSession, now: float) -> dict[str, Any]:
+    """What ``/metrics`` reads at every scrape (queued and running jobs, workers)."""
+    snap: dict[str, Any] = {"depth": await queue_depth(session, now)}
+    snap["live"] = await live_counts(session)
+    workers = (
+        await session.execute(
+            select(Worker.id, Worker.last_heartbeat, Worker.stalls, Worker.longest_stall_s).where(
+                Worker.stopped_at.is_(None)
+            )
+        )
+    ).all()
+    snap["workers"] = [(wid, now - hb <= WORKER_ALIVE_S, now - hb) for wid, hb, _, _ in workers]
+    snap["stalls"] = [(wid, int(n or 0), float(s or 0.0)) for wid, _, n, s in workers]
+    return snap
+
+
+async def metrics_window(session: AsyncSession, now: float, window: float) -> dict[str, Any]:
+    """``/metrics``' figures over the last ``window`` seconds, read with indexed queries
+    only (jobs finished: ``ix_jobs_finished``; deliveries: ``ix_deliveries_status_created``;
+    runs: ``ix_chain_runs_status``), and the retention passes' totals."""
     since = now - window
     snap: dict[str, Any] = {"window": window}
-    snap["depth"] = await queue_depth(session, now)
-    snap["live"] = await live_counts(session)
     bucket_cols = [func.sum(case((Job.duration_ms <= b, 1), else_=0)) for b in DURATION_BUCKETS_MS]
     stmt = (
         select(
@@ -417,15 +436,6 @@ async def metrics_snapshot(session: AsyncSession, now: float, window: float) -> 
             )
         ).all()
     ]
-    workers = (
-        await session.execute(
-            select(Worker.id, Worker.last_heartbeat, Worker.stalls, Worker.longest_stall_s).where(
-                Worker.stopped_at.is_(None)
-            )
-        )
-    ).all()
-    snap["workers"] = [(wid, now - hb <= WORKER_ALIVE_S, now - hb) for wid, hb, _, _ in workers]
-    snap["stalls"] = [(wid, int(n or 0), float(s or 0.0)) for wid, _, n, s in workers]
     passes = await session.scalars(
         select(OpsAction.details)
         .where(OpsAction.action == "prune")

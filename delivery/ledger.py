@@ -507,7 +507,10 @@ async def deliver_once(
             note = None
         elif status in (UNKNOWN, DISMISSED, FAILED) and existing is not None:
             note = existing.error
-        return {**base, "status": status, "error": note, "duplicate": True}
+        held = {"id": existing.id} if existing is not None else {}
+        if existing is not None and existing.claimed_by == PARKED and status == PENDING:
+            held["parked"] = True
+        return {**base, "status": status, "error": note, "duplicate": True, **held}
     if gate is not None and not await gate.enter():
         return await _park(sessionmaker, gate, row, key, owner, base)
     sending = _send_claimed(
@@ -555,11 +558,17 @@ async def _park(
         await gate.parked(row.id, wait)
     else:
         await gate.leave()
-    return {**base, "status": PENDING, "error": gate.note, "parked": True}
+    return {**base, "status": PENDING, "error": gate.note, "parked": True, "id": row.id}
 
 
-async def claim_parked(sessionmaker: Sessions, row: Delivery, owner: str) -> bool:
-    """Take a parked row out of the outbox for ``owner`` (compare-and-set: one taker)."""
+async def claim_parked(
+    sessionmaker: Sessions, row: Delivery, owner: str, *, sending: bool = False
+) -> bool:
+    """Take a parked row out of the outbox for ``owner`` (compare-and-set: one taker);
+    ``sending``: and mark it ``sending`` in the same statement, its request going next."""
+    values: dict[str, Any] = {"claimed_by": owner, "updated_at": time.time()}
+    if sending:
+        values["status"] = SENDING
     async with sessionmaker() as s:
         res = await s.execute(
             update(Delivery)
@@ -569,7 +578,7 @@ async def claim_parked(sessionmaker: Sessions, row: Delivery, owner: str) -> boo
                 Delivery.claimed_by == PARKED,
                 Delivery.generation == row.generation,
             )
-            .values(claimed_by=owner, updated_at=time.time())
+            .values(**values)
         )
         await s.commit()
         return bool(res.rowcount == 1)  # type: ignore[attr-defined]
@@ -585,8 +594,10 @@ async def send_claimed(
     tries: int = DEFAULT_TRIES,
     backoff: float = 1.0,
     gate: Gate | None = None,
+    sending: bool = False,
 ) -> dict[str, Any]:
-    """Send a row this ``owner`` holds (a parked one it took): ``sending`` → outcome."""
+    """Send a row this ``owner`` holds (a parked one it took): ``sending`` → outcome
+    (``sending``: the row says so already, :func:`claim_parked`)."""
     base = {"recipient": row.recipient, "kind": row.kind}
     return await _send_claimed(
         sessionmaker,
@@ -600,6 +611,7 @@ async def send_claimed(
         tries=tries,
         backoff=backoff,
         gate=gate,
+        sending=sending,
     )
 
 
@@ -616,6 +628,7 @@ async def _send_claimed(
     tries: int,
     backoff: float,
     gate: Gate | None = None,
+    sending: bool = False,
 ) -> dict[str, Any]:
     gen = row.generation
     recipient = base["recipient"]
@@ -626,7 +639,7 @@ async def _send_claimed(
                 release(sessionmaker, key, owner, "not sent: lease lost", generation=gen)
             )
             raise LeaseLost(recipient)
-        if not await begin_send(sessionmaker, key, owner, gen):
+        if not (sending and attempt == 1) and not await begin_send(sessionmaker, key, owner, gen):
             return {**base, "status": PENDING, "error": "taken over", "duplicate": True}
         marker = SEND_KEY.set(SendKey(f"{key}:{gen}"))
         try:

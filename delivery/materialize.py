@@ -102,7 +102,7 @@ async def materialize(
     Returns the updated result (a copy) and the fetch records
     ``{"url", "field", "status", "reason", "artifact"}``.
     """
-    if not isinstance(result, dict) or not _mentions_urls(result):
+    if not mentions_urls(result):
         return result, []  # most results: nothing to look at, nothing to copy
     out = copy.deepcopy(result)
     workspace = Path(workspace)
@@ -155,8 +155,10 @@ async def materialize(
 _URL_FIELDS = frozenset([*EXPLICIT_FIELDS, *MEDIA_LISTS, "media", *AMBIGUOUS_FIELDS])
 
 
-def _mentions_urls(result: dict[str, Any]) -> bool:
+def mentions_urls(result: Any) -> bool:
     """Could ``result`` hold a remote URL at all (a cheap test before the full scan)?"""
+    if not isinstance(result, dict):
+        return False
     if not _URL_FIELDS.isdisjoint(result):
         return True
     return any(isinstance(v, str) and "://" in v for k in TEXT_FIELDS if (v := result.get(k)))

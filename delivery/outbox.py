@@ -14,8 +14,10 @@ the order they were handed over, whichever workers send them.
 
 Redis keys (under the deployment's prefix): ``outbox:due`` (a sorted set of recipients by
 when their next send may go, ms), ``outbox:q:<recipient>`` (a list of delivery row ids) and
-``outbox:lock:<recipient>``. Parked rows whose Redis entry was lost (a restart, a flush)
-are queued again by :meth:`Outbox.sweep`.
+``outbox:lock:<recipient>``. While a chat's sender holds it, the chat's due time is past its
+lock, so the other workers do not keep trying to take it; a sender that leaves sets it to
+when the chat's next send may go. Parked rows whose Redis entry was lost (a restart, a
+flush) are queued again by :meth:`Outbox.sweep`.
 """
 
 from __future__ import annotations
@@ -76,7 +78,25 @@ end
 if redis.call('GET', KEYS[3]) == ARGV[4] then redis.call('DEL', KEYS[3]) end
 return 1
 """
-_UNLOCK = """
+# KEYS: lock, due. ARGV: owner, lock ms, recipient, now ms, ms until a look again when held.
+# Takes (or renews) a chat for its sender and moves the chat's due time past the lock, so
+# other workers do not look at it while it is held; a chat held by another is looked at
+# again in ARGV[5] ms. 1 when the caller holds the chat.
+_HOLD = """
+local mine = redis.call('GET', KEYS[1]) == ARGV[1]
+if mine or redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if mine then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+  redis.call('ZADD', KEYS[2], 'XX', tonumber(ARGV[4]) + tonumber(ARGV[2]), ARGV[3])
+  return 1
+end
+local left = redis.call('PTTL', KEYS[1])
+if left < 0 or left > tonumber(ARGV[5]) then left = tonumber(ARGV[5]) end
+redis.call('ZADD', KEYS[2], 'XX', tonumber(ARGV[4]) + left, ARGV[3])
+return 0
+"""
+# KEYS: lock, due. ARGV: owner, recipient, due ms ('' leaves it). A sender leaves its chat.
+_LEAVE = """
+if ARGV[3] ~= '' then redis.call('ZADD', KEYS[2], 'XX', ARGV[3], ARGV[2]) end
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
@@ -101,14 +121,23 @@ def _text(value: Any) -> str:
 class Gate:
     """One send's turn at its chat (:class:`delivery.ledger.Gate`)."""
 
-    def __init__(self, outbox: Outbox, adapter: LimitedChannel, recipient: str, contact: str):
+    def __init__(
+        self,
+        outbox: Outbox,
+        adapter: LimitedChannel,
+        recipient: str,
+        contact: str,
+        inline: float = INLINE_WAIT,
+    ):
         self.outbox = outbox
+        self.inline = inline
         self.adapter = adapter
         self.recipient = recipient
         self.target: Target = parse_target(contact)
         self.token = uuid.uuid4().hex
         self.locked = False
         self.wait_ms = 0
+        self.waited = 0.0  # seconds waited in place for the token
         self._credit: contextlib.ExitStack | None = None
         self.note = f"waiting for the {adapter.name} rate limit (in the outbox)"
 
@@ -118,7 +147,7 @@ class Gate:
         if not int(await ob.script("enter")(keys=[q, lock], args=[self.token, LOCK_MS])):
             return False  # others are ahead: this one queues behind them
         self.locked = True
-        deadline = time.monotonic() + INLINE_WAIT
+        deadline = time.monotonic() + self.inline
         waited = 0.0
         while True:
             ms = await self.adapter.limiter.try_take(self.adapter.name, self.target)
@@ -133,6 +162,7 @@ class Gate:
                 return False
             await asyncio.sleep(ms / 1000)
             waited += ms / 1000
+            self.waited = waited
 
     async def parked(self, row_id: int, wait: float | None = None) -> None:
         ob = self.outbox
@@ -149,9 +179,11 @@ class Gate:
         self._end_credit()
         if self.locked:
             self.locked = False
-            lock = self.outbox.lock_key(self.recipient)
-            await self.outbox.script("unlock")(keys=[lock], args=[self.token])
-            self.outbox.wake.set()  # whoever queued meanwhile may go now
+            ob = self.outbox
+            # whoever queued meanwhile may go now, on any worker (their chat is due now)
+            keys = [ob.lock_key(self.recipient), ob.due_key]
+            await ob.script("leave")(keys=keys, args=[self.token, self.recipient, _ms()])
+            ob.wake.set()
 
     def _end_credit(self) -> None:
         if self._credit is not None:
@@ -199,15 +231,26 @@ class Outbox:
 
     def script(self, name: str) -> Any:
         if name not in self._scripts:
-            body = {"enter": _ENTER, "park": _PARK, "unlock": _UNLOCK, "pop": _POP}[name]
+            body = {
+                "enter": _ENTER,
+                "park": _PARK,
+                "pop": _POP,
+                "hold": _HOLD,
+                "leave": _LEAVE,
+            }[name]
             self._scripts[name] = self.redis.register_script(body)
         return self._scripts[name]
 
-    def gate(self, adapter: Channel, recipient: str, contact: str) -> Gate | None:
-        """The gate of a send on ``adapter``, or None when it has no shared rate limit."""
+    def gate(
+        self, adapter: Channel, recipient: str, contact: str, *, inline: float = INLINE_WAIT
+    ) -> Gate | None:
+        """The gate of a send on ``adapter``, or None when it has no shared rate limit.
+        ``inline``: the longest wait for a token in place before the send is parked (a
+        skill's own sends wait what is left of their run's ``jobs.sendscope.INLINE_BUDGET``:
+        its job's slot is not the outbox's to hold)."""
         if not isinstance(adapter, LimitedChannel) or adapter.limiter is None:
             return None
-        return Gate(self, adapter, recipient, contact)
+        return Gate(self, adapter, recipient, contact, inline)
 
     # --- draining --------------------------------------------------------------------
 
@@ -267,69 +310,125 @@ class Outbox:
             await asyncio.sleep(min(delay, 0.05))
 
     async def _drain(self, recipient: str) -> None:
-        """Send the heads of one chat's queue while its tokens allow, in order."""
+        """Send the heads of one chat's queue while its tokens allow, in order.
+
+        While it holds the chat, the chat's due time is past its lock (other workers do not
+        look at it); the head's row is read while its token is not due yet, so once it is
+        only the token, the row's claim (``sending``) and the request itself stand between
+        two messages."""
         lock, q = self.lock_key(recipient), self.queue_key(recipient)
         token = uuid.uuid4().hex
-        if not await self.redis.set(lock, token, nx=True, px=LOCK_MS):
-            return  # another worker is sending to this chat
+        hold = self.script("hold")
+        keys = [lock, self.due_key]
+        if not int(await hold(keys=keys, args=[token, LOCK_MS, recipient, _ms(), HELD_MS])):
+            return  # another worker (or a send going out at once) has this chat
+        due: int | None = -1  # -1 until the loop says how it ended (-1: abnormally)
+        head: Delivery | None = None  # the head's row, read while its token was not due
+        renewed = time.monotonic()
         try:
             while not self.stopping:
-                head = await self.redis.lindex(q, 0)
                 if head is None:
-                    if not int(
-                        await self.script("pop")(keys=[q, self.due_key], args=["", recipient])
-                    ):
-                        return
-                    continue
-                wait = await self._send_head(recipient, int(_text(head)))
+                    raw = await self.redis.lindex(q, 0)
+                    if raw is None:
+                        left = self.script("pop")(keys=[q, self.due_key], args=["", recipient])
+                        if not int(await left):
+                            due = None  # nothing left: the chat is off the due queue
+                            return
+                        continue
+                    head = await self._load(int(_text(raw)))
+                    if head is None:  # recorded meanwhile: sent, failed, unknown, dismissed
+                        await self.script("pop")(
+                            keys=[q, self.due_key], args=[_text(raw), recipient]
+                        )
+                        continue
+                row_id = head.id
+                wait, keep = await self._send_head(recipient, head)
+                if not keep:
+                    head = None  # a send was tried: read the row again before the next
                 if wait is not None and wait <= STAY_MS and not self.stopping:
                     # the chat's next token is near: wait for it here, still its sender
                     await asyncio.sleep(wait / 1000)
-                    await self.redis.pexpire(lock, LOCK_MS)
+                    # (renewed after each send; here only when that was long ago: a renewal
+                    # would stand between the token and the request)
+                    if time.monotonic() - renewed > LOCK_MS / 3000:
+                        if not await self._still_ours(hold, keys, token, recipient):
+                            due = None
+                            return
+                        renewed = time.monotonic()
                     continue
                 if wait is not None:
-                    await self.redis.zadd(self.due_key, {recipient: _ms() + wait}, xx=True)
+                    due = _ms() + wait
                     return
-                await self.script("pop")(keys=[q, self.due_key], args=[_text(head), recipient])
-                await self.redis.pexpire(lock, LOCK_MS)
+                await self.script("pop")(keys=[q, self.due_key], args=[str(row_id), recipient])
+                if not await self._still_ours(hold, keys, token, recipient):
+                    due = None
+                    return
+                renewed = time.monotonic()
         finally:
-            await self.script("unlock")(keys=[lock], args=[token])
+            if due == -1:  # stopping: due now, for another worker; an error: in a while
+                due = _ms() + (0 if self.stopping else HELD_MS)
+            args = [token, recipient, "" if due is None else due]
+            await self.script("leave")(keys=keys, args=args)
 
-    async def _send_head(self, recipient: str, row_id: int) -> int | None:
-        """Send parked row ``row_id``: None when it is done with (sent, failed, or not
-        parked any more), else the ms to wait for its chat's next token."""
+    @staticmethod
+    async def _still_ours(hold: Any, keys: list[str], token: str, recipient: str) -> bool:
+        """Renew this sender's hold on its chat; False when it lapsed (a stall longer than
+        the lock) and another sender has the chat now."""
+        return bool(int(await hold(keys=keys, args=[token, LOCK_MS, recipient, _ms(), HELD_MS])))
+
+    async def _load(self, row_id: int) -> Delivery | None:
+        """Parked row ``row_id`` while it is still to be sent (None once it is recorded)."""
+        async with self.svc.sessionmaker() as s:
+            row: Delivery | None = await s.get(Delivery, row_id)
+        return row if row is not None and row.status in (PENDING, SENDING) else None
+
+    async def _send_head(self, recipient: str, row: Delivery) -> tuple[int | None, bool]:
+        """Send the parked ``row`` (read by :meth:`_load`). Returns ``(wait, keep)``:
+        ``wait`` None when the row is done with (sent, failed, or not parked any more),
+        else the ms until it may be tried again; ``keep`` when nothing was tried and the
+        row as read still stands."""
         from delivery.custody import adapter_for, sender_for
 
         sm = self.svc.sessionmaker
-        async with sm() as s:
-            row: Delivery | None = await s.get(Delivery, row_id)
-        if row is None or row.status not in (PENDING, SENDING):
-            return None  # recorded meanwhile: sent, failed, unknown or dismissed
         adapter = adapter_for(self.svc, row)
         if not isinstance(adapter, LimitedChannel):
             log.warning("outbox: channel %r is not configured here; leaving it", row.channel)
-            return 5000
+            return 5000, False
         contact = recipient.partition(":")[2]
         target = parse_target(contact)
         if adapter.limiter is not None:
-            ms = int(await adapter.limiter.try_take(adapter.name, target))
+            # the last answer here said when the chat's next token is due: no need to ask
+            # before then (the buckets decide once it is)
+            ms = adapter.limiter.due_in(adapter.name, target)
+            if ms <= 0:
+                ms = int(await adapter.limiter.try_take(adapter.name, target))
             if ms > 0:
-                return ms
+                return ms, True
+        sending = False
         if row.claimed_by == PARKED:
-            if not await claim_parked(sm, row, self.owner):
-                return None
+            # taken out of the outbox and marked ``sending`` in one statement: the request
+            # follows at once
+            if not await claim_parked(sm, row, self.owner, sending=True):
+                return None, False
+            sending = True
         else:  # a sender took it out and stopped answering (its worker died mid-send?)
             taken = await self._take_over(row, adapter.dedups_for(contact))
             if taken is None:
-                return HELD_MS if await self._still_held(row_id) else None
+                return (HELD_MS if await self._still_held(row.id) else None), False
             row = taken
         send = sender_for(self.svc, adapter, contact, row.content or {}, row.kind)
         hold = _Hold(adapter.name)
         with credit(adapter.name, target):
             await send_claimed(
-                sm, send, row, self.owner, dedup=adapter.dedups_for(contact), gate=hold
+                sm,
+                send,
+                row,
+                self.owner,
+                dedup=adapter.dedups_for(contact),
+                gate=hold,
+                sending=sending,
             )
-        return hold.wait_ms  # a 429 put it back at the head of its queue, for that long
+        return hold.wait_ms, False  # a 429 put it back at the head of its queue, for that long
 
     async def _take_over(self, row: Delivery, dedup: bool) -> Delivery | None:
         """The ledger's take-over rules: a ``sending`` row of a dead claimant becomes
@@ -369,15 +468,34 @@ class Outbox:
                     .limit(1000)
                 )
             ).all()
-        found = 0
-        for row_id, recipient in rows:
-            q = self.queue_key(recipient)
-            if await self.redis.lpos(q, str(row_id)) is not None:
-                continue
-            found += 1
+        if not rows:
+            return 0
+        # one round trip for every look (they hold up this worker's due queue meanwhile)
+        places = [(int(row_id), str(name).partition("#")[0]) for row_id, name in rows]
+        async with self.redis.pipeline(transaction=False) as p:
+            for row_id, recipient in places:
+                p.lpos(self.queue_key(recipient), str(row_id))
+            where = await p.execute()
+        missing = {r: q for (r, q), at in zip(places, where, strict=True) if at is None}
+        if missing:  # sent meanwhile (and so out of its queue)? then it is not missing
+            async with self.svc.sessionmaker() as s:
+                still = (
+                    await s.scalars(
+                        select(Delivery.id).where(
+                            Delivery.id.in_(list(missing)),
+                            Delivery.status == PENDING,
+                            Delivery.claimed_by == PARKED,
+                        )
+                    )
+                ).all()
+            missing = {r: missing[r] for r in sorted(still)}
+        found = len(missing)
+        if missing:
             async with self.redis.pipeline(transaction=True) as p:
-                p.rpush(q, row_id)
-                p.zadd(self.due_key, {recipient: _ms()}, nx=True)
+                for row_id, recipient in missing.items():
+                    # a reply's anchor travels in the row's content: one queue per chat
+                    p.rpush(self.queue_key(recipient), row_id)
+                    p.zadd(self.due_key, {recipient: _ms()}, nx=True)
                 await p.execute()
         if found:
             log.info("outbox: %s parked deliveries queued again", found)

@@ -22,7 +22,7 @@ from sqlalchemy import delete
 
 from delivery.artifacts import ArtifactInfo, acollect, fill_local_path
 from delivery.fetch import SafeFetcher
-from delivery.materialize import materialize
+from delivery.materialize import materialize, mentions_urls
 from delivery.router import deliver_result, workspace_of
 from jobs import telemetry
 from jobs.envelope import is_failure, normalize
@@ -74,6 +74,7 @@ async def postprocess(
     scope: RunScope | None = None,
     workspace: Path | None = None,
     store: bool = True,
+    normalized: bool = False,
 ) -> PostResult:
     """Run the post-processing steps for ``job``'s ``result`` and deliver it.
 
@@ -82,10 +83,12 @@ async def postprocess(
     backfill then takes only the files this run wrote (without it, every top-level file).
     ``workspace`` overrides the job's (a chain's steps run in the schedule's workspace);
     ``store=False`` keeps the artifacts off the job's rows (a chain run records them itself).
+    ``normalized``: ``result`` is the executor's envelope of a successful run (normalized
+    there; not copied and normalized again).
     """
     settings = services.settings
     changes = scope.finish() if scope is not None else None
-    env = normalize(result, job.skill)
+    env = result if normalized and isinstance(result, dict) else normalize(result, job.skill)
     post = PostResult(result=env)
     if not is_failure(env):
         workspace = workspace or workspace_of(settings, job)
@@ -93,13 +96,14 @@ async def postprocess(
         if not os.path.isdir(workspace):  # noqa: ASYNC240
             os.makedirs(workspace, exist_ok=True)
         env = fill_local_path(env, workspace)
-        try:
-            async with SafeFetcher(settings.allow_hosts) as fetcher:
-                fetching = materialize(env, workspace, fetcher)
-                env, post.fetches = await telemetry.traced("skilljobs.materialize", fetching)
-        except Exception as exc:  # a broken download step must not cost the user the result
-            log.exception("job %s: materialization failed", job.id)
-            post.problems.append({"path": "", "field": "materialize", "reason": str(exc)})
+        if mentions_urls(env) or telemetry.enabled():  # (most results: no URL to fetch)
+            try:
+                async with SafeFetcher(settings.allow_hosts) as fetcher:
+                    fetching = materialize(env, workspace, fetcher)
+                    env, post.fetches = await telemetry.traced("skilljobs.materialize", fetching)
+            except Exception as exc:  # a broken download step must not cost the user the result
+                log.exception("job %s: materialization failed", job.id)
+                post.problems.append({"path": "", "field": "materialize", "reason": str(exc)})
         post.result = env
         post.artifacts = await acollect(env, workspace, post.problems, changes)
         if not await fence():

@@ -20,7 +20,8 @@ import json
 import logging
 import math
 import re
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from delivery.channels.limits import Target, credit, spend_credit
@@ -83,21 +84,26 @@ return 0
 """
 
 
-# KEYS: the chat (or group) bucket. ARGV: its capacity, its idle expiry (ms). The refill is
-# counted from now on: the time the request that took the last token spent on the wire
-# (or waiting to be handled) does not count toward the next one. A bucket that expired
-# meanwhile comes back as if that token had just been taken from a full one.
+# KEYS: the chat (or group) bucket. ARGV: its capacity, its idle expiry (ms), its refill
+# per ms. The refill is counted from now on: the time the request that took the last token
+# spent on the wire (or waiting to be handled) does not count toward the next one. A bucket
+# that expired meanwhile comes back as if that token had just been taken from a full one.
+# Answers the ms until the bucket's next token (0: it has one).
 _SETTLE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  local ts = tonumber(redis.call('HGET', KEYS[1], 'ts')) or now
+local tokens = tonumber(ARGV[1]) - 1
+local h = redis.call('HMGET', KEYS[1], 't', 'ts')
+if h[1] then
+  tokens = tonumber(h[1])
+  local ts = tonumber(h[2]) or now
   if now > ts then redis.call('HSET', KEYS[1], 'ts', now) end
 else
-  redis.call('HSET', KEYS[1], 't', tonumber(ARGV[1]) - 1, 'ts', now)
+  redis.call('HSET', KEYS[1], 't', tokens, 'ts', now)
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 0
+if tokens >= 1 then return 0 end
+return math.ceil((1 - tokens) / tonumber(ARGV[3]))
 """
 
 
@@ -152,6 +158,7 @@ class RateLimiter:
     limits: dict[str, dict[str, tuple[float, float] | None]]
     _script: Any = None
     _settle: Any = None
+    _due: dict[tuple[str, str], float] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, redis: Any, settings: Any) -> RateLimiter:
@@ -245,7 +252,8 @@ class RateLimiter:
         """A message request to ``target`` has been answered: its chat's next token is
         counted from now, not from when this one was taken. Platforms measure the gap
         between the messages they *receive*; a slow request must not let the next one
-        arrive too soon after it."""
+        arrive too soon after it. The answer also says when that token is due; it is
+        kept (:meth:`due_in`) so a chat's sender sleeps until then without asking."""
         buckets = self.buckets(channel, target)
         if len(buckets) < 2:
             return
@@ -253,10 +261,20 @@ class RateLimiter:
             if self._settle is None:
                 self._settle = self.redis.register_script(_SETTLE)
             key, cap, rate = buckets[1]
-            await self._settle(keys=[key], args=[cap, math.ceil(cap / rate) + 1000])
+            ms = int(await self._settle(keys=[key], args=[cap, math.ceil(cap / rate) + 1000, rate]))
         except Exception as exc:  # best effort, like the limiter itself
             self._settle = None
             log.warning("rate limiter: cannot settle a send (%s)", exc)
+            return
+        if len(self._due) > 4096:  # chats seen long ago; the hint is only a hint
+            self._due.clear()
+        self._due[(channel, target.id)] = time.monotonic() + ms / 1000
+
+    def due_in(self, channel: str, target: Target) -> int:
+        """The ms until the chat's next token as the last :meth:`settle` here saw it (0 when
+        due or not known). A hint: the buckets in Redis decide (:meth:`try_take`)."""
+        due = self._due.get((channel, target.id))
+        return max(0, math.ceil((due - time.monotonic()) * 1000)) if due is not None else 0
 
     async def pause(self, channel: str, target: Target, retry_after: float) -> None:
         """A 429: no worker sends to this chat (or, without a chat bucket, on this bot)

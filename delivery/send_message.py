@@ -247,11 +247,20 @@ async def send_ledgered(
     paths: list[str],
     *,
     backoff: float = 1.0,
-) -> None:
+) -> list[int]:
     """:func:`send_to` with each part recorded in the delivery ledger under the job, the
     call (``send_message:<sequence number>:<content hash>``) and the part's index: a re-run
-    of the job that makes the same call sends nothing that was sent already."""
+    of the job that makes the same call sends nothing that was sent already.
+
+    In a worker (the scope has its outbox), a part whose chat has no rate-limit token within
+    what is left of the run's in-place budget (``jobs.sendscope.INLINE_BUDGET``) is parked
+    in the outbox instead of waited for, and so is every part after it (they
+    stay in order behind it): returns the delivery ids of the parts left queued there
+    (empty when everything was sent)."""
     recipient = f"{channel}:{contact}"
+    place, _, anchor = contact.partition("#")
+    queue = f"{channel}:{place}"  # one outbox queue per chat; a reply's anchor is content
+    queued: list[int] = []
     for i, (kind, path, body) in enumerate(_parts(adapter, text, paths)):
         item = f"{call}:{i}"
 
@@ -260,6 +269,15 @@ async def send_ledgered(
                 return await adapter.send_text(contact, body or "")
             return await adapter.send_media(kind, contact, path, body)
 
+        content: dict[str, Any] = {"path": path, "caption": body} if path else {"text": body}
+        if anchor:
+            content["reply_to"] = anchor
+        outbox = scope.outbox
+        gate = (
+            outbox.gate(adapter, queue, place, inline=scope.inline_left)
+            if outbox is not None
+            else None
+        )
         out = await deliver_once(
             sessionmaker,
             send,
@@ -270,15 +288,25 @@ async def send_ledgered(
             item=item,
             channel=channel,
             job_id=scope.job_id,
-            content={"path": path, "caption": body} if path else {"text": body},
+            content=content,
             dedup=adapter.dedups_for(contact),
             backoff=backoff,
+            gate=gate,
         )
-        if out["status"] != "sent":
-            why = out.get("error") or out["status"]
-            if out["status"] == "unknown":
-                raise DeliveryPermanentError(f"outcome unknown ({why}); not sent again")
-            raise DeliveryPermanentError(str(why))
+        if gate is not None:  # what it waited in place comes off the run's budget
+            scope.inline_left = max(0.0, scope.inline_left - float(getattr(gate, "waited", 0.0)))
+        if out["status"] == "sent":
+            continue
+        if out.get("id") is not None and (out.get("parked") or out["status"] == "sending"):
+            # parked in the outbox now or by an earlier run of this job, or on its way
+            # from there: in the ledger's custody, sent once, in order
+            queued.append(int(out["id"]))
+            continue
+        why = out.get("error") or out["status"]
+        if out["status"] == "unknown":
+            raise DeliveryPermanentError(f"outcome unknown ({why}); not sent again")
+        raise DeliveryPermanentError(str(why))
+    return queued
 
 
 async def send_message(
@@ -321,8 +349,9 @@ async def send_message(
     digest = content_digest(body, paths)
     scoped = sendscope.next_call(f"send_message:{digest}") if sessionmaker is not None else None
 
-    async def one(ch: str, contact: str) -> tuple[str, str | None]:
+    async def one(ch: str, contact: str) -> tuple[str, str | None, list[int]]:
         target = f"{ch}:{contact}"
+        queued: list[int] = []
         adapter = channels.get(ch)
         # outbound directives are delivery metadata, never text ([embed] stays for web)
         text = strip_directives(body, rich=ch in WEB)
@@ -332,38 +361,57 @@ async def send_message(
                 if ch in KNOWN_CHANNELS
                 else f"unknown channel {ch!r} (one of: {', '.join(KNOWN_CHANNELS)})"
             )
-            return target, why
+            return target, why, queued
         try:
             if scoped is not None:
                 scope, seq = scoped
                 call = f"send_message:{seq}:{digest}"
-                await send_ledgered(
+                queued = await send_ledgered(
                     sessionmaker, scope, call, adapter, ch, contact, text, paths, backoff=backoff
                 )
             else:
                 await send_to(adapter, contact, text, paths, backoff=backoff)
         except (DeliveryPermanentError, DeliveryTransientError) as exc:
-            return target, exc.reason
+            return target, exc.reason, queued
         except Exception as exc:  # one broken adapter must not sink the other recipients
-            return target, f"internal error: {type(exc).__name__}: {exc}"
-        return target, None
+            return target, f"internal error: {type(exc).__name__}: {exc}", queued
+        return target, None, queued
 
     sent: list[str] = []
-    for target, why in await asyncio.gather(*(one(ch, c) for ch, c in recipients)):
-        if why is None:
-            sent.append(target)
-        else:
+    waiting: list[dict[str, Any]] = []
+    for target, why, ids in await asyncio.gather(*(one(ch, c) for ch, c in recipients)):
+        if why is not None:
             failed.append({"target": target, "error": why})
+        elif ids:
+            waiting.append({"target": target, "delivery_ids": ids})
+        else:
+            sent.append(target)
     if not recipients and not failed:
         failed.append({"target": str(to), "error": "no recipient given"})
-    return _result(sent, failed)
+    return _result(sent, failed, waiting)
 
 
-def _result(sent: list[str], failed: list[dict[str, str]]) -> dict[str, Any]:
-    if sent and not failed:
+def _result(
+    sent: list[str], failed: list[dict[str, str]], queued: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The answer: ``queued`` (only when some are) lists the recipients whose message waits
+    in the outbox for its chat's rate limit, with the ids of its deliveries; they count as
+    handed over (``ok``), not as ``sent``."""
+    queued = queued or []
+    done = len(sent) + len(queued)
+    if sent and not failed and not queued:
         msg = f"sent to {len(sent)} recipient(s)"
-    elif sent:
-        msg = f"sent to {len(sent)} of {len(sent) + len(failed)} recipients"
+    elif done and not failed:
+        msg = f"sent to {len(sent)} recipient(s); " if sent else ""
+        msg += f"queued for {len(queued)} recipient(s) by the rate limit (sent in order shortly)"
+    elif done:
+        msg = f"sent to {len(sent)} of {done + len(failed)} recipients"
+        if queued:
+            msg += f" ({len(queued)} queued for the rate limit)"
     else:
         msg = "not sent: " + "; ".join(f"{f['target']}: {f['error']}" for f in failed[:3])
-    return {"ok": bool(sent) and not failed, "sent": sent, "failed": failed, "message": msg}
+    out: dict[str, Any] = {"ok": bool(done) and not failed, "sent": sent, "failed": failed}
+    if queued:
+        out["queued"] = queued
+    out["message"] = msg
+    return out

@@ -250,9 +250,10 @@ def background_context(
 
     ``db``/``db_factory``/``workspace_dir``/``provider``/``call_skill`` are added by the
     executor at run time; ``team_role``/``request``/``channel_registry`` are absent on purpose.
+    ``segment``: ``fixed_segment(origin)`` when the caller has built it already.
     """
     ctx: dict[str, Any] = flatten_configs(skill, configs)
-    ctx.update(fixed_segment(origin))
+    ctx.update(fixed_segment(origin) if segment is None else segment)
     ctx.update(
         role_id=_str(origin.get("role_id")),
         org_id=_str(origin.get("org_id")),
@@ -340,8 +341,29 @@ def job_segment(job: JobRow) -> str:
 def job_workspace(root: str | os.PathLike[str], job: JobRow) -> Path | None:
     """Where a queued job's skill runs: ``<root>/<role_id>/<job segment>``; None without a
     role (such a job has no workspace)."""
-    role = _segment(getattr(job, "role_id", ""))
-    return Path(root) / role / job_segment(job) if role else None
+    # Looked up several times per job and the same for every job of a session: memoized
+    # by what it is made of (a Path is immutable).
+    key = (
+        os.fspath(root),
+        getattr(job, "role_id", ""),
+        getattr(job, "session_id", ""),
+        getattr(job, "channel", ""),
+        getattr(job, "actor_key", ""),
+        _str(getattr(job, "external_id", "")).startswith("orgdeleg:"),
+    )
+    try:
+        return _JOB_WORKSPACES[key]
+    except KeyError:
+        pass
+    role = _segment(key[1])
+    path = Path(root) / role / job_segment(job) if role else None
+    if len(_JOB_WORKSPACES) >= 4096:
+        _JOB_WORKSPACES.clear()
+    _JOB_WORKSPACES[key] = path
+    return path
+
+
+_JOB_WORKSPACES: dict[tuple[Any, ...], Path | None] = {}
 
 
 def job_results_dir(root: str | os.PathLike[str], job: JobRow) -> Path:

@@ -111,10 +111,11 @@ class SecretBox:
             if _is_sealed(obj):
                 return self.decrypt(obj)
             if len(obj) == 1 and isinstance(obj.get(LIT_TAG), dict):
-                return {k: self.unseal(v) for k, v in obj[LIT_TAG].items()}
-            return {k: self.unseal(v) for k, v in obj.items()}
+                obj = obj[LIT_TAG]
+            # (scalars, most values, are taken as they are: no call each)
+            return {k: v if type(v) in _SCALARS else self.unseal(v) for k, v in obj.items()}
         if isinstance(obj, list):
-            return [self.unseal(v) for v in obj]
+            return [v if type(v) in _SCALARS else self.unseal(v) for v in obj]
         return obj
 
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import queue
 import sqlite3
+import threading
 import time
 import uuid
 import weakref
@@ -63,6 +68,20 @@ BUSY_TIMEOUT_MS = 30_000
 # The pauses of :func:`sqlite_write` between tries for the write lock: first, longest (s).
 LOCK_PAUSE_S = (0.0005, 0.002)
 
+# Every SQLite connection's settings. WAL lets readers read while a writer writes
+# (synchronous=NORMAL: no fsync per commit, only at checkpoints); per connection a 16 MiB
+# page cache (default 2 MiB), temporary b-trees in memory, and reads through a 256 MiB
+# memory map instead of read() calls. Pooled connections also wait out another writer
+# (busy_timeout), so contention is waiting instead of "database is locked".
+_SQLITE_PRAGMAS = (
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=NORMAL",
+    "PRAGMA foreign_keys=ON",
+    "PRAGMA cache_size=-16384",
+    "PRAGMA temp_store=MEMORY",
+    "PRAGMA mmap_size=268435456",
+)
+
 # Pools of engines whose connections go through PgBouncer in transaction mode.
 _PGBOUNCER: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -78,17 +97,9 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
         @event.listens_for(engine.sync_engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
             cur = dbapi_conn.cursor()
-            # WAL lets the web app read while a worker writes; busy_timeout turns
-            # writer contention into waiting instead of "database is locked".
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
+            for pragma in _SQLITE_PRAGMAS:
+                cur.execute(pragma)
             cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            cur.execute("PRAGMA foreign_keys=ON")
-            # Per connection: a 16 MiB page cache (default 2 MiB), temporary b-trees in
-            # memory, and reads through a 256 MiB memory map instead of read() calls.
-            cur.execute("PRAGMA cache_size=-16384")
-            cur.execute("PRAGMA temp_store=MEMORY")
-            cur.execute("PRAGMA mmap_size=268435456")
             cur.close()
 
         return engine
@@ -96,7 +107,11 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
         return _pgbouncer_engine(parsed.difference_update_query(["pgbouncer"]), echo)
     # No pre-ping (a round trip per checkout): a connection broken by a server restart
     # fails once, SQLAlchemy then invalidates the pool, and callers retry (jobs.queue.worker).
-    return create_async_engine(url, echo=echo, pool_size=10, max_overflow=20, pool_recycle=1800)
+    engine = create_async_engine(
+        url, echo=echo, pool_size=10, max_overflow=20, pool_recycle=int(_HELD_SEC)
+    )
+    _track_held(engine)
+    return engine
 
 
 def _pgbouncer_engine(url: URL, echo: bool) -> AsyncEngine:
@@ -116,6 +131,7 @@ def _pgbouncer_engine(url: URL, echo: bool) -> AsyncEngine:
         },
     )
     _PGBOUNCER.add(engine.sync_engine.pool)
+    _track_held(engine)
     return engine
 
 
@@ -133,51 +149,124 @@ def autocommit(engine: AsyncEngine) -> AsyncEngine | None:
     return ac
 
 
-# asyncpg errors that mean "this connection is gone" (server restart, network, shutdown)
-def _lost_errors() -> tuple[type[BaseException], ...]:
+# asyncpg's errors, by what they mean for the connection: (lost — server restart, network,
+# shutdown —, refused by the server — the connection is fine).
+def _driver_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
     try:
         import asyncpg
     except ImportError:  # pragma: no cover - SQLite-only installs
-        return (OSError, TimeoutError)
-    return (
+        return (OSError, TimeoutError), ()
+    lost = (
         OSError,
         TimeoutError,
         asyncpg.InterfaceError,
         asyncpg.PostgresConnectionError,
         asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, cannot connect now
     )
+    return lost, (asyncpg.PostgresError,)
 
 
-_LOST: tuple[type[BaseException], ...] | None = None
+_ERRORS: tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]] | None = None
+
+
+# raw_fetch keeps a few connections of each pool checked out between its statements: a
+# checkout and check-in through SQLAlchemy cost more CPU (~110 µs) than a short statement
+# on asyncpg itself (~60 µs), on every claim, finish and receipt batch. Per pool, at most
+# _HELD_MAX idle ones (the most statements of the hot paths in flight at once), each kept
+# at most _HELD_SEC (the pool's recycle age); a connection that fails or is interrupted is
+# never kept, and the engine's dispose closes those kept (``_track_held``).
+_HELD_MAX = 4
+_HELD_SEC = 1800.0
+_held: dict[int, list[tuple[Any, float]]] = {}  # id(pool) -> [(checked-out fairy, since)]
+_held_pid = os.getpid()
+
+
+def _track_held(engine: AsyncEngine) -> None:
+    """Close the connections raw_fetch keeps of ``engine``'s pool when it is disposed."""
+    state = {"pool": engine.sync_engine.pool}
+
+    @event.listens_for(engine.sync_engine, "engine_disposed")
+    def _disposed(eng: Any) -> None:
+        _drop_held(state["pool"])
+        state["pool"] = eng.pool
+
+
+def _drop_held(pool: Any) -> None:
+    for fairy, _since in _held.pop(id(pool), []):
+        with contextlib.suppress(Exception):
+            fairy.invalidate()
+
+
+async def _checkout(engine: AsyncEngine) -> Any:
+    global _held_pid
+    if _held_pid != os.getpid():  # a forked child: the parent's sockets are not ours
+        _held.clear()
+        _held_pid = os.getpid()
+    pool = engine.sync_engine.pool
+    free = _held.get(id(pool))
+    now = time.monotonic()
+    while free:
+        fairy, since = free.pop()
+        if now - since < _HELD_SEC and fairy.is_valid:
+            return fairy
+        with contextlib.suppress(Exception):
+            fairy.invalidate()
+    return await engine.raw_connection()
+
+
+def _checkin(engine: AsyncEngine, fairy: Any) -> None:
+    pool = engine.sync_engine.pool
+    free = _held.setdefault(id(pool), [])
+    if len(free) < _HELD_MAX and fairy.is_valid:
+        free.append((fairy, time.monotonic()))
+    else:
+        fairy.close()  # back to the pool (no transaction is open: nothing to roll back)
 
 
 async def raw_fetch(engine: AsyncEngine, sql: str, *args: Any) -> list[Any]:
-    """Run one statement straight on the pooled asyncpg connection (PostgreSQL hot paths).
+    """Run one statement straight on a pooled asyncpg connection (PostgreSQL hot paths).
 
     For statements that carry a whole batch, SQLAlchemy's per-row result processing costs
-    more than the database does. ``engine`` should be the :func:`autocommit` view: the
-    statement commits on its own. asyncpg prepares and caches the statement per
-    connection. A lost connection is invalidated and reported as SQLAlchemy's
-    ``OperationalError``, like every other database outage (callers retry those).
-    JSON/JSONB columns come back decoded (the dialect registers the codecs).
+    more than the database does. Outside a transaction the statement commits on its own
+    (behind PgBouncer it is wrapped in one, so it keeps one server connection). asyncpg
+    prepares and caches the statement per connection. A lost connection is invalidated,
+    with every connection of its pool opened before it (the server restarted: they are
+    dead too), and reported as SQLAlchemy's ``OperationalError``, like every other
+    database outage (callers retry those). JSON/JSONB columns come back decoded (the
+    dialect registers the codecs).
     """
-    global _LOST
-    lost = _LOST or (_LOST := _lost_errors())
-    async with engine.connect() as conn:
-        fairy = await conn.get_raw_connection()
-        driver: Any = fairy.driver_connection
-        try:
-            if engine.sync_engine.pool in _PGBOUNCER:  # one transaction: one server connection
-                async with driver.transaction():
-                    rows: list[Any] = await driver.fetch(sql, *args)
-            else:
-                rows = await driver.fetch(sql, *args)
-            return rows
-        except lost as exc:
-            await conn.invalidate(exc if isinstance(exc, Exception) else None)
-            raise OperationalError(
-                sql, args, exc, hide_parameters=True, connection_invalidated=True
-            ) from exc
+    global _ERRORS
+    lost, refused = _ERRORS or (_ERRORS := _driver_errors())
+    fairy = await _checkout(engine)
+    driver: Any = fairy.driver_connection
+    try:
+        if engine.sync_engine.pool in _PGBOUNCER:  # one transaction: one server connection
+            async with driver.transaction():
+                rows: list[Any] = await driver.fetch(sql, *args)
+        else:
+            rows = await driver.fetch(sql, *args)
+    except lost as exc:
+        pool = engine.sync_engine.pool
+        _drop_held(pool)
+        cause = exc if isinstance(exc, Exception) else None
+        try:  # this connection and every older one of the pool (as SQLAlchemy's own)
+            pool._invalidate(fairy, cause)
+        except Exception:
+            with contextlib.suppress(Exception):
+                fairy.invalidate(cause)
+        raise OperationalError(
+            sql, args, exc, hide_parameters=True, connection_invalidated=True
+        ) from exc
+    except refused:
+        _checkin(engine, fairy)  # the server refused the statement: the connection is fine
+        raise
+    except BaseException:
+        # interrupted mid-statement (cancelled): its state is unknown, never reused
+        with contextlib.suppress(Exception):
+            fairy.invalidate()
+        raise
+    _checkin(engine, fairy)
+    return rows
 
 
 async def once_more_if_disconnected(fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
@@ -198,20 +287,44 @@ async def once_more_if_disconnected(fn: Callable[..., Awaitable[T]], *args: Any,
 
 
 async def sqlite_write(engine: AsyncEngine, fn: Callable[[sqlite3.Connection], T]) -> T:
-    """Run ``fn`` on a pooled SQLite connection as one write transaction, in one call to
-    the connection's thread (SQLite hot paths).
+    """Run ``fn`` on the SQLite database of ``engine`` as (part of) one write transaction,
+    by this process's one writer of that file (SQLite hot paths).
 
     Through SQLAlchemy each statement is several hand-offs between the event loop and the
-    aiosqlite thread (cursor, execute, fetch, close), and the write lock is held across
-    all of them, while the other process of ``skilljobs up`` waits for it. Here ``fn`` runs
-    on the ``sqlite3`` connection itself, between ``BEGIN IMMEDIATE`` (the write lock is
-    taken first, so the transaction can never fail to upgrade a read; see
-    :func:`_begin_immediate` for the wait) and ``COMMIT``; an exception rolls it back. Errors of ``sqlite3`` come
-    back as SQLAlchemy's (``OperationalError`` for a locked or unavailable database).
+    aiosqlite thread (cursor, execute, fetch, close), plus a pool checkout and a rollback
+    on return, and the write lock is held across all of them while the other process of
+    ``skilljobs up`` waits for it. Here ``fn`` runs on the writer's own ``sqlite3``
+    connection, in its thread, between ``BEGIN IMMEDIATE`` (the write lock taken first, so
+    the transaction can never fail to upgrade a read; see :func:`_lock` for the wait) and
+    ``COMMIT``, and returns once committed. Calls that arrive while the writer is busy go
+    in its next transaction together (group commit: one lock, one commit, one wake-up of
+    the event loop for them all), so writers of one process never wait for each other's
+    lock. An exception from ``fn`` rolls back its own writes only: the others of its
+    transaction are run again without it, so ``fn`` must depend on nothing but the
+    database (it may run more than once, and is kept only once). Errors of ``sqlite3``
+    come back as SQLAlchemy's (``OperationalError`` for a locked or unavailable database).
     """
+    writer = _writer_of(engine)
+    try:
+        if writer is None:  # an in-memory database: only the pool's connections see it
+            return await _pooled_write(engine, fn)
+        result: T = await writer.submit(fn)
+        return result
+    except sqlite3.Error as exc:
+        raise DBAPIError.instance(
+            "sqlite_write", None, exc, sqlite3.Error, hide_parameters=True
+        ) from exc
+
+
+async def _pooled_write(engine: AsyncEngine, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """:func:`sqlite_write` on a pooled connection, in one call to its aiosqlite thread."""
 
     def run(db: sqlite3.Connection) -> T:
-        _begin_immediate(db)
+        db.execute("PRAGMA busy_timeout=0")
+        try:
+            _lock(db)
+        finally:
+            db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         try:
             out = fn(db)
         except BaseException:
@@ -223,36 +336,172 @@ async def sqlite_write(engine: AsyncEngine, fn: Callable[[sqlite3.Connection], T
     async with engine.connect() as conn:
         fairy = await conn.get_raw_connection()
         driver: Any = fairy.driver_connection  # aiosqlite.Connection
+        # aiosqlite's own queue of calls for its thread: one hand-off for the whole batch.
+        result: T = await driver._execute(run, driver._conn)
+        return result
+
+
+def _lock(db: sqlite3.Connection) -> None:
+    """``BEGIN IMMEDIATE`` on ``db`` (whose busy timeout is 0), trying again every 0.5-2 ms
+    while another connection writes, for up to ``BUSY_TIMEOUT_MS``. SQLite's own busy
+    handler backs off to 100 ms between tries, so a waiter can find the lock taken again by
+    the other process at each try and wait far longer than the transactions it waits for
+    (the tail of the dispatch receipts)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    pause = LOCK_PAUSE_S[0]
+    while True:
         try:
-            # aiosqlite's own queue of calls for its thread: one hand-off for the whole batch.
-            result: T = await driver._execute(run, driver._conn)
-            return result
-        except sqlite3.Error as exc:
-            raise DBAPIError.instance(
-                "sqlite_write", None, exc, sqlite3.Error, hide_parameters=True
-            ) from exc
+            db.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, LOCK_PAUSE_S[1])
 
 
-def _begin_immediate(db: sqlite3.Connection) -> None:
-    """``BEGIN IMMEDIATE``, trying again every 0.5-2 ms while another connection writes, for
-    up to ``BUSY_TIMEOUT_MS``. SQLite's own busy handler backs off to 100 ms between tries,
-    so a waiter can find the lock taken again by the other process at each try and wait far
-    longer than the transactions it waits for last (the tail of the dispatch receipts)."""
-    db.execute("PRAGMA busy_timeout=0")
-    try:
-        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-        pause = LOCK_PAUSE_S[0]
-        while True:
+# a call handed to a writer: its future and the function to run on the connection
+_Call = tuple[asyncio.Future[Any], Callable[[sqlite3.Connection], Any]]
+
+
+class _Writer:
+    """The one writer of a SQLite file in this process: a thread with its own connection
+    that runs the calls handed to it, those waiting together in one transaction."""
+
+    #: calls in one transaction at most (the write lock is held for all of them)
+    MAX_GROUP = 64
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="sqlite-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._calls.put((fut, fn))
+        return fut
+
+    def close(self) -> None:
+        """Stop after the calls handed over so far (they are still run)."""
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        db: sqlite3.Connection | None = None
+        try:
+            while (first := self._calls.get()) is not None:
+                group, stop = [first], False
+                while len(group) < self.MAX_GROUP:
+                    try:
+                        nxt = self._calls.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is None:
+                        stop = True
+                        break
+                    group.append(nxt)
+                try:
+                    db = db or self._open()
+                except Exception as exc:  # the file cannot be opened now: tell each caller
+                    _settle([(fut, False, exc) for fut, _ in group])
+                else:
+                    _settle(_transactions(db, group))
+                if stop:
+                    break
+        finally:
+            if db is not None:
+                db.close()
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
+        for pragma in _SQLITE_PRAGMAS:
+            db.execute(pragma)
+        db.execute("PRAGMA busy_timeout=0")  # _lock waits for the write lock itself
+        return db
+
+
+def _transactions(db: sqlite3.Connection, group: list[_Call]) -> list[tuple[Any, bool, Any]]:
+    """Run the calls of ``group`` in one transaction; a call that raises is rolled back
+    with it and the transaction is run again without that call. Each call's ``(future,
+    ok, result or exception)``."""
+    out: list[tuple[Any, bool, Any]] = []
+    todo = list(group)
+    while todo:
+        try:
+            _lock(db)
+        except Exception as exc:  # nothing was written: every caller gets the error
+            return [*out, *((fut, False, exc) for fut, _ in todo)]
+        results: list[Any] = []
+        failed: int | None = None
+        error: BaseException | None = None
+        for i, (_, fn) in enumerate(todo):
             try:
-                db.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
-                    raise
-            time.sleep(pause)
-            pause = min(pause * 2, LOCK_PAUSE_S[1])
-    finally:
-        db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+                results.append(fn(db))
+            except BaseException as exc:  # handed to its caller, like a statement's error
+                failed, error = i, exc
+                break
+        if failed is not None:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            out.append((todo[failed][0], False, error))
+            del todo[failed]
+            continue
+        try:
+            db.execute("COMMIT")
+        except Exception as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            return [*out, *((fut, False, exc) for fut, _ in todo)]
+        return [*out, *((fut, True, r) for (fut, _), r in zip(todo, results, strict=True))]
+    return out
+
+
+def _settle(outcomes: list[tuple[Any, bool, Any]]) -> None:
+    """Hand each outcome to its future, one wake-up per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, bool, Any]]] = {}
+    for item in outcomes:
+        by_loop.setdefault(item[0].get_loop(), []).append(item)
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_resolve, items)
+        except RuntimeError:  # that loop is closed: nobody waits for these any more
+            pass
+
+
+def _resolve(items: list[tuple[Any, bool, Any]]) -> None:
+    for fut, ok, value in items:
+        if fut.done():  # the caller was cancelled; the write happened all the same
+            continue
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+
+_writers: weakref.WeakKeyDictionary[Any, _Writer] = weakref.WeakKeyDictionary()
+
+
+def _writer_of(engine: AsyncEngine) -> _Writer | None:
+    """The writer of ``engine``'s SQLite file, started on first use and stopped when the
+    engine is disposed (or collected); None for an in-memory database."""
+    sync = engine.sync_engine
+    found = _writers.get(sync)
+    if found is not None:
+        return found
+    url = sync.url
+    path = url.database
+    if not path or path == ":memory:" or path.startswith("file:") or url.query.get("uri"):
+        return None
+    found = _writers[sync] = _Writer(path)
+    event.listen(sync, "engine_disposed", lambda _conn: _stop_writer(sync))
+    weakref.finalize(sync, found.close)
+    return found
+
+
+def _stop_writer(sync: Any) -> None:
+    writer = _writers.pop(sync, None)
+    if writer is not None:
+        writer.close()
 
 
 def engine_of(sm: async_sessionmaker[AsyncSession]) -> AsyncEngine:

@@ -12,12 +12,16 @@ from typing import Any, Protocol
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
+    Column,
     Float,
     ForeignKey,
     Index,
     Integer,
+    MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
 )
@@ -105,6 +109,17 @@ class SkillConfig(Base):
     value_enc: Mapped[str | None] = mapped_column(Text, nullable=True)  # secrets only
     is_secret: Mapped[bool] = mapped_column(Boolean, default=False)
     updated_at: Mapped[float] = mapped_column(Float, default=now)
+
+
+# One row, moved on by a trigger at every change of ``skill_configs`` (cached configurations
+# are recorded into jobs only while it has not moved). Not part of ``Base.metadata``: it is
+# not data to clear with the rest, and it must never lose its row.
+config_generation = Table(
+    "config_generation",
+    MetaData(),
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("generation", BigInteger, nullable=False),
+)
 
 
 class ChatSession(Base):

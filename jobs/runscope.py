@@ -14,6 +14,13 @@ Many overlapping runs of one workspace (one busy chat session) thus cost no file
 writes per run; a lone run costs one marker, as before. An episode stops taking new runs
 after :data:`ROLL_NS`, so no open marker outlives :data:`STALE_NS` while its process lives.
 A marker of another process names the job that opened its episode.
+
+Creating a file costs this file system ~30–110 µs, renaming one ~3 µs; a marker is written
+on the start path of every lone run. So when an episode closes, a *spare* file
+(``s-<created>-<id>``, which no process reads as a marker) is created for the workspace,
+and the next episode's marker is that spare renamed: the marker still exists, with the
+episode's own start in its name, before the run's snapshot. Spares nobody took are pruned
+once they are older than :data:`STALE_NS`.
 """
 
 from __future__ import annotations
@@ -29,8 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.context import job_results_dir, job_workspace, secret_values
-from jobs.logs import register_secrets
+from jobs.context import job_results_dir, job_workspace
 from jobs.models import JobRow
 
 RUNS_DIR = ".skilljobs-runs"
@@ -105,8 +111,11 @@ class _Local:
 
 
 _local: dict[str, _Local] = {}
+_spares: dict[str, str] = {}  # workspace -> this process's spare marker file in it
+MAX_SPARES = 4096  # workspaces with a spare at once (past that, the oldest one's goes)
 _lock = threading.Lock()
 _run_ids = itertools.count(1)
+_NEW_FILE = os.O_CREAT | os.O_EXCL | os.O_WRONLY
 
 
 def _after_fork() -> None:
@@ -114,6 +123,7 @@ def _after_fork() -> None:
     global _lock
     _lock = threading.Lock()
     _local.clear()
+    _spares.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -209,6 +219,7 @@ class RunScope:
             os.rename(os.path.join(runs, ep.open_name), os.path.join(runs, closed))
         except OSError:
             return None
+        _make_spare(key, runs, now)
         return closed
 
     def _prune(self, now: int, own: str | None, markers: list[_Marker] | None = None) -> None:
@@ -228,6 +239,10 @@ class RunScope:
         doomed = [m.name for m in others if (m.end or 0) < horizon and not _alive(m, now)]
         if own is not None and not living:
             doomed.append(own)
+        if markers is None:  # (the periodic upkeep) spares nobody took for a long time
+            with _lock:
+                kept = _spares.get(key)
+            doomed += [n for n in _stale_spares(self.workspace, now) if n != kept]
         for name in doomed:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(key, RUNS_DIR, name))
@@ -275,10 +290,10 @@ def begin(workspace: Path, job_id: str) -> RunScope:
 
 
 def begin_run(settings: Any, job: JobRow, ctx: dict[str, Any]) -> RunScope:
-    """A queued job's run is about to start: its secret configs join the log filter,
-    ``ctx`` points at the job's own workspace (a per-recipient one for third-party
-    channels without a session), and that workspace is snapshotted."""
-    register_secrets(secret_values(ctx, str(job.skill)))
+    """A queued job's run is about to start: ``ctx`` points at the job's own workspace (a
+    per-recipient one for third-party channels without a session), and that workspace is
+    snapshotted. (Its secret configs join the log filter when the executor takes the run,
+    before anything of the run can log.)"""
     root = settings.resolved_workspace_root
     ws = job_workspace(root, job)
     if ws is not None:
@@ -290,15 +305,64 @@ def begin_run(settings: Any, job: JobRow, ctx: dict[str, Any]) -> RunScope:
 
 
 def _open_episode(key: str, now: int, job: str) -> _Episode:
+    """(Called under ``_lock``.) The episode's marker: this workspace's spare renamed, else
+    a new file."""
     ep = _Episode(uuid.uuid4().hex[:16], now, job, on_disk=True)
     runs = os.path.join(key, RUNS_DIR)
+    target = os.path.join(runs, ep.open_name)
+    spare = _spares.pop(key, None)
+    if spare is not None:
+        try:
+            os.rename(os.path.join(runs, spare), target)
+            return ep
+        except OSError:
+            pass  # pruned by another process, or the workspace was removed: write one
     try:
-        os.makedirs(runs, exist_ok=True)
-        with open(os.path.join(runs, ep.open_name), "x"):
-            pass
+        try:
+            fd = os.open(target, _NEW_FILE, 0o644)
+        except FileNotFoundError:
+            os.makedirs(runs, exist_ok=True)
+            fd = os.open(target, _NEW_FILE, 0o644)
+        os.close(fd)
     except OSError:
         ep.on_disk = False  # an unwritable workspace: the skill will say so itself
     return ep
+
+
+def _make_spare(key: str, runs: str, now: int) -> None:
+    """A spare marker for the workspace's next episode (off the start path)."""
+    evicted: tuple[str, str] | None = None
+    with _lock:
+        if key in _spares:
+            return
+        if len(_spares) >= MAX_SPARES:  # the workspace that got its spare longest ago
+            evicted = next(iter(_spares.items()))
+            del _spares[evicted[0]]
+        name = f"s-{now}-{uuid.uuid4().hex[:16]}"
+        _spares[key] = name  # (taken before the file exists: one spare per workspace)
+    if evicted is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(evicted[0], RUNS_DIR, evicted[1]))
+    try:
+        os.close(os.open(os.path.join(runs, name), _NEW_FILE, 0o644))
+    except OSError:
+        with _lock:
+            if _spares.get(key) == name:
+                del _spares[key]
+
+
+def _stale_spares(workspace: Path, now: int) -> list[str]:
+    try:
+        names = os.listdir(os.path.join(workspace, RUNS_DIR))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        parts = name.split("-")
+        if parts[0] == "s" and len(parts) == 3 and parts[1].isdigit():
+            if now - int(parts[1]) > STALE_NS:
+                out.append(name)
+    return out
 
 
 def _still_there(key: str, ep: _Episode) -> bool:

@@ -86,11 +86,22 @@ class Settings(BaseSettings):
     # Worker tuning.
     worker_max_jobs: int = 100
     worker_lease_sec: float = 30.0
+    # Claim ahead: a worker leases about as many jobs beyond its free slots as its slots
+    # free within this many seconds (at the slot occupancy it measures; none for long jobs),
+    # so a freed slot starts its next skill without waiting for Redis and the database.
+    # A job claimed ahead and not started within max(1 s, 10x this) goes back to the queue.
+    # 0 turns it off.
+    worker_prefetch_sec: float = 0.1
     # Heartbeats (database lease renewal + a Redis key): a worker whose heartbeat is missing
     # for 3 intervals (+1 s) has its jobs taken over by a peer; 2.5 s re-runs the jobs of a
     # killed worker within 10 s, and a worker paused for 5 s is not taken over.
     worker_heartbeat_sec: float = 2.5
     worker_stall_sec: float = 3.0  # event loop blocked this long: its stack is logged
+    # The worker process's CPU niceness (and its skills' subprocesses'): on a host it shares
+    # with the web front door, PostgreSQL or Redis, 10 serves those first when the CPU is
+    # contended (receipts before background runs). 0: unchanged. A higher niceness the
+    # process was started with is kept.
+    worker_nice: int = Field(default=0, ge=0, le=19)
     worker_grace_sec: float = 30.0
     reconcile_interval_sec: float = 10.0
     reconcile_stale_sec: float = 15.0  # a queued job missing from Redis this long is re-enqueued

@@ -454,6 +454,10 @@ async function loadOverview() {
   $("#c-oldest").textContent = q.queued ? fmtAge(q.oldest_queued_age_s) : "–";
   $("#c-workers").textContent = `${q.workers} / ${q.workers_total}`;
   rememberSkills(q.skills.map((s) => s.skill));
+  // the 1 h / 24 h rates, the skills' 24 h figures and failing deliveries are a shared summary
+  $("#summary-freshness").textContent = q.summary
+    ? `(1 h, 24 h and the tables below as of ${fmtTime(q.summary.as_of).slice(11)}, at most ${q.summary.max_age_s} s old)`
+    : "";
 
   fillRows($("#rates tbody"), Object.entries(q.rates).map(([win, r]) => el("tr", {},
     el("td", {}, win), el("td", {}, r.succeeded), el("td", {}, r.failed),

@@ -26,12 +26,14 @@ from delivery.channels.base import (
     file_size,
 )
 from delivery.channels.web_store import Outgoing, store_batch, store_batch_pg
+from delivery.channels.web_store_sqlite import store_batch_sqlite
 from jobs.batching import Batcher
 from jobs.constants import SESSION_EVENTS
-from jobs.db import DB_UNAVAILABLE, autocommit, engine_of
+from jobs.db import DB_UNAVAILABLE, autocommit, engine_of, is_sqlite
 from jobs.links import file_link, file_link_key
 from jobs.media import guess_mime
 from jobs.models import ChatSession, JSONType, SessionMessage
+from jobs.queue.broker import publish_many
 from jobs.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -160,10 +162,13 @@ async def post_messages(
     if not messages:
         return []
     now = time.time()
-    pg = autocommit(engine_of(sessionmaker))
+    engine = engine_of(sessionmaker)
+    pg = autocommit(engine)
     try:
         if pg is not None:
             known, dup, new_ids = await store_batch_pg(pg, messages, now)
+        elif is_sqlite(engine):
+            known, dup, new_ids = await store_batch_sqlite(engine, messages, now)
         else:
             known, dup, new_ids = await store_batch(sessionmaker, messages, now)
     except DB_UNAVAILABLE as exc:
@@ -197,13 +202,16 @@ async def _push(
         pushed.append(m)
     if redis is not None and stored:
         try:
-            async with redis.pipeline(transaction=False) as pipe:
-                for m, msg in zip(pushed, stored, strict=True):
-                    pipe.publish(
+            await publish_many(
+                redis,
+                [
+                    (
                         settings.key(SESSION_EVENTS, m.session_id),
                         json.dumps(msg, ensure_ascii=False),
                     )
-                await pipe.execute()
+                    for m, msg in zip(pushed, stored, strict=True)
+                ],
+            )
         except Exception as exc:  # stored is delivered; a missed push only delays display
             log.warning("live push of %d messages failed: %s", len(stored), exc)
     return out

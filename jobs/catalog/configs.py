@@ -19,10 +19,19 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from jobs.context import config_key
 from jobs.crypto import ENC_TAG, REDACTED, SecretBox, is_secret_key
 from jobs.db import autocommit, engine_of, raw_fetch
-from jobs.models import SkillConfig
+from jobs.models import SkillConfig, config_generation
 
 MAX_ID = 128
 MAX_VALUE_CHARS = 64_000
+
+
+class ConfigChanged(Exception):
+    """A write that depended on the configuration generation found another one current
+    (``generation``): nothing was written."""
+
+    def __init__(self, generation: int) -> None:
+        super().__init__(f"the configurations are at generation {generation} now")
+        self.generation = generation
 
 
 def _check_id(what: str, value: Any) -> str:
@@ -61,10 +70,15 @@ _GET = (
     .order_by(_cfg.c.key)
 )
 
-_PG_GET_MANY = (
-    "SELECT role_id, skill, key, value, value_enc, is_secret FROM skill_configs "
-    "WHERE role_id = ANY($1::text[]) AND skill = ANY($2::text[]) ORDER BY key"
+# The configuration generation and the rows of the wanted pairs, in one statement (so
+# one snapshot: the rows are those of that generation). The generation row always exists,
+# so a read that finds no configuration still says at which generation.
+_PG_SNAPSHOT = (
+    "SELECT g.generation, c.role_id, c.skill, c.key, c.value, c.value_enc, c.is_secret "
+    "FROM config_generation g LEFT JOIN skill_configs c "
+    "ON c.role_id = ANY($1::text[]) AND c.skill = ANY($2::text[]) WHERE g.id = 1 ORDER BY c.key"
 )
+_gen = config_generation
 
 
 class ConfigStore:
@@ -180,27 +194,37 @@ class ConfigStore:
 
     async def get_many(self, wanted: list[tuple[str, str]]) -> list[dict[str, Any]]:
         """:meth:`get` for several ``(role_id, skill)`` pairs in one statement, in order."""
+        return (await self.snapshot(wanted))[1]
+
+    async def snapshot(self, wanted: list[tuple[str, str]]) -> tuple[int, list[dict[str, Any]]]:
+        """:meth:`get_many` and the configuration generation those values are of (one
+        statement, so one snapshot). The generation moves on at every change of the
+        table (a trigger): values cached with it are current while it has not moved."""
         pairs = sorted({(r, s) for r, s in wanted if r and s})
         found: dict[tuple[str, str], dict[str, Any]] = {p: {} for p in pairs}
-        if pairs:
-            roles, skills = sorted({r for r, _ in pairs}), sorted({s for _, s in pairs})
-            engine = engine_of(self.sessionmaker)
-            pg = autocommit(engine)
-            rows: Any
-            if pg is not None:  # the dispatch hot path: straight on asyncpg
-                rows = await raw_fetch(pg, _PG_GET_MANY, roles, skills)
-            else:
-                stmt = (
-                    select(_cfg.c.role_id, _cfg.c.skill, *_GET.selected_columns)
-                    .where(_cfg.c.role_id.in_(roles), _cfg.c.skill.in_(skills))
-                    .order_by(_cfg.c.key)
-                )
-                async with engine.connect() as conn:
-                    rows = (await conn.execute(stmt)).mappings().all()
-            for r in rows:
-                if (r["role_id"], r["skill"]) in found:
-                    found[(r["role_id"], r["skill"])][r["key"]] = self._plain(r)
-        return [dict(found.get(p, {})) for p in wanted]
+        roles, skills = sorted({r for r, _ in pairs}), sorted({s for _, s in pairs})
+        engine = engine_of(self.sessionmaker)
+        pg = autocommit(engine)
+        rows: Any
+        if pg is not None:  # the dispatch hot path: straight on asyncpg
+            rows = await raw_fetch(pg, _PG_SNAPSHOT, roles, skills)
+        else:
+            join = _cfg.c.role_id.in_(roles) & _cfg.c.skill.in_(skills)
+            stmt = (
+                select(_gen.c.generation, _cfg.c.role_id, _cfg.c.skill, *_GET.selected_columns)
+                .select_from(_gen.outerjoin(_cfg, join))
+                .where(_gen.c.id == 1)
+                .order_by(_cfg.c.key)
+            )
+            async with engine.connect() as conn:
+                rows = (await conn.execute(stmt)).mappings().all()
+        if not rows:
+            raise RuntimeError("config_generation has no row: run `skilljobs db upgrade`")
+        generation = int(rows[0]["generation"])
+        for r in rows:
+            if r["key"] is not None and (r["role_id"], r["skill"]) in found:
+                found[(r["role_id"], r["skill"])][r["key"]] = self._plain(r)
+        return generation, [dict(found.get(p, {})) for p in wanted]
 
     async def masked(self, role_id: str, skill: str | None = None) -> dict[str, dict[str, Any]]:
         """``{skill: {key: value}}`` for people: secrets shown as ``••••••``."""

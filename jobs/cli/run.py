@@ -36,6 +36,7 @@ def worker(
     setup_logging(settings)
     telemetry.setup("skilljobs-worker")
     private_files(settings)
+    lower_priority(settings.worker_nice)
     if not settings.redis_url and not embedded_url_file(settings).exists():
         fail(
             "SKILLJOBS_REDIS_URL is not set: point workers at your Redis "
@@ -58,6 +59,13 @@ def worker(
             await Services.close(svc)
 
     run_async(_go)
+
+
+def lower_priority(nice: int) -> None:
+    """Run this process at CPU niceness ``nice`` (never raising its priority)."""
+    with contextlib.suppress(OSError, AttributeError):  # (no setpriority: not POSIX)
+        if nice > os.getpriority(os.PRIO_PROCESS, 0):
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
 
 
 def web(
@@ -234,9 +242,13 @@ async def _open(settings: Settings) -> Any:
 def _web_server(svc: Any, host: str, port: int) -> Any:
     from dashboard.app import create_app
     from dashboard.server import server_for
+    from jobs.queue import heap
 
     # Timeouts, connection cap and descriptor limit of the web app (dashboard.server).
     app = create_app(svc.settings, services=svc, sync_pool=True)
+    # The web process serves a stream of short-lived requests over the same import heap
+    # as a worker: the same collector policy keeps full collections out of its receipts.
+    heap.settle()
     return server_for(svc.settings, host, port, app=app)
 
 

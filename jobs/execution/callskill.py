@@ -94,7 +94,11 @@ def bind_call_skill(
 
     The caller's identity (the pass-through keys) is captured now: a skill that rewrites
     its context dict afterwards (``ctx["role_id"] = …``) changes nothing for its callees."""
-    bound = {k: _frozen(ctx[k]) for k in CALL_PASS_KEYS if k in ctx}
+    bound: dict[str, Any] = {}
+    for k in CALL_PASS_KEYS:
+        if k in ctx:
+            v = ctx[k]
+            bound[k] = v if type(v) in _PLAIN else _frozen(v)  # (most values: scalars)
 
     async def call_skill(
         name: str,
@@ -115,6 +119,9 @@ def bind_call_skill(
 
     call_skill.depth = depth  # type: ignore[attr-defined]
     return call_skill
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 def _frozen(value: Any) -> Any:

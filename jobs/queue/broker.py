@@ -40,7 +40,7 @@ from arq.constants import (
     result_key_prefix,
     retry_key_prefix,
 )
-from arq.jobs import SerializationError, deserialize_job_raw
+from arq.jobs import SerializationError
 from arq.utils import timestamp_ms
 from redis.exceptions import NoScriptError
 
@@ -74,6 +74,7 @@ class WorkerContext(TypedDict, total=False):
     job_id: str
     job_try: int
     score: int
+    priority: int
 
 
 # --- payloads ----------------------------------------------------------------------------
@@ -92,11 +93,22 @@ def loads(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def decode(payload: bytes) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
-    """(function name, args, kwargs) of a stored arq record; ``SerializationError`` when
-    it is not one of ours."""
-    name, args, kwargs, _, _ = deserialize_job_raw(payload, deserializer=loads)
-    return name, tuple(args), kwargs
+def decode(payload: bytes) -> tuple[str, tuple[Any, ...], dict[str, Any], int]:
+    """(function name, args, kwargs, priority) of a stored arq record (the priority of its
+    lane; the function's default without one); ``SerializationError`` when it is not one
+    of ours."""
+    try:
+        d = loads(payload)
+        name, args, kwargs, meta = d["f"], tuple(d["a"]), d["k"], d.get("sj")
+        if not isinstance(name, str) or not isinstance(kwargs, dict):
+            raise TypeError("not an arq job record")
+    except Exception as exc:  # as arq's own decoder: anything else is unusable
+        raise SerializationError(f"unable to deserialize job: {exc}") from exc
+    prio = PRIORITY_CHAIN if name == FN_RUN_CHAIN else PRIORITY_INTERACTIVE
+    if isinstance(meta, dict) and isinstance(meta.get("l"), str):
+        head = meta["l"].split("|", 1)[0]
+        prio = int(head) if head.isdigit() else prio
+    return name, args, kwargs, prio
 
 
 # --- producing ---------------------------------------------------------------------------
@@ -184,14 +196,14 @@ async def enqueue(
     """
     redis = _redis(services)
     now = timestamp_ms()
-    score = now + int(defer * 1000)
+    (at,) = _fifo_scores(1)
     payload, lane = _record(function, args, now, meta)
     done = await _script(redis, _ENQUEUE_LUA)(
         keys=[job_key_prefix + job_id, result_key_prefix + job_id, queue_name(services)],
         args=[
-            score - now + expires_extra_ms,
+            int(defer * 1000) + expires_extra_ms,
             payload,
-            score,
+            at + int(defer * 1000),
             job_id,
             services.settings.key(WAKE_CHANNEL),
             *(event or ("", "")),
@@ -199,6 +211,20 @@ async def enqueue(
         ],
     )
     return bool(done)
+
+
+_last_us = 0  # the latest enqueue score this process gave, in microseconds
+
+
+def _fifo_scores(n: int) -> list[float]:
+    """``n`` queue scores (milliseconds, to the microsecond), each later than every score
+    this process gave before: entries queued within one millisecond, or in one batch, are
+    claimed in the order they were queued (a sorted set orders equal scores by member, a
+    random id)."""
+    global _last_us
+    start = max(time.time_ns() // 1000, _last_us + 1)
+    _last_us = start + n - 1
+    return [(start + i) / 1000 for i in range(n)]
 
 
 async def enqueue_many(
@@ -212,6 +238,7 @@ async def enqueue_many(
     it) and wake idle workers, in one round trip."""
     redis = _redis(services)
     at = timestamp_ms()
+    scores = _fifo_scores(len(jobs))
     queue = queue_name(services)
     script = _script(redis, _ENQUEUE_LUA)
     calls: list[list[Any]] = []
@@ -224,7 +251,7 @@ async def enqueue_many(
                 queue,
                 expires_extra_ms,
                 payload,
-                at,
+                scores[i],
                 job_id,
                 "",
                 *((events[i] if events else None) or ("", "")),
@@ -254,15 +281,20 @@ async def enqueue_many(
 
 async def waiting(services: Services, job_ids: Sequence[str]) -> list[bool]:
     """For each arq id: its record exists and no worker has started it."""
+    return [rec and not started for rec, started in await entry_states(services, job_ids)]
+
+
+async def entry_states(services: Services, job_ids: Sequence[str]) -> list[tuple[bool, bool]]:
+    """For each arq id: (its record exists, a worker has started it)."""
     redis = services.redis
     if redis is None or not job_ids:
-        return [False] * len(job_ids)
+        return [(False, False)] * len(job_ids)
     async with redis.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
             pipe.exists(job_key_prefix + job_id)
             pipe.exists(in_progress_key_prefix + job_id)
         found = await pipe.execute()
-    return [bool(found[2 * i]) and not found[2 * i + 1] for i in range(len(job_ids))]
+    return [(bool(found[2 * i]), bool(found[2 * i + 1])) for i in range(len(job_ids))]
 
 
 _REMOVE_LUA = (
@@ -325,11 +357,24 @@ async def publish_job_event(services: Services, job_id: str, status: str, skill:
 
 async def publish_events(services: Services, events: Sequence[tuple[str, str, str]]) -> None:
     """Many ``(job id, status, skill)`` events in one round trip."""
-    redis = _redis(services)
-    async with redis.pipeline(transaction=False) as pipe:
-        for job_id, status, skill in events:
-            pipe.publish(*job_event(services, job_id, status, skill))
-        await pipe.execute()
+    await publish_many(
+        _redis(services), [job_event(services, job_id, st, skill) for job_id, st, skill in events]
+    )
+
+
+# one command for many messages: a pipeline of PUBLISH costs the client a command each
+_PUBLISH_LUA = """
+for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
+return #ARGV / 2
+"""
+
+
+async def publish_many(redis: Any, messages: Sequence[tuple[str, str]]) -> None:
+    """Publish ``(channel, message)`` pairs, in order, in one round trip."""
+    if not messages:
+        return
+    args = [part for pair in messages for part in pair]
+    await _script(redis, _PUBLISH_LUA)(keys=[], args=args)
 
 
 async def publish_cancel(services: Services, job_id: str) -> None:
@@ -384,6 +429,8 @@ local JK = '"""
     + job_key_prefix
     + """'
 local now = tonumber(ARGV[1])
+-- due: queued before the end of this millisecond (scores carry microseconds)
+local due_by = '(' .. string.format('%.0f', now + 1)
 local want = tonumber(ARGV[3])
 local out = {0}
 local function take(id, score, rec)
@@ -394,7 +441,7 @@ local function take(id, score, rec)
 end
 
 if redis.call('EXISTS', LANES) == 0 then
-  local due = redis.call('ZRANGEBYSCORE', Q, '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[4])
+  local due = redis.call('ZRANGEBYSCORE', Q, '-inf', due_by, 'WITHSCORES', 'LIMIT', 0, ARGV[4])
   out[1] = #due / 2
   for i = 1, #due, 2 do
     if want <= 0 then break end
@@ -461,7 +508,7 @@ local function serve(lane, prio, quota)
   -- the head first; past entries waiting for a full limit only when some were
   local got, skipped, window = 0, 0, quota
   while true do
-    local due = redis.call('ZRANGEBYSCORE', lk, '-inf', now, 'WITHSCORES', 'LIMIT', skipped, window)
+    local due = redis.call('ZRANGEBYSCORE', lk, '-inf', due_by, 'WITHSCORES', 'LIMIT', skipped, window)
     read = read + #due / 2
     if #due == 0 and skipped == 0 then
       if redis.call('EXISTS', lk) == 0 then redis.call('ZREM', LANES, lane) end

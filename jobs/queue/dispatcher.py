@@ -29,6 +29,7 @@ log = logging.getLogger("skilljobs.dispatch")
 
 WEB_CHANNELS = frozenset({"web", "web_admin"})
 ORGDELEG_PREFIX = "orgdeleg:"
+STALE_TRIES = 5  # builds of a job whose configuration changed under it before a 503
 RECEIPT_MESSAGE = texts.text("receipt")  # the English form; receipts use the caller's language
 
 
@@ -208,36 +209,100 @@ class Dispatcher:
         priority: int | None = None,
         segment: dict[str, Any] | None = None,
     ) -> DispatchResult:
+        svc = self.services
+        role_id = str(ctx.get("role_id") or "")
+        job_id = new_id()
+        # The key is claimed in the batch that records the job (one transaction); when it
+        # exists already, it is looked up and, if it may be taken over, claimed on its own.
+        key: tuple[str, str, float] | None = None
+        if idempotency_key is not None:
+            digest = idempotency.request_hash(skill.name, input_data)
+            key = (idempotency_key, digest, time.time())
+        for _ in range(STALE_TRIES):
+            # cached, or read together with the concurrent dispatches' configurations; the
+            # batch records the job only while they are still at that generation
+            configs, generation = (
+                await once_more_if_disconnected(intake.prefetch_configs, svc, role_id, skill.name)
+                if role_id
+                else ({}, None)
+            )
+            new_job = self._new_job(
+                skill, input_data, ctx, ext, job_id, priority, segment, configs, generation
+            )
+            new_job.key = key
+            try:
+                # Group commit with the concurrent dispatches: returns once recorded AND
+                # enqueued.
+                await telemetry.traced("skilljobs.enqueue", intake.submit(svc, new_job))
+            except intake.StaleConfig:
+                continue  # the configuration changed meanwhile: build the job again
+            except intake.KeyTaken:
+                assert idempotency_key is not None and key is not None
+                claimed = await idempotency.claim(
+                    svc.sessionmaker, idempotency_key, key[1], job_id, taken=True
+                )
+                if claimed.conflict:
+                    return refusal(
+                        409,
+                        f"idempotency_key {idempotency_key!r} was used for another request "
+                        f"(job {claimed.job_id}) with a different skill or input",
+                        job_id=claimed.job_id,
+                    )
+                if not claimed.new:
+                    return self._receipt(claimed.job_id, ctx)
+                key = None  # taken over for this job: record it without claiming again
+                continue
+            except intake.Unqueued as exc:
+                # Recorded but not enqueued (closed as failed): never a receipt for work
+                # that may not run.
+                log.warning("enqueue of job %s failed: %s", job_id, exc.cause)
+                if idempotency_key is not None:  # a retry with the key must make a job
+                    await idempotency.release(svc.sessionmaker, idempotency_key, job_id)
+                return refusal(
+                    503,
+                    f"the job queue is unavailable ({exc.cause.__class__.__name__}); "
+                    "try again in a moment",
+                    error_type="transient",
+                    job_id=job_id,
+                )
+            except BaseException:  # not recorded (nothing was): the caller gets the error
+                if idempotency_key is not None:
+                    with contextlib.suppress(Exception):
+                        await idempotency.release(svc.sessionmaker, idempotency_key, job_id)
+                raise
+            if new_job.session is not None:
+                svc.known_sessions.add(
+                    (new_job.values["session_id"], role_id, new_job.values["external_id"])
+                )
+            return self._receipt(job_id, ctx)
+        return refusal(
+            503,
+            f"the configuration of {skill.name!r} kept changing while it was dispatched; "
+            "try again in a moment",
+            error_type="transient",
+            skill=skill.name,
+        )
+
+    def _new_job(
+        self,
+        skill: Skill,
+        input_data: dict[str, Any],
+        ctx: dict[str, Any],
+        ext: str,
+        job_id: str,
+        priority: int | None,
+        segment: dict[str, Any] | None,
+        configs: dict[str, Any],
+        generation: int | None,
+    ) -> intake.NewJob:
+        """The row, origin session, live event and lane metadata of a new job."""
         from jobs.context import background_context
 
         svc = self.services
         role_id = str(ctx.get("role_id") or "")
-        configs = (
-            # read together with the concurrent dispatches' configurations
-            await once_more_if_disconnected(intake.prefetch_configs, svc, role_id, skill.name)
-            if role_id
-            else {}
-        )
         bg = background_context(ctx, skill=skill.name, configs=configs, segment=segment)
         if ext.startswith(ORGDELEG_PREFIX):  # delegated: force_raw_prompt does not apply
             bg["external_id"] = ext
-        job_id = new_id()
-        if idempotency_key is not None:
-            key = await idempotency.claim(
-                svc.sessionmaker,
-                idempotency_key,
-                idempotency.request_hash(skill.name, input_data),
-                job_id,
-            )
-            if key.conflict:
-                return refusal(
-                    409,
-                    f"idempotency_key {idempotency_key!r} was used for another request "
-                    f"(job {key.job_id}) with a different skill or input",
-                    job_id=key.job_id,
-                )
-            if not key.new:
-                return self._receipt(key.job_id, ctx)
         now = time.time()
         values = {
             "id": job_id,
@@ -280,7 +345,7 @@ class Dispatcher:
             if new_session
             else None
         )
-        new_job = intake.NewJob(
+        return intake.NewJob(
             values=values,
             session=origin_session,
             event=job_event(svc, job_id, "queued", skill.name),
@@ -291,31 +356,8 @@ class Dispatcher:
                 role=role_id,
                 priority=values["priority"],
             ),
+            generation=generation,
         )
-        try:
-            # Group commit with the concurrent dispatches: returns once recorded AND enqueued.
-            await telemetry.traced("skilljobs.enqueue", intake.submit(svc, new_job))
-        except intake.Unqueued as exc:
-            # Recorded but not enqueued (closed as failed): never a receipt for work that
-            # may not run.
-            log.warning("enqueue of job %s failed: %s", job_id, exc.cause)
-            if idempotency_key is not None:  # a retry with the key must make a job that runs
-                await idempotency.release(svc.sessionmaker, idempotency_key, job_id)
-            return refusal(
-                503,
-                f"the job queue is unavailable ({exc.cause.__class__.__name__}); "
-                "try again in a moment",
-                error_type="transient",
-                job_id=job_id,
-            )
-        except BaseException:  # not recorded (nothing was): the caller gets the error
-            if idempotency_key is not None:
-                with contextlib.suppress(Exception):
-                    await idempotency.release(svc.sessionmaker, idempotency_key, job_id)
-            raise
-        if new_session:
-            svc.known_sessions.add(session_key)
-        return self._receipt(job_id, ctx)
 
     def _receipt(self, job_id: str, ctx: dict[str, Any]) -> DispatchResult:
         language = texts.language_of(self.services.settings, ctx)

@@ -2,7 +2,9 @@
 same receipt, never a second job.
 
 A key is claimed by inserting its row (the primary key makes concurrent claims race to one
-winner, on PostgreSQL and SQLite alike) before the job is recorded. A later dispatch with
+winner, on PostgreSQL and SQLite alike) in the transaction that records its job
+(:func:`jobs.queue.store.record_jobs`), so a new key costs no statement of its own; when it
+is already taken, :func:`claim` finds out what it stands for. A later dispatch with
 the same key within ``WINDOW_SEC`` gets the job the key names; with a different skill or
 input it is a conflict. A key whose window has passed, or whose dispatcher died before
 recording its job, is taken over by a conditional update (one taker wins).
@@ -106,12 +108,15 @@ async def claim(
     *,
     now: float | None = None,
     record_wait: float = RECORD_WAIT_SEC,
+    taken: bool = False,
 ) -> Claim:
-    """Claim ``key`` for a new job ``job_id``, or learn which job it already stands for."""
+    """Claim ``key`` for a new job ``job_id``, or learn which job it already stands for.
+    ``taken``: the caller already saw the key exist (its first pass only looks)."""
     for _ in range(5):  # each pass either decides or saw another dispatch change the row
         stamp = time.time() if now is None else now
-        if await _insert(sm, key, digest, job_id, stamp):
+        if not taken and await _insert(sm, key, digest, job_id, stamp):
             return Claim(job_id, new=True)
+        taken = False
         row, recorded = await _existing(sm, key)
         if row is None:
             continue  # pruned meanwhile: insert again

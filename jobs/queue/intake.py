@@ -14,6 +14,14 @@ written again on its own, so a job the database refuses fails only its own calle
 caller whose job could not be recorded gets the database's error with nothing recorded.
 When the enqueue fails, every job of that batch is closed as failed (never run) and its
 caller gets :class:`Unqueued`.
+
+The configurations baked into jobs are cached with the configuration generation they were
+read at (a trigger moves it on at every change of ``skill_configs``), so a dispatch reads
+none of its own; the batch records its jobs only if that generation is still the current
+one (checked in the batch's own statement), else nothing is written and its callers get
+:class:`StaleConfig` and build their jobs again from a fresh read — a cached configuration
+is never recorded after it changed. An idempotency key is claimed in the same statement
+(:class:`KeyTaken` when it exists already).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs.batching import Batcher
+from jobs.catalog.configs import ConfigChanged
 from jobs.constants import FN_RUN_JOB
 from jobs.db import DB_UNAVAILABLE, is_sqlite, once_more_if_disconnected
 from jobs.queue import broker, store
@@ -32,6 +41,11 @@ from jobs.services import Services
 log = logging.getLogger("skilljobs.dispatch")
 
 MAX_BATCH = 256
+CACHED_CONFIGS = 4096  # (role, skill) pairs kept; the cache starts over past that
+
+
+class StaleConfig(Exception):
+    """Not recorded: the configurations changed since the job's were read. Build it again."""
 
 
 class Unqueued(Exception):
@@ -43,15 +57,27 @@ class Unqueued(Exception):
         self.cause = cause
 
 
+class KeyTaken(Exception):
+    """The job's idempotency key already names a job: nothing was recorded for this one."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"the idempotency key of job {job_id} is already taken")
+        self.job_id = job_id
+
+
 @dataclass
 class NewJob:
     """One background dispatch: the row to insert (``values`` as ``store.record_job``
-    takes it), its origin chat session, its live event and its lane metadata."""
+    takes it), its origin chat session, its live event, its lane metadata, and the
+    idempotency key claimed with it (recorded in the same transaction)."""
 
     values: dict[str, Any]
     session: dict[str, Any] | None
     event: tuple[str, str] | None
     meta: dict[str, Any] | None
+    key: store.DispatchKeyRow | None = None
+    #: the configuration generation its context was built from (None: no configuration)
+    generation: int | None = None
 
     @property
     def job_id(self) -> str:
@@ -63,28 +89,57 @@ class Intake:
 
     def __init__(self, services: Services) -> None:
         self._services = weakref.ref(services)
-        # SQLite has one writer: a second batch in flight would only wait for the lock.
+        # SQLite has one writer: a second batch in flight waits for the write lock while
+        # the first one is enqueued (its Redis round trip), never writes beside it.
         # PostgreSQL: a few batches in flight, so a dispatch seldom waits for a whole
         # round trip before its own batch starts.
         sqlite = is_sqlite(services.engine)
-        concurrency = 1 if sqlite else 4
+        concurrency = 2 if sqlite else 4
         self.batcher: Batcher[NewJob, BaseException | None] = Batcher(
             self._flush, max_batch=MAX_BATCH, concurrency=concurrency, name="dispatch-intake"
         )
 
-        # The configuration read each background dispatch bakes into its job's context.
-        self.configs: Batcher[tuple[str, str], dict[str, Any]] = Batcher(
+        # The configuration read each background dispatch bakes into its job's context,
+        # for the pairs not cached at the current generation.
+        self.configs: Batcher[tuple[str, str], tuple[int, dict[str, Any]]] = Batcher(
             self._read_configs,
             max_batch=MAX_BATCH,
             concurrency=2 if sqlite else 4,
             name="dispatch-configs",
         )
+        self.generation = -1  # the configuration generation the cache holds values of
+        self._cached: dict[tuple[str, str], dict[str, Any]] = {}
 
-    async def _read_configs(self, wanted: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    async def configs_for(self, role_id: str, skill: str) -> tuple[dict[str, Any], int]:
+        """The configuration of ``skill`` for ``role_id`` (secrets decrypted, to be sealed
+        by the caller; not to be changed) and the generation it is of."""
+        found = self._cached.get((role_id, skill))
+        if found is not None:
+            return found, self.generation
+        generation, values = await self.configs.submit((role_id, skill))
+        return values, generation
+
+    def note_generation(self, generation: int, *, current: bool = False) -> None:
+        """The configurations are at ``generation`` (``current``: as a write just found,
+        so even an older number is taken — a restored database): forget what was cached
+        at another one. Reads may finish out of order, so a read only moves it forward."""
+        if generation > self.generation or (current and generation != self.generation):
+            self._cached.clear()
+            self.generation = generation
+
+    async def _read_configs(
+        self, wanted: list[tuple[str, str]]
+    ) -> list[tuple[int, dict[str, Any]]]:
         from jobs.catalog.configs import ConfigStore
 
         svc = self.services
-        return await ConfigStore(svc.sessionmaker, svc.box).get_many(wanted)
+        generation, found = await ConfigStore(svc.sessionmaker, svc.box).snapshot(wanted)
+        self.note_generation(generation)
+        if generation == self.generation:  # not overtaken by a later read meanwhile
+            if len(self._cached) + len(wanted) > CACHED_CONFIGS:
+                self._cached.clear()
+            self._cached.update(zip(wanted, found, strict=True))
+        return [(generation, values) for values in found]
 
     @property
     def services(self) -> Services:
@@ -95,8 +150,9 @@ class Intake:
 
     async def submit(self, job: NewJob) -> None:
         """Record and enqueue ``job``; returns once both are done. Raises the database's
-        error when it could not be recorded (nothing was), :class:`Unqueued` when it was
-        recorded but could not be enqueued (it is closed as failed)."""
+        error when it could not be recorded (nothing was), :class:`KeyTaken` when its
+        idempotency key already names a job (nothing was recorded), :class:`Unqueued` when
+        it was recorded but could not be enqueued (it is closed as failed)."""
         outcome = await self.batcher.submit(job)
         if outcome is not None:
             raise outcome
@@ -113,12 +169,39 @@ class Intake:
         return outcomes
 
     async def _record(self, jobs: list[NewJob]) -> list[BaseException | None]:
+        # One generation per statement: the newest one of the batch. A job built from an
+        # older one is stale already (the cache moved on when the newer one was read).
+        newest = max((j.generation for j in jobs if j.generation is not None), default=None)
+        outcomes: list[BaseException | None] = [
+            StaleConfig() if j.generation is not None and j.generation != newest else None
+            for j in jobs
+        ]
+        todo = [j for j, o in zip(jobs, outcomes, strict=True) if o is None]
+        if todo:
+            found = dict(
+                zip((j.job_id for j in todo), await self._write(todo, newest), strict=True)
+            )
+            outcomes = [
+                found[j.job_id] if o is None else o for j, o in zip(jobs, outcomes, strict=True)
+            ]
+        return outcomes
+
+    async def _write(
+        self, jobs: list[NewJob], generation: int | None
+    ) -> list[BaseException | None]:
         sm = self.services.sessionmaker
         try:
-            await once_more_if_disconnected(
-                store.record_jobs, sm, [(j.values, j.session) for j in jobs]
+            taken = await once_more_if_disconnected(
+                store.record_jobs,
+                sm,
+                [(j.values, j.session) for j in jobs],
+                _keys(jobs),
+                generation=generation,
             )
-            return [None] * len(jobs)
+            return [KeyTaken(j.job_id) if j.job_id in taken else None for j in jobs]
+        except ConfigChanged as exc:  # nothing was written
+            self.note_generation(exc.generation, current=True)
+            return [StaleConfig() for _ in jobs]
         except DB_UNAVAILABLE:
             raise  # the database is away: every caller gets the error, nothing was written
         except Exception as exc:
@@ -128,8 +211,13 @@ class Intake:
         out: list[BaseException | None] = []
         for j in jobs:
             try:  # alone, in its own transaction: its session row only with its job row
-                await store.record_jobs(sm, [(j.values, j.session)])
-                out.append(None)
+                taken = await store.record_jobs(
+                    sm, [(j.values, j.session)], _keys([j]), generation=j.generation
+                )
+                out.append(KeyTaken(j.job_id) if taken else None)
+            except ConfigChanged as exc:
+                self.note_generation(exc.generation, current=True)
+                out.append(StaleConfig())
             except Exception as exc:
                 out.append(exc)
         return out
@@ -156,6 +244,10 @@ class Intake:
             return exc
 
 
+def _keys(jobs: list[NewJob]) -> dict[str, store.DispatchKeyRow]:
+    return {j.job_id: j.key for j in jobs if j.key is not None}
+
+
 # One intake per Services object (Services is not hashable: keyed by identity, checked).
 _intakes: dict[int, tuple[weakref.ref[Services], Intake]] = {}
 
@@ -177,10 +269,12 @@ def _forget(key: int) -> Any:
     return drop
 
 
-async def prefetch_configs(services: Services, role_id: str, skill: str) -> dict[str, Any]:
-    """``ConfigStore.prefetch``, read together with the concurrent dispatches' (one
-    statement per batch)."""
-    return await intake_of(services).configs.submit((role_id, skill))
+async def prefetch_configs(
+    services: Services, role_id: str, skill: str
+) -> tuple[dict[str, Any], int]:
+    """``ConfigStore.prefetch`` and its generation: cached, or read together with the
+    concurrent dispatches' (one statement per batch)."""
+    return await intake_of(services).configs_for(role_id, skill)
 
 
 async def submit(services: Services, job: NewJob) -> None:

@@ -22,11 +22,11 @@ from sqlalchemy.exc import DBAPIError
 
 from jobs import phases, sendscope, telemetry, texts
 from jobs.batching import Batcher
-from jobs.constants import FN_RUN_JOB, MAX_RUNS
+from jobs.constants import FN_RUN_JOB, MAX_RUNS, PRIORITY_INTERACTIVE
 from jobs.db import DB_UNAVAILABLE
 from jobs.execution.inprocess import RUN_TASKS
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT, JobRow
-from jobs.queue import broker, incidents, limits, lost, store
+from jobs.queue import broker, incidents, limits, lost, prefetch, store
 from jobs.queue.stall import StallWatch
 from jobs.runscope import RunScope, begin_run
 from jobs.services import Services
@@ -141,23 +141,37 @@ class JobRunner:
         self.stall: StallWatch | None = None
         #: telling the origins of jobs failed as lost (``jobs.queue.lost``)
         self.telling: set[asyncio.Task[None]] = set()
+        #: arq ids the reconciler found started in Redis and still queued in the database:
+        #: re-enqueued only when the next pass finds them so again
+        self._started_unclaimed: set[str] = set()
         #: frees the limit slots of an arq entry once its job has left ``running`` (set by
         #: the worker when SKILLJOBS_LIMITS is configured)
         self.slots: Batcher[str, None] | None = None
+        #: the worker's slots, which jobs claimed ahead wait for (``jobs.queue.prefetch``;
+        #: None: every claimed job starts at once)
+        self.gate: prefetch.StartGate | None = None
 
     # --- the job function ----------------------------------------------------------------
 
-    async def run(self, job_id: str, enqueue_token: int) -> str:
+    async def run(
+        self, job_id: str, enqueue_token: int, priority: int = PRIORITY_INTERACTIVE
+    ) -> str:
         asked_at = time.time()
-        claim = await retry_db("claim", self.claims.submit, (job_id, enqueue_token))
+        claim = await retry_db("claim", self._claim, job_id, enqueue_token)
         if claim is None:
             return "superseded"  # cancelled, re-enqueued or already running elsewhere
         job, token = claim.job, claim.token
-        telemetry.queue_wait(job, claim.attempt)
         self.held[job_id] = token
         self.lease_until[job_id] = asked_at + self.certain_for
         handed_off = False
+        gate, entered = self.gate, False
         try:
+            if gate is not None:  # claimed ahead of a free slot: wait for one
+                refused = await self._start_turn(gate, job, token, priority)
+                if refused is not None:
+                    return refused
+                entered = True
+            telemetry.queue_wait(job, claim.attempt)
             try:
                 running = self._run_claimed(job, token, claim.attempt)
                 done = await telemetry.job_span(
@@ -190,8 +204,72 @@ class JobRunner:
             handed_off = True
             return "finishing"
         finally:
+            if gate is not None and entered:
+                gate.leave()
             if not handed_off:
                 self._release(job_id)
+
+    async def _claim(self, job_id: str, enqueue_token: int) -> store.Claim | None:
+        """The batched claim; stopping while it is in flight gives back what it took (a
+        claim already sent is written, and nobody would run the job)."""
+        fut = self.claims.push((job_id, enqueue_token))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if not fut.cancelled():
+                with contextlib.suppress(Exception):
+                    got = await asyncio.shield(fut)
+                    if got is not None:
+                        await asyncio.shield(self._unclaim(got.job, got.token))
+            raise
+
+    async def _start_turn(
+        self, gate: prefetch.StartGate, job: JobRow, token: int, priority: int
+    ) -> str | None:
+        """Wait for a slot of the worker; None once it is this job's, else the job is
+        settled here without its skill starting (cancelled, lost, or given back to the
+        queue unstarted) and this says how."""
+        try:
+            why = await gate.enter(job.id, priority)
+        except asyncio.CancelledError:  # stopping: back to the queue, never started
+            await asyncio.shield(self._unclaim(job, token))
+            raise
+        if why == prefetch.START:
+            margin = self.certain_for / 3
+            if job.id in self.lost:
+                why = prefetch.LOST
+            elif job.id in self.suspect:
+                why = prefetch.SUSPECT
+            elif time.time() >= self.lease_until.get(job.id, 0.0) - margin and not (
+                await retry_db("lease", store.holds_lease, self.svc.sessionmaker, job.id, token)
+            ):
+                why = prefetch.LOST  # renewals failed while it waited, and the lease is gone
+            elif job.id in self.cancel_asked:
+                why = prefetch.CANCEL
+            if why == prefetch.START:
+                return None
+            gate.leave(ran=False)
+        if why == prefetch.LOST:
+            log.warning("job %s: lease lost before it started, not run here", job.id)
+            return "lost"
+        if why == prefetch.CANCEL:
+            await asyncio.shield(
+                self._record(job, token, CANCELLED, None, "cancelled by an operator", None)
+            )
+            return CANCELLED
+        await asyncio.shield(self._unclaim(job, token))
+        return "lost" if why == prefetch.SUSPECT else "handed back"
+
+    async def _unclaim(self, job: JobRow, token: int) -> None:
+        """Give a claimed job whose skill never started back to the queue (fenced), where it
+        was: any worker may take it."""
+        new = await retry_db(
+            "unclaim", store.unclaim, self.svc.sessionmaker, job.id, token, patience=10.0
+        )
+        if new is not None:
+            with contextlib.suppress(Exception):
+                behind = float(getattr(job, "queued_at", None) or time.time()) - time.time()
+                await self._enqueue(job.id, new, defer=min(0.0, behind), job=job)
 
     def _linger(self) -> asyncio.Future[None]:
         """The finishing stage lingers a moment (one shared timer, not one per job): the
@@ -247,7 +325,8 @@ class JobRunner:
         RUN_TASKS.set(skill_tasks)  # (this job's own task: a context of its own)
         self.skill_tasks[job_id] = skill_tasks
         run = phases.reporting(self._phase_reporter(job, token), run)  # preparing environment
-        task = asyncio.create_task(sendscope.run_in(job_id, f"{self.worker_id}#{token}", run))
+        owner = f"{self.worker_id}#{token}"
+        task = asyncio.create_task(sendscope.run_in(job_id, owner, run, svc.outbox))
         self.inner[job_id] = task
         # Published while the skill starts, not before: the event is for people watching.
         self.event(job_id, "running", job.skill)
@@ -327,7 +406,14 @@ class JobRunner:
             # is idempotent (the ledger sends nothing twice). Anything else it raises ends
             # the job failed/internal below, the skill's own result kept in the record:
             # recorded as done without its delivery, the result would be lost to its reader.
-            post = await retry_db("post-processing", self._postprocess, job, token, result)
+            post = await retry_db(
+                "post-processing",
+                self._postprocess,
+                job,
+                token,
+                result,
+                normalized=outcome.status == SUCCEEDED,
+            )
             result = post.result
             stage = "record"
             fetches = getattr(post, "fetches", None)
@@ -396,7 +482,9 @@ class JobRunner:
                 self.svc.sessionmaker, job.id, job.skill, "internal", error
             )
 
-    async def _postprocess(self, job: JobRow, token: int, result: dict[str, Any]) -> Any:
+    async def _postprocess(
+        self, job: JobRow, token: int, result: dict[str, Any], *, normalized: bool = False
+    ) -> Any:
         from delivery.pipeline import postprocess
 
         margin = self.certain_for / 3  # room for clock skew between hosts
@@ -412,7 +500,9 @@ class JobRunner:
             return await store.holds_lease(self.svc.sessionmaker, job.id, token)
 
         scope = self.scopes.get(job.id)
-        return await postprocess(self.svc, job, result, fence=fence, scope=scope)
+        return await postprocess(
+            self.svc, job, result, fence=fence, scope=scope, normalized=normalized
+        )
 
     async def _record(
         self,
@@ -532,6 +622,9 @@ class JobRunner:
     def cancel_local(self, job_id: str) -> bool:
         task = self.inner.get(job_id)
         if task is None or task.done():
+            if self.gate is not None and self.gate.refuse(job_id, prefetch.CANCEL):
+                self.cancel_asked.add(job_id)  # claimed ahead: recorded cancelled, never run
+                return True
             return False
         self.cancel_asked.add(job_id)
         task.cancel()
@@ -551,6 +644,9 @@ class JobRunner:
         gap = time.time() - self.last_beat
         if gap < self.missing_after - 0.5:  # (the key expires 3 intervals + 1 s after its write)
             return
+        for job_id in list(self.held):
+            if self.gate is not None and self.gate.refuse(job_id, prefetch.SUSPECT):
+                self.suspect.add(job_id)  # claimed ahead, not started: given back unstarted
         for job_id, task in list(self.inner.items()):
             if not task.done():
                 log.warning(
@@ -609,6 +705,8 @@ class JobRunner:
                 task = self.inner.get(job_id)
                 if task and not task.done():
                     task.cancel()
+                elif self.gate is not None:
+                    self.gate.refuse(job_id, prefetch.LOST)  # claimed ahead, not started
         for job_id in cancel:
             self.cancel_local(job_id)
         await store.worker_heartbeat(
@@ -661,7 +759,8 @@ class JobRunner:
 
         * running jobs whose lease expired (their worker died, e.g. ``kill -9``);
         * queued jobs whose arq entry is missing (Redis flushed or restarted without
-          persistence) or stuck in-progress on a worker that died before claiming it.
+          persistence) or stuck in-progress on a worker that died before claiming it (seen
+          so at two passes in a row: a live worker's claim may be in flight at the first).
         """
         svc = self.svc
         redis = svc.redis
@@ -678,9 +777,17 @@ class JobRunner:
         if not stale:
             return n
         ids = [aid or store.arq_id(job_id, token) for job_id, token, aid in stale]
-        for (job_id, token, _), queued in zip(stale, await broker.waiting(svc, ids), strict=True):
-            if queued:
+        states = await broker.entry_states(svc, ids)
+        started_before, self._started_unclaimed = self._started_unclaimed, set()
+        for (job_id, token, _), aid, (record, started) in zip(stale, ids, states, strict=True):
+            if record and not started:
                 continue  # waiting its turn in the queue
+            if record and aid not in started_before:
+                # Started but not claimed yet: a live worker claims within moments of
+                # starting an entry (the read above may also predate its claim). Lost only
+                # if it is still so at the next pass.
+                self._started_unclaimed.add(aid)
+                continue
             new = await store.bump_queued(svc.sessionmaker, job_id, token)
             if new is not None:
                 log.info("job %s: lost from Redis, re-enqueued", job_id)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
     bindparam,
+    case,
+    delete,
     func,
     insert,
     literal_column,
@@ -25,6 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from jobs import storable
+from jobs.catalog.configs import ConfigChanged
 from jobs.constants import MAX_RUNS
 from jobs.db import autocommit, engine_of, is_sqlite, raw_fetch
 from jobs.models import (
@@ -34,14 +37,18 @@ from jobs.models import (
     QUEUED,
     RUNNING,
     ChatSession,
+    DispatchKey,
     Job,
     JobAttempt,
     JobRow,
     Worker,
+    config_generation,
 )
 from jobs.queue import incidents, store_sqlite
 
 Sessions = async_sessionmaker[AsyncSession]
+# An idempotency key a new job's dispatch claims with it: (key, request hash, created_at).
+DispatchKeyRow = tuple[str, str, float]
 
 
 def arq_id(job_id: str, token: int) -> str:
@@ -155,9 +162,16 @@ _CLOSE_ATTEMPT = (
 # ``(status = …) IS TRUE`` keeps the planner on primary-key lookups: with a plain
 # ``status = 'queued'`` it may read every queued job through the status index (stale
 # statistics say there are few) and hash them, a cost that grows with the queue.
+# The claim commits without waiting for its WAL flush (``synchronous_commit`` off for its
+# own transaction only; the next commit that waits — the finish, a receipt — flushes it
+# too, and PostgreSQL's WAL writer within 3 × wal_writer_delay). The flush is most of the
+# statement's time on the start path of every job. A claim lost to a database crash in that
+# window is safe: the job is queued again under its old token, so the attempt's fenced
+# writes are refused and the reconciler runs it again — as for a worker that died.
 _PG_CLAIM = """
 WITH req AS (
   SELECT * FROM unnest($1::text[], $2::int[]) AS r(jid, tok)
+  WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL
 ), j AS (
   UPDATE jobs SET status = 'running', lease_token = req.tok + 1, lease_owner = $3::text,
     lease_expires_at = $4::float8, attempts = jobs.attempts + 1,
@@ -275,6 +289,56 @@ async def claim_many(
         row = rows.pop(key, None)  # pop: a pair asked twice is claimed once
         out.append(None if row is None else Claim(job=row, token=key[1] + 1, attempt=row.attempts))
     return out
+
+
+async def unclaim(sm: Sessions, job_id: str, token: int) -> int | None:
+    """Give back a claim whose skill never started (a job a worker claimed ahead of its
+    free slots, then did not start: stopping, kept waiting too long, paused past its
+    heartbeat). The job is queued again as if never claimed: its attempt withdrawn (not a
+    run, so not counted toward the cap), its first start cleared, its place in the queue
+    kept (``queued_at``). Returns the new enqueue token, or None when the claim no longer
+    holds the lease."""
+    async with sm() as s:
+        new_token = await _back_to_queue(
+            s,
+            job_id,
+            token,
+            time.time(),
+            attempts=Job.attempts - 1,
+            started_at=case((Job.attempts <= 1, None), else_=Job.started_at),
+        )
+        if new_token is None:
+            return None
+        await s.execute(
+            delete(JobAttempt).where(JobAttempt.job_id == job_id, JobAttempt.lease_token == token)
+        )
+        await s.commit()
+        return new_token
+
+
+async def _back_to_queue(
+    s: AsyncSession, job_id: str, token: int, now: float, **values: Any
+) -> int | None:
+    """The running job leased with ``token`` queued again under the next token (rolled back
+    and None when ``token`` no longer holds its lease); ``values`` are set with it."""
+    new_token = token + 1
+    res = await s.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.lease_token == token, Job.status == RUNNING)
+        .values(
+            status=QUEUED,
+            lease_token=new_token,
+            lease_owner=None,
+            lease_expires_at=None,
+            arq_job_id=arq_id(job_id, new_token),
+            updated_at=now,
+            **values,
+        )
+    )
+    if res.rowcount != 1:  # type: ignore[attr-defined]
+        await s.rollback()
+        return None
+    return new_token
 
 
 async def holds_lease(sm: Sessions, job_id: str, token: int) -> bool:
@@ -441,23 +505,9 @@ async def requeue(
     Returns the new enqueue token, or None when the attempt no longer holds the lease.
     """
     now = time.time()
-    new_token = token + 1
     async with sm() as s:
-        res = await s.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.lease_token == token, Job.status == RUNNING)
-            .values(
-                status=QUEUED,
-                lease_token=new_token,
-                lease_owner=None,
-                lease_expires_at=None,
-                queued_at=now + delay,
-                arq_job_id=arq_id(job_id, new_token),
-                updated_at=now,
-            )
-        )
-        if res.rowcount != 1:  # type: ignore[attr-defined]
-            await s.rollback()
+        new_token = await _back_to_queue(s, job_id, token, now, queued_at=now + delay)
+        if new_token is None:
             return None
         await _close_attempt(s, job_id, token, attempt_outcome, reason, error_type, now)
         await s.commit()
@@ -882,12 +932,28 @@ async def record_job(sm: Sessions, values: dict[str, Any], session: dict[str, An
 
 
 async def record_jobs(
-    sm: Sessions, jobs: Sequence[tuple[dict[str, Any], dict[str, Any] | None]]
-) -> None:
+    sm: Sessions,
+    jobs: Sequence[tuple[dict[str, Any], dict[str, Any] | None]],
+    keys: Mapping[str, DispatchKeyRow] | None = None,
+    *,
+    generation: int | None = None,
+) -> set[str]:
     """:func:`record_job` for a batch of ``(values, origin session)``: one transaction
-    with one statement for the sessions and one for the job rows — all recorded or none."""
+    with one statement for the sessions and one for the job rows — all recorded or none.
+
+    ``generation``: the configuration generation the jobs' contexts were built from;
+    nothing is written unless it is still the current one (checked in the same statement
+    or transaction), :class:`jobs.catalog.configs.ConfigChanged` naming the current one
+    otherwise.
+
+    ``keys`` maps a job id to the idempotency key its dispatch claims: the key rows are
+    inserted in the same transaction (``ON CONFLICT DO NOTHING``), and a job whose key
+    already exists is not recorded. Returns the ids of those jobs (their dispatch finds
+    out what the key stands for, :func:`jobs.queue.idempotency.claim`). Key and job are
+    committed together, so a key never names a job that was not recorded."""
     if not jobs:
-        return
+        return set()
+    keys = keys or {}
     rows = [_storable_job(values) for values, _ in jobs]
     sessions = {s["session_id"]: s for _, s in jobs if s is not None}
     pg = _pg(sm)
@@ -895,8 +961,15 @@ async def record_jobs(
         import asyncpg
 
         try:
-            await raw_fetch(pg, _PG_NEW_JOBS, *_new_job_arrays(rows, list(sessions.values())))
-            return
+            args = _new_job_arrays(rows, list(sessions.values()))
+            if generation is not None:
+                return await _record_at_generation(pg, args, keys, generation)
+            if not keys:
+                await raw_fetch(pg, _PG_NEW_JOBS, *args)
+                return set()
+            args += [list(col) for col in zip(*((jid, *k) for jid, k in keys.items()), strict=True)]
+            recorded = {r[0] for r in await raw_fetch(pg, _PG_NEW_KEYED_JOBS, *args)}
+            return set(keys) - recorded
         except asyncpg.PostgresError:
             pass  # refused, nothing written: the portable form below raises SQLAlchemy's error
     engine = engine_of(sm)
@@ -907,16 +980,54 @@ async def record_jobs(
     ):
         now = time.time()
         new_sessions = [{**s, "created_at": now, "updated_at": now} for s in sessions.values()]
-        await store_sqlite.record_jobs(engine, _NEW_JOB_NAMES, rows, new_sessions)
-        return
+        return await store_sqlite.record_jobs(
+            engine, _NEW_JOB_NAMES, rows, new_sessions, keys, generation=generation
+        )
     async with engine.begin() as conn:
+        if generation is not None:
+            # FOR SHARE: no change of the configurations commits before these jobs do
+            current = await conn.scalar(
+                select(_generation.c.generation)
+                .where(_generation.c.id == 1)
+                .with_for_update(read=True)
+            )
+            if current is None:
+                raise RuntimeError(NO_GENERATION)
+            if current != generation:
+                raise ConfigChanged(int(current))
         if sessions:
             now = time.time()
             await conn.execute(
                 _session_insert(conn.dialect.name),
                 [{**s, "created_at": now, "updated_at": now} for s in sessions.values()],
             )
-        await conn.execute(insert(_jobs), rows)
+        taken: set[str] = set()
+        for jid, (key, digest, created_at) in keys.items():
+            res = await conn.execute(
+                _key_insert(conn.dialect.name).values(
+                    key=key, job_id=jid, request_hash=digest, created_at=created_at
+                )
+            )
+            if not res.rowcount:
+                taken.add(jid)
+        rows = [r for r in rows if r["id"] not in taken]
+        if rows:
+            await conn.execute(insert(_jobs), rows)
+        return taken
+
+
+async def _record_at_generation(
+    pg: AsyncEngine, args: list[Any], keys: Mapping[str, DispatchKeyRow], generation: int
+) -> set[str]:
+    """``_PG_NEW_JOBS_AT_GENERATION`` with the job and session arrays ``args``."""
+    keyed = [(jid, *k) for jid, k in keys.items()]
+    args = [*args, *([k[i] for k in keyed] for i in range(4)), generation]
+    (got,) = await raw_fetch(pg, _PG_NEW_JOBS_AT_GENERATION, *args)
+    if got["generation"] is None:
+        raise RuntimeError(NO_GENERATION)
+    if got["generation"] != generation:
+        raise ConfigChanged(int(got["generation"]))
+    return set(keys) - set(got["ids"])
 
 
 # The new-job batch on PostgreSQL: one statement (so one transaction, one round trip, one
@@ -974,6 +1085,42 @@ _PG_NEW_JOBS = (
     + ", ".join(name for name, _ in _NEW_JOB_COLUMNS)
     + ")"
 )
+# The same with idempotency keys: a CTE claims the keys (key, job id, request hash, time:
+# four more arrays), and only the jobs whose key it inserted (or that have none) are
+# recorded; the ids recorded come back.
+_NK = _NJ + 2 + len(_SESSION_COLUMNS)
+_PG_NEW_KEYED_JOBS = (
+    "WITH k AS (INSERT INTO dispatch_keys (job_id, key, request_hash, created_at) "
+    f"SELECT * FROM unnest(${_NK}::text[], ${_NK + 1}::text[], ${_NK + 2}::text[], "
+    f"${_NK + 3}::float8[]) ON CONFLICT DO NOTHING RETURNING job_id), "
+    + _PG_NEW_JOBS.removeprefix("WITH ")
+    + f" WHERE NOT (t.id = ANY(${_NK}::text[])) OR t.id IN (SELECT job_id FROM k) RETURNING id"
+)
+
+
+# Either form, recorded only while the configuration generation is still the one the jobs'
+# contexts were built from (one more parameter; the key arrays empty when there are no
+# keys): nothing is written otherwise. The current generation and the ids recorded come
+# back.
+_NG = _NK + 4
+_SESSIONS_THEN_JOBS = ") ON CONFLICT DO NOTHING) INSERT INTO jobs ("
+assert _PG_NEW_JOBS.count(_SESSIONS_THEN_JOBS) == 1
+_PG_NEW_JOBS_AT_GENERATION = (
+    f"WITH ok AS (SELECT generation, generation = ${_NG}::bigint AS v FROM config_generation "
+    "WHERE id = 1), "
+    "k AS (INSERT INTO dispatch_keys (job_id, key, request_hash, created_at) "
+    f"SELECT * FROM unnest(${_NK}::text[], ${_NK + 1}::text[], ${_NK + 2}::text[], "
+    f"${_NK + 3}::float8[]) WHERE (SELECT v FROM ok) ON CONFLICT DO NOTHING RETURNING job_id), "
+    + _PG_NEW_JOBS.removeprefix("WITH ").replace(
+        _SESSIONS_THEN_JOBS,
+        ") WHERE (SELECT v FROM ok) ON CONFLICT DO NOTHING), j AS (INSERT INTO jobs (",
+    )
+    + f" WHERE (SELECT v FROM ok) AND (NOT (t.id = ANY(${_NK}::text[])) "
+    "OR t.id IN (SELECT job_id FROM k)) RETURNING id) "
+    "SELECT (SELECT generation FROM ok) AS generation, ARRAY(SELECT id FROM j) AS ids"
+)
+_generation: Any = config_generation
+NO_GENERATION = "config_generation has no row: run `skilljobs db upgrade`"
 
 
 def _new_job_arrays(rows: list[dict[str, Any]], sessions: list[dict[str, Any]]) -> list[Any]:
@@ -986,6 +1133,17 @@ def _new_job_arrays(rows: list[dict[str, Any]], sessions: list[dict[str, Any]]) 
     args.append(time.time())
     args += [[str(s[name]) for s in sessions] for name in _SESSION_COLUMNS]
     return args
+
+
+def _key_insert(dialect: str) -> Any:
+    """INSERT of an idempotency key that does nothing when the key exists (0 rows)."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(DispatchKey).on_conflict_do_nothing()
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(DispatchKey).on_conflict_do_nothing()
 
 
 def _session_insert(dialect: str) -> Any:

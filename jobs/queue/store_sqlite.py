@@ -12,12 +12,13 @@ store and return.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobs.catalog.configs import ConfigChanged
 from jobs.db import sqlite_write
 from jobs.models import ChatSession, Job
 
@@ -50,6 +51,9 @@ NEW_SESSIONS = (
     f"INSERT INTO chat_sessions ({', '.join(SESSION_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in SESSION_COLUMNS)}) ON CONFLICT DO NOTHING"
 )
+GENERATION = "SELECT generation FROM config_generation WHERE id = 1"
+NEW_KEY = """INSERT INTO dispatch_keys (key, job_id, request_hash, created_at)
+VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"""
 
 
 class _Types:
@@ -150,19 +154,34 @@ async def record_jobs(
     columns: Sequence[str],
     rows: Sequence[dict[str, Any]],
     sessions: Sequence[dict[str, Any]],
-) -> None:
+    keys: Mapping[str, tuple[str, str, float]] | None = None,
+    *,
+    generation: int | None = None,
+) -> set[str]:
     """Insert the new job ``rows`` (each with exactly ``columns``) and their origin chat
-    ``sessions`` (complete rows; existing ones left as they are). One transaction."""
+    ``sessions`` (complete rows; existing ones left as they are). One transaction.
+
+    ``keys``: job id → (idempotency key, request hash, created_at) claimed with the job; a
+    job whose key already exists is not inserted. Returns the ids of those jobs.
+    ``generation``: nothing is written unless the configuration generation is still this
+    one (read under the write lock); ``ConfigChanged`` otherwise."""
     types = types_of(engine)
     insert_jobs = (
         f"INSERT INTO jobs ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})"
     )
-    job_values = [tuple(types.value(c, r[c]) for c in columns) for r in rows]
+    job_values = [(r["id"], tuple(types.value(c, r[c]) for c in columns)) for r in rows]
     session_values = [tuple(s[c] for c in SESSION_COLUMNS) for s in sessions]
+    key_values = [(k, jid, digest, at) for jid, (k, digest, at) in (keys or {}).items()]
 
-    def run(db: sqlite3.Connection) -> None:
+    def run(db: sqlite3.Connection) -> set[str]:
+        if generation is not None:
+            current = int(db.execute(GENERATION).fetchone()[0])
+            if current != generation:
+                raise ConfigChanged(current)
         if session_values:
             db.executemany(NEW_SESSIONS, session_values)
-        db.executemany(insert_jobs, job_values)
+        taken = {v[1] for v in key_values if db.execute(NEW_KEY, v).rowcount == 0}
+        db.executemany(insert_jobs, [v for jid, v in job_values if jid not in taken])
+        return taken
 
-    await sqlite_write(engine, run)
+    return await sqlite_write(engine, run)

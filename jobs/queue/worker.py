@@ -37,7 +37,7 @@ from jobs.constants import (
     WORKER_HEARTBEAT,
     WORKER_PAUSE,
 )
-from jobs.queue import broker, limits, prune, store
+from jobs.queue import broker, heap, limits, prefetch, prune, store
 from jobs.queue.runner import JobRunner, retry_db
 from jobs.queue.stall import StallWatch
 from jobs.services import Services
@@ -78,6 +78,9 @@ class SkillJobsWorker(Worker):
         **kw: Any,
     ) -> None:
         super().__init__(*args, poll_delay=idle_poll, **kw)
+        # running skills are bounded by the runner's gate; entries claimed ahead of a free
+        # slot count here too (at most max_jobs more)
+        self.sem = asyncio.BoundedSemaphore(2 * self.max_jobs + 1)
         self.runner = runner
         self._limits = limits  # jobs.queue.limits.for_claim of the settings
         self._heartbeat_prefix = heartbeat_prefix
@@ -109,15 +112,23 @@ class SkillJobsWorker(Worker):
             await self._cleanup.submit((job_id, True))
             return
         try:
-            name, args, kwargs = broker.decode(payload)
+            name, args, kwargs, priority = broker.decode(payload)
             function = self.functions[name]
         except (broker.SerializationError, KeyError) as exc:
             log.error("arq job %s: unusable (%s: %s), dropped", job_id, type(exc).__name__, exc)
             self.jobs_failed += 1
             await self._cleanup.submit((job_id, True))
             return
-        ctx = {**self.ctx, "job_id": job_id, "job_try": 1, "score": score}
+        ctx = {**self.ctx, "job_id": job_id, "job_try": 1, "score": score, "priority": priority}
+        gate = self.runner.gate if self.runner is not None else None
+        entered = False
         try:
+            if gate is not None and name != FN_RUN_JOB:
+                # (a job's own claim comes before its turn: runner.run waits for the slot)
+                if await gate.enter(job_id, priority) != prefetch.START:
+                    self._cleanup.push((job_id, False))  # back to its lane, nothing started
+                    return
+                entered = True
             async with asyncio.timeout(function.timeout_s or self.job_timeout_s):
                 await function.coroutine(ctx, *args, **kwargs)
         except asyncio.CancelledError:
@@ -131,6 +142,9 @@ class SkillJobsWorker(Worker):
             self.jobs_failed += 1
         else:
             self.jobs_complete += 1
+        finally:
+            if gate is not None and entered:
+                gate.leave()
         # Not waited for: the in-progress key keeps the entry from running twice meanwhile,
         # and close() flushes what is left.
         self._cleanup.push((job_id, True))
@@ -150,7 +164,16 @@ class SkillJobsWorker(Worker):
     async def _poll_iteration(self) -> None:
         """Find and claim due jobs in one Redis round trip (arq reads the queue, then runs a
         WATCH/MULTI transaction per job), start them, and tidy finished tasks."""
-        free = self.max_jobs - self.job_counter
+        gate = self.runner.gate if self.runner is not None else None
+        ahead = 0
+        if gate is not None:
+            gate.expire()  # claimed ahead and kept waiting too long: back to the queue
+            ahead = gate.depth()
+        free = self.max_jobs + ahead - self.job_counter
+        if self.job_counter >= self.max_jobs and free < max(1, ahead // 4):
+            # Every slot busy: the jobs claimed ahead are topped up in batches, not one
+            # Redis call and database statement per freed slot.
+            free = 0
         if self.allow_pick_jobs and free > 0 and not await self._is_paused():
             self._last_read, claimed = await broker.claim(
                 self.pool,
@@ -254,7 +277,10 @@ class SkillJobsWorker(Worker):
 
     async def _wait_for_tasks_to_complete(self, signum: signal.Signals) -> None:
         """SIGTERM: running skills and deliveries get the grace period, then whatever is
-        left is cancelled (and handed back to the queue by the job function)."""
+        left is cancelled (and handed back to the queue by the job function). Jobs claimed
+        ahead that have not started go back to the queue at once."""
+        if self.runner is not None and self.runner.gate is not None:
+            self.runner.gate.close()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._job_completion_wait):
                 await self._sleep_until_tasks_complete()
@@ -273,6 +299,8 @@ class SkillJobsWorker(Worker):
         """Stop running jobs and background loops; the Redis pool belongs to ``Services``."""
         if not self._handle_signals:
             self.handle_sig(signal.SIGUSR1)
+        if self.runner is not None and self.runner.gate is not None:
+            self.runner.gate.close()  # claimed ahead, not started: back to the queue
         self._cancel_all()
         await asyncio.gather(*self.tasks.values(), *self._finishing(), return_exceptions=True)
         await self._cleanup.flush()
@@ -303,7 +331,7 @@ class SkillJobsWorker(Worker):
 async def _run_job(ctx: broker.WorkerContext, job_id: str, enqueue_token: int) -> str:
     runner, outcome = ctx["runner"], ""
     try:
-        outcome = await runner.run(job_id, int(enqueue_token))
+        outcome = await runner.run(job_id, int(enqueue_token), ctx["priority"])
         return outcome
     finally:
         if outcome != "finishing":  # else freed once the finishing stage has recorded it
@@ -342,8 +370,8 @@ async def _cancel_if_requested(runner: JobRunner, data: Any) -> None:
     """A cancel message is only a hint: anyone who can publish to Redis can send one. The
     job is stopped only when its row says ``cancel_requested`` (C18)."""
     job_id = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-    if not _JOB_ID.fullmatch(job_id) or job_id not in runner.inner:
-        return  # not a job id, or not running here
+    if not _JOB_ID.fullmatch(job_id) or job_id not in runner.held:
+        return  # not a job id, or not running (or claimed ahead) here
     job = await store.get_job(runner.svc.sessionmaker, job_id)
     if job is None or not job.cancel_requested:
         log.warning("cancel message for job %s ignored: its record asks for no cancel", job_id)
@@ -385,9 +413,10 @@ def build_worker(
         executor = services.executor
     settings = services.settings
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-    runner = JobRunner(
-        services, executor, wid, max_finishing=2 * (max_jobs or services.settings.worker_max_jobs)
-    )
+    slots = max_jobs or settings.worker_max_jobs
+    runner = JobRunner(services, executor, wid, max_finishing=2 * slots)
+    ahead = settings.worker_prefetch_sec
+    runner.gate = prefetch.StartGate(slots, ahead_sec=ahead, hold_sec=max(1.0, 10 * ahead))
     background: list[asyncio.Task[Any]] = []
     if settings.limits:
 
@@ -454,6 +483,7 @@ def build_worker(
             stop = asyncio.Event()
             ctx["scheduler_stop"] = stop
             background.append(asyncio.create_task(Scheduler(services).run_forever(stop)))
+        heap.settle()  # (undone in on_shutdown)
         log.info(
             "worker %s started: queue %s, max_jobs %s",
             wid,
@@ -462,6 +492,7 @@ def build_worker(
         )
 
     async def on_shutdown(ctx: dict[str, Any]) -> None:
+        heap.restore()
         await handed_back()  # chain runs going back to the queue need Redis a moment more
         for key in ("scheduler_stop", "prune_stop", "outbox_stop"):
             if key in ctx:

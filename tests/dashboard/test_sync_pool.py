@@ -63,7 +63,7 @@ def test_a_cpu_bound_skill_does_not_stall_the_api(
             # Stalled, the 2 s run would leave room for one or two polls; the machine is
             # shared, so single slow polls are tolerated.
             took.sort()
-            assert len(took) > 20 and took[len(took) * 9 // 10] < 0.1, took
+            assert len(took) > 20 and took[len(took) * 9 // 10] < 0.5, took
 
             # An executor process that dies is replaced; the next call is served.
             pool = _children(proc.pid)

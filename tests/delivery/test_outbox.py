@@ -162,3 +162,49 @@ async def test_lost_queue_is_rebuilt_from_the_ledger(
         await _cleanup(svc)
     texts = [m["text"] for m in tg.sent if m["chat_id"] == "6001"]
     assert texts == [f"6001 n{n}" for n in range(3)]
+
+
+async def test_a_chat_being_sent_to_is_left_to_its_sender(
+    tmp_path: Path, sqlite_url: str, redis_server_url: str, redis_prefix: str, tg: Any
+) -> None:
+    """While one worker's outbox is sending a chat's queue (waiting for its next token in
+    place), the chat is not due for the others: they do not keep trying to take it."""
+    from delivery import outbox as ob
+
+    slow = json.dumps({"telegram": {"chat": [1, 2]}})  # the sender waits 2 s in place
+    settings = await _settings(
+        tmp_path, sqlite_url, redis_server_url, redis_prefix, tg, rate_limits=slow
+    )
+    tg.known_chats.add("6101")
+    svc = await Services.open(settings)
+    w = build_worker(svc, handle_signals=False, scheduler=False, max_jobs=1)
+    run = asyncio.create_task(w.async_run())
+    other = ob.Outbox(svc, "another-worker")
+    try:
+        ids = [
+            await dispatch(svc, "say", {"text": f"6101 n{n}"}, _ctx("6101", n)) for n in range(4)
+        ]
+        for job_id in ids:
+            await wait_status(svc, job_id, {"succeeded"}, limit=60)
+        outbox = svc.outbox
+        assert isinstance(outbox, ob.Outbox)
+        deadline = time.monotonic() + 30
+        while "telegram:6101" not in outbox.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert "telegram:6101" in outbox.active  # its sender is on the chat
+        score = await svc.redis.zscore(outbox.due_key, "telegram:6101")
+        assert score is not None and score > time.time() * 1000 + ob.LOCK_MS / 2
+        await other.drain_once()
+        assert not other.active  # not due: nothing started there
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if all(r.status == "sent" for r in await _rows(svc)):
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await w.close()
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        await _cleanup(svc)
+    texts = [m["text"] for m in tg.sent if m["chat_id"] == "6101"]
+    assert texts == [f"6101 n{n}" for n in range(4)]

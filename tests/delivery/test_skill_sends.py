@@ -78,3 +78,46 @@ async def test_send_message_then_connection_error_twice_sends_once(svc, tg) -> N
             await s.scalars(select(Delivery).where(Delivery.recipient == "telegram:1002"))
         ).all()
     assert [(r.status, r.job_id, r.verified) for r in rows] == [("sent", job_id, True)]
+
+
+async def test_a_parked_send_then_connection_error_twice_sends_once(svc, tg) -> None:
+    """The chat has no token when the skill sends: the message is parked in the outbox and
+    the skill goes on; its re-runs make the same call, find the parked (or by then sent)
+    row under the same ledger key and send nothing more."""
+    from delivery.channels.limits import Target
+    from delivery.ratelimit import RateLimiter
+    from jobs.sendscope import INLINE_BUDGET
+
+    limiter = RateLimiter.from_settings(svc.redis, svc.settings)
+    # the chat's bucket paused (as after a 429) for longer than a run waits for tokens in place
+    await limiter.pause("telegram", Target("1002"), INLINE_BUDGET + 2)
+    ctx = {
+        "channel": "telegram",
+        "actor_key": "1001",
+        "role_id": "r1",
+        "org_id": "o1",
+        "session_id": "s-parked",
+    }
+    job_id = await dispatch(
+        svc, "send_then_flake", {"message": "invoice 8 sent", "to": "telegram:1002"}, ctx
+    )
+    for _ in range(4):
+        await drain(svc)
+        job, attempts = await job_and_attempts(svc, job_id)
+        if job.status == "succeeded":
+            break
+    assert job.status == "succeeded", (job.status, job.error)
+    assert len(attempts) == 3
+    answer = job.result["send_message"]
+    assert answer["ok"] and not answer["failed"], answer
+    to_1002 = [m for m in tg.sent if str(m.get("chat_id")) == "1002"]
+    assert [m["text"] for m in to_1002] == ["invoice 8 sent"]
+    async with svc.sessionmaker() as s:
+        rows = (
+            await s.scalars(select(Delivery).where(Delivery.recipient == "telegram:1002"))
+        ).all()
+    assert [(r.status, r.job_id, r.verified) for r in rows] == [("sent", job_id, True)]
+    # it was parked, not waited for (counted for /metrics when it was)
+    from jobs.constants import RATELIMIT_PARKED
+
+    assert int(await svc.redis.hget(svc.settings.key(RATELIMIT_PARKED), "telegram") or 0) >= 1

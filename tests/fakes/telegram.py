@@ -87,7 +87,8 @@ class FakeTelegram(FakeServer):
             return refused
         if self.enforce_rates and (flood := self._flood(chat)) is not None:
             return flood
-        entry: dict[str, Any] = {"method": method, "chat_id": chat}
+        # ``at``: when the message reached the platform (the wall clock, as jobs record)
+        entry: dict[str, Any] = {"method": method, "chat_id": chat, "at": time.time()}
         reply = self._reply(chat, params.get("reply_parameters"))
         if isinstance(reply, Response):
             return reply

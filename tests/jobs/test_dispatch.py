@@ -225,9 +225,11 @@ async def test_no_secret_in_plaintext_in_redis_or_rows(services):
     await ConfigStore(services.sessionmaker, services.box).set("r1", "bg_ctx", "api_key", secret)
     res = await Dispatcher(services).dispatch("bg_ctx", {"note": "x", "password": secret}, TG)
     assert res.status_code == 202
-    # every Redis key this deployment and arq wrote
+    # every Redis key this deployment and arq wrote (arq's own keys are not prefixed)
     blobs = []
-    async for key in services.redis.scan_iter(match="*"):
+    keys = [k async for k in services.redis.scan_iter(match=f"{services.settings.redis_prefix}*")]
+    keys += [k async for k in services.redis.scan_iter(match="arq:*")]
+    for key in keys:
         kind = (await services.redis.type(key)).decode()
         if kind == "string":
             blobs.append(await services.redis.get(key) or b"")

@@ -72,9 +72,9 @@ async def test_receipt_only_after_commit_and_enqueue(services, monkeypatch):
     real_record, real_enqueue = store.record_jobs, broker.enqueue_many
     seen_committed: list[bool] = []
 
-    async def slow_record(sm, jobs):  # type: ignore[no-untyped-def]
+    async def slow_record(sm, jobs, keys=None, **kw):  # type: ignore[no-untyped-def]
         await gate.wait()
-        await real_record(sm, jobs)
+        return await real_record(sm, jobs, keys, **kw)
 
     async def checked_enqueue(svc, jobs, metas=None, events=None):  # type: ignore[no-untyped-def]
         wanted = [args[0] for _, _, args in jobs]
@@ -147,7 +147,7 @@ async def test_a_refused_job_fails_only_its_caller(services):
 
 
 async def test_database_unavailable_fails_every_caller(services, monkeypatch):
-    async def down(sm, jobs):  # type: ignore[no-untyped-def]
+    async def down(sm, jobs, keys=None, **kw):  # type: ignore[no-untyped-def]
         raise OperationalError("INSERT", {}, ConnectionRefusedError("database is away"))
 
     monkeypatch.setattr(store, "record_jobs", down)
@@ -225,7 +225,7 @@ async def test_postgres_records_a_batch_in_one_statement(services, monkeypatch):
         *(Dispatcher(services).dispatch("bg_sleep", {}, ctx, "orgdeleg:o") for _ in range(10))
     )
     assert {r.status_code for r in results} == {202}
-    assert calls and all(sql is store._PG_NEW_JOBS for sql in calls)
+    assert calls and all(sql is store._PG_NEW_JOBS_AT_GENERATION for sql in calls)
     async with services.sessionmaker() as s:
         row = await s.get(ChatSession, "fresh-session")
     assert row is not None and row.external_id == "orgdeleg:o" and row.role_id == "r1"
@@ -276,3 +276,122 @@ async def test_batched_enqueue_survives_a_server_without_the_script(services, mo
     )
     assert {r.status_code for r in results} == {202}
     assert sorted(await _queued_ids(services)) == sorted(f"{r.body['job_id']}:0" for r in results)
+
+
+async def _baked(services: Any, job_id: str) -> dict[str, Any]:
+    async with services.sessionmaker() as s:
+        job = await s.get(Job, job_id)
+    assert job is not None
+    configs: dict[str, Any] = services.box.unseal(job.context)["skill_configs"]["bg_sleep"]
+    return configs
+
+
+async def test_cached_configuration_is_never_recorded_after_it_changed(services):
+    """The second dispatch of a (role, skill) reads no configuration; a change made
+    afterwards — through the store, or by hand on another connection — is baked into the
+    next job all the same."""
+    from sqlalchemy import text
+
+    from jobs.catalog.configs import ConfigStore
+
+    configs = ConfigStore(services.sessionmaker, services.box)
+    await configs.replace("r1", "bg_sleep", {"colour": "red"})
+    reads = intake.intake_of(services).configs
+    first = await Dispatcher(services).dispatch("bg_sleep", {}, CTX)
+    flushes = reads.flushes
+    second = await Dispatcher(services).dispatch("bg_sleep", {}, CTX)
+    assert reads.flushes == flushes  # from the cache
+    assert await _baked(services, first.body["job_id"]) == {"colour": "red"}
+    assert await _baked(services, second.body["job_id"]) == {"colour": "red"}
+
+    await configs.set("r1", "bg_sleep", "colour", "green")
+    third = await Dispatcher(services).dispatch("bg_sleep", {}, CTX)
+    assert await _baked(services, third.body["job_id"]) == {"colour": "green"}
+
+    async with services.engine.begin() as conn:  # by hand, not through the store
+        await conn.execute(text("UPDATE skill_configs SET value = '\"blue\"' WHERE key = 'colour'"))
+    racing = await asyncio.gather(
+        *(Dispatcher(services).dispatch("bg_sleep", {}, CTX) for _ in range(10))
+    )
+    for res in racing:
+        assert res.status_code == 202
+        assert await _baked(services, res.body["job_id"]) == {"colour": "blue"}
+
+    await configs.set("r1", "bg_sleep", "colour", None)  # deleted
+    gone = await Dispatcher(services).dispatch("bg_sleep", {}, CTX)
+    assert await _baked(services, gone.body["job_id"]) == {}
+    assert len(await _queued_ids(services)) == 14
+
+
+async def test_a_batch_built_from_an_old_configuration_writes_nothing(services):
+    """Recorded with a generation that is not the current one: no job, no key, no session;
+    each job is answered as stale (and is then built again by its dispatcher)."""
+    from jobs.catalog.configs import ConfigStore
+
+    base = await _template(services)
+    generation, _ = await ConfigStore(services.sessionmaker, services.box).snapshot([])
+    jobs = []
+    for i in range(3):
+        values = {**base, "id": new_id()}
+        values["arq_job_id"] = store.arq_id(values["id"], 0)
+        session = {
+            "session_id": f"stale-session-{i}",
+            "role_id": "r1",
+            "org_id": "",
+            "channel": "web",
+            "external_id": "orgdeleg:x",
+        }
+        jobs.append(
+            intake.NewJob(
+                values=values,
+                session=session,
+                event=None,
+                meta=None,
+                generation=generation - 1,
+                key=(f"stale-key-{i}", "h", 0.0),
+            )
+        )
+    outcomes = await asyncio.gather(
+        *(intake.submit(services, j) for j in jobs), return_exceptions=True
+    )
+    assert all(isinstance(o, intake.StaleConfig) for o in outcomes), outcomes
+    assert len(await _rows(services)) == 1  # the template's job only
+    from jobs.models import DispatchKey
+
+    async with services.sessionmaker() as s:
+        assert await s.get(DispatchKey, "stale-key-0") is None
+        assert await s.get(ChatSession, "stale-session-0") is None
+
+
+async def test_idempotency_key_is_claimed_in_the_batch(services, monkeypatch):
+    """A new key is claimed in the batch's own transaction (no statement of its own); a
+    key that exists already is looked up: same job, or a 409 for another request."""
+    from jobs.models import DispatchKey
+    from jobs.queue import idempotency
+
+    separate: list[str] = []
+    real_claim = idempotency.claim
+
+    async def counted(sm, key, *a, **kw):  # type: ignore[no-untyped-def]
+        separate.append(key)
+        return await real_claim(sm, key, *a, **kw)
+
+    monkeypatch.setattr(idempotency, "claim", counted)
+    fresh = await asyncio.gather(
+        *(
+            Dispatcher(services).dispatch("bg_sleep", {}, CTX, idempotency_key=f"b-{i}")
+            for i in range(10)
+        )
+    )
+    assert {r.status_code for r in fresh} == {202} and separate == []
+    async with services.sessionmaker() as s:
+        for i, res in enumerate(fresh):
+            row = await s.get(DispatchKey, f"b-{i}")
+            assert row is not None and row.job_id == res.body["job_id"]
+    again = await Dispatcher(services).dispatch("bg_sleep", {}, CTX, idempotency_key="b-3")
+    assert again.status_code == 202 and again.body["job_id"] == fresh[3].body["job_id"]
+    clash = await Dispatcher(services).dispatch("bg_sleep", {"x": 1}, CTX, idempotency_key="b-4")
+    assert clash.status_code == 409 and clash.body["job_id"] == fresh[4].body["job_id"]
+    assert separate == ["b-3", "b-4"]
+    assert len(await _rows(services)) == 10
+    assert len(await _queued_ids(services)) == 10

@@ -102,6 +102,18 @@ async def test_round_robin_across_orgs(rsvc):
     assert len(set(later) & set(a_ids) - set(first)) == 3
 
 
+async def test_entries_queued_within_a_millisecond_keep_their_order(rsvc):
+    """Ids are random: ordered by id, entries queued in one millisecond (or one batch)
+    would be claimed in no particular order."""
+    names = [f"{c}{i}:{rsvc.settings.redis_prefix}" for i, c in enumerate("zyxwvutsrq")]
+    metas = [limits.meta(skill="s", org="A", actor="", priority=None) for _ in names]
+    batch = [(aid, FN_RUN_JOB, (aid, 0)) for aid in names[:5]]
+    await broker.enqueue_many(rsvc, batch, metas[:5])  # one batch, one millisecond
+    for aid, meta in zip(names[5:], metas[5:], strict=True):
+        await broker.enqueue(rsvc, FN_RUN_JOB, aid, 0, job_id=aid, meta=meta)  # one by one
+    assert await _claim(rsvc, 10) == names
+
+
 async def test_priority_lanes_first_then_round_robin(rsvc):
     late = await _put(rsvc, 3, "A", priority=9, tag="late")
     normal = await _put(rsvc, 2, "B")  # default (3)

@@ -159,10 +159,10 @@ async def test_a_failing_post_processing_fails_the_job_keeping_the_skills_result
     job_settings.telegram_api_base = tg.url
     real = JobRunner._postprocess
 
-    async def broken(self, job, token, result):  # the success result only, not the notice
+    async def broken(self, job, token, result, **kw):  # the success result only, not the notice
         if result.get("ok", True) is not False:
             raise ValueError("renderer exploded")
-        return await real(self, job, token, result)
+        return await real(self, job, token, result, **kw)
 
     monkeypatch.setattr(JobRunner, "_postprocess", broken)
     svc = await Services.open(job_settings)

@@ -128,6 +128,38 @@ async def test_a_batch_with_a_refused_row_records_nothing(services) -> None:
         assert await s.get(Job, fresh["id"]) is None
 
 
+async def test_keys_are_claimed_with_their_jobs(services) -> None:
+    """An idempotency key is inserted in the transaction of its job: a job whose key exists
+    is not recorded (its id comes back), a duplicate key within one batch records one job,
+    and a refused batch leaves no key behind."""
+    from jobs.models import DispatchKey
+
+    sm, now = services.sessionmaker, time.time()
+    a, b, c = _new_job(), _new_job(), _new_job()
+    taken = await store.record_jobs(
+        sm,
+        [(a, SESSION), (b, None), (c, None)],
+        {a["id"]: ("k-a", "h", now), b["id"]: ("k-a", "h", now)},
+    )
+    assert taken == {b["id"]}
+    async with sm() as s:
+        assert (await s.get(DispatchKey, "k-a")).job_id == a["id"]  # type: ignore[union-attr]
+        assert await s.get(Job, a["id"]) is not None and await s.get(Job, c["id"]) is not None
+        assert await s.get(Job, b["id"]) is None
+    again = _new_job()
+    assert await store.record_jobs(sm, [(again, None)], {again["id"]: ("k-a", "h", now)}) == {
+        again["id"]
+    }
+    fresh = _new_job()
+    with pytest.raises(IntegrityError):
+        await store.record_jobs(
+            sm, [(fresh, None), (dict(a), None)], {fresh["id"]: ("k-fresh", "h", now)}
+        )
+    async with sm() as s:
+        assert await s.get(DispatchKey, "k-fresh") is None
+        assert await s.get(Job, fresh["id"]) is None
+
+
 async def test_sqlite_dispatches_take_the_one_call_form(services, monkeypatch) -> None:
     """On SQLite the dispatcher's rows and sessions take the one-call form (a new column in
     the dispatcher's row must be added to the store's list, or every batch is slower)."""
@@ -136,9 +168,9 @@ async def test_sqlite_dispatches_take_the_one_call_form(services, monkeypatch) -
     calls: list[int] = []
     real = store_sqlite.record_jobs
 
-    async def counting(engine, columns, rows, sessions):  # type: ignore[no-untyped-def]
+    async def counting(engine, columns, rows, sessions, keys=None, **kw):  # type: ignore[no-untyped-def]
         calls.append(len(rows))
-        await real(engine, columns, rows, sessions)
+        return await real(engine, columns, rows, sessions, keys, **kw)
 
     monkeypatch.setattr(store_sqlite, "record_jobs", counting)
     results = await asyncio.gather(
@@ -229,3 +261,99 @@ async def test_sqlite_write_gives_up_after_the_busy_timeout(sqlite_url: str, mon
     finally:
         other.close()
         await engine.dispose()
+
+
+def _writer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "sqlite-writer"]
+
+
+async def test_sqlite_writes_that_wait_together_commit_together(sqlite_url: str) -> None:
+    """Calls that queue while the writer waits for the lock go in one transaction; one that
+    raises is rolled back alone (its caller gets its error) and the others are run again
+    without it, then committed once."""
+    path = sqlite_url.split(":///", 1)[1]
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    engine = create_engine(sqlite_url)
+    statements: list[str] = []
+    try:
+
+        def blocker(db: sqlite3.Connection) -> None:
+            db.set_trace_callback(statements.append)  # the writer's own connection
+
+        def insert(name: str) -> Any:
+            def fn(db: sqlite3.Connection) -> str:
+                db.execute(SESSION_ROW, (name,))
+                if name == "bad":
+                    raise ValueError("refused")
+                return name
+
+            return fn
+
+        first = asyncio.create_task(sqlite_write(engine, blocker))
+        await asyncio.sleep(0.1)  # the writer now waits for the lock with the blocker
+        calls = [asyncio.create_task(sqlite_write(engine, insert(n))) for n in ("a", "bad", "c")]
+        await asyncio.sleep(0.1)
+        other.execute("ROLLBACK")
+        await first
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert results[0] == "a" and results[2] == "c"
+        assert isinstance(results[1], ValueError)
+
+        def names(db: sqlite3.Connection) -> list[str]:
+            db.set_trace_callback(None)
+            rows = db.execute("SELECT session_id FROM chat_sessions ORDER BY session_id")
+            return [r[0] for r in rows]
+
+        assert await sqlite_write(engine, names) == ["a", "c"]
+        # the blocker's transaction, then a, bad (rolled back), then a and c committed once
+        assert statements.count("COMMIT") == 2 and statements.count("ROLLBACK") == 1
+    finally:
+        other.close()
+        await engine.dispose()
+
+
+async def test_a_cancelled_caller_does_not_stop_its_write_or_the_writer(sqlite_url: str) -> None:
+    """A caller cancelled while its call waits still has it written (as a statement sent
+    would be), and the writer goes on serving the next calls."""
+    path = sqlite_url.split(":///", 1)[1]
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    engine = create_engine(sqlite_url)
+    try:
+
+        def insert(db: sqlite3.Connection) -> None:
+            db.execute(SESSION_ROW, ("kept",))
+
+        task = asyncio.create_task(sqlite_write(engine, insert))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        other.execute("ROLLBACK")
+
+        def count(db: sqlite3.Connection) -> int:
+            return int(db.execute("SELECT count(*) FROM chat_sessions").fetchone()[0])
+
+        assert await sqlite_write(engine, count) == 1
+    finally:
+        other.close()
+        await engine.dispose()
+
+
+async def test_disposing_the_engine_stops_its_writer(sqlite_url: str) -> None:
+    """The writer's thread ends (its connection closed) when its engine is disposed; the
+    engine used again gets a new one."""
+    before = set(_writer_threads())
+    engine = create_engine(sqlite_url)
+
+    def one(db: sqlite3.Connection) -> int:
+        return int(db.execute("SELECT 1").fetchone()[0])
+
+    assert await sqlite_write(engine, one) == 1
+    (mine,) = set(_writer_threads()) - before
+    await engine.dispose()
+    await asyncio.to_thread(mine.join, 10)
+    assert not mine.is_alive()
+    assert await sqlite_write(engine, one) == 1
+    await engine.dispose()

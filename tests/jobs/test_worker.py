@@ -310,3 +310,51 @@ async def test_stopping_with_a_full_finishing_stage_hands_every_job_back(job_set
     finally:
         tg.released = True
         tg.stop()
+
+
+async def test_an_entry_started_but_not_yet_claimed_is_reenqueued_only_when_still_so(services):
+    """The reconciler finds a queued job whose arq entry a worker has started: a live
+    worker's claim may be in flight, so the entry is re-enqueued only if the next pass
+    finds it so again (its worker died between starting it and claiming it)."""
+    from arq.constants import in_progress_key_prefix
+
+    from jobs.queue.runner import JobRunner
+
+    job_id = await dispatch(services, "bg_sleep", {"seconds": 0})
+    async with services.sessionmaker() as s:
+        await s.execute(update(Job).where(Job.id == job_id).values(queued_at=time.time() - 60))
+        await s.commit()
+    job, _ = await job_and_attempts(services, job_id)
+    await services.redis.set(in_progress_key_prefix + job.arq_job_id, "1")
+    runner = JobRunner(services, services.executor, "reconciler-test")
+    assert await runner.reconcile_once() == 0  # first sight: perhaps being claimed
+    assert (await job_and_attempts(services, job_id))[0].lease_token == job.lease_token
+    assert await runner.reconcile_once() == 1  # still so: its worker is gone
+    again, _ = await job_and_attempts(services, job_id)
+    assert again.status == "queued" and again.lease_token == job.lease_token + 1
+    await services.redis.delete(in_progress_key_prefix + job.arq_job_id)  # (as it expires)
+    await drain(services)  # the old entry is superseded, the new one runs
+    assert (await job_and_attempts(services, job_id))[0].status == "succeeded"
+
+
+async def test_live_events_are_published_in_order_in_one_call(services):
+    """publish_events: every event reaches a subscriber of the job-events channel, in order."""
+    import json
+
+    from jobs.constants import JOB_EVENTS
+    from jobs.queue import broker
+
+    pubsub = services.redis.pubsub()
+    await pubsub.subscribe(services.settings.key(JOB_EVENTS))
+    try:
+        events = [(f"j{i}", "running" if i % 2 else "succeeded", "noop") for i in range(5)]
+        await broker.publish_events(services, events)
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < len(events) and time.monotonic() < deadline:
+            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if msg is not None:
+                got.append(json.loads(msg["data"]))
+        assert [(e["id"], e["status"], e["skill"]) for e in got] == events
+    finally:
+        await pubsub.aclose()
