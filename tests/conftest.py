@@ -55,6 +55,10 @@ def _need(service: str, url: str, port: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
+    # ``--reruns`` (CI): a test that failed and then passed is named, with its first failure,
+    # so that an intermittent test is seen and fixed rather than hidden.
+    for r in terminalreporter.stats.get("rerun", []):
+        terminalreporter.write_line(f"RERUN {r.nodeid}: {_first_line(r)}", yellow=True)
     if not _skipped:
         return
     parts = []
@@ -74,6 +78,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
             f"{_skipped['Redis']}; set SKILLJOBS_TEST_REDIS_URL to use a Redis server)"
         )
     terminalreporter.write_line("SERVICES: " + "; ".join(parts) + ".", yellow=True)
+
+
+def _first_line(report) -> str:  # type: ignore[no-untyped-def]
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    return str(getattr(crash, "message", None) or report.longrepr).strip().splitlines()[0][:300]
 
 
 # --- PostgreSQL -------------------------------------------------------------------------
