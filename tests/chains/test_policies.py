@@ -173,7 +173,8 @@ async def test_catch_up_all_replays_each_one_after_another(env) -> None:  # type
 @pytest.mark.parametrize("overlap", ["skip", "queue_one"])
 async def test_a_fire_during_a_slow_run_is_skipped_or_held(env, overlap: str) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
-    body = spec(overlap=overlap, steps=[{"skill": "slow_step", "input": {"sec": 1.5}}])
+    # (slow enough to be still going through the ticks below on a loaded host)
+    body = spec(overlap=overlap, steps=[{"skill": "slow_step", "input": {"sec": 3}}])
     await schedules.create(svc, body, now=T0 - 1)
     sched = Scheduler(svc)
     [first] = await sched.tick(T0 + 1)

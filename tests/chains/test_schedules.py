@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -369,6 +370,10 @@ async def test_run_forever_survives_an_unreachable_database(tmp_path: Path, capl
         stop = asyncio.Event()
         task = asyncio.create_task(Scheduler(svc).run_forever(stop))
         await asyncio.sleep(0.5)
+        deadline = time.monotonic() + 15  # (a loaded host may not have ticked yet)
+        while not any("scheduler tick failed" in r.getMessage() for r in caplog.records):
+            assert not task.done() and time.monotonic() < deadline
+            await asyncio.sleep(0.05)
         assert not task.done()
         stop.set()
         await asyncio.wait_for(task, 5)

@@ -267,7 +267,7 @@ async def test_a_worker_paused_past_its_heartbeat_stops_its_chain_step(chain_env
     async def taken_over() -> bool:
         return len(_lines(log, "start")) >= 2
 
-    await _until("a peer to re-run the step", 15, taken_over)
+    await _until("a peer to re-run the step", 30, taken_over)  # (~9.5 s; later when loaded)
     await asyncio.sleep(1.0)
     paused.signal(signal.SIGCONT)
     run = await _finished(svc, run_id, limit=60)

@@ -27,13 +27,17 @@ async def test_timeseries_counts_finished_jobs_per_bucket(
     await seed_job(services, status="timed_out", created_at=now - 200, finished_at=now - 30)
     await seed_job(services, status="succeeded", created_at=now - 9000, finished_at=now - 8000)
     resp = await client.get("/api/v1/stats/timeseries", params={"window": "1h"})
+    after = time.time()
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert body["step"] == 60 and len(body["t"]) == 60
     jobs = body["series"]["jobs"]
     assert sum(jobs["succeeded"]) == 1 and sum(jobs["failed"]) == 2
-    # buckets are aligned to the clock and the last one holds now
-    assert body["t"][-1] <= now < body["t"][-1] + 60
+    # buckets are aligned to the clock and the last one holds the server's now (read
+    # between ``now`` and ``after``: a minute may turn in between)
+    assert body["t"][-1] % 60 == 0 and body["t"][-1] <= body["now"] < body["t"][-1] + 60
+    assert now <= body["now"] <= after
+    assert math.floor(now / 60) * 60 <= body["t"][-1] <= math.floor(after / 60) * 60
     i = math.floor((now - 30 - body["t"][0]) / 60)
     assert jobs["failed"][i] >= 1
     day = (await client.get("/api/v1/stats/timeseries?window=24h&metric=jobs")).json()

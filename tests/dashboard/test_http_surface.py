@@ -339,7 +339,8 @@ def test_half_open_connections_do_not_take_the_api_down(
             t0 = time.perf_counter()
             resp = httpx.get(proc.url + "/healthz", timeout=5)
             took = time.perf_counter() - t0
-            assert resp.status_code == 200 and took < 1.0, took
+            # (taken down, it would answer only once the 3 s head deadline drops them)
+            assert resp.status_code == 200 and took < 2.0, took
             # The slow ones are dropped once their head deadline passes.
             time.sleep(4)
             closed = 0
@@ -398,6 +399,19 @@ async def test_readyz_says_what_is_down_without_internals(
     assert str(port) not in ready.text and "Error" not in ready.text
 
 
+def _healthz_recovers(url: str, limit: float = 15.0) -> int:
+    """``/healthz``'s status, asked until it is 200 or ``limit`` seconds have passed."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            status = httpx.get(url + "/healthz", timeout=5).status_code
+        except httpx.HTTPError:
+            status = 0
+        if status == 200 or time.monotonic() > deadline:
+            return status
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
 def test_past_the_connection_cap_answers_are_a_fast_503(
     tmp_path: Path, sqlite_url: str, redis_server_url: str, redis_prefix: str
@@ -408,12 +422,11 @@ def test_past_the_connection_cap_answers_are_a_fast_503(
         try:
             t0 = time.perf_counter()
             resp = httpx.get(proc.url + "/healthz", timeout=5)
-            assert resp.status_code == 503 and time.perf_counter() - t0 < 2.0  # not the 5 s timeout
+            assert resp.status_code == 503 and time.perf_counter() - t0 < 4.0  # not the 5 s timeout
         finally:
             for s in socks:
                 s.close()
-        time.sleep(0.3)
-        assert httpx.get(proc.url + "/healthz", timeout=5).status_code == 200
+        assert _healthz_recovers(proc.url) == 200  # once the server has seen them closed
 
 
 @pytest.mark.slow
@@ -434,8 +447,7 @@ def test_descriptor_exhaustion_is_logged_sparingly(
         finally:
             for s in socks:
                 s.close()
-        time.sleep(0.5)
-        assert httpx.get(proc.url + "/healthz", timeout=5).status_code == 200
+        assert _healthz_recovers(proc.url) == 200  # once the server has seen them closed
     text = proc.log.read_text()
     # One line per interval, not thousands a second (nor a storm of retries at shutdown).
     assert text.count("out of system resource") <= 1, text[-3000:]

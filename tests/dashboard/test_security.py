@@ -211,9 +211,9 @@ async def test_job_event_stream_takes_query_token(services) -> None:
         reader = asyncio.create_task(
             _read_events(f"{live.url}/api/v1/events?token={TOKEN}", {}, want=2)
         )
-        for _ in range(100):  # publish until the stream has subscribed
-            if await services.redis.publish(channel, "not json") > 0:
-                break
+        deadline = time.monotonic() + 15
+        while await services.redis.publish(channel, "not json") == 0:  # until it subscribed
+            assert time.monotonic() < deadline, "the event stream never subscribed"
             await asyncio.sleep(0.05)
         await services.redis.publish(channel, json.dumps({"id": "ghost", "status": "failed"}))
         await services.redis.publish(channel, json.dumps({"status": "no id"}))
@@ -223,8 +223,9 @@ async def test_job_event_stream_takes_query_token(services) -> None:
         await services.redis.publish(channel, json.dumps({"id": "j2"}))
         events = await asyncio.wait_for(reader, 10)
         # the client went away: the stream's subscription is released
-        for _ in range(100):
-            if (await services.redis.pubsub_numsub(channel))[0][1] == 0:
+        deadline = time.monotonic() + 15
+        while (await services.redis.pubsub_numsub(channel))[0][1] != 0:
+            if time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
         assert (await services.redis.pubsub_numsub(channel))[0][1] == 0
@@ -248,12 +249,9 @@ async def test_session_event_stream_pushes_stored_messages(services) -> None:
             )
         )
         channel = services.settings.key("session", "sess-1")
-        for _ in range(100):
-            if (
-                await services.redis.pubsub_numsub(channel)
-                and (await services.redis.pubsub_numsub(channel))[0][1]
-            ):
-                break
+        deadline = time.monotonic() + 15
+        while not (await services.redis.pubsub_numsub(channel))[0][1]:
+            assert time.monotonic() < deadline, "the event stream never subscribed"
             await asyncio.sleep(0.05)
         msg = await web.post_message(
             services.sessionmaker, services.redis, services.settings, "sess-1", "done <b>x</b>"

@@ -65,11 +65,13 @@ async def _cleanup(svc: Services) -> None:
 async def test_waiting_deliveries_hold_no_slot(
     tmp_path: Path, database_url: str, redis_server_url: str, redis_prefix: str, tg: Any
 ) -> None:
-    """max_jobs 1 (finishing stage 2), one message per 2 s to a chat: four results for one
+    """max_jobs 1 (finishing stage 2), one message per 4 s to a chat: four results for one
     chat and four for others. Every job finishes while the first chat's messages still
     wait in the outbox; then each arrives once, in the order they were parked."""
     tg.enforce_rates = True
-    slow = json.dumps({"telegram": {"chat": [1, 2]}})
+    # (4 s: the eight jobs run one after another, and on a loaded host they take seconds;
+    # the third message to the slow chat must still be waiting when the last job ends)
+    slow = json.dumps({"telegram": {"chat": [1, 4]}})
     settings = await _settings(
         tmp_path, database_url, redis_server_url, redis_prefix, tg, rate_limits=slow
     )

@@ -63,7 +63,8 @@ class LiveServer:
 
     async def __aenter__(self) -> LiveServer:
         self.task = asyncio.create_task(self.server.serve())
-        for _ in range(200):
+        deadline = time.monotonic() + 30  # its lifespan start-up, on a loaded host
+        while time.monotonic() < deadline:
             if self.server.started:
                 return self
             if self.task.done():

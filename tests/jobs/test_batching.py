@@ -4,6 +4,7 @@ statements on SQLite and PostgreSQL (mixed batches: superseded, duplicate, lost 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from sqlalchemy import select, update
@@ -190,10 +191,23 @@ async def test_lease_renewal_skips_a_row_a_finish_holds_and_cannot_deadlock(serv
         found = await store.renew_leases(sm, "w1", held, 30)
         assert found.still == {a, b} and not found.busy
         return
+
+    async def lease_of_a() -> float:
+        async with sm() as s:
+            return float(await s.scalar(select(Job.lease_expires_at).where(Job.id == a)))
+
+    claimed_until = await lease_of_a()
     async with engine.connect() as other:  # plays the finish: b locked, a wanted next
         await other.execute(update(Job).where(Job.id == b).values(updated_at=1.0))
         renewal = asyncio.ensure_future(store.renew_leases(sm, "w1", held, 30))
-        await asyncio.sleep(0.3)  # the renewal has run (or, waiting for b, holds a)
+        # the renewal has run (its renewal of a committed), or, waiting for b, holds a: on a
+        # loaded host it may take a while to get there; not a failure to wait for
+        deadline = time.monotonic() + 10
+        await asyncio.sleep(0.3)
+        while not renewal.done() and time.monotonic() < deadline:
+            if await lease_of_a() > claimed_until:
+                break
+            await asyncio.sleep(0.05)
         async with asyncio.timeout(10):
             await other.execute(update(Job).where(Job.id == a).values(updated_at=1.0))
             found = await renewal

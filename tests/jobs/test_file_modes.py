@@ -24,6 +24,13 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def test_up_keeps_its_files_private(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir(mode=0o755)  # left by an older version: tightened at start
@@ -45,7 +52,9 @@ def test_up_keeps_its_files_private(tmp_path: Path) -> None:
         while time.monotonic() < deadline and not token:
             assert proc.poll() is None, log.read_text()
             m = re.search(r"API token : (\S+)", log.read_text())
-            token = m.group(1) if m else ""
+            # the banner is printed as the web server starts, not once it listens
+            if m and _healthy(port):
+                token = m.group(1)
             time.sleep(0.2)
         assert token, log.read_text()
         resp = httpx.post(

@@ -269,7 +269,9 @@ async def test_one_orgs_backlog_does_not_starve_another(wsvc, start_workers):
 async def test_actor_limit_keeps_second_job_queued_until_the_first_ends(wsvc, start_workers):
     await start_workers(wsvc, 2, 10, {"actor:*": 1})
     d = Dispatcher(wsvc)
-    first, second = await _dispatch(d, 2, 1.5, _ctx("A", "video-fan"))
+    # (long enough that the other actor's short job ends while the first still runs, even
+    # on a loaded host)
+    first, second = await _dispatch(d, 2, 5.0, _ctx("A", "video-fan"))
     other = (await _dispatch(d, 1, 0.1, _ctx("A", "someone-else")))[0]
     await wait_status(wsvc, first, {"running"}, limit=30)
     assert (await wait_status(wsvc, other, {"succeeded"}, limit=30)).status == "succeeded"

@@ -4,6 +4,7 @@ statements, and what it never keeps (interrupted ones), on a real server."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -27,6 +28,30 @@ async def _backends(url: str) -> set[int]:
             "AND pid <> pg_backend_pid()"
         )
         return {r["pid"] for r in rows}
+    finally:
+        await conn.close()
+
+
+async def _gone(url: str, pid: int, limit: float = 15.0) -> bool:
+    """Whether backend ``pid`` is gone from the server within ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while pid in await _backends(url):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def _running(url: str, query: str) -> bool:
+    """Whether another backend of this database is running ``query`` now."""
+    conn = await asyncpg.connect(_plain(url))
+    try:
+        found = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND state = 'active' AND query = $1",
+            query,
+        )
+        return bool(found)
     finally:
         await conn.close()
 
@@ -64,11 +89,7 @@ async def test_statements_reuse_a_kept_connection_and_dispose_closes_it(pg_url: 
         assert pid in await _backends(pg_url)
     finally:
         await engine.dispose()
-    for _ in range(50):  # the server notices the close a moment later
-        if pid not in await _backends(pg_url):
-            break
-        await asyncio.sleep(0.05)
-    assert pid not in await _backends(pg_url)
+    assert await _gone(pg_url, pid)  # the server notices the close a moment later
     assert id(engine.sync_engine.pool) not in db._held
 
 
@@ -82,12 +103,16 @@ async def test_a_refused_statement_keeps_the_connection_an_interrupted_one_does_
     assert again["p"] == first["p"]  # refused by the server: the connection was fine
 
     slow = asyncio.create_task(raw_fetch(ac, "SELECT pg_sleep(30)"))
-    await asyncio.sleep(0.3)
+    deadline = time.monotonic() + 15  # interrupted once it runs on the server
+    while not await _running(pg_url, "SELECT pg_sleep(30)") and not slow.done():
+        assert time.monotonic() < deadline, "the statement never started"
+        await asyncio.sleep(0.05)
     slow.cancel()
     with pytest.raises(asyncio.CancelledError):
         await slow
-    # the interrupted connection is not handed to the next statement, which answers
-    async with asyncio.timeout(5):
+    # the interrupted connection is not handed to the next statement, which answers (not
+    # after the ~30 s of the interrupted sleep)
+    async with asyncio.timeout(15):
         (after,) = await raw_fetch(ac, "SELECT pg_backend_pid() AS p, 1 AS one")
     assert after["one"] == 1 and after["p"] != first["p"]
 
@@ -99,7 +124,7 @@ async def test_a_killed_connection_is_reported_and_not_kept(ac: AsyncEngine, pg_
         await admin.fetch("SELECT pg_terminate_backend($1)", first["p"])
     finally:
         await admin.close()
-    await asyncio.sleep(0.2)
+    assert await _gone(pg_url, first["p"])  # (the backend exits a moment after the signal)
     with pytest.raises(OperationalError) as caught:
         await raw_fetch(ac, "SELECT 1")
     assert caught.value.connection_invalidated

@@ -95,8 +95,10 @@ async def test_the_end_of_a_block_is_handled_before_the_code_it_held_up_runs() -
     skills after a pause long enough for peers to have taken its jobs over)."""
     steps: list[str] = []
 
+    # (the skill's sleep is well past the first sleep here: a loaded host may wake this
+    # test late, and the skill must still be sleeping when the block begins)
     async def skill() -> None:
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.6)
         steps.append("skill went on")
 
     task = asyncio.create_task(skill())
@@ -105,11 +107,11 @@ async def test_the_end_of_a_block_is_handled_before_the_code_it_held_up_runs() -
         steps.append(f"block of {lag:.1f}s handled")
         task.cancel()
 
-    watch = StallWatch(threshold=0.3, interval=0.05, on_block=on_block)
+    watch = StallWatch(threshold=0.4, interval=0.05, on_block=on_block)
     watch.start()
     try:
         await asyncio.sleep(0.1)
-        time.sleep(0.8)  # the whole loop blocked (as in a SIGSTOP) past the skill's sleep
+        time.sleep(1.0)  # the whole loop blocked (as in a SIGSTOP) past the skill's sleep
         with contextlib.suppress(asyncio.CancelledError):
             await task
     finally:
@@ -126,7 +128,7 @@ async def test_a_paused_runs_skill_is_stopped_before_it_goes_on(direct: bool) ->
     steps: list[str] = []
 
     async def skill() -> None:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # (still asleep when this test wakes, even late)
         steps.append("skill went on")
 
     tasks: set[asyncio.Task[object]] = set()
@@ -143,8 +145,8 @@ async def test_a_paused_runs_skill_is_stopped_before_it_goes_on(direct: bool) ->
         for task in tasks if direct else ():
             task.cancel()
 
-    asyncio.get_running_loop().call_later(0.1, stop)  # expires after the skill's sleep...
-    time.sleep(0.3)  # ...both during this block, so they run in the same pass
+    asyncio.get_running_loop().call_later(0.55, stop)  # expires after the skill's sleep...
+    time.sleep(0.8)  # ...both during this block, so they run in the same pass
     with contextlib.suppress(asyncio.CancelledError):
         await outer
     assert steps == ([] if direct else ["skill went on"])

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from jobs.db import create_engine, sqlite_write
+from jobs.db import _writer_of, create_engine, sqlite_write
 from jobs.models import ChatSession, Job, JobAttempt, new_id
 from jobs.queue import store, store_sqlite
 from jobs.queue.dispatcher import Dispatcher
@@ -291,7 +291,14 @@ async def test_sqlite_writes_that_wait_together_commit_together(sqlite_url: str)
             return fn
 
         first = asyncio.create_task(sqlite_write(engine, blocker))
-        await asyncio.sleep(0.1)  # the writer now waits for the lock with the blocker
+        await asyncio.sleep(0)  # (handed to the writer)
+        writer = _writer_of(engine)
+        assert writer is not None
+        deadline = time.monotonic() + 10  # its thread takes it (late on a loaded host)...
+        while not writer._calls.empty():
+            assert time.monotonic() < deadline, "the writer never took the first call"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # ...and now waits for the lock with the blocker alone
         calls = [asyncio.create_task(sqlite_write(engine, insert(n))) for n in ("a", "bad", "c")]
         await asyncio.sleep(0.1)
         other.execute("ROLLBACK")

@@ -20,7 +20,7 @@ from jobs.execution.subproc import (
     subprocess_context,
 )
 from jobs.skill import ExecType, Skill
-from tests.helpers.procs import procs_with, unique_sleep
+from tests.helpers.procs import procs_gone, procs_started, procs_with, unique_sleep
 
 
 def _skill(tmp_path: Path, **kw: object) -> Skill:
@@ -191,8 +191,7 @@ async def test_timeout_kills_whole_group() -> None:
     script = f"sleep {dur} & sleep {dur} & sleep {dur}\n"
     r = await run_process(["bash", "-c", script], env=base_environ(), cwd=None, timeout=0.5)
     assert r.timed_out
-    await asyncio.sleep(0.1)
-    assert procs_with(dur) == []
+    assert await procs_gone(dur) == []
 
 
 async def test_leftover_children_killed_after_normal_exit() -> None:
@@ -201,8 +200,7 @@ async def test_leftover_children_killed_after_normal_exit() -> None:
     r = await run_process(["bash", "-c", script], env=base_environ(), cwd=None, timeout=20)
     assert not r.timed_out and r.returncode == 0
     assert json.loads(r.stdout) == {"ok": True}
-    await asyncio.sleep(0.1)
-    assert procs_with(dur) == []
+    assert await procs_gone(dur) == []
 
 
 async def test_cancel_kills_group_and_reraises() -> None:
@@ -212,16 +210,12 @@ async def test_cancel_kills_group_and_reraises() -> None:
             ["bash", "-c", f"sleep {dur} & sleep {dur}"], env=base_environ(), cwd=None, timeout=60
         )
     )
-    for _ in range(100):
-        await asyncio.sleep(0.05)
-        if len(procs_with(dur)) >= 2:
-            break
+    await procs_started(dur, 2)
     assert len(procs_with(dur)) >= 2
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0.1)
-    assert procs_with(dur) == []
+    assert await procs_gone(dur) == []
 
 
 def test_positional_from_subcommand_schema(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -374,7 +375,8 @@ async def test_a_worker_process_exports_its_spans_into_the_dispatchers_trace(
         assert job.status == "succeeded", job.error
         [root] = _by_name(spans)["skilljobs.dispatch"]
         names: dict[str, Any] = {}
-        for _ in range(100):  # the batch processor exports every 100 ms
+        deadline = time.monotonic() + 30  # the batch processor exports every 100 ms
+        while time.monotonic() < deadline:
             for _path, _ctype, body in list(_Collector.received):
                 request = ExportTraceServiceRequest.FromString(body)
                 for rs in request.resource_spans:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import pytest
@@ -66,7 +67,11 @@ async def test_pause_holds_new_jobs_until_resume(services: Any) -> None:
         wid = w.runner.worker_id if w.runner is not None else ""
         await _registered(services, wid)
         await worker_control.act(services, "pause", wid, actor="ops")
-        await asyncio.sleep(1.2)  # the worker reads its flags once a second
+        # the worker reads its flags once a second (later on a loaded host): until it has
+        deadline = time.monotonic() + 15
+        while not w._paused:
+            assert time.monotonic() < deadline, "the worker never saw its pause flag"
+            await asyncio.sleep(0.05)
         job_id = await dispatch(services, "bg_sleep", {"seconds": 0.05})
         await asyncio.sleep(2.0)
         assert (await store.get_job(services.sessionmaker, job_id)).status == "queued"
