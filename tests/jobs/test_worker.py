@@ -14,6 +14,7 @@ from sqlalchemy import update
 from jobs.cli.embedded import EmbeddedRedis
 from jobs.models import Job
 from jobs.queue import control, store
+from jobs.queue.dispatcher import Dispatcher
 from jobs.queue.worker import build_worker
 from tests.helpers.jobs import TG, dispatch, drain, job_and_attempts, wait_status
 
@@ -108,16 +109,18 @@ async def test_cancel_running_job_kills_its_process_group(services):
     task = asyncio.create_task(w.async_run())
     try:
         pids_file = services.settings.resolved_workspace_root / "r1" / "s-tg" / "pids"
-        deadline = time.monotonic() + 20
-        while not pids_file.exists() and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30
+        pids: list[int] = []
+        while len(pids) < 2 and time.monotonic() < deadline:  # (created before written)
             await asyncio.sleep(0.05)
-        pids = [int(p) for p in pids_file.read_text().split()]
-        assert all(_alive(p) for p in pids)
+            if pids_file.exists():
+                pids = [int(p) for p in pids_file.read_text().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids), pids
         res = await control.cancel_job(services, job_id, actor="test")
         assert res.ok and res.status == "running"
         job = await wait_status(services, job_id, {"cancelled"})
         assert job.error == "cancelled by an operator"
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 15  # SIGTERM, SIGKILL 2 s later, then their exit
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert not any(_alive(p) for p in pids), "skill or its child survived the cancel"
@@ -358,3 +361,24 @@ async def test_live_events_are_published_in_order_in_one_call(services):
         assert [(e["id"], e["status"], e["skill"]) for e in got] == events
     finally:
         await pubsub.aclose()
+
+
+async def test_a_burst_worker_returns_when_its_last_job_ends_not_at_its_next_idle_poll(services):
+    """A burst worker is woken by each job's end and, once nothing runs here, waits for the
+    entries of finished jobs to be tidied before it counts the queue: it returns then, not
+    after sleeping out its idle poll (30 s here). 150 jobs ending close together, so that
+    tidying is still in flight when the last ones end."""
+    d = Dispatcher(services)
+    sent = await asyncio.gather(*(d.dispatch("bg_sleep", {"seconds": 0.2}, TG) for _ in range(150)))
+    ids = [r.body["job_id"] for r in sent]
+    w = build_worker(services, burst=True, handle_signals=False, scheduler=False)
+    w.poll_delay_s = 30.0
+    t0 = time.monotonic()
+    try:
+        await asyncio.wait_for(w.async_run(), 60)
+    finally:
+        await w.close()
+    assert time.monotonic() - t0 < 15.0  # the idle poll would be 30 s
+    for job_id in ids:
+        job, _ = await job_and_attempts(services, job_id)
+        assert job.status == "succeeded"
