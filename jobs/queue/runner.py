@@ -150,6 +150,11 @@ class JobRunner:
         #: the worker's slots, which jobs claimed ahead wait for (``jobs.queue.prefetch``;
         #: None: every claimed job starts at once)
         self.gate: prefetch.StartGate | None = None
+        #: peers whose heartbeat keys :meth:`watch_peers_once` looks at (from the workers
+        #: table, read at most once a second), and since when each one's key is gone
+        self._peers: list[str] = []
+        self._peers_read = 0.0
+        self._gone_since: dict[str, float] = {}
 
     # --- the job function ----------------------------------------------------------------
 
@@ -745,6 +750,31 @@ class JobRunner:
             n += 1
         self.tell_lost(failed)
         return n
+
+    async def peer_just_gone(self) -> bool:
+        """Has a live peer's heartbeat key gone within the last 2 s? Looked at between the
+        take-over passes (once a second: their read of the jobs table costs more than a
+        Redis lookup), so that the worker can run them at once — a dead peer's leases go
+        stale with its key, and the job of a worker killed with -9 is re-run within a
+        quarter of a second of its death being certain (8.5 s after its last beat at the
+        default heartbeat), not up to a second later. A key gone for longer is left to the
+        regular passes (a Redis flush takes every key while the leases stay fresh: the
+        take-over then finds nothing to do)."""
+        svc = self.svc
+        now = time.monotonic()
+        if now - self._peers_read >= 1.0:
+            self._peers_read = now
+            since = time.time() - svc.settings.worker_lease_sec - self.missing_after
+            self._peers = await store.live_peers(
+                svc.sessionmaker, exclude=self.worker_id, since=since
+            )
+        if not self._peers:
+            self._gone_since.clear()
+            return False
+        alive = await broker.alive(svc, self._peers)
+        gone = {p for p, up in zip(self._peers, alive, strict=True) if not up}
+        self._gone_since = {p: self._gone_since.get(p, now) for p in gone}
+        return any(now - t <= 2.0 for t in self._gone_since.values())
 
     def tell_lost(self, job_ids: list[str]) -> None:
         """Tell the origins of jobs just failed as lost, beside the loops (a slow channel

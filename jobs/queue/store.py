@@ -700,6 +700,18 @@ async def stale_owners(sm: Sessions, before: float, *, exclude: str) -> list[str
         return sorted(o for o in rows if o)
 
 
+async def live_peers(sm: Sessions, *, exclude: str, since: float) -> list[str]:
+    """Workers other than ``exclude`` that have not stopped and wrote their row after
+    ``since`` (the ones whose death a peer must notice)."""
+    async with sm() as s:
+        rows = await s.scalars(
+            select(Worker.id).where(
+                Worker.stopped_at.is_(None), Worker.last_heartbeat > since, Worker.id != exclude
+            )
+        )
+        return sorted(rows)
+
+
 async def stale_queued(
     sm: Sessions, older_than: float, *, limit: int = 1000
 ) -> list[tuple[str, int, str | None]]:

@@ -453,9 +453,10 @@ def build_worker(
                 _loop("reconciler", settings.reconcile_interval_sec, runner.reconcile_once)
             )
         )
-        # Peers presumed dead (heartbeat missing for 3 intervals + 1 s): checked every second.
-        # (Not more often: the read visits every index entry a job left as running until
-        # vacuum, ~5 ms of PostgreSQL after a 20,000-job drain.)
+        # Peers presumed dead (heartbeat missing for 3 intervals + 1 s): checked every second
+        # (the read visits every index entry a job left as running until vacuum, ~5 ms of
+        # PostgreSQL after a 20,000-job drain), and 4 times a second the live peers'
+        # heartbeat keys, whose going triggers the take-over at once.
         takeover_every = min(1.0, settings.worker_heartbeat_sec)
         background.append(
             asyncio.create_task(_loop("take-over", takeover_every, runner.take_over_once))
@@ -467,6 +468,13 @@ def build_worker(
         background.append(
             asyncio.create_task(_loop("chain take-over", takeover_every, take_over_chains))
         )
+
+        async def watch_peers() -> None:
+            if await runner.peer_just_gone():
+                await runner.take_over_once()
+                await take_over_chains()
+
+        background.append(asyncio.create_task(_loop("peer watch", takeover_every / 4, watch_peers)))
 
         # Continued after a stop (SIGSTOP, a frozen VM) or a long block: handled before any
         # skill resumes, by the stall detector's first tick after it (and on SIGCONT).
