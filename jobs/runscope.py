@@ -48,6 +48,12 @@ STALE_NS = (1800 + 600) * 1_000_000_000
 # An episode takes new runs this long; its marker then closes once its runs have ended (at
 # most the hard wall clock cap later), well before it could look stale.
 ROLL_NS = 300 * 1_000_000_000
+# A file's mtime comes from the kernel's coarse clock, up to a tick (1-10 ms) behind
+# time.time_ns() that dates the runs: a file written just after a rival started can carry
+# an mtime from just before. A rival's run is taken to start this much earlier, so such a
+# file is attributed to neither run instead of to this one alone. (Its end needs no
+# margin: what a rival wrote before it ended has an mtime before that end.)
+MTIME_SLACK_NS = 20_000_000
 
 Stamp = tuple[int, int, int]  # size, mtime_ns, inode
 
@@ -173,7 +179,9 @@ class RunScope:
             if self.before.get(name) == stamp:
                 continue
             mtime = stamp[1]
-            jobs = sorted({m.job for m in rivals if m.start <= mtime <= (m.end or now)})
+            jobs = sorted(
+                {m.job for m in rivals if m.start - MTIME_SLACK_NS <= mtime <= (m.end or now)}
+            )
             if jobs:
                 ambiguous[name] = tuple(jobs)
             else:

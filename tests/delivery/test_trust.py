@@ -173,7 +173,7 @@ def test_run_markers_overlap_and_are_forgotten(tmp_path: Path) -> None:
     (ws / "old.csv").write_text("before")
     a = begin(ws, "job-a")
     (ws / "early.csv").write_text("only a was running")
-    time.sleep(0.01)
+    time.sleep(0.1)  # (well before b: a rival is taken to start 20 ms early, MTIME_SLACK_NS)
     b = begin(ws, "job-b")
     (ws / "shared.csv").write_text("a or b?")
     changes_a = a.finish()
@@ -187,6 +187,23 @@ def test_run_markers_overlap_and_are_forgotten(tmp_path: Path) -> None:
     c = begin(ws, "job-c")
     (ws / "late.csv").write_text("c")
     assert c.finish().mine == ("late.csv",) and _markers(ws) == []
+
+
+def test_a_file_whose_coarse_mtime_predates_a_rivals_start_is_nobodys(tmp_path: Path) -> None:
+    """File times come from the kernel's coarse clock, a tick behind the clock that dates
+    runs: a file written just after b started may carry a time from just before. It must
+    not be a's alone (it may be b's)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    a = begin(ws, "job-a")
+    time.sleep(0.1)
+    before_b = time.time_ns()
+    b = begin(ws, "job-b")
+    shared = ws / "shared.csv"
+    shared.write_text("written by b just after it started")
+    os.utime(shared, ns=(before_b - 3_000_000, before_b - 3_000_000))  # a tick behind
+    assert a.finish().ambiguous == {"shared.csv": ("job_b",)}
+    assert b.finish().ambiguous == {"shared.csv": ("job_a",)}
 
 
 def test_run_scope_of_a_job_without_a_role(tmp_path: Path) -> None:
