@@ -150,7 +150,7 @@ class JobRunner:
         #: the worker's slots, which jobs claimed ahead wait for (``jobs.queue.prefetch``;
         #: None: every claimed job starts at once)
         self.gate: prefetch.StartGate | None = None
-        #: peers whose heartbeat keys :meth:`watch_peers_once` looks at (from the workers
+        #: peers whose heartbeat keys :meth:`peer_just_gone` looks at (from the workers
         #: table, read at most once a second), and since when each one's key is gone
         self._peers: list[str] = []
         self._peers_read = 0.0
