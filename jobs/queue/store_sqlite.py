@@ -24,23 +24,32 @@ from jobs.models import ChatSession, Job
 
 _jobs: Any = Job.__table__
 
-CLAIM = """UPDATE jobs SET status = 'running', lease_token = :new_tok, lease_owner = :owner,
-  lease_expires_at = :expires, attempts = attempts + 1,
-  started_at = COALESCE(started_at, :now), updated_at = :now
-WHERE id = :jid AND status = 'queued' AND lease_token = :tok
+#: the claim of many (id, enqueue token) pairs in one statement, each found by its id (the conditions and values
+#: of ``store._CLAIM``: the new token is the asked one plus one)
+CLAIM_PAIRS = """UPDATE jobs SET status = 'running', lease_token = jobs.lease_token + 1,
+  lease_owner = ?, lease_expires_at = ?, attempts = jobs.attempts + 1,
+  started_at = COALESCE(jobs.started_at, ?), updated_at = ?
+FROM (SELECT column1 AS jid, column2 AS tok FROM (VALUES {pairs})) AS wanted
+WHERE jobs.id = wanted.jid AND jobs.lease_token = wanted.tok AND jobs.status = 'queued'
 RETURNING *"""
+CLAIM_CHUNK = 400  # pairs per claim statement (2 bound values each; SQLite allows 32,766)
 
-NEW_ATTEMPT = """INSERT INTO job_attempts
+NEW_ATTEMPTS = """INSERT INTO job_attempts
   (job_id, number, worker_id, lease_token, started_at, outcome)
-VALUES (:jid, :number, :owner, :new_tok, :now, 'running')"""
+VALUES (?, ?, ?, ?, ?, 'running')"""
 
-_FINISH = """UPDATE jobs SET status = :status, result = :result, error = :error,
-  error_type = :error_type,{fetches} finished_at = :now,
-  duration_ms = (:now - started_at) * 1000.0, lease_owner = NULL, lease_expires_at = NULL,
-  updated_at = :now
-WHERE id = :jid AND lease_token = :tok AND status = 'running'"""
-FINISH = _FINISH.format(fetches="")
-FINISH_WITH_FETCHES = _FINISH.format(fetches=" fetches = :fetches,")
+#: the record of many outcomes in one statement, each found by its id, fenced by its lease
+#: (the conditions and values of ``store.finish_many``); ``keep``: the fetches stay as they are
+FINISH_ROWS = """UPDATE jobs SET status = o.status, result = o.result, error = o.error,
+  error_type = o.error_type, fetches = CASE WHEN o.keep THEN jobs.fetches ELSE o.fetches END,
+  finished_at = ?, duration_ms = (? - jobs.started_at) * 1000.0, lease_owner = NULL,
+  lease_expires_at = NULL, updated_at = ?
+FROM (SELECT column1 AS jid, column2 AS tok, column3 AS status, column4 AS result,
+  column5 AS error, column6 AS error_type, column7 AS keep, column8 AS fetches
+  FROM (VALUES {rows})) AS o
+WHERE jobs.id = o.jid AND jobs.lease_token = o.tok AND jobs.status = 'running'
+RETURNING jobs.id, jobs.lease_token"""
+FINISH_CHUNK = 200  # outcomes per statement (8 bound values each)
 
 CLOSE_ATTEMPT = """UPDATE job_attempts SET finished_at = :now, outcome = :outcome,
   error = :aerror, error_type = :error_type, duration_ms = (:now - started_at) * 1000.0
@@ -93,23 +102,45 @@ async def claim_many(
     engine: AsyncEngine, wanted: list[tuple[str, int]], common: dict[str, Any]
 ) -> dict[tuple[str, int], dict[str, Any]]:
     """Claim each ``(job id, enqueue token)`` and open its attempt: the claimed rows (as
-    the column types read them), by pair. One transaction."""
+    the column types read them), by pair. One transaction of two statements per chunk of
+    pairs (the claim of all of them, then their attempts); the rows are read into Python
+    values after the write lock is given back."""
     types = types_of(engine)
+    pairs = list(dict.fromkeys(wanted))  # a pair asked twice is claimed once
 
-    def run(db: sqlite3.Connection) -> dict[tuple[str, int], dict[str, Any]]:
-        rows: dict[tuple[str, int], dict[str, Any]] = {}
-        for job_id, tok in wanted:
-            params = {**common, "jid": job_id, "tok": tok, "new_tok": tok + 1}
-            cur = db.execute(CLAIM, params)
-            got = cur.fetchone()
-            if got is None:
+    def run(db: sqlite3.Connection) -> tuple[list[str], list[tuple[Any, ...]]]:
+        names: list[str] = []
+        got: list[tuple[Any, ...]] = []
+        for at in range(0, len(pairs), CLAIM_CHUNK):
+            chunk = pairs[at : at + CLAIM_CHUNK]
+            cur = db.execute(
+                CLAIM_PAIRS.format(pairs=", ".join("(?, ?)" for _ in chunk)),
+                (
+                    common["owner"],
+                    common["expires"],
+                    common["now"],
+                    common["now"],
+                    *(v for pair in chunk for v in pair),
+                ),
+            )
+            rows = cur.fetchall()
+            if not rows:
                 continue
-            row = types.row([d[0] for d in cur.description], got)
-            db.execute(NEW_ATTEMPT, {**params, "number": row["attempts"]})
-            rows[(job_id, tok)] = row
-        return rows
+            names = names or [d[0] for d in cur.description]
+            at_id, at_tok, at_n = (names.index(c) for c in ("id", "lease_token", "attempts"))
+            db.executemany(
+                NEW_ATTEMPTS,
+                [(r[at_id], r[at_n], common["owner"], r[at_tok], common["now"]) for r in rows],
+            )
+            got.extend(rows)
+        return names, got
 
-    return await sqlite_write(engine, run)
+    names, got = await sqlite_write(engine, run)
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for values in got:
+        row = types.row(names, values)
+        out[(row["id"], row["lease_token"] - 1)] = row
+    return out
 
 
 async def finish_many(
@@ -136,14 +167,32 @@ async def finish_many(
             params["fetches"] = types.value("fetches", o.fetches)
         batch.append(params)
 
+    firsts = list({(p["jid"], p["tok"]): p for p in reversed(batch)}.values())[::-1]
+    rows = [
+        (
+            p["jid"],
+            p["tok"],
+            p["status"],
+            p["result"],
+            p["error"],
+            p["error_type"],
+            "fetches" not in p,
+            p.get("fetches"),
+        )
+        for p in firsts
+    ]  # (an outcome given twice is recorded once, as the first: the second finds it done)
+
     def run(db: sqlite3.Connection) -> set[tuple[str, int]]:
         done: set[tuple[str, int]] = set()
-        for params in batch:
-            stmt = FINISH if "fetches" not in params else FINISH_WITH_FETCHES
-            if db.execute(stmt, params).rowcount != 1:
-                continue  # this attempt lost its lease: nothing was written for it
-            db.execute(CLOSE_ATTEMPT, params)
-            done.add((params["jid"], params["tok"]))
+        for at in range(0, len(rows), FINISH_CHUNK):
+            chunk = rows[at : at + FINISH_CHUNK]
+            values = ", ".join("(?, ?, ?, ?, ?, ?, ?, ?)" for _ in chunk)
+            got = db.execute(
+                FINISH_ROWS.format(rows=values),
+                (now, now, now, *(v for row in chunk for v in row)),
+            ).fetchall()  # (an attempt that lost its lease is not among them: nothing written)
+            done.update((jid, tok) for jid, tok in got)
+        db.executemany(CLOSE_ATTEMPT, [p for p in firsts if (p["jid"], p["tok"]) in done])
         return done
 
     return await sqlite_write(engine, run)

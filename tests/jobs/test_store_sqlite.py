@@ -103,6 +103,50 @@ async def test_finish_batch_is_fenced_per_attempt(services) -> None:
     assert attempts[b["id"]].finished_at is None and attempts[b["id"]].outcome == "running"
 
 
+async def test_big_batches_claim_and_record_each_job_once(services) -> None:
+    """A claim of more pairs than one statement takes (old tokens and repeats among them)
+    claims each current pair once, with one attempt each; a record of many outcomes keeps
+    the fetches of those that bring none, replaces those of the others, records an
+    outcome given twice once (as the first) and writes nothing for a stale attempt."""
+    sm = services.sessionmaker
+    jobs = [_new_job(fetches=[{"url": "https://example.org/kept"}]) for _ in range(450)]
+    await store.record_jobs(sm, [(j, SESSION if i == 0 else None) for i, j in enumerate(jobs)])
+    wanted = [(j["id"], 0) for j in jobs] + [(jobs[0]["id"], 0), (jobs[1]["id"], 5)]
+    claims = await store.claim_many(sm, wanted, "w1", 30)
+    assert [c is not None for c in claims] == [True] * 450 + [False, False]
+    assert {c.job.id for c in claims if c} == {j["id"] for j in jobs}
+    assert all(c.token == 1 and c.attempt == 1 and c.job.status == "running" for c in claims if c)
+    new_fetches = [{"url": "https://example.org/new"}]
+    outcomes = [
+        store.Outcome(
+            j["id"],
+            1,
+            "succeeded",
+            {"ok": True, "n": i},
+            None,
+            None,
+            fetches=new_fetches if i % 2 else None,
+        )
+        for i, j in enumerate(jobs[:300])
+    ]
+    outcomes.append(store.Outcome(jobs[0]["id"], 1, "failed", None, "twice", "error"))
+    outcomes.append(store.Outcome(jobs[300]["id"], 4, "failed", None, "stale", "error"))
+    done = await store.finish_many(sm, outcomes)
+    assert done == [True] * 301 + [False]  # (the pair given twice is recorded)
+    async with sm() as s:
+        rows = {r.id: r for r in (await s.scalars(select(Job))).all()}
+        attempts = (await s.scalars(select(JobAttempt))).all()
+    assert len(attempts) == 450
+    closed = {a.job_id: a.outcome for a in attempts if a.finished_at is not None}
+    assert closed == {j["id"]: "succeeded" for j in jobs[:300]}
+    for i, j in enumerate(jobs[:300]):
+        row = rows[j["id"]]
+        assert row.status == "succeeded" and row.result == {"ok": True, "n": i}
+        assert row.fetches == (new_fetches if i % 2 else j["fetches"])
+        assert row.lease_owner is None and row.finished_at is not None
+    assert rows[jobs[300]["id"]].status == "running" and rows[jobs[300]["id"]].error is None
+
+
 async def test_a_superseded_enqueue_claims_nothing(services) -> None:
     """A claim with an old enqueue token (or of a job claimed already) gets None and opens
     no attempt."""
