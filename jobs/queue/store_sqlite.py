@@ -1,10 +1,10 @@
 """The job store's hot batches on SQLite (the embedded default): claim, finish, new jobs.
 
 Each batch is one write transaction run in one call to the connection's thread
-(:func:`jobs.db.sqlite_write`): the statements are the same as the portable forms in
-:mod:`jobs.queue.store` (same conditions, same fencing, same values), executed on the
-``sqlite3`` connection without an event-loop hand-off per statement, so the write lock
-is held for the statements only. Values pass through the column types' own bind and
+(:func:`jobs.db.sqlite_write`) of the portable forms' conditions, fencing and values
+(:mod:`jobs.queue.store`), a few statements per batch rather than one per job, executed on
+the ``sqlite3`` connection without an event-loop hand-off per statement, so the write lock
+is held for the statements only (rows read back are turned into Python values after it). Values pass through the column types' own bind and
 result processors, so what is stored and what is read back is what SQLAlchemy would
 store and return.
 """
