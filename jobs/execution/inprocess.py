@@ -262,29 +262,41 @@ async def wait_done(task: asyncio.Future[Any], seconds: float) -> bool:
     return task.done()
 
 
-async def _contained(coro: Any) -> Any:
+async def _contained(coro: Any, waiter: asyncio.Future[None]) -> Any:
     try:
         return await coro
     except (SystemExit, KeyboardInterrupt) as exc:
         raise SkillExit(repr(exc)) from exc
+    finally:
+        # The caller resumes from the skill's last step (the task is done by then: nothing
+        # is awaited after this), not a loop pass later from the task's done callback.
+        _wake(waiter)
 
 
 async def with_wall(coro: Any, wall: float) -> Any:
     """Await ``coro`` as its own task under the wall clock. The skill's exceptions come out
     wrapped in ``Raised``; expiry cancels it (a skill that ignores cancellation is abandoned
     after a grace period) and raises ``WallExpired``. Cancelling the caller cancels it."""
-    task = asyncio.ensure_future(_contained(coro))
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    task = asyncio.ensure_future(_contained(coro, waiter))
     run_tasks = RUN_TASKS.get()
     if run_tasks is not None:
         run_tasks.add(task)
         task.add_done_callback(run_tasks.discard)
+    cb = functools.partial(_wake, waiter)
+    task.add_done_callback(cb)  # (a skill cancelled before its first line skips its finally)
+    handle = loop.call_later(wall, _wake, waiter)
     try:
-        done = await wait_done(task, wall)
+        await waiter
     except asyncio.CancelledError:
         task.cancel()
         await wait_done(task, CANCEL_GRACE_SEC)
         raise
-    if not done:
+    finally:
+        handle.cancel()
+        task.remove_done_callback(cb)
+    if not task.done():
         task.cancel()
         await wait_done(task, CANCEL_GRACE_SEC)
         raise WallExpired(wall)
