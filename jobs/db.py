@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 import os
 import queue
 import sqlite3
+import struct
 import threading
 import time
 import uuid
@@ -67,6 +69,10 @@ def behind_pgbouncer(url: str) -> bool:
 BUSY_TIMEOUT_MS = 30_000
 # The pauses of :func:`sqlite_write` between tries for the write lock: first, longest (s).
 LOCK_PAUSE_S = (0.0005, 0.002)
+# How long a writer that has just committed lets another process's waiting writer go first
+# (at most, s), and how old a waiter's note may be before it is taken as gone (s).
+TURN_YIELD_S = 0.005
+TURN_STALE_S = 0.02
 
 # Every SQLite connection's settings. WAL lets readers read while a writer writes
 # (synchronous=NORMAL: no fsync per commit, only at checkpoints); per connection a 16 MiB
@@ -341,21 +347,69 @@ async def _pooled_write(engine: AsyncEngine, fn: Callable[[sqlite3.Connection], 
         return result
 
 
-def _lock(db: sqlite3.Connection) -> None:
+class _Turns:
+    """Turn-taking between the processes that write one SQLite file (the web app and the
+    worker of ``skilljobs up``): SQLite's write lock goes to whoever asks first after a
+    commit, so a process that commits and starts its next transaction at once can keep a
+    waiting one out for several of its transactions. A writer kept out notes itself (its
+    pid and the time, in a 16-byte file mapped by every writer beside the database); a
+    writer about to take the lock lets a noted one of another process go first, for at
+    most ``TURN_YIELD_S``. A note is only a hint: the lock itself is SQLite's, a torn or
+    stale note (its writer gone, older than ``TURN_STALE_S``) is ignored."""
+
+    def __init__(self, path: str) -> None:
+        self.pid = os.getpid()
+        fd = os.open(f"{path}-turns", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            if os.fstat(fd).st_size < 16:
+                os.ftruncate(fd, 16)
+            self._map = mmap.mmap(fd, 16)
+        finally:
+            os.close(fd)
+
+    def _other_waits(self) -> bool:
+        pid, since = struct.unpack_from("<qd", self._map)
+        return pid not in (0, self.pid) and 0 <= time.monotonic() - since < TURN_STALE_S
+
+    def give_way(self) -> None:
+        """Before taking the lock: let another process's waiting writer go first."""
+        end = time.monotonic() + TURN_YIELD_S
+        while self._other_waits() and time.monotonic() < end:
+            time.sleep(0.0002)
+
+    def waiting(self) -> None:
+        struct.pack_into("<qd", self._map, 0, self.pid, time.monotonic())
+
+    def served(self) -> None:
+        if struct.unpack_from("<q", self._map)[0] == self.pid:
+            struct.pack_into("<qd", self._map, 0, 0, 0.0)
+
+    def close(self) -> None:
+        self._map.close()
+
+
+def _lock(db: sqlite3.Connection, turns: _Turns | None = None) -> None:
     """``BEGIN IMMEDIATE`` on ``db`` (whose busy timeout is 0), trying again every 0.5-2 ms
     while another connection writes, for up to ``BUSY_TIMEOUT_MS``. SQLite's own busy
     handler backs off to 100 ms between tries, so a waiter can find the lock taken again by
     the other process at each try and wait far longer than the transactions it waits for
-    (the tail of the dispatch receipts)."""
+    (the tail of the dispatch receipts); ``turns`` (this process's writer) also lets a
+    waiting writer of another process in first, and is noted as waiting while kept out."""
     deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
     pause = LOCK_PAUSE_S[0]
+    if turns is not None:
+        turns.give_way()
     while True:
         try:
             db.execute("BEGIN IMMEDIATE")
+            if turns is not None:
+                turns.served()
             return
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
                 raise
+        if turns is not None:
+            turns.waiting()
         time.sleep(pause)
         pause = min(pause * 2, LOCK_PAUSE_S[1])
 
@@ -388,6 +442,7 @@ class _Writer:
 
     def _serve(self) -> None:
         db: sqlite3.Connection | None = None
+        turns: _Turns | None = None
         try:
             while (first := self._calls.get()) is not None:
                 group, stop = [first], False
@@ -405,12 +460,17 @@ class _Writer:
                 except Exception as exc:  # the file cannot be opened now: tell each caller
                     _settle([(fut, False, exc) for fut, _ in group])
                 else:
-                    _settle(_transactions(db, group))
+                    if turns is None:
+                        with contextlib.suppress(OSError, ValueError):
+                            turns = _Turns(self.path)
+                    _settle(_transactions(db, group, turns))
                 if stop:
                     break
         finally:
             if db is not None:
                 db.close()
+            if turns is not None:
+                turns.close()
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
@@ -420,7 +480,9 @@ class _Writer:
         return db
 
 
-def _transactions(db: sqlite3.Connection, group: list[_Call]) -> list[tuple[Any, bool, Any]]:
+def _transactions(
+    db: sqlite3.Connection, group: list[_Call], turns: _Turns | None = None
+) -> list[tuple[Any, bool, Any]]:
     """Run the calls of ``group`` in one transaction; a call that raises is rolled back
     with it and the transaction is run again without that call. Each call's ``(future,
     ok, result or exception)``."""
@@ -428,7 +490,7 @@ def _transactions(db: sqlite3.Connection, group: list[_Call]) -> list[tuple[Any,
     todo = list(group)
     while todo:
         try:
-            _lock(db)
+            _lock(db, turns)
         except Exception as exc:  # nothing was written: every caller gets the error
             return [*out, *((fut, False, exc) for fut, _ in todo)]
         results: list[Any] = []

@@ -194,7 +194,7 @@ def private_files(settings: Settings) -> None:
     db = settings.resolved_database_url
     if db.startswith("sqlite") and ":///" in db:
         name = db.split(":///", 1)[1]
-        targets += [Path(name + suffix) for suffix in ("", "-wal", "-shm")]
+        targets += [Path(name + suffix) for suffix in ("", "-wal", "-shm", "-turns")]
     targets += [settings.data_dir / "secret.key", settings.data_dir / "api_token"]
     targets += [settings.data_dir / "redis.password", embedded_url_file(settings)]
     targets.append(settings.data_dir / "skills.db")

@@ -283,6 +283,55 @@ async def test_sqlite_write_waits_for_another_processs_writer(sqlite_url: str) -
         await engine.dispose()
 
 
+def test_writers_of_two_processes_take_turns(sqlite_url: str) -> None:
+    """A writer kept out of the lock notes itself beside the database; a writer of another
+    process about to take the lock lets it go first (for at most ``TURN_YIELD_S``); a note
+    whose writer has stopped renewing it is ignored, and a served writer clears its own."""
+    import struct
+    import subprocess
+    import sys
+
+    import jobs.db
+
+    path = sqlite_url.split(":///", 1)[1]
+    waiter = subprocess.Popen(  # another process's writer, kept out and renewing its note
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom jobs.db import _Turns\nt = _Turns(sys.argv[1])\n"
+            "print('noted', flush=True)\n"
+            "while True:\n"
+            "    t.waiting(); time.sleep(0.001)\n",
+            path,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert waiter.stdout is not None and waiter.stdout.readline().strip() == "noted"
+        mine = jobs.db._Turns(path)
+        deadline = time.monotonic() + 10
+        while not mine._other_waits():
+            assert time.monotonic() < deadline, "the other process's note was never seen"
+            time.sleep(0.001)
+        t0 = time.monotonic()
+        mine.give_way()
+        assert time.monotonic() - t0 >= jobs.db.TURN_YIELD_S  # it went first, up to the cap
+    finally:
+        waiter.kill()
+        waiter.wait(10)
+    deadline = time.monotonic() + 10
+    while mine._other_waits():  # its writer is gone: the note goes stale
+        assert time.monotonic() < deadline, "a stale note is still taken as a waiter"
+        time.sleep(0.005)
+    mine.waiting()
+    mine.served()
+    with open(f"{path}-turns", "rb") as f:
+        assert struct.unpack("<qd", f.read(16)) == (0, 0.0)
+    mine.close()
+
+
 async def test_sqlite_write_gives_up_after_the_busy_timeout(sqlite_url: str, monkeypatch) -> None:
     """A lock held past the busy timeout is SQLAlchemy's OperationalError (what callers
     retry as "database unavailable"), and the connection is usable again after."""
