@@ -428,6 +428,7 @@ class _Writer:
     def __init__(self, path: str) -> None:
         self.path = path
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._turns: _Turns | None = None  # made with the connection
         self._thread = threading.Thread(target=self._serve, name="sqlite-writer", daemon=True)
         self._thread.start()
 
@@ -442,7 +443,6 @@ class _Writer:
 
     def _serve(self) -> None:
         db: sqlite3.Connection | None = None
-        turns: _Turns | None = None
         try:
             while (first := self._calls.get()) is not None:
                 group, stop = [first], False
@@ -460,23 +460,23 @@ class _Writer:
                 except Exception as exc:  # the file cannot be opened now: tell each caller
                     _settle([(fut, False, exc) for fut, _ in group])
                 else:
-                    if turns is None:
-                        with contextlib.suppress(OSError, ValueError):
-                            turns = _Turns(self.path)
-                    _settle(_transactions(db, group, turns))
+                    _settle(_transactions(db, group, self._turns))
                 if stop:
                     break
         finally:
             if db is not None:
                 db.close()
-            if turns is not None:
-                turns.close()
+            if self._turns is not None:
+                self._turns.close()
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
         for pragma in _SQLITE_PRAGMAS:
             db.execute(pragma)
         db.execute("PRAGMA busy_timeout=0")  # _lock waits for the write lock itself
+        if self._turns is None:
+            with contextlib.suppress(OSError, ValueError):  # (without it: no turn-taking)
+                self._turns = _Turns(self.path)
         return db
 
 

@@ -4,9 +4,9 @@ Each batch is one write transaction run in one call to the connection's thread
 (:func:`jobs.db.sqlite_write`) of the portable forms' conditions, fencing and values
 (:mod:`jobs.queue.store`), a few statements per batch rather than one per job, executed on
 the ``sqlite3`` connection without an event-loop hand-off per statement, so the write lock
-is held for the statements only (rows read back are turned into Python values after it). Values pass through the column types' own bind and
-result processors, so what is stored and what is read back is what SQLAlchemy would
-store and return.
+is held for the statements only (rows read back become Python values after it). Values
+pass through the column types' own bind and result processors, so what is stored and
+what is read back is what SQLAlchemy would store and return.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from jobs.models import ChatSession, Job
 
 _jobs: Any = Job.__table__
 
-#: the claim of many (id, enqueue token) pairs in one statement, each found by its id (the conditions and values
-#: of ``store._CLAIM``: the new token is the asked one plus one)
+#: the claim of many (id, enqueue token) pairs in one statement, each found by its id (the
+#: conditions and values of ``store._CLAIM``: the new token is the asked one plus one)
 CLAIM_PAIRS = """UPDATE jobs SET status = 'running', lease_token = jobs.lease_token + 1,
   lease_owner = ?, lease_expires_at = ?, attempts = jobs.attempts + 1,
   started_at = COALESCE(jobs.started_at, ?), updated_at = ?
@@ -150,37 +150,27 @@ async def finish_many(
     still holds its lease, and close that attempt; the ``(job id, token)`` pairs
     recorded. One transaction."""
     types = types_of(engine)
-    batch = []
+    # an outcome given twice is recorded once, as the first (the second would find it done)
+    firsts: dict[tuple[str, int], dict[str, Any]] = {}
     for o, aerror in outcomes:
-        params = {
-            "jid": o.job_id,
-            "tok": o.token,
-            "status": o.status,
-            "result": types.value("result", o.result),
-            "error": o.error,
-            "error_type": o.error_type,
-            "now": now,
-            "outcome": o.attempt_outcome or o.status,
-            "aerror": aerror,
-        }
-        if o.fetches is not None:
-            params["fetches"] = types.value("fetches", o.fetches)
-        batch.append(params)
-
-    firsts = list({(p["jid"], p["tok"]): p for p in reversed(batch)}.values())[::-1]
-    rows = [
-        (
-            p["jid"],
-            p["tok"],
-            p["status"],
-            p["result"],
-            p["error"],
-            p["error_type"],
-            "fetches" not in p,
-            p.get("fetches"),
+        firsts.setdefault(
+            (o.job_id, o.token),
+            {
+                "jid": o.job_id,
+                "tok": o.token,
+                "status": o.status,
+                "result": types.value("result", o.result),
+                "error": o.error,
+                "error_type": o.error_type,
+                "keep": o.fetches is None,  # no fetches given: those recorded stay
+                "fetches": None if o.fetches is None else types.value("fetches", o.fetches),
+                "now": now,
+                "outcome": o.attempt_outcome or o.status,
+                "aerror": aerror,
+            },
         )
-        for p in firsts
-    ]  # (an outcome given twice is recorded once, as the first: the second finds it done)
+    order = ("jid", "tok", "status", "result", "error", "error_type", "keep", "fetches")
+    rows = [tuple(p[k] for k in order) for p in firsts.values()]
 
     def run(db: sqlite3.Connection) -> set[tuple[str, int]]:
         done: set[tuple[str, int]] = set()
@@ -192,7 +182,7 @@ async def finish_many(
                 (now, now, now, *(v for row in chunk for v in row)),
             ).fetchall()  # (an attempt that lost its lease is not among them: nothing written)
             done.update((jid, tok) for jid, tok in got)
-        db.executemany(CLOSE_ATTEMPT, [p for p in firsts if (p["jid"], p["tok"]) in done])
+        db.executemany(CLOSE_ATTEMPT, [p for pair, p in firsts.items() if pair in done])
         return done
 
     return await sqlite_write(engine, run)
