@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobs import eager
 from jobs.envelope import failure
 from jobs.execution.hostguard import guarded
 from jobs.skill import Skill
@@ -39,6 +40,13 @@ CANCEL_GRACE_SEC = 1.0  # how long a timed-out or cancelled skill gets to unwind
 #: too late after a pause (their own wake-ups run first)
 RUN_TASKS: contextvars.ContextVar[set[asyncio.Task[Any]] | None] = contextvars.ContextVar(
     "skilljobs_run_tasks", default=None
+)
+
+#: called once, from the skill's own task, the moment a run's skill body returns or raises
+#: (set by the job runner: the worker's slot is free then, before the executor reads and
+#: shapes the result); a skill's nested runs (``call_skill``) do not call it
+SKILL_ENDED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "skilljobs_skill_ended", default=None
 )
 
 
@@ -59,11 +67,6 @@ class Raised(Exception):
 
 class ImportFailed(Exception):
     pass
-
-
-class SkillExit(Exception):
-    """SystemExit/KeyboardInterrupt raised by a skill: asyncio would re-raise those into the
-    event loop and stop the whole process, so they travel as an ordinary exception."""
 
 
 @dataclass
@@ -262,52 +265,68 @@ async def wait_done(task: asyncio.Future[Any], seconds: float) -> bool:
     return task.done()
 
 
-async def _contained(coro: Any, waiter: asyncio.Future[None]) -> Any:
+async def _contained(
+    coro: Any, waiter: asyncio.Future[Any], ended: Callable[[], None] | None
+) -> None:
+    """Run the skill; its outcome goes to ``waiter`` as ``(True, result)`` or ``(False,
+    exception)`` from its last step (the task itself never fails: asyncio would re-raise a
+    skill's SystemExit into the event loop, and stop the whole process)."""
+    SKILL_ENDED.set(None)  # (this task's own context: the skill's nested runs end nothing)
+    outcome: tuple[bool, Any] | None = None
     try:
-        return await coro
-    except (SystemExit, KeyboardInterrupt) as exc:
-        raise SkillExit(repr(exc)) from exc
+        outcome = (True, await coro)
+    except asyncio.CancelledError as exc:
+        outcome = (False, exc)
+        raise
+    except BaseException as exc:
+        outcome = (False, exc)
     finally:
-        # The caller resumes from the skill's last step (the task is done by then: nothing
-        # is awaited after this), not a loop pass later from the task's done callback.
-        _wake(waiter)
+        # The next job waiting for this slot is woken first, then the caller (not a loop
+        # pass later, from the task's done callback).
+        if ended is not None:
+            ended()
+        if not waiter.done():
+            waiter.set_result(outcome)
 
 
 async def with_wall(coro: Any, wall: float) -> Any:
-    """Await ``coro`` as its own task under the wall clock. The skill's exceptions come out
-    wrapped in ``Raised``; expiry cancels it (a skill that ignores cancellation is abandoned
-    after a grace period) and raises ``WallExpired``. Cancelling the caller cancels it."""
+    """Await ``coro`` as its own task under the wall clock, started at once (its first step
+    runs before this waits: ``jobs.eager``). The skill's exceptions come out wrapped in
+    ``Raised``; expiry cancels it (a skill that ignores cancellation is abandoned after a
+    grace period) and raises ``WallExpired``. Cancelling the caller cancels it."""
     loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[None] = loop.create_future()
-    task = asyncio.ensure_future(_contained(coro, waiter))
+    waiter: asyncio.Future[Any] = loop.create_future()
+    task = eager.start(_contained(coro, waiter, SKILL_ENDED.get()))
     run_tasks = RUN_TASKS.get()
     if run_tasks is not None:
         run_tasks.add(task)
         task.add_done_callback(run_tasks.discard)
-    cb = functools.partial(_wake, waiter)
-    task.add_done_callback(cb)  # (a skill cancelled before its first line skips its finally)
-    handle = loop.call_later(wall, _wake, waiter)
-    try:
-        await waiter
-    except asyncio.CancelledError:
-        task.cancel()
-        await wait_done(task, CANCEL_GRACE_SEC)
-        raise
-    finally:
-        handle.cancel()
-        task.remove_done_callback(cb)
-    if not task.done():
-        task.cancel()
-        await wait_done(task, CANCEL_GRACE_SEC)
-        raise WallExpired(wall)
-    if task.cancelled():
+    if not waiter.done():  # (else the skill ended in its first step)
+        cb = functools.partial(_wake, waiter)
+        task.add_done_callback(cb)  # (a skill cancelled before its first line: no outcome)
+        handle = loop.call_later(wall, _wake, waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            task.cancel()
+            await wait_done(task, CANCEL_GRACE_SEC)
+            raise
+        finally:
+            handle.cancel()
+            task.remove_done_callback(cb)
+    outcome = waiter.result()
+    if outcome is None:
+        if not task.done():
+            task.cancel()
+            await wait_done(task, CANCEL_GRACE_SEC)
+            raise WallExpired(wall)
+        outcome = (False, asyncio.CancelledError())
+    ok, value = outcome
+    if ok:
+        return value
+    if isinstance(value, asyncio.CancelledError):
         raise Raised() from asyncio.CancelledError("the skill cancelled itself")
-    exc = task.exception()
-    if isinstance(exc, SkillExit):
-        raise Raised() from exc.__cause__
-    if exc is not None:
-        raise Raised() from exc
-    return task.result()
+    raise Raised() from value
 
 
 async def in_thread(

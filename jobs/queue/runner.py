@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
-from jobs import phases, sendscope, telemetry, texts
+from jobs import eager, phases, sendscope, telemetry, texts
 from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS, PRIORITY_INTERACTIVE
 from jobs.db import DB_UNAVAILABLE
-from jobs.execution.inprocess import RUN_TASKS
+from jobs.execution.inprocess import RUN_TASKS, SKILL_ENDED
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT, JobRow
 from jobs.queue import broker, incidents, limits, lost, prefetch, store
 from jobs.queue.stall import StallWatch
@@ -170,12 +170,23 @@ class JobRunner:
         self.lease_until[job_id] = asked_at + self.certain_for
         handed_off = False
         gate, entered = self.gate, False
+
+        def free_slot() -> None:
+            """The slot goes to the next job once: when the skill body ends (an in-process
+            skill, ``SKILL_ENDED``), else when this job leaves the slot below."""
+            nonlocal entered
+            if entered:
+                entered = False
+                assert gate is not None
+                gate.leave()
+
         try:
             if gate is not None:  # claimed ahead of a free slot: wait for one
                 refused = await self._start_turn(gate, job, token, priority)
                 if refused is not None:
                     return refused
                 entered = True
+                SKILL_ENDED.set(free_slot)  # (this job's own task: a context of its own)
             telemetry.queue_wait(job, claim.attempt)
             try:
                 running = self._run_claimed(job, token, claim.attempt)
@@ -209,8 +220,7 @@ class JobRunner:
             handed_off = True
             return "finishing"
         finally:
-            if gate is not None and entered:
-                gate.leave()
+            free_slot()
             if not handed_off:
                 self._release(job_id)
 
@@ -331,7 +341,8 @@ class JobRunner:
         self.skill_tasks[job_id] = skill_tasks
         run = phases.reporting(self._phase_reporter(job, token), run)  # preparing environment
         owner = f"{self.worker_id}#{token}"
-        task = asyncio.create_task(sendscope.run_in(job_id, owner, run, svc.outbox))
+        # started at once: the skill starts in this turn of the loop, not two passes later
+        task = eager.start(sendscope.run_in(job_id, owner, run, svc.outbox))
         self.inner[job_id] = task
         # Published while the skill starts, not before: the event is for people watching.
         self.event(job_id, "running", job.skill)
