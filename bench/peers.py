@@ -237,12 +237,15 @@ async def compare(
     shapes: tuple[str, ...] = SHAPES,
     only: tuple[str, ...] = (),
     variants: dict[str, Drain] | None = None,
+    warmup: int = 0,
 ) -> dict[str, Any]:
     """``reps`` interleaved repetitions: in each, every library drains ``jobs`` no-ops and
     then ``sleep_jobs`` sleepers (``shapes``: one of them only), in an order rotated from
     one repetition to the next. The ratios us / them are taken per repetition and reported
     as min–max. ``only``: these peers only; ``variants``: more drains of ours (another
-    setting), run and compared like the peers."""
+    setting), run and compared like the peers. ``warmup``: each library drains that many
+    jobs of each shape first, not counted (the first drain of a process pays for imports,
+    first connections and cold caches, whichever library it is)."""
     missing = [m for m in ("saq", "taskiq_redis", "streaq") if importlib.util.find_spec(m) is None]
     if missing:
         raise SystemExit(
@@ -254,6 +257,9 @@ async def compare(
     libs = list(runners)
     rates: dict[str, dict[str, list[float]]] = {s: {lib: [] for lib in libs} for s in shapes}
     load = [os.getloadavg()[0]]
+    for lib in libs if warmup > 0 else ():
+        for shape in shapes:
+            await runners[lib](warmup, shape)
     for rep in range(reps):
         order = libs[rep % len(libs) :] + libs[: rep % len(libs)]
         for shape, n in (("noop", jobs), ("sleep100", sleep_jobs)):
@@ -273,6 +279,7 @@ async def compare(
         "reps": reps,
         "jobs": jobs,
         "sleep_jobs": sleep_jobs,
+        "warmup_jobs": warmup,
         "concurrency": CONCURRENCY,
         "load_avg_1m": {"min": min(load), "max": max(load)},
         "versions": {d: version(d) for d in DISTS},

@@ -5,7 +5,8 @@
 ``--peers`` (needs the ``bench`` extra): SAQ, taskiq and streaQ drain the same jobs next to
 raw arq and us, in interleaved repetitions (bench/peers.py); ``--only peers`` skips the rest,
 ``--shapes sleep100`` runs only the sleepers, ``--peer-libs saq`` only those peers,
-``--no-ahead`` adds our drain with claim-ahead off (``SKILLJOBS_WORKER_PREFETCH_SEC=0``).
+``--no-ahead`` adds our drain with claim-ahead off (``SKILLJOBS_WORKER_PREFETCH_SEC=0``);
+every library first drains ``--warmup`` jobs (500) of each shape, not counted.
 
 ``--sqlite`` runs everything on the embedded default instead: a SQLite file and the bundled
 redis-server (persisted as ``skilljobs up`` runs it); raw arq then uses that Redis too.
@@ -475,6 +476,12 @@ async def main() -> None:
     ap.add_argument(
         "--reps", type=int, default=0, help="interleaved repetitions (drain: 1, --peers: 3)"
     )
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=500,
+        help="--peers: jobs of each shape each library drains first, not counted (0: none)",
+    )
     ap.add_argument("--shapes", default="noop,sleep100", help="--peers: which drains")
     ap.add_argument("--peer-libs", default="", help="--peers: these peers only (saq,taskiq)")
     ap.add_argument(
@@ -547,6 +554,7 @@ async def main() -> None:
                 shapes=tuple(args.shapes.split(",")),
                 only=tuple(p for p in args.peer_libs.split(",") if p),
                 variants={"skilljobs-no-ahead": no_ahead} if args.no_ahead else None,
+                warmup=args.warmup,
             )
     finally:
         await svc.close()

@@ -51,3 +51,24 @@ async def test_peer_drains_and_cleans_up(lib: str, shape: str, redis_server_url:
     finally:
         await r.aclose()
     assert left == []
+
+
+async def test_compare_warms_every_library_up_without_counting_it() -> None:
+    """``--warmup``: each library drains that many jobs of each shape once before the
+    measured repetitions, and only the repetitions are reported."""
+    calls: list[tuple[str, int, str]] = []
+
+    def drain(lib: str) -> peers.Drain:
+        async def run(n: int, shape: str) -> float:
+            calls.append((lib, n, shape))
+            return peers.Rate(n, 1.0 if n == 7 else 2.0, 0.01)
+
+        return run
+
+    out = await peers.compare(drain("ours"), drain("raw"), 100, 50, 2, only=("none",), warmup=7)
+
+    assert calls[:4] == [("ours", 7, "noop"), ("ours", 7, "sleep100"),
+                         ("raw", 7, "noop"), ("raw", 7, "sleep100")]  # fmt: skip
+    assert all(n != 7 for _, n, _ in calls[4:]) and len(calls) == 4 + 2 * 2 * 2
+    assert out["warmup_jobs"] == 7
+    assert out["noop"]["jobs_s"]["skilljobs"]["per_rep"] == [50.0, 50.0]  # warm-up not in it
