@@ -266,7 +266,7 @@ async def wait_done(task: asyncio.Future[Any], seconds: float) -> bool:
 
 
 async def _contained(
-    coro: Any, waiter: asyncio.Future[Any], ended: Callable[[], None] | None
+    coro: Any, waiter: asyncio.Future[Any], ended: list[Callable[[], None] | None]
 ) -> None:
     """Run the skill; its outcome goes to ``waiter`` as ``(True, result)`` or ``(False,
     exception)`` from its last step (the task itself never fails: asyncio would re-raise a
@@ -282,9 +282,10 @@ async def _contained(
         outcome = (False, exc)
     finally:
         # The next job waiting for this slot is woken first, then the caller (not a loop
-        # pass later, from the task's done callback).
-        if ended is not None:
-            ended()
+        # pass later, from the task's done callback). A skill that ends in its first step
+        # leaves the slot with its caller, in this same turn of the loop.
+        if ended[0] is not None:
+            ended[0]()
         if not waiter.done():
             waiter.set_result(outcome)
 
@@ -296,7 +297,9 @@ async def with_wall(coro: Any, wall: float) -> Any:
     grace period) and raises ``WallExpired``. Cancelling the caller cancels it."""
     loop = asyncio.get_running_loop()
     waiter: asyncio.Future[Any] = loop.create_future()
-    task = eager.start(_contained(coro, waiter, SKILL_ENDED.get()))
+    ended: list[Callable[[], None] | None] = [None]
+    task = eager.start(_contained(coro, waiter, ended))
+    ended[0] = SKILL_ENDED.get()
     run_tasks = RUN_TASKS.get()
     if run_tasks is not None:
         run_tasks.add(task)

@@ -139,3 +139,15 @@ async def test_a_skill_that_exits_or_cancels_itself_is_a_failure_not_a_stop() ->
     with pytest.raises(Raised) as raised:
         await with_wall(cancels_itself(), 5)
     assert "cancelled itself" in str(raised.value.__cause__)
+
+
+async def test_a_skill_that_ends_in_its_first_step_leaves_the_slot_to_its_caller() -> None:
+    """Nothing to gain there: the caller gives the slot back in the same turn of the loop."""
+    calls: list[str] = []
+    SKILL_ENDED.set(lambda: calls.append("ended"))
+
+    async def quick() -> str:
+        return "at once"
+
+    assert await with_wall(quick(), 5) == "at once"
+    assert calls == []
