@@ -215,18 +215,12 @@ SELECT id, tok FROM f"""
 
 
 class RowView:
-    """Attribute access to a driver record, like a SQLAlchemy row (``row.skill``)."""
-
-    __slots__ = ("_record",)
+    """Attribute access to a driver record, like a SQLAlchemy row (``row.skill``): its
+    columns copied into the instance once (a claimed job's are read some fifty times on
+    its way, each a plain attribute, not a ``__getattr__`` call)."""
 
     def __init__(self, record: Any) -> None:
-        self._record = record
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._record[name]
-        except KeyError:
-            raise AttributeError(name) from None
+        self.__dict__.update(record.items())
 
 
 def _json(value: Any) -> str | None:
