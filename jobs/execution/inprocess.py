@@ -265,29 +265,36 @@ async def wait_done(task: asyncio.Future[Any], seconds: float) -> bool:
     return task.done()
 
 
-async def _contained(
-    coro: Any, waiter: asyncio.Future[Any], ended: list[Callable[[], None] | None]
-) -> None:
-    """Run the skill; its outcome goes to ``waiter`` as ``(True, result)`` or ``(False,
-    exception)`` from its last step (the task itself never fails: asyncio would re-raise a
-    skill's SystemExit into the event loop, and stop the whole process)."""
+class _Run:
+    """One skill run under :func:`with_wall`: how it ended, and whom to tell first."""
+
+    __slots__ = ("ended", "outcome")
+
+    def __init__(self) -> None:
+        #: ``SKILL_ENDED`` of the caller, set once the skill's first step is over
+        self.ended: Callable[[], None] | None = None
+        #: ``(True, result)`` or ``(False, exception)`` once the skill body has ended
+        self.outcome: tuple[bool, Any] | None = None
+
+
+async def _contained(coro: Any, waiter: asyncio.Future[None], run: _Run) -> None:
+    """Run the skill, its outcome kept in ``run`` (the task itself never fails: asyncio
+    would re-raise a skill's SystemExit into the event loop, and stop the whole process)."""
     SKILL_ENDED.set(None)  # (this task's own context: the skill's nested runs end nothing)
-    outcome: tuple[bool, Any] | None = None
     try:
-        outcome = (True, await coro)
+        run.outcome = (True, await coro)
     except asyncio.CancelledError as exc:
-        outcome = (False, exc)
+        run.outcome = (False, exc)
         raise
     except BaseException as exc:
-        outcome = (False, exc)
+        run.outcome = (False, exc)
     finally:
         # The next job waiting for this slot is woken first, then the caller (not a loop
         # pass later, from the task's done callback). A skill that ends in its first step
         # leaves the slot with its caller, in this same turn of the loop.
-        if ended[0] is not None:
-            ended[0]()
-        if not waiter.done():
-            waiter.set_result(outcome)
+        if run.ended is not None:
+            run.ended()
+        _wake(waiter)
 
 
 async def with_wall(coro: Any, wall: float) -> Any:
@@ -296,17 +303,15 @@ async def with_wall(coro: Any, wall: float) -> Any:
     ``Raised``; expiry cancels it (a skill that ignores cancellation is abandoned after a
     grace period) and raises ``WallExpired``. Cancelling the caller cancels it."""
     loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[Any] = loop.create_future()
-    ended: list[Callable[[], None] | None] = [None]
-    task = eager.start(_contained(coro, waiter, ended))
-    ended[0] = SKILL_ENDED.get()
+    waiter: asyncio.Future[None] = loop.create_future()
+    run = _Run()
+    task = eager.start(_contained(coro, waiter, run))
+    run.ended = SKILL_ENDED.get()
     run_tasks = RUN_TASKS.get()
     if run_tasks is not None:
         run_tasks.add(task)
         task.add_done_callback(run_tasks.discard)
-    if not waiter.done():  # (else the skill ended in its first step)
-        cb = functools.partial(_wake, waiter)
-        task.add_done_callback(cb)  # (a skill cancelled before its first line: no outcome)
+    if run.outcome is None:  # (else the skill ended in its first step)
         handle = loop.call_later(wall, _wake, waiter)
         try:
             await waiter
@@ -316,15 +321,11 @@ async def with_wall(coro: Any, wall: float) -> Any:
             raise
         finally:
             handle.cancel()
-            task.remove_done_callback(cb)
-    outcome = waiter.result()
-    if outcome is None:
-        if not task.done():
-            task.cancel()
-            await wait_done(task, CANCEL_GRACE_SEC)
-            raise WallExpired(wall)
-        outcome = (False, asyncio.CancelledError())
-    ok, value = outcome
+    if run.outcome is None:  # the wall clock ran out first
+        task.cancel()
+        await wait_done(task, CANCEL_GRACE_SEC)
+        raise WallExpired(wall)
+    ok, value = run.outcome
     if ok:
         return value
     if isinstance(value, asyncio.CancelledError):
