@@ -1,8 +1,8 @@
 """Running the dashboard app under uvicorn (``skilljobs web`` and ``skilljobs up``), with
 the connection hygiene a hostile network needs (on uvicorn's httptools parser): a deadline
 and a 16 KiB cap for request heads, short keep-alive, a connection cap answered with a
-fast 503, the descriptor limit raised to what the system allows, and accept errors logged
-at most once in a while."""
+fast 503, the descriptor limit raised to what the system allows, accept errors logged
+at most once in a while, and a response's head and body sent in one write."""
 
 from __future__ import annotations
 
@@ -117,6 +117,72 @@ HEAD_TOO_LARGE = (
 )
 
 
+class OneSegment:
+    """A transport through which a response's head and body leave in one write.
+
+    uvicorn writes the status line and headers on ``http.response.start`` and the body
+    on ``http.response.body``: two writes, two TCP segments (the socket is ``TCP_NODELAY``)
+    and two wake-ups of the client for one small answer. Here a write is held until the
+    next write joins it (both leave at once) or, when none comes, until the end of the
+    event loop's turn: a head whose body is late (an event stream) waits one turn at most.
+    Everything else is the transport's own."""
+
+    __slots__ = ("_flush_handle", "_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._flush_handle: asyncio.Handle | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        held = self._held
+        if held is None:
+            self._held = bytes(data)
+            self._flush_handle = self._loop.call_soon(self._flush)
+            return
+        self._cancel_flush()
+        self._held = None
+        if not self._transport.is_closing():
+            self._transport.writelines((held, data))
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def _cancel_flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + len(self._held or b"")
+
+    def write_eof(self) -> None:
+        self._cancel_flush()
+        self._flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self._cancel_flush()
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._cancel_flush()
+        self._held = None
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class HeadGuard(_Protocol):
     """The guards of :func:`protocol_class`, mixed into uvicorn's httptools protocol."""
 
@@ -131,7 +197,7 @@ class HeadGuard(_Protocol):
     _heads = 0  # heads parsed on this connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(OneSegment(transport, self.loop))  # type: ignore[arg-type]
         if len(self.connections) > self.max_connections:
             transport.write(BUSY)
             transport.close()
