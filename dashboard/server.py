@@ -127,33 +127,41 @@ class OneSegment:
     event loop's turn: a head whose body is late (an event stream) waits one turn at most.
     Everything else is the transport's own."""
 
-    __slots__ = ("_flush_handle", "_held", "_loop", "_transport")
+    JOIN_MAX = 64 * 1024  # held + next up to this size leave as one buffer, larger ones as two
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
-        self._loop = loop
+        self._call_soon = loop.call_soon
         self._held: bytes | None = None
         self._flush_handle: asyncio.Handle | None = None
+        # what uvicorn calls on its transport, bound once (no __getattr__ on the hot path)
+        self.is_closing = transport.is_closing
+        self.get_extra_info = transport.get_extra_info
+        self.pause_reading = transport.pause_reading
+        self.resume_reading = transport.resume_reading
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if type(data) is not bytes:
+            data = bytes(data)  # the caller may reuse its buffer
         held = self._held
         if held is None:
-            self._held = bytes(data)
-            self._flush_handle = self._loop.call_soon(self._flush)
+            self._held = data
+            self._flush_handle = self._call_soon(self._flush)
             return
-        self._cancel_flush()
         self._held = None
-        if not self._transport.is_closing():
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if self._transport.is_closing():
+            return
+        if len(held) + len(data) <= self.JOIN_MAX:
+            self._transport.write(held + data)
+        else:
             self._transport.writelines((held, data))
 
     def writelines(self, lines: Any) -> None:
         for data in lines:
             self.write(data)
-
-    def _cancel_flush(self) -> None:
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
 
     def _flush(self) -> None:
         self._flush_handle = None
@@ -161,21 +169,26 @@ class OneSegment:
         if held is not None and not self._transport.is_closing():
             self._transport.write(held)
 
+    def _drop_flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+
     def get_write_buffer_size(self) -> int:
         return self._transport.get_write_buffer_size() + len(self._held or b"")
 
     def write_eof(self) -> None:
-        self._cancel_flush()
+        self._drop_flush()
         self._flush()
         self._transport.write_eof()
 
     def close(self) -> None:
-        self._cancel_flush()
+        self._drop_flush()
         self._flush()
         self._transport.close()
 
     def abort(self) -> None:
-        self._cancel_flush()
+        self._drop_flush()
         self._held = None
         self._transport.abort()
 
