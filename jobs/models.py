@@ -24,6 +24,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -160,7 +161,19 @@ class Job(Base):
         Index("ix_jobs_created", "created_at"),
         Index("ix_jobs_channel_created", "channel", "created_at"),
         Index("ix_jobs_role_created", "role_id", "created_at"),
-        Index("ix_jobs_finished", "finished_at"),
+        # only rows where the column is set (migration 0014): every query on them is a range
+        Index(
+            "ix_jobs_finished",
+            "finished_at",
+            postgresql_where=text("finished_at IS NOT NULL"),
+            sqlite_where=text("finished_at IS NOT NULL"),
+        ),
+        Index(
+            "ix_jobs_lease_expires_at",
+            "lease_expires_at",
+            postgresql_where=text("lease_expires_at IS NOT NULL"),
+            sqlite_where=text("lease_expires_at IS NOT NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True, default=new_id)
@@ -195,7 +208,7 @@ class Job(Base):
     arq_job_id: Mapped[str | None] = mapped_column(String(96), nullable=True)
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     lease_token: Mapped[int] = mapped_column(Integer, default=0)
-    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     # What the running attempt does before its skill runs: {"name": "preparing environment",
     # "detail", "token", "since"} (``store.set_phase``); read it through ``current_phase``.
