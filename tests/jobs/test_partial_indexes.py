@@ -11,12 +11,14 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import inspect, text
+from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobs.db import create_engine
 from jobs.migrate import alembic_config, upgrade
+from jobs.models import Job
+from jobs.queue.filters import text_match
 
 PARTIAL = {"ix_jobs_lease_expires_at": "lease_expires_at", "ix_jobs_finished": "finished_at"}
 
@@ -128,6 +130,10 @@ async def test_indexes_hold_only_rows_where_set_and_still_serve(fresh: AsyncEngi
     if fresh.dialect.name == "postgresql" and "ix_jobs_error_trgm" in found:
         assert found["ix_jobs_error_trgm"].lower() == "error is not null"
         assert "ix_jobs_error_trgm" in await _plan(fresh, TRGM_QUERY)
+        # the dashboard's free-text search (an OR over five columns) still takes it
+        search = select(Job.id).where(text_match("quota"))
+        compiled = search.compile(dialect=fresh.dialect, compile_kwargs={"literal_binds": True})
+        assert "ix_jobs_error_trgm" in await _plan(fresh, str(compiled))
     async with fresh.connect() as conn:  # what they serve is still found
         expired = await conn.scalar(text("SELECT count(*) FROM jobs WHERE lease_expires_at < 2e9"))
         finished = await conn.scalar(text(QUERIES["ix_jobs_finished"]))
