@@ -10,7 +10,6 @@ handler answers 500)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dashboard.api_jobs import DispatchBody, dispatch_answer
 from dashboard.guard import IDENTITY, PARSED_BODY
 from dashboard.tokens import Identity
+from jobs import jsontext
 
 PATH = "/api/v1/dispatch"
 
@@ -31,10 +31,9 @@ def _json_media(ctype: str) -> bool:
 
 
 def render(content: Any) -> bytes:
-    """JSON as ``JSONResponse`` renders it."""
-    return json.dumps(
-        content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
-    ).encode("utf-8")
+    """JSON as ``JSONResponse`` renders it (compact UTF-8; the answers hold no NaN: result
+    envelopes spell non-finite numbers out, ``jobs.envelope``)."""
+    return jsontext.dumpb(content)
 
 
 class DispatchLane:

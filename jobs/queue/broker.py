@@ -44,6 +44,7 @@ from arq.jobs import SerializationError
 from arq.utils import timestamp_ms
 from redis.exceptions import NoScriptError
 
+from jobs import jsontext
 from jobs.constants import (
     CANCEL_CHANNEL,
     FN_RUN_CHAIN,
@@ -82,7 +83,7 @@ class WorkerContext(TypedDict, total=False):
 
 def dumps(data: dict[str, Any]) -> bytes:
     """arq ``job_serializer``: JSON (our job arguments are ids and integers)."""
-    return json.dumps(data, separators=(",", ":")).encode()
+    return jsontext.dumpb(data)
 
 
 def loads(raw: bytes) -> dict[str, Any]:
@@ -340,7 +341,7 @@ async def limit_usage(services: Services, keys: Sequence[str]) -> list[int]:
 
 def job_event(services: Services, job_id: str, status: str, skill: str) -> tuple[str, str]:
     """The (channel, message) live dashboards receive for a job status change."""
-    return services.settings.key(JOB_EVENTS), json.dumps(
+    return services.settings.key(JOB_EVENTS), jsontext.dumps(
         {"id": job_id, "status": status, "skill": skill, "at": time.time()}
     )
 

@@ -8,7 +8,6 @@ never record a result, start a delivery or requeue the job.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from jobs import storable
+from jobs import jsontext, storable
 from jobs.catalog.configs import ConfigChanged
 from jobs.constants import MAX_RUNS
 from jobs.db import autocommit, engine_of, is_sqlite, raw_fetch
@@ -224,7 +223,7 @@ class RowView:
 
 
 def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, ensure_ascii=False)
+    return None if value is None else jsontext.dumps(value)
 
 
 def _pg(sm: Sessions) -> AsyncEngine | None:
