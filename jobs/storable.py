@@ -16,6 +16,8 @@ import math
 import re
 from typing import Any
 
+import orjson
+
 #: characters of one stored text field (errors, reasons, messages)
 TEXT_CAP = 20_000
 #: characters of one stored JSON value, serialized (results, inputs, outputs, fetch records)
@@ -97,34 +99,57 @@ def text(value: str | None, notes: Notes | None = None, *, cap: int = TEXT_CAP) 
     return out
 
 
-_PLAIN = (str, int, float, bool, type(None))
+_SCALAR = (str, int, bool, type(None))  # JSON scalars other than floats (checked finite)
 
 
 def _json_typed(value: Any, depth: int = 0) -> bool:
-    """Only dicts with ``str`` keys, lists and JSON scalars, at most 200 levels deep."""
+    """Only dicts with ``str`` keys, lists and JSON scalars (finite numbers), at most 200
+    levels deep."""
     if isinstance(value, dict):
         if depth > 200:
             return False
         for k, v in value.items():
-            if type(k) is not str or (type(v) not in _PLAIN and not _json_typed(v, depth + 1)):
+            if type(k) is not str:
+                return False
+            t = type(v)
+            if t is float:
+                if not math.isfinite(v):
+                    return False
+            elif t not in _SCALAR and not _json_typed(v, depth + 1):
                 return False
         return True
     if isinstance(value, list):
-        return depth <= 200 and all(type(v) in _PLAIN or _json_typed(v, depth + 1) for v in value)
-    return type(value) in _PLAIN
+        if depth > 200:
+            return False
+        for v in value:
+            t = type(v)
+            if t is float:
+                if not math.isfinite(v):
+                    return False
+            elif t not in _SCALAR and not _json_typed(v, depth + 1):
+                return False
+        return True
+    if type(value) is float:
+        return math.isfinite(value)
+    return type(value) in _SCALAR
 
 
 def _as_is(value: Any, cap: int) -> bool:
     """Nothing to change: JSON-typed, finite, no NUL or lone surrogate, within ``cap``
-    (one serialization checked instead of each string: most values are like this)."""
+    (one serialization checked instead of each string: most values are like this).
+
+    The serialization is orjson's (compact UTF-8, several times faster than ``json``): it
+    refuses lone surrogates and integers past 64 bits, and those values take the careful
+    path of :func:`json_value`, which decides with ``json`` as before; so does a value whose
+    UTF-8 bytes exceed ``cap`` (its characters may not)."""
     if not _json_typed(value):
         return False
     try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (ValueError, RecursionError):
+        text = orjson.dumps(value)
+    except orjson.JSONEncodeError:
         return False
     # NUL is serialized as \u0000 (a false alarm on a literal "\u0000" only costs the walk).
-    return len(text) <= cap and "\\u0000" not in text and _BAD.search(text) is None
+    return len(text) <= cap and b"\\u0000" not in text
 
 
 def json_value(value: Any, notes: Notes | None = None, *, cap: int = JSON_CAP) -> Any:

@@ -59,6 +59,24 @@ def test_nul_and_lone_surrogates_are_escaped_and_noted():
     assert storable.text("x" * 50, cap=10) == "x" * 9 + "…"
 
 
+def test_values_that_need_nothing_are_kept_and_the_rest_is_found_at_any_depth():
+    clean = {"t": "你好" * 1000, "n": [1, 2.5, None, True, {"deep": [2**62]}]}
+    assert storable.json_value(clean) is clean  # nothing to change: the value itself
+    big = {"n": [{"deep": [2**70, -(2**70)]}]}  # past 64 bits: the careful path, exact
+    assert storable.json_value(big) == big
+    for bad in (
+        {"a": [{"b": [float("inf")]}]},
+        {"a": [[["x\x00"]]]},
+        [{"s": b"\xfe".decode("utf-8", "surrogateescape")}],
+        {"a": float("-inf")},
+        float("nan"),
+    ):
+        notes = storable.Notes()
+        out = storable.json_value(bad, notes)
+        assert out != bad and notes, bad
+    assert storable.json_value({"k": "x" * 100}, cap=50)["_truncated"] is True
+
+
 def test_oversize_values_become_a_marked_summary():
     res = storable.result({"ok": True, "message": "big", "rows": ["x" * 1000] * 3000})
     assert res is not None and res["_truncated"] and res["ok"] is True
