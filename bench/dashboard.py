@@ -98,6 +98,8 @@ async def _cases(http: httpx.AsyncClient, engine: Any) -> list[Case]:
         _get("jobs q=<session id>, all time", "/api/v1/jobs?q=s4439&limit=50"),
         _get("jobs q=quota (text), last 24 h", f"/api/v1/jobs?q=quota&since={since}&limit=50"),
         _get("jobs q=quota (text), all time", "/api/v1/jobs?q=quota&limit=50"),
+        _get("jobs q=VIDEO (skill name part), all time", "/api/v1/jobs?q=VIDEO&limit=50"),
+        _get("jobs q=VIDEO, status=failed", "/api/v1/jobs?q=VIDEO&status=failed&limit=50"),
         _get(
             "jobs q=<absent text>, last 24 h", f"/api/v1/jobs?q=nosuchthing&since={since}&limit=50"
         ),

@@ -77,11 +77,12 @@ async def list_jobs(
     session: AsyncSession, flt: JobFilter, *, limit: int = 50, cursor: str | None = None
 ) -> tuple[list[Job], str | None]:
     """One page of jobs, newest first, and the cursor of the next page (or None). A
-    free-text ``q`` that matches little is found through its own indexes (``pg_trgm`` on
-    skill and error, the primary key, session and actor: the planner's bitmap), a common
-    one by the newest-first walk, which meets its matches within a few rows."""
+    free-text ``q`` that matches little is found through its own indexes (the skill names
+    it matches, ``pg_trgm`` on error, the primary key, session and actor: the planner's
+    bitmap), a common one by the newest-first walk, which meets its matches within a few
+    rows."""
     limit = max(1, min(int(limit), MAX_PAGE))
-    conds: list[Any] = flt.conditions()
+    conds: list[Any] = await flt.conditions_in(session)
     if cursor:
         c_at, c_id = decode_cursor(cursor)
         # ``created_at <= c`` alone is an index range; the OR only breaks ties.

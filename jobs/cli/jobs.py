@@ -172,8 +172,9 @@ def list_jobs(
 
         from jobs.models import Job
 
-        q = select(Job).where(*flt.conditions()).order_by(Job.created_at.desc()).limit(limit)
         async with svc.sessionmaker() as s:
+            conds = await flt.conditions_in(s)
+            q = select(Job).where(*conds).order_by(Job.created_at.desc()).limit(limit)
             return list((await s.scalars(q)).all())
 
     rows = with_services(_go, redis=False)

@@ -149,7 +149,8 @@ async def matching_jobs(
     cancel: queued and running)."""
     if not flt.status:
         flt = replace(flt, status=_DEFAULT_STATUS[action])
-    conds = flt.conditions()
+    async with svc.sessionmaker() as s:
+        conds = await flt.conditions_in(s)
     if flt.incident:
         found = await incidents.get_incident(svc.sessionmaker, flt.incident)
         if found is None:

@@ -13,11 +13,13 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, or_
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
 from jobs.models import JOB_STATUSES, Job
@@ -132,10 +134,18 @@ class JobFilter:
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v not in (None, ())}
 
-    def conditions(self) -> list[ColumnElement[bool]]:
+    async def conditions_in(self, session: AsyncSession) -> list[ColumnElement[bool]]:
+        """``conditions()`` for a query in ``session``: the skill names a text search
+        matches are looked up first (``skills_containing``), so every branch is indexed."""
+        if self.q and not _is_id_prefix(self.q):
+            return self.conditions(await skills_containing(session, like_pattern(self.q)))
+        return self.conditions()
+
+    def conditions(self, skills: Sequence[str] | None = None) -> list[ColumnElement[bool]]:
         """The SQL conditions on ``jobs`` (``incident`` is matched by its caller). Every
         field but ``error_type`` (which only narrows the others) has an index:
-        ``(status|skill|channel|role_id, created_at)`` and the text search's."""
+        ``(status|skill|channel|role_id, created_at)`` and the text search's (``skills``:
+        the skill names the text matches, see ``conditions_in``)."""
         conds: list[ColumnElement[bool]] = []
         if len(self.status) == 1:
             conds.append(Job.status == self.status[0])
@@ -154,24 +164,57 @@ class JobFilter:
         if self.until is not None:
             conds.append(Job.created_at < self.until)
         if self.q:
-            conds.append(text_match(self.q))
+            conds.append(text_match(self.q, skills))
         return conds
 
 
-def text_match(q: str) -> ColumnElement[bool]:
+async def skills_containing(session: AsyncSession, pattern: str) -> list[str]:
+    """The distinct skill names of ``jobs`` that match ``pattern`` (an escaped, case-
+    insensitive ``LIKE`` pattern), found by a skip-scan of ``ix_jobs_skill_created``: one
+    index probe per distinct name (a few dozen), whatever the number of jobs.
+
+    The job search then looks the jobs up by those names through the same index. A trigram
+    index on ``skill`` served this before; it cost a GIN entry on every version of every job
+    row (three per job) for a column with few distinct values (migration 0015). The names
+    are resolved first, in their own statement, so the planner sees them: an ``ANY`` of a
+    sub-select would be estimated as matching most of the table."""
+    lowest, later = Job.__table__.alias("lowest"), Job.__table__.alias("later")
+    names = select(func.min(lowest.c.skill).label("name")).cte("skill_names", recursive=True)
+    step = select(
+        select(func.min(later.c.skill)).where(later.c.skill > names.c.name).scalar_subquery()
+    ).where(names.c.name.is_not(None))
+    names = names.union_all(step)
+    found = await session.execute(
+        select(names.c.name).where(names.c.name.ilike(pattern, escape="\\"))
+    )
+    return [name for (name,) in found]
+
+
+def _is_id_prefix(q: str) -> bool:
+    return bool(_HEX_ID.match(q.lower()))
+
+
+def like_pattern(q: str) -> str:
+    """``q`` as a ``LIKE … ESCAPE '\\'`` substring pattern (``%`` and ``_`` literal)."""
+    return "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def text_match(q: str, skills: Sequence[str] | None = None) -> ColumnElement[bool]:
     """``q`` that looks like a job id (6–32 hex digits) is an id-prefix lookup on the
     primary key; anything else is a case-insensitive substring of skill or error, or
-    exactly the job id, origin session or actor (on PostgreSQL every branch has an index:
-    ``pg_trgm`` for the substrings, migration 0006)."""
+    exactly the job id, origin session or actor. ``skills``: the skill names that contain
+    ``q`` (``skills_containing``), so that branch is an index lookup by name; without them
+    it is a substring match of every row's skill. Every branch has an index (the skill
+    names ``ix_jobs_skill_created``, the error ``pg_trgm`` on PostgreSQL, migration 0006)."""
     q = q.strip()
-    if _HEX_ID.match(q.lower()):
+    if _is_id_prefix(q):
         prefix = q.lower()
         # Both bounds are hex-only strings, so every collation orders them alike.
         return and_(Job.id >= prefix.ljust(32, "0"), Job.id <= prefix.ljust(32, "f"))
-    pattern = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    pattern = like_pattern(q)
     return or_(
         Job.id == q,
-        Job.skill.ilike(pattern, escape="\\"),
+        Job.skill.ilike(pattern, escape="\\") if skills is None else Job.skill.in_(skills),
         Job.error.ilike(pattern, escape="\\"),
         Job.session_id == q,
         Job.actor_key == q,

@@ -1,6 +1,12 @@
-"""Migration 0014 on both backends: the lease, finish-time and (PostgreSQL) error-text
-indexes of ``jobs`` hold only rows where the column is set, the planner still uses them for
-the queries that need them, and an existing database upgrades (and downgrades) in place."""
+"""Migrations 0014 and 0015 on both backends.
+
+0014: the lease, finish-time and (PostgreSQL) error-text indexes of ``jobs`` hold only rows
+where the column is set, the planner still uses them for the queries that need them, and an
+existing database upgrades (and downgrades) in place.
+
+0015: the skill-name trigram index is gone; the job search still finds every job whose
+skill contains the text (case-insensitive, ``%``/``_`` taken literally), through
+``ix_jobs_skill_created`` on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,12 +19,12 @@ import pytest
 from alembic import command
 from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from jobs.db import create_engine
 from jobs.migrate import alembic_config, upgrade
 from jobs.models import Job
-from jobs.queue.filters import text_match
+from jobs.queue.filters import JobFilter, like_pattern, skills_containing, text_match
 
 PARTIAL = {"ix_jobs_lease_expires_at": "lease_expires_at", "ix_jobs_finished": "finished_at"}
 
@@ -130,8 +136,9 @@ async def test_indexes_hold_only_rows_where_set_and_still_serve(fresh: AsyncEngi
     if fresh.dialect.name == "postgresql" and "ix_jobs_error_trgm" in found:
         assert found["ix_jobs_error_trgm"].lower() == "error is not null"
         assert "ix_jobs_error_trgm" in await _plan(fresh, TRGM_QUERY)
-        # the dashboard's free-text search (an OR over five columns) still takes it
-        search = select(Job.id).where(text_match("quota"))
+        # the dashboard's free-text search (an OR over five columns, the skill names it
+        # matches resolved first: none here) still takes it
+        search = select(Job.id).where(text_match("quota", []))
         compiled = search.compile(dialect=fresh.dialect, compile_kwargs={"literal_binds": True})
         assert "ix_jobs_error_trgm" in await _plan(fresh, str(compiled))
     async with fresh.connect() as conn:  # what they serve is still found
@@ -147,7 +154,7 @@ async def test_an_existing_database_upgrades_and_downgrades_in_place(fresh: Asyn
     await _insert_jobs(fresh)
     before = await _indexes(fresh)
     assert all(before[name] == "" for name in PARTIAL)
-    await upgrade(fresh)
+    await upgrade(fresh, "0014")
     after = await _indexes(fresh)
     assert all(after[name] for name in PARTIAL)
     assert set(after) == set(before)  # the same indexes, nothing lost or added
@@ -162,3 +169,93 @@ async def test_an_existing_database_upgrades_and_downgrades_in_place(fresh: Asyn
     assert await _indexes(fresh) == before
     async with fresh.connect() as conn:
         assert await conn.scalar(text("SELECT count(*) FROM jobs")) == 4
+
+
+SKILLS = ["noop", "web-search", "Web_Scraper", "image-gen", "weather", "100%-done", "a_b", "axb"]
+
+
+async def _insert_skills(engine: AsyncEngine, skills: list[str], per: int) -> None:
+    now = time.time()
+    rows = [
+        {"id": f"{n:03d}{i:04d}", "skill": skill, "now": now + i}
+        for n, skill in enumerate(skills)
+        for i in range(per)
+    ]
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO jobs (id, skill, status, attempts, input, context, fetches, "
+                "wall_sec, channel, session_id, external_id, actor_key, role_id, org_id, "
+                "lease_token, cancel_requested, created_at, queued_at, updated_at, priority) "
+                "VALUES (:id, :skill, 'succeeded', 1, '{}', '{}', '[]', 60, 'web', '', '', "
+                "'', '', '', 0, false, :now, :now, :now, 3)"
+            ),
+            rows,
+        )
+
+
+async def _search(engine: AsyncEngine, q: str) -> set[str]:
+    """The skills of the jobs the job list's text search finds, both ways: with the skill
+    names resolved first (what the list and bulk actions do) and without."""
+    flt = JobFilter(q=q)
+    async with AsyncSession(engine) as session:
+        resolved = select(Job.skill).where(*await flt.conditions_in(session)).distinct()
+        found = set((await session.scalars(resolved)).all())
+        plain = set((await session.scalars(select(Job.skill).where(text_match(q)))).all())
+    assert found == plain
+    return found
+
+
+@pytest.mark.parametrize(
+    ("q", "expected"),
+    [
+        ("web", {"web-search", "Web_Scraper"}),
+        ("WEB", {"web-search", "Web_Scraper"}),
+        ("_", {"Web_Scraper", "a_b"}),  # literally an underscore, not "any character"
+        ("%", {"100%-done"}),
+        ("a_b", {"a_b"}),
+        ("-", {"web-search", "image-gen", "100%-done"}),
+        ("noop", {"noop"}),
+        ("nosuchskill", set()),
+    ],
+)
+async def test_skill_substring_search_finds_exactly_the_matching_skills(
+    fresh: AsyncEngine, q: str, expected: set[str]
+) -> None:
+    await upgrade(fresh)
+    assert await _search(fresh, q) == set()  # an empty table: no names, no match, no error
+    await _insert_skills(fresh, SKILLS, 3)
+    assert await _search(fresh, q) == expected
+    assert expected == {s for s in SKILLS if q.lower() in s.lower()}
+
+
+async def test_skill_search_needs_no_trigram_index_and_uses_the_skill_index(
+    fresh: AsyncEngine,
+) -> None:
+    await upgrade(fresh, "0014")
+    before = await _indexes(fresh)
+    await upgrade(fresh)
+    after = await _indexes(fresh)
+    assert "ix_jobs_skill_trgm" not in after
+    assert set(before) - set(after) <= {"ix_jobs_skill_trgm"}
+    await _insert_skills(fresh, SKILLS, 200)
+    if fresh.dialect.name == "postgresql":
+        async with fresh.begin() as conn:
+            await conn.execute(text("ANALYZE jobs"))
+        async with AsyncSession(fresh) as session:
+            names = await skills_containing(session, like_pattern("scrap"))
+        assert names == ["Web_Scraper"]
+        search = select(Job.id).where(text_match("scrap", names))
+        compiled = search.compile(dialect=fresh.dialect, compile_kwargs={"literal_binds": True})
+        plan = await _plan(fresh, str(compiled))
+        assert "ix_jobs_skill_created" in plan, plan
+        assert await _search(fresh, "scrap") == {"Web_Scraper"}
+
+        def down(sync_conn: Any) -> None:
+            cfg = alembic_config(str(fresh.url))
+            cfg.attributes["connection"] = sync_conn
+            command.downgrade(cfg, "0014")
+
+        async with fresh.begin() as conn:
+            await conn.run_sync(down)
+        assert set(await _indexes(fresh)) == set(before)
