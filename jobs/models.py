@@ -151,6 +151,11 @@ class SessionMessage(Base):
     created_at: Mapped[float] = mapped_column(Float, default=now)
 
 
+#: PostgreSQL fill factor of the tables whose rows are updated as their job runs (``jobs``,
+#: ``job_attempts``): the new version of a row can then stay on its page (migration 0016)
+UPDATED_ROWS_FILLFACTOR = 70
+
+
 class Job(Base):
     """One background (or recorded synchronous) skill run and everything that happened to it."""
 
@@ -174,6 +179,8 @@ class Job(Base):
             postgresql_where=text("lease_expires_at IS NOT NULL"),
             sqlite_where=text("lease_expires_at IS NOT NULL"),
         ),
+        # room on each page for the row's next versions (claimed, finished): migration 0016
+        {"postgresql_with": {"fillfactor": UPDATED_ROWS_FILLFACTOR}},
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True, default=new_id)
@@ -282,7 +289,10 @@ class JobAttempt(Base):
     """One run of a job's skill (transient re-runs and manual retries each add one)."""
 
     __tablename__ = "job_attempts"
-    __table_args__ = (UniqueConstraint("job_id", "number", name="uq_job_attempt"),)
+    __table_args__ = (
+        UniqueConstraint("job_id", "number", name="uq_job_attempt"),
+        {"postgresql_with": {"fillfactor": UPDATED_ROWS_FILLFACTOR}},  # (migration 0016)
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))

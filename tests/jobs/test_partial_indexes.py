@@ -6,7 +6,10 @@ existing database upgrades (and downgrades) in place.
 
 0015: the skill-name trigram index is gone; the job search still finds every job whose
 skill contains the text (case-insensitive, ``%``/``_`` taken literally), through
-``ix_jobs_skill_created`` on PostgreSQL."""
+``ix_jobs_skill_created`` on PostgreSQL.
+
+0016: on PostgreSQL ``jobs`` and ``job_attempts`` are filled to 70 % per page (room for
+the next versions of their rows); downgrading resets it."""
 
 from __future__ import annotations
 
@@ -259,3 +262,30 @@ async def test_skill_search_needs_no_trigram_index_and_uses_the_skill_index(
         async with fresh.begin() as conn:
             await conn.run_sync(down)
         assert set(await _indexes(fresh)) == set(before)
+
+
+async def test_updated_tables_leave_room_on_their_pages(fresh: AsyncEngine) -> None:
+    await upgrade(fresh)
+    if fresh.dialect.name != "postgresql":
+        return  # (SQLite has no fill factor; the migration is a no-op there)
+
+    async def options() -> dict[str, list[str] | None]:
+        async with fresh.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    "SELECT relname, reloptions FROM pg_class "
+                    "WHERE relname IN ('jobs', 'job_attempts') AND relkind = 'r'"
+                )
+            )
+            return {row[0]: row[1] for row in rows}
+
+    assert await options() == {"jobs": ["fillfactor=70"], "job_attempts": ["fillfactor=70"]}
+
+    def down(sync_conn: Any) -> None:
+        cfg = alembic_config(str(fresh.url))
+        cfg.attributes["connection"] = sync_conn
+        command.downgrade(cfg, "0015")
+
+    async with fresh.begin() as conn:
+        await conn.run_sync(down)
+    assert await options() == {"jobs": None, "job_attempts": None}
