@@ -47,7 +47,9 @@ class Batcher(Generic[I, R]):
         self.concurrency = concurrency
         self.name = name
         self._pending: list[tuple[I, asyncio.Future[R]]] = []
+        #: the drains taking items (each leaves as it returns)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: batches flushed and items carried (for metrics and the benchmark)
         self.flushes = 0
         self.items = 0
@@ -70,24 +72,48 @@ class Batcher(Generic[I, R]):
 
     def _add(self, item: I) -> asyncio.Future[R]:
         loop = asyncio.get_running_loop()
-        if any(t.get_loop() is not loop for t in self._tasks):
+        if loop is not self._loop:
             # left over from an event loop that is gone: nobody waits for those any more
             self._tasks = {t for t in self._tasks if t.get_loop() is loop}
             self._pending = [(i, f) for i, f in self._pending if f.get_loop() is loop]
+            self._loop = loop
         fut: asyncio.Future[R] = loop.create_future()
         self._pending.append((item, fut))
-        # (a drain that has just returned stays in the set until its done-callback runs)
-        if sum(not t.done() for t in self._tasks) < self.concurrency:
-            task = loop.create_task(self._drain(), name=f"batcher:{self.name}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        # (a drain leaves the set as it returns, so an item added after that starts another)
+        if len(self._tasks) < self.concurrency:
+            self._start(loop)
         return fut
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        task = loop.create_task(self._drain(), name=f"batcher:{self.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        if task not in self._tasks:
+            return
+        # cancelled before its first step, so it never took its items: another drain does
+        self._tasks.discard(task)
+        loop = task.get_loop()
+        if (
+            loop is self._loop
+            and not loop.is_closed()
+            and len(self._tasks) < self.concurrency
+            and any(not f.done() for _, f in self._pending)
+        ):
+            self._start(loop)
 
     def _log_failure(self, fut: asyncio.Future[R]) -> None:
         if not fut.cancelled() and fut.exception() is not None:
             log.warning("%s: a pushed write failed: %r", self.name, fut.exception())
 
     async def _drain(self) -> None:
+        try:
+            await self._drain_pending()
+        finally:
+            self._tasks.discard(asyncio.current_task())
+
+    async def _drain_pending(self) -> None:
         while self._pending:
             batch = self._pending[: self.max_batch]
             del self._pending[: self.max_batch]

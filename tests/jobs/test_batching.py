@@ -161,6 +161,39 @@ async def test_an_item_added_as_the_drain_ends_is_not_stranded():
         await b.flush()
 
 
+async def test_a_drain_cancelled_before_its_first_step_leaves_no_item_behind():
+    """A drain task cancelled before it ever ran (none of its code runs) neither keeps its
+    place against the concurrency nor strands the items it was started for."""
+
+    async def flush(items: list[int]) -> list[int]:
+        return items
+
+    b: Batcher[int, int] = Batcher(flush, concurrency=1)
+    first = b.push(1)
+    (drain,) = b._tasks
+    drain.cancel()  # before the loop ever ran it
+    await asyncio.sleep(0)
+    assert drain.cancelled() and not first.done()
+    async with asyncio.timeout(5):
+        assert await b.submit(2) == 2
+        assert await first == 1
+    await b.flush()
+    assert not b._tasks
+
+
+async def test_an_item_added_in_the_step_a_drain_is_cancelled_in_is_written():
+    async def flush(items: list[int]) -> list[int]:
+        return items
+
+    b: Batcher[int, int] = Batcher(flush, concurrency=1)
+    first = b.push(1)
+    (drain,) = b._tasks
+    drain.cancel()
+    second = b.push(2)  # the same step: the cancelled drain still holds the only place
+    async with asyncio.timeout(5):
+        assert await first == 1 and await second == 2
+
+
 async def test_concurrency_bounds_the_flushes_in_flight():
     in_flight = peak = 0
 
