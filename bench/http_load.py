@@ -10,6 +10,11 @@ Starts the servers (the worker draining the same jobs meanwhile) and loads them 
 - ``embedded``: ``skilljobs up``, the embedded default (SQLite in the data directory,
   bundled Redis; the web app in the process, its worker a child process of its own).
 
+``--pause-ms N`` adds a paced background run after the maximum one: each connection waits
+N ms after an answer (wrk's ``delay()``), so the rate sits below the maximum (N = 7 gives
+about 2,000/s at 20 connections where a receipt takes ~3 ms) and the latency is that of a
+front door with headroom, not of a saturated host.
+
 Per run: ``GET /healthz`` (the HTTP floor), background dispatches of the no-op skill from an
 ``orgdeleg:`` session (recorded, enqueued, run by the worker meanwhile) and sync dispatches
 of the bundled ``echo`` (the executor processes of the web app). Afterwards it counts the
@@ -74,8 +79,12 @@ def ms(text: str) -> float:
     return float(m.group(1)) * UNITS[m.group(2)]
 
 
-def wrk(url: str, seconds: int, body: dict[str, Any] | None, tmp: Path) -> dict[str, float]:
-    """One ``wrk -t2 -c20`` run: requests/s, latency percentiles (ms), errors."""
+def wrk(
+    url: str, seconds: int, body: dict[str, Any] | None, tmp: Path, pause_ms: int = 0
+) -> dict[str, float]:
+    """One ``wrk -t2 -c20`` run: requests/s, latency percentiles (ms), errors.
+    ``pause_ms``: each connection waits that long after an answer before its next request
+    (wrk's ``delay()``), so the load is below the server's maximum."""
     cmd = ["wrk", "-t2", "-c20", f"-d{seconds}s", "--latency"]
     if body is not None:
         script = tmp / "post.lua"
@@ -84,6 +93,7 @@ def wrk(url: str, seconds: int, body: dict[str, Any] | None, tmp: Path) -> dict[
             f"wrk.body = {json.dumps(json.dumps(body))}\n"
             'wrk.headers["Content-Type"] = "application/json"\n'
             f'wrk.headers["Authorization"] = "Bearer {TOKEN}"\n'
+            + (f"function delay() return {pause_ms} end\n" if pause_ms else "")
         )
         cmd += ["-s", str(script)]
     out = subprocess.run([*cmd, url], capture_output=True, text=True, check=True).stdout
@@ -177,7 +187,7 @@ def _sqlite_count(path: Path) -> tuple[int, int]:
     return int(total), int(done)
 
 
-def one_run(tree: Path, backend: str, seconds: int) -> dict[str, Any]:
+def one_run(tree: Path, backend: str, seconds: int, pause_ms: int = 0) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-http-"))
     port = free_port()
     prefix = f"bench{uuid.uuid4().hex[:8]}"
@@ -242,6 +252,9 @@ def one_run(tree: Path, backend: str, seconds: int) -> dict[str, Any]:
         wrk(url, 2, SYNC, tmp)
         out["healthz"] = wrk(base + "/healthz", seconds, None, tmp)
         out["sync"] = wrk(url, seconds, SYNC, tmp)  # before the worker has a backlog
+        if pause_ms:  # paced first (no backlog yet): what a receipt costs with headroom
+            out["paced"] = wrk(url, seconds, BACKGROUND, tmp, pause_ms)
+            time.sleep(2)  # (the worker drains what it took)
         worker = procs[1].pid if len(procs) > 1 else _worker_child(proc.pid)
         cpu0, wcpu0, t0 = _cpu(proc.pid), _cpu(worker), time.monotonic()
         out["background"] = wrk(url, seconds, BACKGROUND, tmp)
@@ -288,8 +301,9 @@ def line(r: dict[str, Any]) -> str:
             f"max {x.get('max', 0):7.1f} ms non2xx {x['non2xx']:.0f}"
         )
 
+    paced = f" | {part('paced')}" if "paced" in r else ""
     return (
-        f"{r['tree']:>8} {r['backend']:>8} | {part('healthz')} | {part('background')} | "
+        f"{r['tree']:>8} {r['backend']:>8} | {part('healthz')} | {part('background')}{paced} | "
         f"{part('sync')} | web CPU {r['web_cpu']:.0%} worker {r['worker_cpu']:.0%} | rows {r['rows']} (drained {r['drained']}) locked {r['locked']} "
         f"tracebacks {r['errors_logged']}"
     )
@@ -302,6 +316,13 @@ def main() -> int:
     ap.add_argument("--before", help="a commit to run as the comparator, interleaved")
     ap.add_argument("--only", default="pg,embedded")
     ap.add_argument("--json", type=Path, help="append every run's figures here")
+    ap.add_argument(
+        "--pause-ms",
+        type=int,
+        default=0,
+        help="also run the background load paced: each connection waits this long between "
+        "requests (e.g. 7: about 2,000/s at 20 connections on a 2-vCPU host)",
+    )
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install -y wrk")
@@ -318,7 +339,7 @@ def main() -> int:
         for rep in range(args.reps):
             for backend in args.only.split(","):
                 for tree in trees:
-                    r = one_run(tree, backend, args.seconds)
+                    r = one_run(tree, backend, args.seconds, args.pause_ms)
                     r["tree"] = "before" if tree != ROOT else "after"
                     r["rep"] = rep
                     print(line(r), flush=True)
