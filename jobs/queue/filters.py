@@ -137,8 +137,9 @@ class JobFilter:
     async def conditions_in(self, session: AsyncSession) -> list[ColumnElement[bool]]:
         """``conditions()`` for a query in ``session``: the skill names a text search
         matches are looked up first (``skills_containing``), so every branch is indexed."""
-        if self.q and not _is_id_prefix(self.q):
-            return self.conditions(await skills_containing(session, like_pattern(self.q)))
+        q = (self.q or "").strip()
+        if q and not _is_id_prefix(q):
+            return self.conditions(await skills_containing(session, like_pattern(q)))
         return self.conditions()
 
     def conditions(self, skills: Sequence[str] | None = None) -> list[ColumnElement[bool]]:

@@ -97,6 +97,16 @@ async def _plan(engine: AsyncEngine, sql: str) -> str:
         return "\n".join(" ".join(str(c) for c in r) for r in rows)
 
 
+async def _downgrade(engine: AsyncEngine, revision: str) -> None:
+    def down(sync_conn: Any) -> None:
+        cfg = alembic_config(str(engine.url))
+        cfg.attributes["connection"] = sync_conn
+        command.downgrade(cfg, revision)
+
+    async with engine.begin() as conn:
+        await conn.run_sync(down)
+
+
 async def _insert_jobs(engine: AsyncEngine) -> None:
     now = time.time()
     async with engine.begin() as conn:
@@ -162,13 +172,7 @@ async def test_an_existing_database_upgrades_and_downgrades_in_place(fresh: Asyn
     assert all(after[name] for name in PARTIAL)
     assert set(after) == set(before)  # the same indexes, nothing lost or added
 
-    def down(sync_conn: Any) -> None:
-        cfg = alembic_config(str(fresh.url))
-        cfg.attributes["connection"] = sync_conn
-        command.downgrade(cfg, "0013")
-
-    async with fresh.begin() as conn:
-        await conn.run_sync(down)
+    await _downgrade(fresh, "0013")
     assert await _indexes(fresh) == before
     async with fresh.connect() as conn:
         assert await conn.scalar(text("SELECT count(*) FROM jobs")) == 4
@@ -254,13 +258,7 @@ async def test_skill_search_needs_no_trigram_index_and_uses_the_skill_index(
         assert "ix_jobs_skill_created" in plan, plan
         assert await _search(fresh, "scrap") == {"Web_Scraper"}
 
-        def down(sync_conn: Any) -> None:
-            cfg = alembic_config(str(fresh.url))
-            cfg.attributes["connection"] = sync_conn
-            command.downgrade(cfg, "0014")
-
-        async with fresh.begin() as conn:
-            await conn.run_sync(down)
+        await _downgrade(fresh, "0014")
         assert set(await _indexes(fresh)) == set(before)
 
 
@@ -281,11 +279,5 @@ async def test_updated_tables_leave_room_on_their_pages(fresh: AsyncEngine) -> N
 
     assert await options() == {"jobs": ["fillfactor=70"], "job_attempts": ["fillfactor=70"]}
 
-    def down(sync_conn: Any) -> None:
-        cfg = alembic_config(str(fresh.url))
-        cfg.attributes["connection"] = sync_conn
-        command.downgrade(cfg, "0015")
-
-    async with fresh.begin() as conn:
-        await conn.run_sync(down)
+    await _downgrade(fresh, "0015")
     assert await options() == {"jobs": None, "job_attempts": None}

@@ -10,7 +10,7 @@ list, a periodic merge inside whichever transaction overflowed it) for every ver
 every job row — three per job — for a column with a few dozen distinct values. The search
 now finds the matching names by a skip-scan of ``ix_jobs_skill_created`` (one probe per
 distinct name) and looks the jobs up by those names through the same index
-(``jobs.queue.filters.SkillContains``): same results, no entry per row version.
+(``jobs.queue.filters.skills_containing``): same results, no entry per row version.
 """
 
 from __future__ import annotations

@@ -9,11 +9,10 @@ on PostgreSQL each update writes a new version of the row. With full pages (fill
 100) the new version goes to another page: the old one is marked by a separate lock record
 in the WAL, and the update touches two heap pages. At fill factor 70 the next versions of
 a freshly inserted row find room on its own page (measured on the no-op drain: lock
-records 2.8 → 1.2 per job, WAL −5 %; with the front door loaded by 20 connections and the
-worker draining, background dispatches 2,700–2,900/s at p99 19.6–25.8 ms before, 3,000–
-3,350/s at p99 16.6–18.1 ms after, interleaved on the same host). Applies to pages filled
-from now on; existing pages are not rewritten (``VACUUM FULL`` would, under an exclusive
-lock: not done here). PostgreSQL only.
+records 2.8 → 1.2 per job, WAL −5 %; the front door's rate and tail under load did not
+change beyond the run-to-run spread). Applies to pages filled from now on; existing
+pages are not rewritten (``VACUUM FULL`` would, under an exclusive lock: not done here).
+PostgreSQL only.
 """
 
 from __future__ import annotations
