@@ -557,6 +557,16 @@ class Executor:
                     skill, input_data, rc, self.http, wall=wall, fetcher=self.outbound()
                 )
                 return await inprocess.with_wall(coro, wall), Printed()
+        except subproc.ArgumentRefused as exc:
+            return failure(
+                f"input field {exc.field!r} was refused: {exc.reason}",
+                error_type="recoverable",
+                need_param=[exc.field],
+                field=exc.field,
+                skill=skill.name,
+            ), Printed()
+        except inputs.Refused as exc:
+            return inputs.refusal(exc, skill.name), Printed()
         except subproc.SetupError as exc:
             return failure(
                 f"skill {skill.name!r} cannot start: {exc}",
@@ -604,7 +614,19 @@ class Executor:
             skill = replace(skill, exec_type=ExecType.PYTHON_CLI)
         ws = str(rc.get("workspace_dir") or "")
         skill_dir = subproc.skill_dir(skill)
-        argv = subproc.build_command(skill, input_data, workspace=ws, skill_dir=skill_dir)
+        conf = inputs.Confinement(ws or None, _attachments(rc))
+        schema = skill.input_schema
+
+        def check(key: str, value: str, kind: str) -> None:
+            # C21: what the program reads as a path is confined, whatever the key's spelling
+            # (argparse also takes "--fi" for "--file", so a path-shaped value is a path)
+            if inputs.mode_of(key, schema) == "strong" or inputs.looks_like_path(value):
+                if not inputs.looks_like_url(value):
+                    conf.check(key, value)
+
+        argv = subproc.build_command(
+            skill, input_data, workspace=ws, skill_dir=skill_dir, check=check
+        )
         env = subproc.build_env(
             skill, rc, input_data, workspace=ws, llm_env=llm, passthrough=self.env_passthrough
         )

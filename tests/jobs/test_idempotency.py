@@ -17,7 +17,7 @@ from jobs.queue import idempotency
 from jobs.queue.dispatcher import Dispatcher
 from jobs.queue.prune import prune
 from tests.helpers.jobs import TG
-from tests.helpers.settings import ROOT
+from tests.helpers.settings import ADMIN_AUTH, ROOT
 
 
 async def _jobs(services) -> int:  # type: ignore[no-untyped-def]
@@ -81,7 +81,9 @@ async def test_key_past_its_window_makes_a_new_job(services) -> None:  # type: i
 async def test_http_header_and_body_key(services) -> None:  # type: ignore[no-untyped-def]
     app = create_app(services.settings, services=services)
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://127.0.0.1",
+        headers=ADMIN_AUTH,
     ) as c:
         body = {"skill": "bg_sleep", "input": {"seconds": 0.01}, "context": TG}
         a = await c.post("/api/v1/dispatch", json=body, headers={"Idempotency-Key": "h-1"})

@@ -1,0 +1,173 @@
+"""Trust at every door: what a chat user, a model, a local process or a Redis writer can
+send through the real web app and worker (SQLite and PostgreSQL) reaches nothing it should
+not — host files through rendered command lines, unvetted Apprise URLs, the API without a
+token, recipients chosen by Redis — and results never vanish."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from dashboard.app import create_app
+from jobs.queue import store
+from tests.helpers.jobs import drain
+from tests.helpers.net import LoopbackServer, Reply
+from tests.helpers.settings import ADMIN_AUTH
+
+pytestmark = pytest.mark.integration
+
+TG_A = {"channel": "telegram", "actor_key": "1001", "role_id": "r1", "org_id": "o1"}
+TG_B = {"channel": "telegram", "actor_key": "1002", "role_id": "r1", "org_id": "o1"}
+
+
+def api(svc: Any, **headers: str) -> httpx.AsyncClient:
+    app = create_app(svc.settings, services=svc)
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://127.0.0.1",
+        headers={**ADMIN_AUTH, **headers},
+    )
+
+
+async def run(svc: Any, skill: str, inp: Any, ctx: dict[str, Any]) -> dict[str, Any]:
+    """Dispatch through the web app; the answer (sync line) or the finished job's result
+    (background line, drained by a real worker)."""
+    async with api(svc) as c:
+        res = await c.post("/api/v1/dispatch", json={"skill": skill, "input": inp, "context": ctx})
+    assert res.status_code in (200, 202), res.text
+    body = res.json()
+    if res.status_code == 200:
+        return dict(body)
+    await drain(svc)
+    job = await store.get_job(svc.sessionmaker, body["job_id"])
+    if job.result is not None:
+        return dict(svc.box.unseal(job.result))
+    return {"ok": False, "error": job.error, "status": job.status}
+
+
+# --- 1. arguments are checked as rendered -----------------------------------------------
+
+
+async def test_cli_arguments_cannot_name_host_files(trust) -> None:
+    secret = trust.settings.data_dir / "secret.key"
+    secret.write_text("top-secret-key-material")
+    attempts = [
+        {"file=" + str(secret): True},  # one argv item: --file=<path>
+        {"filePath": str(secret)},
+        {"file-path": str(secret)},
+        {"inputFile": str(secret)},
+        {"fil": str(secret)},  # argparse takes --fil for --file
+        {"text": "a\n1\n", "column": ["a", "--file=" + str(secret)]},
+        {"-f": str(secret)},
+    ]
+    for inp in attempts:
+        out = await run(trust, "csv_stats", inp, TG_A)
+        text = json.dumps(out)
+        assert out.get("ok") is False, (inp, out)
+        assert "top-secret" not in text, inp
+        assert out.get("error_type") == "recoverable", (inp, out)
+        key = next(iter(inp)) if len(inp) == 1 else "column"
+        assert key in out["error"], (inp, out)
+    # the positive control: a workspace file by any spelling is read
+    ok = await run(trust, "csv_stats", {"text": "a,b\n1,2\n3,4\n"}, TG_A)
+    assert ok.get("ok") is not False and "2" in json.dumps(ok), ok
+
+
+# --- 2. notify vets what Apprise will use -----------------------------------------------
+
+
+@pytest.fixture
+async def sinks() -> Any:
+    servers = [await LoopbackServer().start() for _ in range(2)]
+    for srv in servers:
+        srv.routes["/hook"] = Reply(200, b'{"ok": true}', {"content-type": "application/json"})
+    yield servers
+    for srv in servers:
+        await srv.close()
+
+
+async def test_notify_refuses_a_second_url_riding_along(trust, sinks, monkeypatch) -> None:
+    allowed, other = sinks
+    good = f"json://127.0.0.1:{allowed.port}/hook"
+    monkeypatch.setenv("SKILLJOBS_NOTIFY_ALLOW_URLS", f"json://127.0.0.1:{allowed.port}")
+    monkeypatch.setenv("SKILLJOBS_FETCH_ALLOW_HOSTS", "127.0.0.1")
+    riders = [
+        f"{good}, json://user:hunter2pw@127.0.0.1:{other.port}/hook",
+        f"{good} json://user:hunter2pw@127.0.0.1:{other.port}/hook",
+        f"{good};json://user:hunter2pw@127.0.0.1:{other.port}/hook",
+        f"{good}\njson://user:hunter2pw@127.0.0.1:{other.port}/hook",
+    ]
+    for target in riders:
+        out = await run(trust, "notify", {"message": "hi", "target": target}, TG_A)
+        assert out.get("ok") is False, (target, out)
+        assert "hunter2pw" not in json.dumps(out), out
+    assert other.connections == 0 and allowed.connections == 0  # the whole call refused
+    ok = await run(trust, "notify", {"message": "hi", "target": good}, TG_A)
+    assert ok.get("ok") is True, ok
+    assert allowed.connections >= 1 and other.connections == 0
+
+
+# --- 3. no tokenless admin ----------------------------------------------------------------
+
+
+async def test_no_token_is_401_and_read_token_reads(trust) -> None:
+    from pydantic import SecretStr
+
+    trust.settings.api_read_token = SecretStr("read-only-token-0123456789abcdef0123")
+    app = create_app(trust.settings, services=trust)
+    put = "/api/v1/roles/r1/skills/echo/config"
+    for headers in ({}, {"x-forwarded-for": "127.0.0.1"}):
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1", headers=headers
+        ) as c:
+            assert (await c.get("/api/v1/jobs")).status_code == 401
+            assert (await c.put(put, json={"k": "v"})).status_code == 401
+    async with api(trust, authorization="Bearer read-only-token-0123456789abcdef0123") as c:
+        assert (await c.get("/api/v1/jobs")).status_code == 200
+        assert (await c.put(put, json={"k": "v"})).status_code == 403
+    async with api(trust) as c:
+        assert (await c.put(put, json={"k": "v"})).status_code == 200
+
+
+# --- 4. Redis decides nothing about recipients ---------------------------------------------
+
+
+async def test_a_forged_outbox_queue_entry_does_not_choose_the_recipient(trust, tg) -> None:
+    """A parked delivery for chat A whose id a Redis writer pushed under chat B's queue is
+    not sent to B; it reaches A, as its ledger row says."""
+    from delivery.ledger import PARKED
+    from delivery.outbox import Outbox
+    from jobs.models import Delivery
+
+    async with trust.sessionmaker() as s:
+        row = Delivery(
+            ledger_key="forged:telegram:1001:1",
+            recipient="telegram:1001",
+            channel="telegram",
+            kind="text",
+            item="t",
+            status="pending",
+            claimed_by=PARKED,
+            content={"text": "victim's report"},
+            created_at=0.0,
+            updated_at=0.0,
+        )
+        s.add(row)
+        await s.commit()
+        row_id = row.id
+    ob = Outbox(trust, "w-test")
+    await trust.redis.rpush(ob.queue_key("telegram:1002"), row_id)
+    await trust.redis.zadd(ob.due_key, {"telegram:1002": 0})
+    await ob.settle(10)
+    assert not [m for m in tg.sent if m["chat_id"] == "1002"]
+    async with trust.sessionmaker() as s:
+        assert (await s.get(Delivery, row_id)).status == "pending"  # not recorded as sent
+    assert await ob.sweep() == 1  # back under its own recipient
+    await ob.settle(10)
+    assert [m.get("text") for m in tg.sent if m["chat_id"] == "1001"] == ["victim's report"]
+    async with trust.sessionmaker() as s:
+        got = await s.get(Delivery, row_id)
+        assert got.status == "sent" and got.recipient == "telegram:1001"
