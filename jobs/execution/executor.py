@@ -29,7 +29,9 @@ import httpx
 
 from jobs import privileges
 from jobs.context import (
+    input_secrets,
     lookup_config,
+    mask_credentials,
     resolve_file_params,
     scrub,
     secret_values,
@@ -43,6 +45,7 @@ from jobs.execution.callskill import WALL_DEADLINE, bind_call_skill, within_call
 from jobs.execution.skill_output import exit_failure
 from jobs.logs import register_secrets
 from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillType
+from jobs.storable import TEXT_REPLACED, valid_text
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +265,9 @@ class Executor:
         t0 = time.perf_counter()
         name = skill if isinstance(skill, str) else getattr(skill, "name", None) or repr(skill)
         secrets = secret_values(ctx, name) if isinstance(ctx, Mapping) else []
+        # a credential given in the input (api_key, password, Authorization) and echoed
+        # back by the skill is masked in the result as it is in the stored input
+        secrets += input_secrets(input_data)
         # Every line (chat, background, chains): the run's secret configs join the log
         # filter before the skill can log anything.
         register_secrets(secrets)
@@ -278,6 +284,15 @@ class Executor:
                 secrets.append(env["MYINC_LLM_KEY"])
         if secrets:
             _scrub_outcome(out, secrets)
+        out.result = mask_credentials(out.result)
+        # valid text at the boundary: a lone surrogate (a string cut inside an emoji,
+        # undecodable bytes) becomes U+FFFD, and the result says where (C24)
+        out.result, replaced = valid_text(out.result)
+        if replaced:
+            out.result = {**out.result, TEXT_REPLACED: replaced}
+        if out.error:
+            out.error = str(valid_text(out.error)[0])
+            log.info("skill %s: invalid text replaced by U+FFFD in %s", name, replaced)
         if out.status != "succeeded":
             log_outcome(name, out)
         return out

@@ -24,6 +24,8 @@ from jobs.queue import idempotency, intake, limits, store
 from jobs.queue.broker import job_event
 from jobs.services import Services
 from jobs.skill import Skill, SkillType
+from jobs.storable import TEXT_REPLACED, valid_text
+from jobs.textcheck import context_problem, text_problem
 
 log = logging.getLogger("skilljobs.dispatch")
 
@@ -61,6 +63,28 @@ def refusal(
     status_code: int, error: str, error_type: str = "recoverable", **extra: Any
 ) -> DispatchResult:
     return DispatchResult(status_code, failure(error, error_type=error_type, **extra))
+
+
+def _typed(
+    skill: str, ctx: dict[str, Any], external_id: Any, idempotency_key: Any
+) -> DispatchResult | None:
+    """Context ids typed and every identity field storable text on both databases: else
+    400 (NUL, invalid Unicode) or 422 (wrong type, too long), naming the field."""
+    if (problem := context_problem(ctx)) is not None:
+        text = str(problem)
+        status = 400 if "NUL" in text or "Unicode" in text else 422
+        return refusal(status, text, skill=skill, field=problem.field)
+    for given, where in ((external_id, "external_id"), (idempotency_key, "idempotency_key")):
+        if isinstance(given, str) and (bad := text_problem(given)) is not None:
+            return refusal(400, f"{where} {bad}", field=where)
+    return None
+
+
+def _noted(answer: DispatchResult, replaced: list[str]) -> DispatchResult:
+    """The answer naming where the input's invalid text was replaced by U+FFFD."""
+    if replaced and isinstance(answer.body, dict):
+        answer.body = {**answer.body, TEXT_REPLACED: [f"input.{p}" for p in replaced]}
+    return answer
 
 
 def _span_attrs(skill: Skill, background: bool) -> dict[str, str | bool]:
@@ -102,6 +126,12 @@ class Dispatcher:
         for value, where in ((input, "input"), (context, "context")):
             if (bad := shape_problem(value, where)) is not None:
                 return refusal(400, f"{where} refused: {bad}", skill=skill)
+        context = dict(context or {})
+        if (refused := _typed(skill, context, external_id, idempotency_key)) is not None:
+            return refused
+        # a lone surrogate in the input (a string cut inside an emoji) becomes U+FFFD; the
+        # receipt says where (C24)
+        input, replaced = valid_text(input or {})
         if idempotency_key is not None and (bad := idempotency.key_problem(idempotency_key)):
             return refusal(400, bad)
         if priority is not None and (bad := limits.priority_problem(priority)):
@@ -166,13 +196,15 @@ class Dispatcher:
                     skill=skill,
                 )
             queued = self._enqueue(found, input_data, ctx, ext, idempotency_key, priority, segment)
-            return await telemetry.traced(
+            answer = await telemetry.traced(
                 "skilljobs.dispatch", queued, attrs=_span_attrs(found, True), outcome=_answered
             )
-        sync = self._run_now(found, input_data, ctx)
-        return await telemetry.traced(
-            "skilljobs.dispatch", sync, attrs=_span_attrs(found, False), outcome=_answered
-        )
+        else:
+            sync = self._run_now(found, input_data, ctx)
+            answer = await telemetry.traced(
+                "skilljobs.dispatch", sync, attrs=_span_attrs(found, False), outcome=_answered
+            )
+        return _noted(answer, replaced)
 
     # --- sync line ----------------------------------------------------------------------
 

@@ -171,3 +171,61 @@ async def test_a_forged_outbox_queue_entry_does_not_choose_the_recipient(trust, 
     async with trust.sessionmaker() as s:
         got = await s.get(Delivery, row_id)
         assert got.status == "sent" and got.recipient == "telegram:1001"
+
+
+# --- 6. results never vanish, text is always valid -------------------------------------------
+
+
+async def test_a_lone_surrogate_in_a_result_is_delivered_as_replacement(trust, tg) -> None:
+    """A Node skill cutting an emoji in half: the job succeeds with U+FFFD in place of the
+    half, records that it did, and the person gets the text."""
+    async with api(trust) as c:
+        res = await c.post(
+            "/api/v1/dispatch",
+            json={
+                "skill": "emoji_cut",
+                "input": {"title": "abc \U0001f600 def", "max": 5},
+                "context": TG_A,
+            },
+        )
+    assert res.status_code == 202, res.text
+    await drain(trust)
+    job = await store.get_job(trust.sessionmaker, res.json()["job_id"])
+    assert job.status == "succeeded", (job.status, job.error)
+    result = trust.box.unseal(job.result)
+    assert result["title"] == "abc \ufffd", result
+    texts = [m.get("text", "") for m in tg.sent if m["chat_id"] == "1001"]
+    assert any("abc \ufffd" in t for t in texts), tg.sent
+
+
+async def test_bad_text_and_untyped_ids_are_4xx_naming_the_field(trust) -> None:
+    def body(inp: Any, ctx: dict[str, Any]) -> bytes:
+        return json.dumps({"skill": "emoji_cut", "input": inp, "context": ctx}).encode()
+
+    cases = [
+        (body({}, {**TG_A, "actor_key": {"a": 1}}), 422, "actor_key"),
+        (body({}, {**TG_A, "actor_key": ["1001"]}), 422, "actor_key"),
+        (body({}, {**TG_A, "actor_key": "10\x0001"}), 400, "actor_key"),
+        (body({}, {**TG_A, "role_id": "r" * 200}), 422, "role_id"),
+        (body({}, {**TG_A, "session_id": "s\ud800"}), 400, "session_id"),
+        (body({}, {**TG_A, "actor_name": "Ann\x00"}), 400, "actor_name"),
+    ]
+    async with api(trust, **{"content-type": "application/json"}) as c:
+        for raw, status, field in cases:
+            res = await c.post("/api/v1/dispatch", content=raw)
+            assert res.status_code == status, (raw[:120], res.text)
+            assert field in res.json()["error"], res.text
+        for url in ("/api/v1/jobs/a%00b", "/api/v1/jobs?status=%00", "/api/v1/jobs/%ED%A0%80"):
+            res = await c.get(url)
+            assert res.status_code == 400, (url, res.text)
+            assert "NUL" in res.json()["error"] or "UTF-8" in res.json()["error"], res.text
+        # an integer chat id is its text; a lone surrogate in the input becomes U+FFFD
+        res = await c.post(
+            "/api/v1/dispatch", content=body({"title": "hi \ud83d"}, {**TG_A, "actor_key": 1001})
+        )
+        assert res.status_code == 202, res.text
+        assert res.json()["text_replaced"] == ["input.title"]
+    await drain(trust)
+    job = await store.get_job(trust.sessionmaker, res.json()["job_id"])
+    assert job.status == "succeeded" and job.actor_key == "1001", (job.status, job.error)
+    assert trust.box.unseal(job.result)["title"] == "hi \ufffd"
