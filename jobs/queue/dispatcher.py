@@ -247,7 +247,10 @@ class Dispatcher:
         # The key is claimed in the batch that records the job (one transaction); when it
         # exists already, it is looked up and, if it may be taken over, claimed on its own.
         key: tuple[str, str, float] | None = None
+        shown = idempotency_key  # the caller's key, as named in answers
         if idempotency_key is not None:
+            # the same key from another caller is another job (C23): stored scoped
+            idempotency_key = idempotency.scoped(idempotency_key, ctx)
             digest = idempotency.request_hash(skill.name, input_data)
             key = (idempotency_key, digest, time.time())
         for _ in range(STALE_TRIES):
@@ -276,7 +279,7 @@ class Dispatcher:
                 if claimed.conflict:
                     return refusal(
                         409,
-                        f"idempotency_key {idempotency_key!r} was used for another request "
+                        f"idempotency_key {shown!r} was used for another request "
                         f"(job {claimed.job_id}) with a different skill or input",
                         job_id=claimed.job_id,
                     )

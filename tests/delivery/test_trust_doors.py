@@ -229,3 +229,60 @@ async def test_bad_text_and_untyped_ids_are_4xx_naming_the_field(trust) -> None:
     job = await store.get_job(trust.sessionmaker, res.json()["job_id"])
     assert job.status == "succeeded" and job.actor_key == "1001", (job.status, job.error)
     assert trust.box.unseal(job.result)["title"] == "hi \ufffd"
+
+
+# --- 7. idempotency keys are scoped to the caller ------------------------------------------
+
+
+async def test_the_same_idempotency_key_from_two_callers_makes_two_jobs(trust, tg) -> None:
+    async with api(trust) as c:
+        ids = []
+        for ctx in (TG_A, TG_B, TG_A):
+            res = await c.post(
+                "/api/v1/dispatch",
+                json={"skill": "emoji_cut", "input": {"title": "report"}, "context": ctx},
+                headers={"Idempotency-Key": "daily-report"},
+            )
+            assert res.status_code == 202, res.text
+            ids.append(res.json()["job_id"])
+        other_role = await c.post(
+            "/api/v1/dispatch",
+            json={
+                "skill": "emoji_cut",
+                "input": {"title": "report"},
+                "context": {**TG_A, "role_id": "r2"},
+                "idempotency_key": "daily-report",
+            },
+        )
+    assert ids[0] != ids[1] and ids[0] == ids[2]  # A's retry is A's job
+    assert other_role.json()["job_id"] not in ids
+    await drain(trust)
+    for chat in ("1001", "1002"):
+        assert [m for m in tg.sent if m["chat_id"] == chat], chat  # both ran and were told
+
+
+# --- 9. echoed secrets are masked; file links carry no path -------------------------------
+
+
+async def test_credentials_echoed_by_a_skill_are_masked_in_its_result(trust, tg) -> None:
+    secrets = {
+        "api_key": "sk-live-4f9a8b7c6d5e",
+        "password": "hunter2",
+        "Authorization": "Bearer abc.def.ghi-123",
+        "nested": {"accessToken": "tok-99887766"},
+    }
+    out = await run(
+        trust,
+        "emoji_cut",
+        {"title": f"key {secrets['api_key']}", "max": 99, **secrets, "keywords": "cats dogs"},
+        TG_A,
+    )
+    text = json.dumps(out)
+    for value in ("sk-live-4f9a8b7c6d5e", "hunter2", "abc.def.ghi-123", "tok-99887766"):
+        assert value not in text, out
+    assert out["echo"]["keywords"] == "cats dogs"  # data, not a secret
+    assert out["echo"]["password"] == "••••••"
+    sent = json.dumps(
+        [m.get("text") for m in tg.sent if m["chat_id"] == "1001"], ensure_ascii=False
+    )
+    assert "sk-live-4f9a8b7c6d5e" not in sent and "key ••••••" in sent

@@ -63,19 +63,19 @@ async def test_key_past_its_window_makes_a_new_job(services) -> None:  # type: i
     d = Dispatcher(services)
     first = await d.dispatch("bg_sleep", {"seconds": 0.01}, TG, idempotency_key="k-old")
     async with services.sessionmaker() as s:
-        row = await s.get(DispatchKey, "k-old")
+        row = await s.get(DispatchKey, idempotency.scoped("k-old", TG))
         row.created_at -= idempotency.WINDOW_SEC + 60
         await s.commit()
     later = await d.dispatch("bg_sleep", {"seconds": 0.01}, TG, idempotency_key="k-old")
     assert later.status_code == 202 and later.body["job_id"] != first.body["job_id"]
     # the pruner forgets keys past their window
     async with services.sessionmaker() as s:
-        row = await s.get(DispatchKey, "k-old")
+        row = await s.get(DispatchKey, idempotency.scoped("k-old", TG))
         row.created_at -= idempotency.WINDOW_SEC + 60
         await s.commit()
     await prune(services.sessionmaker, services.settings)
     async with services.sessionmaker() as s:
-        assert await s.get(DispatchKey, "k-old") is None
+        assert await s.get(DispatchKey, idempotency.scoped("k-old", TG)) is None
 
 
 async def test_http_header_and_body_key(services) -> None:  # type: ignore[no-untyped-def]
