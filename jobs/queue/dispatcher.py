@@ -25,6 +25,7 @@ from jobs.queue.broker import job_event
 from jobs.services import Services
 from jobs.skill import Skill, SkillType
 from jobs.storable import TEXT_REPLACED, valid_text
+from jobs.syncfiles import confine_answer
 from jobs.textcheck import context_problem, text_problem
 
 log = logging.getLogger("skilljobs.dispatch")
@@ -217,6 +218,11 @@ class Dispatcher:
         runtime = dict(ctx)
         runtime.update(fixed_segment(ctx))
         runtime.setdefault("chat_mode", True)
+        # the run's own workspace, as a background job's: the session's, else (third-party
+        # channels) one per recipient — two people never share one (C1)
+        workspace = runtime.get("workspace_dir") or self._sync_workspace(runtime)
+        if workspace:
+            runtime["workspace_dir"] = workspace
         role_id = str(ctx.get("role_id") or "")
         if role_id:
             configs = await ConfigStore(self.services.sessionmaker, self.services.box).get(
@@ -225,9 +231,29 @@ class Dispatcher:
             for k, v in flatten_configs(skill.name, configs).items():
                 runtime.setdefault(k, v)
         result = await self.executor.run(skill, input_data, runtime)
+        # files the answer names: only inside the run's workspace or attachments (C5)
+        result = confine_answer(
+            result, runtime.get("workspace_dir"), runtime.get("attachments") or ()
+        )
         # The sync answer of a large result is the offload receipt, as in the background (C4).
         settings = self.services.settings
         return DispatchResult(200, offload_sync(settings, result, runtime, skill.name))
+
+    def _sync_workspace(self, runtime: dict[str, Any]) -> str | None:
+        from types import SimpleNamespace
+
+        from jobs.context import job_workspace
+
+        who = SimpleNamespace(
+            role_id=str(runtime.get("role_id") or ""),
+            session_id=str(runtime.get("session_id") or ""),
+            channel=str(runtime.get("channel") or ""),
+            actor_key=str(runtime.get("actor_key") or ""),
+            external_id=str(runtime.get("external_id") or ""),
+        )
+        root = self.services.settings.resolved_workspace_root
+        ws = job_workspace(root, who)
+        return str(ws) if ws is not None else None
 
     # --- background line ----------------------------------------------------------------
 

@@ -286,3 +286,30 @@ async def test_credentials_echoed_by_a_skill_are_masked_in_its_result(trust, tg)
         [m.get("text") for m in tg.sent if m["chat_id"] == "1001"], ensure_ascii=False
     )
     assert "sk-live-4f9a8b7c6d5e" not in sent and "key ••••••" in sent
+
+
+# --- 5. the sync line isolates people --------------------------------------------------------
+
+
+async def test_sync_line_gives_each_person_a_workspace_and_vets_files(trust) -> None:
+    a = await run(trust, "ws_sync", {"write": {"a-private.txt": "A's data"}}, TG_A)
+    assert "a-private.txt" in a["listing"], a
+    b = await run(trust, "ws_sync", {}, TG_B)
+    assert "a-private.txt" not in b["listing"], b  # not user A's workspace
+    secret = trust.settings.data_dir / "secret.key"
+    secret.write_text("k")
+    out = await run(
+        trust,
+        "ws_sync",
+        {
+            "symlink": {"key.txt": str(secret)},
+            "declare": "key.txt",
+            "leak": True,
+            "also": ["a-private.txt"],
+        },
+        TG_A,
+    )
+    assert "local_path" not in out, out
+    assert out.get("files") == ["a-private.txt"], out
+    assert {r["field"] for r in out["refused_files"]} == {"local_path", "files[0]"}
+    assert str(trust.settings.data_dir) not in json.dumps(out)
