@@ -313,3 +313,29 @@ async def test_sync_line_gives_each_person_a_workspace_and_vets_files(trust) -> 
     assert out.get("files") == ["a-private.txt"], out
     assert {r["field"] for r in out["refused_files"]} == {"local_path", "files[0]"}
     assert str(trust.settings.data_dir) not in json.dumps(out)
+
+
+# --- 8. send_message for skills written to the seed ------------------------------------------
+
+
+@pytest.mark.slow
+async def test_send_message_wait_answers_parked_sends_as_sent(trust, tg) -> None:
+    """Under the chat's rate limit later sends are parked (``queued`` with delivery ids);
+    with ``wait: true`` the call returns once they went out, and lists them in ``sent``."""
+    tg.enforce_rates = True
+    tg.known_chats.add("7301")
+    to = "telegram:7301"
+    ctx = {**TG_A, "role_id": "r-send"}
+    plain = await run(trust, "send_burst", {"to": to, "count": 4, "prefix": "plain"}, ctx)
+    parked = [a for a in plain["answers"] if a.get("queued")]
+    assert parked, plain  # without wait: handed over, not yet sent
+    for a in parked:
+        assert a["ok"] is True and a["sent"] == [] and a["queued"][0]["delivery_ids"]
+    waited = await run(
+        trust, "send_burst", {"to": to, "count": 3, "prefix": "waited", "wait": True}, ctx
+    )
+    assert waited["message"] == "waited: 3 of 3 confirmed sent", waited
+    assert all(a["sent"] == [to] and not a.get("queued") for a in waited["answers"])
+    texts = [m["text"] for m in tg.sent if m["chat_id"] == "7301"]
+    assert [t for t in texts if t.startswith("waited")] == ["waited 1", "waited 2", "waited 3"]
+    assert tg.too_many == 0
