@@ -54,8 +54,42 @@ def _need(service: str, url: str, port: int) -> None:
     pytest.skip(f"{service} not reachable at {url}")
 
 
+# A test that asks for one of these reaches a real database, Redis, process or loopback
+# server: it is marked ``integration`` (and ``postgres`` when it runs on PostgreSQL), so the
+# tiers of CONTRIBUTING.md select by marker without every file repeating it.
+_INTEGRATION_FIXTURES = frozenset(
+    {
+        "database_url",
+        "sqlite_url",
+        "pg_url",
+        "pg_database_url",
+        "sqlite_template",
+        "engine",
+        "sessionmaker",
+        "redis_server_url",
+        "redis",
+        "services",
+        "real_services",
+        "job_settings",
+        "tg",
+        "fs",
+        "market_services",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & _INTEGRATION_FIXTURES:
+            item.add_marker(pytest.mark.integration)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("database_url") == "postgres" or names & {"pg_url", "pg_database_url"}:
+            item.add_marker(pytest.mark.postgres)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
-    # ``--reruns`` (CI): a test that failed and then passed is named, with its first failure,
+    # A test marked ``flaky`` that failed and then passed is named, with its first failure,
     # so that an intermittent test is seen and fixed rather than hidden.
     for r in terminalreporter.stats.get("rerun", []):
         terminalreporter.write_line(f"RERUN {r.nodeid}: {_first_line(r)}", yellow=True)

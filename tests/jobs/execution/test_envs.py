@@ -17,9 +17,9 @@ from jobs.catalog.loader import load_registry, load_skill
 from jobs.execution import envs
 from jobs.execution.executor import Executor
 from jobs.skill import SkillRegistry
-from tests.helpers.settings import make_settings
+from tests.helpers.settings import MARKET_SKILLS, ROOT, make_settings
 
-MARKET = Path(__file__).resolve().parents[1] / "market_skills"
+MARKET = MARKET_SKILLS
 CTX = {"role_id": "r1", "session_id": "s1", "org_id": "o1", "channel": "web"}
 network = pytest.mark.network
 
@@ -248,7 +248,7 @@ def test_concurrent_builds_in_two_processes(tmp_path: Path) -> None:
         f"spec = envs.spec_for(load_skill(Path({str(MARKET / 'req_skill')!r})))\n"
         f"print(envs.EnvManager(Path({str(tmp_path)!r})).build(spec))\n"
     )
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code],

@@ -22,9 +22,9 @@ from jobs.cli.app import app
 from jobs.execution import env_store, envs
 from jobs.execution.env_store import DAY, Lease, Policy
 from jobs.execution.executor import Executor
-from tests.helpers.settings import make_settings
+from tests.helpers.settings import MARKET_SKILLS, make_settings
 
-MARKET = Path(__file__).resolve().parents[1] / "market_skills"
+MARKET = MARKET_SKILLS
 CTX = {"role_id": "r1", "session_id": "s1", "org_id": "o1", "channel": "web"}
 MB = 1 << 20
 

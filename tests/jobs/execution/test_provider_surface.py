@@ -20,9 +20,9 @@ from jobs.execution.provider import (
     ProviderUnavailable,
 )
 from tests.exec_fixtures.fake_api import FakeAPI, Running
-from tests.helpers.settings import make_settings
+from tests.helpers.settings import MARKET_SKILLS, ROOT, make_settings
 
-MARKET = Path(__file__).resolve().parents[1] / "market_skills"
+MARKET = MARKET_SKILLS
 KINDS = ["openai", "anthropic"]
 SAYS = {"openai": "openai says", "anthropic": "claude says"}
 WEATHER = {
@@ -150,7 +150,7 @@ def test_compat_module_only_for_skill_code() -> None:
         "assert Message is provider.Message and LLMProvider is provider.Provider\n"
         "print(Message(role='user', content='x'), CallOptions(model='m'))\n"
     )
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     res = subprocess.run(
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=False
     )

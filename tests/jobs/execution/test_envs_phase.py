@@ -25,9 +25,9 @@ from jobs.queue.dispatcher import Dispatcher
 from jobs.queue.worker import build_worker
 from jobs.services import Services
 from tests.helpers.jobs import wait_status
-from tests.helpers.settings import make_settings
+from tests.helpers.settings import MARKET_SKILLS, make_settings
 
-MARKET = Path(__file__).resolve().parents[1] / "market_skills"
+MARKET = MARKET_SKILLS
 CTX = {"channel": "web", "role_id": "r1", "org_id": "o1", "session_id": "sess-1"}
 pytestmark = pytest.mark.network
 

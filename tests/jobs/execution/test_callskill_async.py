@@ -12,9 +12,9 @@ import pytest
 from jobs.catalog.loader import load_registry
 from jobs.execution.callskill import WALL_DEADLINE, within_caller
 from jobs.execution.executor import Executor
-from tests.helpers.settings import make_settings
+from tests.helpers.settings import MARKET_SKILLS, make_settings
 
-MARKET = Path(__file__).resolve().parents[1] / "market_skills"
+MARKET = MARKET_SKILLS
 CTX = {"role_id": "r1", "session_id": "s1", "channel": "web"}
 
 
