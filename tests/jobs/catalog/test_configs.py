@@ -96,6 +96,7 @@ async def test_bad_input(store: ConfigStore) -> None:
         await store.replace("r1", "a", ["x"])  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 async def test_concurrent_sets_leave_one_row(store: ConfigStore, sessionmaker) -> None:  # type: ignore[no-untyped-def]
     await asyncio.gather(*(store.set("r1", "a", "k", i) for i in range(5)))
     async with sessionmaker() as s:
@@ -113,6 +114,7 @@ async def test_wrong_secret_key_is_a_clear_error(store: ConfigStore, sessionmake
 # --- the CLI --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_set_and_list(tmp_path, sqlite_url: str) -> None:  # type: ignore[no-untyped-def]
     import json
 

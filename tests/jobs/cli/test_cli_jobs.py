@@ -37,6 +37,7 @@ def test_dispatch_sync_prints_the_result(cli_env):
     assert json.loads(res.output)["echo"] == {"a": 1}
 
 
+@pytest.mark.slow
 def test_dispatch_async_then_list_show_cancel_retry(cli_env):
     res = run(
         cli_env,
@@ -71,6 +72,7 @@ def test_dispatch_async_then_list_show_cancel_retry(cli_env):
     assert retried.exit_code == 0 and "new attempt" in retried.output
 
 
+@pytest.mark.slow
 def test_dispatch_from_a_group_conversation(cli_env):
     res = run(
         cli_env,

@@ -69,6 +69,7 @@ def _cfg(tmp_path: Path, redis_prefix: str, **kw: object):  # type: ignore[no-un
 # --- whole reports ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_good_config_passes(
     database_url: str, tmp_path: Path, redis_server_url: str, redis_prefix: str
 ) -> None:
@@ -117,6 +118,7 @@ async def test_unreachable_database_fails_with_a_fix(tmp_path: Path, redis_prefi
     assert checks["migrations"].status is Status.WARN  # not checked, not a second failure
 
 
+@pytest.mark.slow
 async def test_a_server_that_never_answers_times_out(tmp_path: Path, redis_prefix: str) -> None:
     held: list[asyncio.StreamWriter] = []
 
@@ -159,6 +161,7 @@ async def test_unmigrated_sqlite_says_to_run_db_upgrade(tmp_path: Path, redis_pr
     assert (await check_migrations(settings)).status is Status.OK
 
 
+@pytest.mark.slow
 async def test_unmigrated_postgres_says_to_run_db_upgrade(
     pg_url: str, tmp_path: Path, redis_prefix: str
 ) -> None:

@@ -78,6 +78,7 @@ def _bundled_redis_is_private(data: Path, port: int, banner: str) -> None:
     assert redis.Redis(port=port, password=password, socket_timeout=5).ping()
 
 
+@pytest.mark.slow
 def test_up_runs_the_demo_and_stops_without_leftovers(tmp_path):
     port = free_port()
     log = tmp_path / "up.log"
@@ -171,6 +172,7 @@ def _wait_for(predicate, limit: float = 60.0):  # type: ignore[no-untyped-def]
     raise AssertionError("timed out")
 
 
+@pytest.mark.slow
 def test_up_runs_its_worker_as_a_supervised_child(tmp_path):
     """The worker is a process of its own (a core of its own): killed, it is started again
     and jobs still run; stopping `up` stops it."""

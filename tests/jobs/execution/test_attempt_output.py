@@ -83,6 +83,7 @@ async def _attempts(svc: Services, job_id: str) -> list[JobAttempt]:
         return list(rows)
 
 
+@pytest.mark.slow
 async def test_each_attempt_keeps_its_own_output_tails(svc: Services, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     job_id = await dispatch(svc, "order_sync", {"rows": 3000})
     await drain(svc)

@@ -51,6 +51,7 @@ async def test_async_callee_runs_inline_with_warning(
     assert "async: true" in warning and "async_caller" in warning and "inline" in warning
 
 
+@pytest.mark.slow
 async def test_async_callee_gets_only_the_callers_remaining_wall(ex: Executor) -> None:
     t0 = time.monotonic()
     out = await ex.execute("async_caller", {"seconds": 30}, dict(CTX))

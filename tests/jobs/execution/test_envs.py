@@ -174,6 +174,7 @@ def test_lock_times_out_while_another_process_builds(tmp_path: Path) -> None:
 
 
 @network
+@pytest.mark.slow
 async def test_pep723_script_prints_media(ex: Executor, envs_root: Path) -> None:
     out = await ex.execute("pep723_media", {"prompt": "Hello World"}, dict(CTX))
     assert out.status == "succeeded", out.result
@@ -187,6 +188,7 @@ async def test_pep723_script_prints_media(ex: Executor, envs_root: Path) -> None
 
 
 @network
+@pytest.mark.slow
 async def test_requirements_env_is_isolated(ex: Executor, envs_root: Path) -> None:
     out = await ex.execute("req_skill", {}, dict(CTX))
     r = out.result
@@ -197,6 +199,7 @@ async def test_requirements_env_is_isolated(ex: Executor, envs_root: Path) -> No
 
 
 @network
+@pytest.mark.slow
 async def test_same_set_shared_changed_set_rebuilt(tmp_path: Path, envs_root: Path) -> None:
     skills = tmp_path / "skills"
     copy_skill("req_skill", skills, "one")
@@ -213,6 +216,7 @@ async def test_same_set_shared_changed_set_rebuilt(tmp_path: Path, envs_root: Pa
 
 
 @network
+@pytest.mark.slow
 async def test_uninstallable_dependency_is_config(ex: Executor) -> None:
     out = await ex.execute("bad_dep", {}, dict(CTX))
     r = out.result
@@ -223,6 +227,7 @@ async def test_uninstallable_dependency_is_config(ex: Executor) -> None:
 
 
 @network
+@pytest.mark.slow
 def test_pip_fallback_without_uv(tmp_path: Path) -> None:
     manager = envs.EnvManager(tmp_path, uv=False)
     good = envs.spec_for(load_skill(MARKET / "req_skill"))
@@ -239,6 +244,7 @@ def test_pip_fallback_without_uv(tmp_path: Path) -> None:
 
 
 @network
+@pytest.mark.slow
 def test_concurrent_builds_in_two_processes(tmp_path: Path) -> None:
     code = (
         "import sys\n"
@@ -267,6 +273,7 @@ def test_concurrent_builds_in_two_processes(tmp_path: Path) -> None:
 
 
 @network
+@pytest.mark.slow
 async def test_node_skill_with_lockfile(ex: Executor, envs_root: Path) -> None:
     if shutil.which("npm") is None:
         pytest.skip("npm is not installed")
@@ -277,6 +284,7 @@ async def test_node_skill_with_lockfile(ex: Executor, envs_root: Path) -> None:
 
 
 @network
+@pytest.mark.slow
 async def test_node_esm_skills_import_their_packages(ex: Executor, envs_root: Path) -> None:
     """ES modules ignore NODE_PATH: "type": "module" (static import in a local module, and
     dynamic import) and a .mjs script both resolve the cached node_modules, with nothing
@@ -319,6 +327,7 @@ async def test_node_esm_undeclared_package_is_config(ex: Executor, tmp_path: Pat
 
 
 @network
+@pytest.mark.slow
 def test_cli_prepare_list_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
@@ -359,6 +368,7 @@ def test_cli_prepare_list_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 @network
+@pytest.mark.slow
 async def test_textbook_async_pep723_job(market_services) -> None:  # type: ignore[no-untyped-def]
     """The OpenClaw image generator: async, PEP 723, MEDIA line — built by the worker on
     first use, run once, its picture kept; a broken dependency fails once, as config."""
@@ -467,6 +477,7 @@ async def test_removed_environment_is_built_again(ex: Executor, envs_root: Path)
 
 @network
 @pytest.mark.skipif(os.geteuid() != 0, reason="a separate skill user needs a root worker")
+@pytest.mark.slow
 async def test_node_esm_skill_as_the_skill_user(tmp_path: Path) -> None:
     """A root worker runs a Node ES-module skill as the skill user, who reads the cached
     node_modules and the resolve hook in the data dir; when the environments folder is

@@ -103,6 +103,7 @@ async def wait_phase(svc: Services, job_id: str, want: str | None, limit: float 
     raise AssertionError(f"job {job_id} never showed phase {want!r}")
 
 
+@pytest.mark.slow
 async def test_job_shows_preparing_environment(svc: Services) -> None:
     skill = svc.registry.get("pep723_media")
     assert skill is not None

@@ -177,6 +177,7 @@ async def test_a_lease_waits_for_a_removal_and_refreshes_last_use(root: Path) ->
 
 
 @pytest.mark.network
+@pytest.mark.slow
 async def test_running_skill_keeps_its_environment(tmp_path: Path) -> None:
     """A subprocess skill that is still running holds its environment through a cleanup
     that would remove everything; once it ended the cleanup removes it, and the next run
@@ -235,6 +236,7 @@ async def test_running_skill_keeps_its_environment(tmp_path: Path) -> None:
 
 
 @pytest.mark.network
+@pytest.mark.slow
 def test_envs_cli_and_retention_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`skills prepare` builds; `envs list` shows it with the skill that declares it;
     `envs prune --dry-run` / `--older-than 0 --max-size` and `skilljobs prune` (the pass a

@@ -163,6 +163,7 @@ async def test_hang_times_out(ex: Executor) -> None:
     assert time.monotonic() - t0 < 20  # stopped, not waited out (the skill sleeps 1 h)
 
 
+@pytest.mark.slow
 async def test_skill_ignoring_cancellation_is_abandoned(ex: Executor) -> None:
     out = await ex.execute("stubborn", {}, dict(CTX), policy_wall_sec=0.2)
     assert out.status == "timed_out"
@@ -303,6 +304,7 @@ async def test_missing_runtime(ex: Executor, monkeypatch: pytest.MonkeyPatch) ->
     assert out.status == "failed" and "'ruby' runtime is not installed" in (out.error or "")
 
 
+@pytest.mark.slow
 async def test_subprocess_timeout_kills_every_child(ex: Executor) -> None:
     dur = unique_sleep()
     out = await ex.execute("spawner", {"dur": dur}, dict(CTX), policy_wall_sec=1)
@@ -436,6 +438,7 @@ async def test_modules_are_registered_while_they_load(ex: Executor) -> None:
     assert r == {"ok": True, "hints": ["count", "name"], "row": {"name": "a", "count": 0}}
 
 
+@pytest.mark.slow
 async def test_timed_out_subprocess_keeps_its_log(ex: Executor) -> None:
     out = await ex.execute("slow_logger", {}, dict(CTX), policy_wall_sec=2)
     assert out.status == "timed_out" and "started the long part" in out.log

@@ -31,6 +31,7 @@ def _healthy(port: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_up_keeps_its_files_private(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir(mode=0o755)  # left by an older version: tightened at start

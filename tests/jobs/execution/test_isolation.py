@@ -61,6 +61,7 @@ class _Boom:
         return (os.system, (f"touch {self.marker}",))
 
 
+@pytest.mark.slow
 async def test_a_pickle_planted_in_the_queue_runs_nothing(
     services, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -243,6 +244,7 @@ async def test_call_skill_identity_is_bound_when_it_is_created(
         await ex.aclose()
 
 
+@pytest.mark.slow
 async def test_a_forged_cancel_message_changes_nothing(services) -> None:
     """Publishing a job id on the cancel channel (any Redis writer can) does not stop the
     job: only a job whose row says ``cancel_requested`` is cancelled."""

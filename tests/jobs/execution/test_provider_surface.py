@@ -137,6 +137,7 @@ async def test_ported_skill_imports_unchanged(tmp_path: Path, kind: str) -> None
     assert r["stream_usage"]["input_tokens"] > 0
 
 
+@pytest.mark.slow
 def test_compat_module_only_for_skill_code() -> None:
     """Importing skilljobs does not make ``backend`` importable; running skill code does."""
     code = (

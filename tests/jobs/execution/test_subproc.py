@@ -224,6 +224,7 @@ def test_positional_from_subcommand_schema(tmp_path: Path) -> None:
     assert build_args(sk, {"_subcommand": "get", "id": 7, "v": True}) == ["get", "7", "--v"]
 
 
+@pytest.mark.slow
 async def test_output_before_a_timeout_is_kept() -> None:
     script = "echo early-err >&2; echo early-out; sleep 30"
     r = await run_process(["bash", "-c", script], env=base_environ(), cwd=None, timeout=1.5)

@@ -39,6 +39,7 @@ async def _job(services, job_id: str) -> Job:
         ("web_admin", "orgdeleg:x", True),
     ],
 )
+@pytest.mark.slow
 async def test_async_skill_receipt_or_sync_per_channel(
     services, channel, external_id, expect_async
 ):
@@ -61,6 +62,7 @@ async def test_async_skill_receipt_or_sync_per_channel(
             assert (await s.scalar(select(Job.id))) is None
 
 
+@pytest.mark.slow
 async def test_sync_skill_runs_now_even_from_telegram(services):
     res = await Dispatcher(services).dispatch("sync_echo", {"x": 1}, TG)
     assert res.status_code == 200
@@ -68,6 +70,7 @@ async def test_sync_skill_runs_now_even_from_telegram(services):
     assert res.body["chat_mode"] is True and res.body["channel"] == "telegram"
 
 
+@pytest.mark.slow
 async def test_orgdeleg_and_web_sessions_are_recorded_for_delivery(services):
     ctx = {"channel": "web", "session_id": "chat-77", "role_id": "r1", "org_id": "o1"}
     res = await Dispatcher(services).dispatch("bg_sleep", {}, ctx, "orgdeleg:acme")
@@ -93,6 +96,7 @@ async def test_orgdeleg_and_web_sessions_are_recorded_for_delivery(services):
         ("needs_name", {"name": "a", "count": 1, "flag": "yes"}, TG, 422, "flag"),
     ],
 )
+@pytest.mark.slow
 async def test_refusals_are_clear_and_recoverable(services, skill, inp, ctx, code, needle):
     res = await Dispatcher(services).dispatch(skill, inp, ctx)
     assert res.status_code == code, res.body
@@ -106,6 +110,7 @@ async def test_refusals_are_clear_and_recoverable(services, skill, inp, ctx, cod
         assert (await s.scalar(select(Job.id))) is None  # nothing half-recorded
 
 
+@pytest.mark.slow
 async def test_zero_and_false_are_values(services):
     res = await Dispatcher(services).dispatch(
         "needs_name", {"name": "a", "count": 0, "flag": False}, TG
@@ -113,6 +118,7 @@ async def test_zero_and_false_are_values(services):
     assert res.status_code == 202, res.body
 
 
+@pytest.mark.slow
 async def test_background_context_is_rebuilt_exactly(services):
     await ConfigStore(services.sessionmaker, services.box).replace(
         "r1", "bg_ctx", {"region": "cn-north", "api_token": "tok-123"}
@@ -196,6 +202,7 @@ async def test_background_context_is_rebuilt_exactly(services):
         assert absent not in ctx
 
 
+@pytest.mark.slow
 async def test_admin_proxy_fill_in_background_context(services):
     origin = {
         **TG,
@@ -220,6 +227,7 @@ async def test_admin_proxy_fill_in_background_context(services):
     assert ctx["actor_tags"] == []
 
 
+@pytest.mark.slow
 async def test_no_secret_in_plaintext_in_redis_or_rows(services):
     secret = "sk-live-9f8e7d6c5b4a-do-not-leak"
     await ConfigStore(services.sessionmaker, services.box).set("r1", "bg_ctx", "api_key", secret)
@@ -253,6 +261,7 @@ async def test_no_secret_in_plaintext_in_redis_or_rows(services):
     assert services.box.unseal(job.input)["password"] == secret
 
 
+@pytest.mark.slow
 async def test_enqueue_failure_is_never_a_receipt(job_settings, tmp_path):
     """Redis down at dispatch: the caller gets a transient error, never a receipt."""
     from jobs.cli.embedded import EmbeddedRedis
@@ -288,6 +297,7 @@ async def test_concurrent_dispatches_from_one_new_session(services):
 
 
 @pytest.mark.parametrize(("inp", "ctx"), [([1, 2], {}), ("text", {}), ({}, ["channel"])])
+@pytest.mark.slow
 async def test_input_and_context_must_be_objects(services, inp, ctx):
     res = await Dispatcher(services).dispatch("sync_echo", inp, ctx)
     assert res.status_code == 400 and "must be JSON objects" in res.body["error"]

@@ -30,6 +30,7 @@ async def _queued_ids(services: Any) -> list[str]:
     return [r.decode() for r in raw]
 
 
+@pytest.mark.slow
 async def test_concurrent_dispatches_recorded_and_enqueued_exactly_once(services):
     box = intake.intake_of(services)
     flushes0, items0 = box.batcher.flushes, box.batcher.items
@@ -52,6 +53,7 @@ async def test_concurrent_dispatches_recorded_and_enqueued_exactly_once(services
     assert intake.intake_of(services) is box  # one intake per process's services
 
 
+@pytest.mark.slow
 async def test_batched_jobs_run_to_completion(services):
     from jobs.queue.worker import build_worker
 
@@ -65,6 +67,7 @@ async def test_batched_jobs_run_to_completion(services):
     assert {j.status for j in await _rows(services)} == {"succeeded"}
 
 
+@pytest.mark.slow
 async def test_receipt_only_after_commit_and_enqueue(services, monkeypatch):
     """While the batch's transaction has not committed no caller has a receipt, and by the
     time the batch is enqueued its rows are visible to any other connection."""
@@ -108,6 +111,7 @@ async def _template(services: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+@pytest.mark.slow
 async def test_a_refused_job_fails_only_its_caller(services):
     """One job of a batch violates the primary key: the batch statement fails, the others
     are recorded and enqueued, the culprit's caller gets the database's error, and the
@@ -146,6 +150,7 @@ async def test_a_refused_job_fails_only_its_caller(services):
         assert await s.get(ChatSession, "new-session-of-culprit") is None
 
 
+@pytest.mark.slow
 async def test_database_unavailable_fails_every_caller(services, monkeypatch):
     async def down(sm, jobs, keys=None, **kw):  # type: ignore[no-untyped-def]
         raise OperationalError("INSERT", {}, ConnectionRefusedError("database is away"))
@@ -164,6 +169,7 @@ async def test_database_unavailable_fails_every_caller(services, monkeypatch):
     assert [j.id for j in await _rows(services)] == [res.body["job_id"]]
 
 
+@pytest.mark.slow
 async def test_failed_enqueue_is_a_503_for_each_job_of_the_batch(services, monkeypatch):
     async def redis_down(*_a, **_k):  # type: ignore[no-untyped-def]
         raise ConnectionError("redis went away")
@@ -183,6 +189,7 @@ async def test_failed_enqueue_is_a_503_for_each_job_of_the_batch(services, monke
     assert res.status_code == 202 and res.body["job_id"] not in rows
 
 
+@pytest.mark.slow
 async def test_concurrent_dispatches_with_one_idempotency_key(services):
     results = await asyncio.gather(
         *(
@@ -197,6 +204,7 @@ async def test_concurrent_dispatches_with_one_idempotency_key(services):
 
 
 @pytest.mark.parametrize("n", [1, 300])
+@pytest.mark.slow
 async def test_batches_of_any_size(services, n):
     """A lone dispatch (no waiting for company) and more than one batch's worth."""
     results = await asyncio.gather(
@@ -207,6 +215,7 @@ async def test_batches_of_any_size(services, n):
     assert len(await _queued_ids(services)) == n
 
 
+@pytest.mark.slow
 async def test_postgres_records_a_batch_in_one_statement(services, monkeypatch):
     """On PostgreSQL the dispatcher's rows take the one-statement form (a new column in
     the dispatcher's row must be added there too, or every batch takes the slow form)."""
@@ -231,6 +240,7 @@ async def test_postgres_records_a_batch_in_one_statement(services, monkeypatch):
     assert row is not None and row.external_id == "orgdeleg:o" and row.role_id == "r1"
 
 
+@pytest.mark.slow
 async def test_configs_are_read_per_batch_and_baked_per_job(services):
     from jobs.catalog.configs import ConfigStore
 
@@ -286,6 +296,7 @@ async def _baked(services: Any, job_id: str) -> dict[str, Any]:
     return configs
 
 
+@pytest.mark.slow
 async def test_cached_configuration_is_never_recorded_after_it_changed(services):
     """The second dispatch of a (role, skill) reads no configuration; a change made
     afterwards — through the store, or by hand on another connection — is baked into the
@@ -323,6 +334,7 @@ async def test_cached_configuration_is_never_recorded_after_it_changed(services)
     assert len(await _queued_ids(services)) == 14
 
 
+@pytest.mark.slow
 async def test_a_batch_built_from_an_old_configuration_writes_nothing(services):
     """Recorded with a generation that is not the current one: no job, no key, no session;
     each job is answered as stale (and is then built again by its dispatcher)."""
@@ -363,6 +375,7 @@ async def test_a_batch_built_from_an_old_configuration_writes_nothing(services):
         assert await s.get(ChatSession, "stale-session-0") is None
 
 
+@pytest.mark.slow
 async def test_idempotency_key_is_claimed_in_the_batch(services, monkeypatch):
     """A new key is claimed in the batch's own transaction (no statement of its own); a
     key that exists already is looked up: same job, or a 409 for another request."""

@@ -65,6 +65,7 @@ async def _two_workers_and_a_job(settings, svc, workers, seconds: float, marker)
     return job_id, victim, other
 
 
+@pytest.mark.slow
 async def test_a_killed_workers_job_is_rerun_within_10_seconds(default_beats, workers, tmp_path):
     settings, svc = default_beats
     marker = tmp_path / "completed"
@@ -81,6 +82,7 @@ async def test_a_killed_workers_job_is_rerun_within_10_seconds(default_beats, wo
     assert marker.read_text().split() == [str(survivor.pid)]
 
 
+@pytest.mark.slow
 async def test_a_worker_paused_for_5_seconds_is_not_taken_over(default_beats, workers, tmp_path):
     settings, svc = default_beats
     marker = tmp_path / "completed"
@@ -96,6 +98,7 @@ async def test_a_worker_paused_for_5_seconds_is_not_taken_over(default_beats, wo
     assert marker.read_text().split() == [str(paused.pid)]  # one run, by the paused worker
 
 
+@pytest.mark.slow
 async def test_a_job_lost_three_times_fails_and_is_not_rerun(
     tmp_path, pg_url, redis_server_url, redis_prefix, workers, tg
 ):

@@ -9,6 +9,7 @@ import sys
 import time
 
 import httpx
+import pytest
 from sqlalchemy import func, select
 
 from dashboard.app import create_app
@@ -49,6 +50,7 @@ async def test_same_key_other_request_is_a_conflict(services) -> None:  # type: 
     assert await _jobs(services) == 1
 
 
+@pytest.mark.slow
 async def test_concurrent_duplicates_make_one_job(services) -> None:  # type: ignore[no-untyped-def]
     d = Dispatcher(services)
     answers = await asyncio.gather(
@@ -78,6 +80,7 @@ async def test_key_past_its_window_makes_a_new_job(services) -> None:  # type: i
         assert await s.get(DispatchKey, "k-old") is None
 
 
+@pytest.mark.slow
 async def test_http_header_and_body_key(services) -> None:  # type: ignore[no-untyped-def]
     app = create_app(services.settings, services=services)
     async with httpx.AsyncClient(
@@ -92,6 +95,7 @@ async def test_http_header_and_body_key(services) -> None:  # type: ignore[no-un
     assert await _jobs(services) == 1
 
 
+@pytest.mark.slow
 async def test_two_processes_one_job(services, job_settings) -> None:  # type: ignore[no-untyped-def]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKILLJOBS_")}
     env.update(

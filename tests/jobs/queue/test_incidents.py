@@ -104,6 +104,7 @@ async def _fail_orders(svc: Services, n: int, start: int = 0) -> list[str]:
     return ids
 
 
+@pytest.mark.slow
 async def test_failures_group_into_incidents_ack_and_reopen(svc: Services) -> None:
     orders = await _fail_orders(svc, 4)
     quota = await dispatch(svc, "quota_report")
@@ -192,6 +193,7 @@ async def test_bulk_retry_by_filter_retries_exactly_the_matched_jobs(svc: Servic
     assert sorted(by_incident["job_ids"]) == sorted(orders)
 
 
+@pytest.mark.slow
 async def test_api_incidents_bulk_and_metrics(svc: Services) -> None:
     orders = await _fail_orders(svc, 2)
     await drain(svc)
@@ -231,6 +233,7 @@ async def test_api_incidents_bulk_and_metrics(svc: Services) -> None:
         assert (await client.post("/api/v1/incidents/nope/ack")).status_code == 404
 
 
+@pytest.mark.slow
 async def test_cli_bulk_retry_counts_first(svc: Services, monkeypatch, redis_prefix: str) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 

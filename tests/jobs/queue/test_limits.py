@@ -242,6 +242,7 @@ async def _dispatch(d: Dispatcher, n: int, seconds: float, ctx, priority=None) -
 
 
 @pytest_slow
+@pytest.mark.slow
 async def test_one_orgs_backlog_does_not_starve_another(wsvc, start_workers):
     """Org A enqueues 500 × 1 s jobs, then org B 5: with 3 workers × 10 slots, B's first
     job starts within 2 s of its dispatch."""
@@ -266,6 +267,7 @@ async def test_one_orgs_backlog_does_not_starve_another(wsvc, start_workers):
 
 
 @pytest_slow
+@pytest.mark.slow
 async def test_actor_limit_keeps_second_job_queued_until_the_first_ends(wsvc, start_workers):
     await start_workers(wsvc, 2, 10, {"actor:*": 1})
     d = Dispatcher(wsvc)
@@ -284,6 +286,7 @@ async def test_actor_limit_keeps_second_job_queued_until_the_first_ends(wsvc, st
 
 
 @pytest_slow
+@pytest.mark.slow
 async def test_limits_hold_across_workers_during_a_burst(wsvc, start_workers):
     """A burst over 3 workers with skill:bg_sleep 3 and org:* 2: the running jobs counted
     from the database never exceed a limit."""
@@ -317,6 +320,7 @@ async def test_limits_hold_across_workers_during_a_burst(wsvc, start_workers):
 
 
 @pytest_slow
+@pytest.mark.slow
 async def test_priorities_order_with_one_slot(wsvc, start_workers):
     d = Dispatcher(wsvc)
     late = await _dispatch(d, 2, 0.05, _ctx("A", "u1"), priority=9)
@@ -335,6 +339,7 @@ def _start(job: Job) -> float:
     return job.started_at or 0.0
 
 
+@pytest.mark.slow
 async def test_http_priority_and_waiting_for(wsvc):
     """The dispatch body takes ``priority``; the job detail shows it and, while a limit is
     full, what the job waits for."""
@@ -357,6 +362,7 @@ async def test_http_priority_and_waiting_for(wsvc):
         assert detail["priority"] == 1 and detail["waiting_for"] is None
 
 
+@pytest.mark.slow
 def test_cli_dispatch_priority(tmp_path, monkeypatch, redis_server_url, redis_prefix, sqlite_url):
     from typer.testing import CliRunner
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from pydantic import SecretStr
 from sqlalchemy import update
 
@@ -32,6 +33,7 @@ async def _lose_three_runs(svc: Services, job_id: str) -> list[str]:
     return failed
 
 
+@pytest.mark.slow
 async def test_the_person_is_told_once_in_one_short_line(job_settings, tg) -> None:
     job_settings.telegram_bot_token = SecretStr(tg.token)
     job_settings.telegram_api_base = tg.url
@@ -53,6 +55,7 @@ async def test_the_person_is_told_once_in_one_short_line(job_settings, tg) -> No
         await svc.close()
 
 
+@pytest.mark.slow
 async def test_a_job_retried_meanwhile_is_not_reported_lost(job_settings, tg) -> None:
     job_settings.telegram_bot_token = SecretStr(tg.token)
     job_settings.telegram_api_base = tg.url

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from jobs.queue import broker, store
 from jobs.queue.broker import WORKER_HEARTBEAT
 from jobs.queue.runner import JobRunner
 
 
+@pytest.mark.slow
 async def test_a_peers_heartbeat_key_going_is_noticed_at_the_next_look(services) -> None:
     alone = JobRunner(services, services.executor, "me")
     assert await alone.peer_just_gone() is False  # no peers at all

@@ -139,6 +139,7 @@ async def test_outcomes_batched_with_a_poison_one_are_all_recorded(services):
 # --- the finishing stage never only logs ----------------------------------------------
 
 
+@pytest.mark.slow
 async def test_an_exception_in_the_finishing_stage_fails_the_job_and_tells_the_user(
     job_settings, tg, monkeypatch, caplog
 ):
@@ -167,6 +168,7 @@ async def test_an_exception_in_the_finishing_stage_fails_the_job_and_tells_the_u
         await svc.close()
 
 
+@pytest.mark.slow
 async def test_a_failing_post_processing_fails_the_job_keeping_the_skills_result(
     job_settings, tg, monkeypatch
 ):
@@ -205,6 +207,7 @@ async def test_a_failing_post_processing_fails_the_job_keeping_the_skills_result
 # --- the stall detector -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_blocked_event_loop_is_reported_with_its_stack(caplog):
     watch = StallWatch(threshold=0.3, interval=0.05)
     with caplog.at_level(logging.WARNING, logger="skilljobs.stall"):

@@ -125,6 +125,7 @@ async def _running(w: SkillJobsWorker, job_id: str, limit: float = 20.0) -> None
         await asyncio.sleep(0.01)
 
 
+@pytest.mark.slow
 async def test_a_job_claimed_ahead_is_leased_waits_for_the_slot_and_runs_once(services, tmp_path):
     w = await _worker_with_prefetch(services, 1)
     try:
@@ -145,6 +146,7 @@ async def test_a_job_claimed_ahead_is_leased_waits_for_the_slot_and_runs_once(se
         await _stop(w)
 
 
+@pytest.mark.slow
 async def test_cancelling_a_job_claimed_ahead_ends_it_cancelled_without_running(services, tmp_path):
     w = await _worker_with_prefetch(services, 1)
     try:
@@ -166,6 +168,7 @@ async def test_cancelling_a_job_claimed_ahead_ends_it_cancelled_without_running(
         await _stop(w)
 
 
+@pytest.mark.slow
 async def test_stopping_gives_jobs_claimed_ahead_back_unstarted(services, tmp_path):
     w = await _worker_with_prefetch(services, 1)
     marker = tmp_path / "ran"
@@ -186,6 +189,7 @@ async def test_stopping_gives_jobs_claimed_ahead_back_unstarted(services, tmp_pa
     assert marker.read_text().split()  # ran once, by the next worker
 
 
+@pytest.mark.slow
 async def test_a_job_kept_waiting_too_long_goes_back_to_the_queue(services):
     w = await _worker_with_prefetch(services, 1)
     assert w.runner is not None and w.runner.gate is not None
@@ -204,6 +208,7 @@ async def test_a_job_kept_waiting_too_long_goes_back_to_the_queue(services):
         await _stop(w)
 
 
+@pytest.mark.slow
 async def test_a_second_worker_gets_work_while_the_first_holds_a_full_prefetch(services):
     a = await _worker_with_prefetch(services, 2, worker_id="worker-a")
     b: SkillJobsWorker | None = None
@@ -236,6 +241,7 @@ async def test_a_second_worker_gets_work_while_the_first_holds_a_full_prefetch(s
             await _stop(b)
 
 
+@pytest.mark.slow
 async def test_limits_count_jobs_claimed_ahead(services):
     """``skill:bg_sleep`` 2 with 5 slots and a deep prefetch: jobs leased (running or
     claimed ahead) never exceed the limit."""

@@ -6,6 +6,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
@@ -125,6 +126,7 @@ async def _ids(services, model) -> list[str]:  # type: ignore[no-untyped-def]
         return sorted(str(x) for x in (await s.scalars(select(model.id))).all())
 
 
+@pytest.mark.slow
 async def test_retention_keeps_what_may_still_matter(services, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     workspace = services.settings.resolved_workspace_root / "r1" / "x"
     workspace.mkdir(parents=True)

@@ -60,6 +60,7 @@ def workers(tmp_path):
         w.stop()
 
 
+@pytest.mark.slow
 async def test_kill_9_mid_job_is_rerun_by_another_worker(svc, pg_settings, workers, tmp_path):
     marker = tmp_path / "completed"
     a, b = workers(pg_settings), workers(pg_settings)
@@ -80,6 +81,7 @@ async def test_kill_9_mid_job_is_rerun_by_another_worker(svc, pg_settings, worke
     assert svc.box.unseal(job.result)["pid"] == survivor.pid
 
 
+@pytest.mark.slow
 async def test_paused_worker_that_wakes_up_records_nothing(svc, pg_settings, workers, tmp_path):
     a, b = workers(pg_settings), workers(pg_settings)
     res = await Dispatcher(svc).dispatch("bg_sleep", {"seconds": 2}, TG)
@@ -99,6 +101,7 @@ async def test_paused_worker_that_wakes_up_records_nothing(svc, pg_settings, wor
     assert sleeper.proc.poll() is None  # and it did not crash over it
 
 
+@pytest.mark.slow
 async def test_sigterm_lets_short_jobs_finish_and_hands_back_long_ones(svc, pg_settings, workers):
     w = workers(pg_settings)
     short = (await Dispatcher(svc).dispatch("bg_sleep", {"seconds": 1}, TG)).body["job_id"]
@@ -165,6 +168,7 @@ class FlakyProxy:
             self.server.close()
 
 
+@pytest.mark.slow
 async def test_database_outage_mid_job_does_not_crash_the_worker(svc, pg_settings, workers):
     from sqlalchemy.engine import make_url
 
@@ -250,6 +254,7 @@ async def stalled(pg_settings, workers):
         tg.stop()
 
 
+@pytest.mark.slow
 async def test_worker_killed_mid_delivery_sends_each_item_once(stalled, pg_settings, workers):
     """The first item reached the chat, the worker died while the second was on the wire:
     the re-run sends neither again. The second's outcome cannot be known (here it did
@@ -267,6 +272,7 @@ async def test_worker_killed_mid_delivery_sends_each_item_once(stalled, pg_setti
     assert sorted((r.kind, r.status) for r in rows) == [("file", "unknown"), ("image", "sent")]
 
 
+@pytest.mark.slow
 async def test_sigterm_mid_delivery_hands_the_job_back(stalled, pg_settings, workers):
     """A job whose skill has finished but whose delivery hangs when SIGTERM arrives: the
     worker waits out the grace period, hands the job back and exits; the next worker

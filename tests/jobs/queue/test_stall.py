@@ -48,6 +48,7 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+@pytest.mark.slow
 async def test_a_stalled_worker_is_counted_and_shown_in_metrics(
     tmp_path, database_url, redis_server_url, redis_prefix
 ):
@@ -89,6 +90,7 @@ async def test_a_stalled_worker_is_counted_and_shown_in_metrics(
         await svc.close()
 
 
+@pytest.mark.slow
 async def test_the_end_of_a_block_is_handled_before_the_code_it_held_up_runs() -> None:
     """``on_block`` runs in the loop's first pass after the block: a task whose sleep ran
     out during the block is stopped before it takes another step (as a worker stops its
@@ -121,6 +123,7 @@ async def test_the_end_of_a_block_is_handled_before_the_code_it_held_up_runs() -
 
 
 @pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.slow
 async def test_a_paused_runs_skill_is_stopped_before_it_goes_on(direct: bool) -> None:
     """After a block, cancelling the run reaches an in-process skill one loop pass too late
     (its own wake-up runs first); cancelling the run's skill tasks (``RUN_TASKS``) too

@@ -9,6 +9,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import update
 
 from jobs.cli.embedded import EmbeddedRedis
@@ -30,6 +31,7 @@ async def test_job_runs_once_and_is_recorded(services):
     assert job.lease_owner is None
 
 
+@pytest.mark.slow
 async def test_transient_failure_is_rerun_until_it_works(services, tmp_path):
     job_id = await dispatch(services, "bg_flaky", {"counter": str(tmp_path / "n"), "fail_times": 2})
     await drain(services)
@@ -39,6 +41,7 @@ async def test_transient_failure_is_rerun_until_it_works(services, tmp_path):
     assert "ConnectionError" in (attempts[0].error or "") or "refused" in (attempts[0].error or "")
 
 
+@pytest.mark.slow
 async def test_transient_failure_stops_after_three_runs(services, tmp_path):
     counter = tmp_path / "n"
     job_id = await dispatch(services, "bg_flaky", {"counter": str(counter), "fail_times": 99})
@@ -57,6 +60,7 @@ async def test_envelope_failure_is_not_rerun(services):
     assert "no data for that day" in job.error
 
 
+@pytest.mark.slow
 async def test_circuit_breaker_runs_once_after_two_recent_failures(services, tmp_path):
     first = await dispatch(services, "bg_flaky", {"counter": str(tmp_path / "a"), "fail_times": 99})
     await drain(services)
@@ -185,6 +189,7 @@ async def test_a_dead_attempt_cannot_record(services):
     assert [a.outcome for a in attempts] == ["lost", "succeeded"]
 
 
+@pytest.mark.slow
 async def test_jobs_lost_by_redis_are_reenqueued(job_settings, tmp_path):
     """Redis flushed (or restarted without persistence): the database still knows."""
     from jobs.services import Services
@@ -210,6 +215,7 @@ async def test_jobs_lost_by_redis_are_reenqueued(job_settings, tmp_path):
             await svc.close()
 
 
+@pytest.mark.slow
 async def test_worker_survives_a_redis_restart(job_settings, tmp_path):
     """Redis goes away and comes back empty: the worker keeps running and picks up new work
     (jobs Redis lost are covered by test_jobs_lost_by_redis_are_reenqueued)."""
@@ -363,6 +369,7 @@ async def test_live_events_are_published_in_order_in_one_call(services):
         await pubsub.aclose()
 
 
+@pytest.mark.slow
 async def test_a_burst_worker_returns_when_its_last_job_ends_not_at_its_next_idle_poll(services):
     """A burst worker is woken by each job's end and, once nothing runs here, waits for the
     entries of finished jobs to be tidied before it counts the queue: it returns then, not

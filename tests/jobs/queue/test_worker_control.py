@@ -28,6 +28,7 @@ async def _registered(services: Any, worker_id: str) -> None:
     raise AssertionError(f"worker {worker_id} never registered")
 
 
+@pytest.mark.slow
 async def test_drain_finishes_the_running_job_takes_no_other_and_exits(services: Any) -> None:
     w = build_worker(services, handle_signals=False, scheduler=False, max_jobs=1)
     task = asyncio.create_task(w.async_run())
@@ -60,6 +61,7 @@ async def test_drain_finishes_the_running_job_takes_no_other_and_exits(services:
     assert err.value.status_code == 409
 
 
+@pytest.mark.slow
 async def test_pause_holds_new_jobs_until_resume(services: Any) -> None:
     w = build_worker(services, handle_signals=False, scheduler=False)
     task = asyncio.create_task(w.async_run())

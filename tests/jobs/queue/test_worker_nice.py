@@ -39,6 +39,7 @@ async def _started(settings, proc: WorkerProcess, limit: float = 30.0) -> None:
     [({}, 0), ({"SKILLJOBS_WORKER_NICE": "10"}, 10)],
     ids=["default", "niced"],
 )
+@pytest.mark.slow
 async def test_the_worker_lowers_its_priority(
     job_settings, tmp_path: Path, env: dict[str, str], expected: int
 ) -> None:
@@ -50,6 +51,7 @@ async def test_the_worker_lowers_its_priority(
         proc.stop()
 
 
+@pytest.mark.slow
 async def test_a_higher_niceness_it_was_given_is_kept(job_settings, tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to give this test process its priority back")
