@@ -89,6 +89,7 @@ async def sinks() -> Any:
         await srv.close()
 
 
+@pytest.mark.slow
 async def test_notify_refuses_a_second_url_riding_along(trust, sinks, monkeypatch) -> None:
     allowed, other = sinks
     good = f"json://127.0.0.1:{allowed.port}/hook"
@@ -234,6 +235,7 @@ async def test_bad_text_and_untyped_ids_are_4xx_naming_the_field(trust) -> None:
 # --- 7. idempotency keys are scoped to the caller ------------------------------------------
 
 
+@pytest.mark.slow
 async def test_the_same_idempotency_key_from_two_callers_makes_two_jobs(trust, tg) -> None:
     async with api(trust) as c:
         ids = []

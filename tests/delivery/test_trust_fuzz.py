@@ -53,6 +53,7 @@ def _fill(path: str, value: str) -> str:
     return re.sub(r"\{[^}]+\}", value, path)
 
 
+@pytest.mark.slow
 async def test_no_server_error_on_any_endpoint(trust) -> None:
     app = create_app(trust.settings, services=trust)
     errors: list[str] = []
