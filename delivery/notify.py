@@ -93,7 +93,14 @@ def _resolve(settings: Settings, target: Any) -> tuple[list[tuple[str, bool]], s
     if _URL_RE.match(target):
         return [(u, True) for u in split_urls(target)], None
     known = ", ".join(sorted(aliases)) or "none configured"
-    return [], f"unknown notify target {target!r} (aliases: {known}; or give an Apprise URL)"
+    return [], f"unknown notify target {shown(target)!r} (aliases: {known}; or give an Apprise URL)"
+
+
+def shown(target: str) -> str:
+    """A target as it may be shown: any URL in it masked (credentials never echoed)."""
+    if "://" not in target:
+        return target
+    return ", ".join(mask_url(u) for u in split_urls(target))
 
 
 def split_urls(text: str) -> list[str]:
@@ -269,10 +276,9 @@ async def notify(
     Returns ``{"ok", "sent": [masked url…], "failed": [{"target", "error"}…], "message"}``
     with ``ok = bool(sent) and not failed``.
     """
-    label = target if isinstance(target, str) and not _URL_RE.match(target) else None
     urls, err = _resolve(settings, target)
     if err:
-        return _result([], [{"target": str(label or mask_url(str(target))), "error": err}])
+        return _result([], [{"target": shown(str(target)), "error": err}])
     body = message if isinstance(message, str) else ("" if message is None else str(message))
     paths, err = _check_attachments(attach, workspace)
     if not err and not body.strip() and not paths:

@@ -100,6 +100,8 @@ async def test_notify_refuses_a_second_url_riding_along(trust, sinks, monkeypatc
         f"{good} json://user:hunter2pw@127.0.0.1:{other.port}/hook",
         f"{good};json://user:hunter2pw@127.0.0.1:{other.port}/hook",
         f"{good}\njson://user:hunter2pw@127.0.0.1:{other.port}/hook",
+        [good, f"json://user:hunter2pw@127.0.0.1:{other.port}/hook"],
+        f"no-such-alias json://user:hunter2pw@127.0.0.1:{other.port}/hook",
     ]
     for target in riders:
         out = await run(trust, "notify", {"message": "hi", "target": target}, TG_A)
