@@ -27,6 +27,10 @@ ID_FIELDS: dict[str, int] = {
     "external_id": 255,
     "actor_key": 255,
     "actor_id": 255,
+    # a reply's anchor: part of a delivery's recipient (512 characters in all)
+    "conversation_id": 128,
+    "conversation_type": 32,
+    "message_id": 64,
 }
 #: any other text of the context (names, locale, raw input…) up to this many characters
 MAX_CONTEXT_TEXT = 100_000
