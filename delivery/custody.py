@@ -215,6 +215,7 @@ async def resend(
                 note=None,
                 sent_as=None,
                 sent_at=None,
+                retry_since=None,
                 updated_at=time.time(),
             )
         )
