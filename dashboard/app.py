@@ -163,6 +163,7 @@ def create_app(
             limits=svc.settings.limits,
             ratelimit_waits=waits,
             ratelimit_parked=parked,
+            pending_stale_after=float(svc.settings.delivery_pending_stale_sec),
         )
         return Response(body, media_type=CONTENT_TYPE)
 

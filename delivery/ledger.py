@@ -140,6 +140,19 @@ def delivery_dict(row: Delivery) -> dict[str, Any]:
     return {"recipient": row.recipient, "kind": row.kind, "status": row.status, "error": row.error}
 
 
+def action_for(status: str, resendable: bool) -> str | None:
+    """What an operator can do about a delivery in ``status`` (None: nothing to do)."""
+    if status == UNKNOWN:
+        return "the message may have arrived: check the chat, then dismiss it" + (
+            ", or resend it" if resendable else " (no stored content to resend)"
+        )
+    if status == FAILED:
+        return "resend it once the cause is fixed, or dismiss it" if resendable else "dismiss it"
+    if status == PENDING:
+        return "waiting for its channel (rate limit or outage); it is retried by itself"
+    return None
+
+
 def custody_dict(row: Delivery) -> dict[str, Any]:
     """A delivery as operators see it (``deliveries list``, ``GET /api/v1/deliveries``):
     the public shape plus custody, the receipt and what a resend would send."""
@@ -152,6 +165,7 @@ def custody_dict(row: Delivery) -> dict[str, Any]:
         "error": row.error,
         "item": content.get("path") or row.item,
         "resendable": bool(content),
+        "action": action_for(row.status, bool(content)),
         "job_id": row.job_id,
         "chain_run_id": row.chain_run_id,
         "generation": row.generation,

@@ -296,3 +296,48 @@ async def services_for() -> Any:
             if keys:
                 await svc.redis.delete(*keys)
         await svc.close()
+
+
+async def test_stuck_pending_deliveries_show_in_the_default_views(
+    settings: Any, services_for: Any
+) -> None:
+    """A delivery still ``pending`` past the bound is in the default deliveries list (with
+    what to do), the queue summary and ``/metrics``; an ``unknown`` one says what to do."""
+    import httpx
+
+    from dashboard.app import create_app
+
+    settings.delivery_pending_stale_sec = 0.5
+    svc = await services_for(settings)
+    recipient = f"telegram:{CHAT}"
+    for item, owner in (("stuck", "w:1:a#1"), ("unsure", "w:1:a#1")):
+        await claim(
+            svc.sessionmaker,
+            ledger_key("job-x", recipient, item),
+            recipient=recipient,
+            owner=owner,
+            channel="telegram",
+            job_id="job-x",
+            item=item,
+            content={"text": item},
+        )
+    async with svc.sessionmaker() as s:
+        row = await s.scalar(select(Delivery).where(Delivery.item == "unsure"))
+        assert row is not None
+        row.status = "unknown"
+        await s.commit()
+    await asyncio.sleep(0.6)
+    app = create_app(svc.settings, services=svc)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+    ) as c:
+        items = (await c.get("/api/v1/deliveries")).json()["items"]
+        by_status = {d["status"]: d for d in items}
+        assert set(by_status) == {"pending", "unknown"}
+        assert "retried by itself" in by_status["pending"]["action"]
+        assert "may have arrived" in by_status["unknown"]["action"]
+        queue = (await c.get("/api/v1/queue")).json()
+        assert queue["deliveries_pending_stale"] == 1
+        assert queue["oldest_pending_delivery_age_s"] >= 0.5
+        metrics = (await c.get("/metrics")).text
+        assert "skilljobs_deliveries_pending_stale 1.0" in metrics
