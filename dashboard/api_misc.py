@@ -123,7 +123,7 @@ async def queue(
         )
         rates = queries.rates_of(counts, five)
         return {
-            **depth,
+            **{k: depth[k] for k in ("queued", "running", "oldest_queued_age_s")},
             "succeeded_5m": rates["5m"]["succeeded"],
             "failed_5m": rates["5m"]["failed"],
             "workers": sum(1 for w in rows if worker_dict(w, now)["alive"]),

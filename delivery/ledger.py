@@ -52,6 +52,7 @@ from delivery.errors import (
     DeliveryTransientError,
 )
 from jobs import storable, telemetry
+from jobs.db import db_unavailable
 from jobs.logs import SECRETS
 from jobs.models import PENDING, SENT, Delivery, DeliveryStatus, Worker
 
@@ -66,6 +67,8 @@ UNKNOWN_DIED = "outcome unknown: the worker sending it stopped before recording 
 CONTENT_CAP = 100_000
 DEFAULT_TRIES = 3
 MAX_WAIT = 60.0
+#: how long recording a delivery's outcome waits for an unreachable database
+RECORD_PATIENCE = 300.0
 
 Sessions = async_sessionmaker[AsyncSession]
 Fence = Callable[[], Awaitable[bool]]
@@ -323,10 +326,22 @@ async def _finish(
     where = [Delivery.ledger_key == key, Delivery.claimed_by == owner]
     if generation is not None:  # a stale claim never records over a newer generation
         where.append(Delivery.generation == generation)
-    async with sessionmaker() as s:
-        res = await s.execute(update(Delivery).where(*where).values(**values))
-        await s.commit()
-        return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+    # The database away (restarting, a connection terminated) is waited out: an outcome
+    # not recorded would leave the row ``sending`` for ever (and a message that went out
+    # looking unsent). The statement is idempotent (same claim, same values).
+    delay, deadline = 0.2, time.monotonic() + RECORD_PATIENCE
+    while True:
+        try:
+            async with sessionmaker() as s:
+                res = await s.execute(update(Delivery).where(*where).values(**values))
+                await s.commit()
+                return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+        except Exception as exc:
+            if not db_unavailable(exc) or time.monotonic() > deadline:
+                raise
+            log.warning("delivery %s: not recorded yet (%s), again in %.1fs", key[:12], exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 async def begin_send(sessionmaker: Sessions, key: str, owner: str, generation: int) -> bool:

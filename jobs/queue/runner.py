@@ -21,12 +21,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from sqlalchemy.exc import DBAPIError
 
 from jobs import phases, sendscope, telemetry, texts
 from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS, PRIORITY_INTERACTIVE
-from jobs.db import DB_UNAVAILABLE
+from jobs.db import DB_UNAVAILABLE, db_unavailable
 from jobs.execution.inprocess import RUN_TASKS, SKILL_ENDED
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT, JobRow
 from jobs.queue import broker, incidents, limits, lost, prefetch, store
@@ -41,23 +40,6 @@ log = logging.getLogger("skilljobs.worker")
 T = TypeVar("T")
 
 DB_ERRORS = DB_UNAVAILABLE
-# Server states that mean "the database is away", not "this statement is wrong": connection
-# exceptions (08…), shutting down or starting up (57P01–57P03), too many connections.
-_AWAY_STATES = ("08", "57P01", "57P02", "57P03", "53300")
-
-
-def db_unavailable(exc: BaseException) -> bool:
-    """Is ``exc`` the database being unreachable (wait and retry) rather than a bug or a
-    refused value (report)? asyncpg's "the database system is starting up" arrives as a
-    plain ``DBAPIError``, told apart by its SQLSTATE."""
-    if isinstance(exc, DB_UNAVAILABLE):
-        return True
-    if isinstance(exc, DBAPIError):
-        if exc.connection_invalidated:
-            return True
-        state = getattr(exc.orig, "sqlstate", None) or ""
-        return isinstance(state, str) and state.startswith(_AWAY_STATES)
-    return False
 
 
 def is_fault(exc: BaseException) -> bool:

@@ -153,6 +153,8 @@ class FakeServer:
         self.outage_until = 0.0
         self.outage_status = 500
         self.refused = 0
+        # a hang: until this time.monotonic(), requests are held unanswered (then processed)
+        self.hang_until = 0.0
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -204,6 +206,8 @@ class FakeServer:
             req.form, req.files = parse_multipart(ctype, body)
         elif ctype.startswith("application/x-www-form-urlencoded"):
             req.form = dict(parse_qsl(body.decode()))
+        while time.monotonic() < self.hang_until:
+            await asyncio.sleep(0.05)
         self.requests.append(req)
         resp = await self._respond(req)
         for tail, left in self.lose_answers.items():
@@ -228,6 +232,12 @@ class FakeServer:
             }
         )
         await send({"type": "http.response.body", "body": payload})
+
+    def hang(self, seconds: float) -> None:
+        """Hold every request for the next ``seconds``, then process it (a platform that
+        stops answering for a while; a client that gives up first does not know whether its
+        message arrived)."""
+        self.hang_until = time.monotonic() + seconds
 
     def outage(self, seconds: float, status: int = 500) -> None:
         """Answer every request ``status`` for the next ``seconds`` (a platform outage)."""
