@@ -575,7 +575,7 @@ async def _redis_outage(run: Run) -> None:
 
 async def _chat_500(run: Run) -> None:
     """The chat platform answers 500 to everything for a window."""
-    window = 30.0 if run.duration >= 120 else 8.0
+    window = 30.0 if run.duration >= 120 else 5.0
     run.faults.append(Fault(f"chat 500 for {window:.0f} s", time.time()))
     run.tg.outage(window)
     await asyncio.sleep(window)
@@ -584,7 +584,7 @@ async def _chat_500(run: Run) -> None:
 async def _chat_hang(run: Run) -> None:
     """The chat platform holds every request for a window (past the client's 30 s read
     timeout in the full run: those sends end ``unknown``), then processes them."""
-    window = 35.0 if run.duration >= 120 else 5.0
+    window = 35.0 if run.duration >= 120 else 3.0
     run.faults.append(Fault(f"chat hang {window:.0f} s", time.time()))
     run.tg.hang(window)
     await asyncio.sleep(window)
