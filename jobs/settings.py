@@ -65,8 +65,9 @@ class Settings(BaseSettings):
     delivery_retry_max_sec: float = Field(default=15.0, gt=0)
     # The outbox's database-driven sweep: parked rows missing from their Redis queue and
     # rows whose claimant is gone (a dead worker, a finished attempt) are sent again; it
-    # runs this often (a delivery whose worker died is re-driven within about twice this).
-    outbox_sweep_sec: float = Field(default=4.0, gt=0)
+    # runs this often (a delivery whose worker died is re-driven this long after the worker
+    # is presumed dead, as its jobs are: 3 heartbeats and a second).
+    outbox_sweep_sec: float = Field(default=2.0, gt=0)
     # A delivery ``pending`` longer than this is reported (deliveries list, queue summary,
     # /metrics ``skilljobs_deliveries_pending_stale``).
     delivery_pending_stale_sec: float = Field(default=300.0, gt=0)
