@@ -8,7 +8,7 @@ scheduler) and ``skilljobs web``, through which every job is dispatched.
 
 Workload: ``--jobs`` jobs spread over ``--duration`` seconds — in-process no-ops, 0.2–2 s
 sleepers, file-producing and flaky (transient) skills, and subprocess skills (a Python CLI
-script and a shell script, 0.2–2 s each) — delivered to the fake Telegram chat or to web
+script, 0.2–2 s or one in five 10–14 s, and a 1 s shell script) — delivered to the fake Telegram chat or to web
 sessions, plus 3 chains firing every minute (a 6 s sleeper, then a no-op; each step logs
 its completion under its run). Faults meanwhile: ``kill -9`` of a random worker every
 5–20 s (restarted after a few seconds), SIGTERM of one, a Redis restart, a Redis outage
@@ -339,6 +339,14 @@ class Proc:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, sig)
 
+    def crash(self) -> None:
+        """``kill -9`` of the process alone (as the OOM killer does): whatever it started
+        is on its own then — a skill's subprocesses must die with it by themselves."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -442,7 +450,11 @@ def _job(run: Run, i: int) -> tuple[str, dict[str, Any]]:
     elif r < 0.50:
         skill, inp = "chaos_sleep", {"seconds": round(run.rng.uniform(0.2, 2.0), 2)}
     elif r < 0.65:
-        skill, inp = "chaos_cli", {"seconds": round(run.rng.uniform(0.2, 2.0), 2)}
+        # one in five runs past the take-over of a killed worker (8.5 s): its process must
+        # die with the worker, or the re-run overlaps it
+        long = run.rng.random() < 0.2
+        secs = run.rng.uniform(10.0, 14.0) if long else run.rng.uniform(0.2, 2.0)
+        skill, inp = "chaos_cli", {"seconds": round(secs, 2)}
     elif r < 0.75:
         skill, inp = "chaos_sh", {}
     elif r < 0.93:
@@ -530,7 +542,7 @@ async def _restart_later(run: Run, w: Proc, after: float) -> None:
 
 
 async def kill_loop(run: Run, until: float) -> None:
-    """kill -9 of a random worker every 5–20 s, restarted after 2–4 s."""
+    """kill -9 of a random worker (its process alone) every 5–20 s, restarted after 2–4 s."""
     pending: set[asyncio.Task[None]] = set()
     while True:
         await asyncio.sleep(run.rng.uniform(5, 20))
@@ -542,7 +554,7 @@ async def kill_loop(run: Run, until: float) -> None:
         w = run.rng.choice(alive)
         assert w.proc is not None
         run.faults.append(Fault("kill -9", time.time(), w.proc.pid))
-        w.kill()
+        w.crash()
         t = asyncio.create_task(_restart_later(run, w, run.rng.uniform(2, 4)))
         pending.add(t)
         t.add_done_callback(pending.discard)
