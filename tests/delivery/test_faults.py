@@ -95,6 +95,7 @@ def settings(job_settings: Any, tmp_path: Path, tg: Any) -> Any:
     return job_settings
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_redis_stopped_while_results_finish_fails_nothing(
     settings: Any, tmp_path: Path, tg: Any
@@ -148,6 +149,7 @@ async def test_redis_stopped_while_results_finish_fails_nothing(
         server.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_chat_outage_is_waited_out_without_a_worker_slot(
     settings: Any, tmp_path: Path, services_for: Any, tg: Any
@@ -190,6 +192,7 @@ async def test_chat_outage_is_waited_out_without_a_worker_slot(
         await w.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_outage_past_the_window_fails_with_the_reason_and_resends(
     settings: Any, tmp_path: Path, services_for: Any, tg: Any
@@ -227,6 +230,7 @@ async def test_outage_past_the_window_fails_with_the_reason_and_resends(
         await w.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 async def test_delivery_of_a_dead_worker_is_redriven_within_10s(
     settings: Any, services_for: Any, tg: Any
