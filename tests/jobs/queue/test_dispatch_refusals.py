@@ -23,7 +23,9 @@ async def _jobs(services: Services) -> list[Job]:
 
 def _client(services: Services) -> httpx.AsyncClient:
     app = create_app(services.settings, services=services)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1")
+    # (the app's answer to an unexpected error is what is tested, not the error itself)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1")
 
 
 async def test_input_over_the_storable_limit_is_a_413(services: Services) -> None:
@@ -76,3 +78,24 @@ async def test_redis_down_refusal_writes_no_job(job_settings, tmp_path) -> None:
     finally:
         server.stop()
         await svc.close()
+
+
+async def test_database_away_is_a_503_not_a_500(services: Services) -> None:
+    """The database unreachable mid-request (a restart): 503 ``transient``, try again —
+    nothing was written, so nothing failed."""
+    from jobs.cli.embedded import free_port
+    from jobs.db import create_engine, create_sessionmaker
+
+    away = create_engine(f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/gone")
+    kept = services.sessionmaker
+    services.sessionmaker = create_sessionmaker(away)
+    try:
+        async with _client(services) as c:
+            res = await c.post(
+                "/api/v1/dispatch", json={"skill": "bg_sleep", "input": {}, "context": TG}
+            )
+        assert res.status_code == 503, res.text
+        assert res.json()["error_type"] == "transient" and "try again" in res.json()["error"]
+    finally:
+        services.sessionmaker = kept
+        await away.dispose()
