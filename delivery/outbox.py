@@ -68,6 +68,9 @@ IDLE = 0.5
 SWEEP_AFTER = 30.0
 #: chats drained at the same time by one worker
 MAX_CHATS = 64
+#: an ``unknown`` delivery on a de-duplicating channel is repeated while it is this recent
+#: (seconds since its first send: within WeCom's 600 s duplicate check and Feishu's hour)
+DEDUP_REPEAT_SEC = 300.0
 #: a job in these states may still send its own deliveries
 _OPEN_JOBS = (str(JobStatus.QUEUED), str(JobStatus.RUNNING))
 
@@ -598,10 +601,67 @@ class Outbox:
             log.warning("outbox: %s deliveries of gone claimants taken over", taken)
         return taken
 
+    async def repeat_unknown(self) -> int:
+        """Resolve ``unknown`` deliveries where the platform allows it: on a channel that
+        drops a repeat of the same request key (Feishu's ``uuid``, WeCom's duplicate check)
+        a recent one is sent again under its key — delivered once whether or not the first
+        request landed. Within :data:`DEDUP_REPEAT_SEC` of its first send (inside the
+        platforms' de-duplication windows). How many were handed to the outbox."""
+        from delivery.custody import adapter_for
+
+        now = time.time()
+        cutoff = now - self.sweep_every
+        async with self.svc.sessionmaker() as s:
+            rows = (
+                await s.scalars(
+                    select(Delivery)
+                    .where(
+                        Delivery.status == UNKNOWN,
+                        Delivery.created_at > now - DEDUP_REPEAT_SEC,
+                        Delivery.updated_at < cutoff,
+                    )
+                    .order_by(Delivery.id)
+                    .limit(200)
+                )
+            ).all()
+        taken = 0
+        for row in rows:
+            adapter = adapter_for(self.svc, row)
+            contact = row.recipient.partition(":")[2]
+            if not isinstance(adapter, LimitedChannel) or not adapter.dedups_for(contact):
+                continue
+            if not row.content:
+                continue
+            async with self.svc.sessionmaker() as s:
+                res = await s.execute(
+                    update(Delivery)
+                    .where(
+                        Delivery.id == row.id,
+                        Delivery.status == UNKNOWN,
+                        Delivery.updated_at == row.updated_at,
+                        Delivery.generation == row.generation,
+                    )
+                    .values(
+                        status=PENDING,
+                        claimed_by=PARKED,
+                        error=f"{row.error or 'outcome unknown'}; repeated under the same key",
+                        updated_at=cutoff - 1,
+                    )
+                )
+                await s.commit()
+            taken += int(res.rowcount == 1)
+        if taken:
+            log.info(
+                "outbox: %s unknown deliveries repeated where the platform de-duplicates", taken
+            )
+        return taken
+
     async def sweep(self) -> int:
-        """Take over the deliveries of gone claimants (:meth:`adopt_orphans`), then queue
-        again the parked rows whose Redis entry is gone; how many were queued."""
+        """Take over the deliveries of gone claimants (:meth:`adopt_orphans`) and repeat
+        the recent ``unknown`` ones a platform de-duplicates (:meth:`repeat_unknown`), then
+        queue again the parked rows whose Redis entry is gone; how many were queued."""
         await self.adopt_orphans()
+        await self.repeat_unknown()
         cutoff = time.time() - self.sweep_every
         async with self.svc.sessionmaker() as s:
             rows = (

@@ -345,3 +345,63 @@ async def test_stuck_pending_deliveries_show_in_the_default_views(
         assert queue["oldest_pending_delivery_age_s"] >= 0.5
         metrics = (await c.get("/metrics")).text
         assert "skilljobs_deliveries_pending_stale 1.0" in metrics
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+async def test_unknown_on_a_deduplicating_platform_is_resolved_by_itself(
+    settings: Any, services_for: Any, fs: Any
+) -> None:
+    """Feishu answers nothing in time (its answers lost: the message did land): the
+    delivery ends ``unknown``; the outbox repeats it under the same ``uuid``, Feishu drops
+    the repeat and answers with the first message, and the row is ``sent`` — one message."""
+    import httpx
+
+    from delivery.channels.registry import channels_for
+    from delivery.ledger import deliver_once
+
+    settings.feishu_app_id = fs.app_id
+    settings.feishu_app_secret = SecretStr(fs.app_secret)
+    settings.feishu_api_base = fs.url
+    svc = await services_for(settings)
+    await svc.http.aclose()
+    svc.http = httpx.AsyncClient(timeout=0.5)  # a short read timeout: the answers are late
+    adapter = channels_for(svc)["feishu"]
+    await adapter.send_text("ou_warmup", "token fetched before the answers go missing")
+    fs.lose_delay = 1.5
+    fs.lose_answers["/open-apis/im/v1/messages"] = 3  # every try of the send below
+    recipient = "feishu:ou_x"
+
+    async def send() -> str:
+        return await adapter.send_text("ou_x", "a result that did land")
+
+    out = await deliver_once(
+        svc.sessionmaker,
+        send,
+        key=ledger_key("job-u", recipient, "text"),
+        recipient=recipient,
+        owner="tester#1",
+        channel="feishu",
+        job_id="job-u",
+        content={"text": "a result that did land"},
+        dedup=True,
+        backoff=0.05,
+    )
+    assert out["status"] == "unknown", out
+    w = build_worker(svc, handle_signals=False, scheduler=False)
+    task = asyncio.create_task(w.async_run())
+    try:
+
+        async def sent() -> bool:
+            rows = [r for r in await _deliveries(svc) if r.recipient == recipient]
+            return rows[0].status == "sent"
+
+        await _until(sent, 20, "the unknown delivery resolved")
+        (row,) = [r for r in await _deliveries(svc) if r.recipient == recipient]
+        assert row.message_id and row.tries > 3  # the three lost tries, then the repeat
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await w.close()
+    landed = [m for m in fs.sent if "did land" in str(m)]
+    assert len(landed) == 1, landed
