@@ -634,10 +634,15 @@ class Executor:
 
         def check(key: str, value: str, kind: str) -> None:
             # C21: what the program reads as a path is confined, whatever the key's spelling
-            # (argparse also takes "--fi" for "--file", so a path-shaped value is a path)
-            if inputs.mode_of(key, schema) == "strong" or inputs.looks_like_path(value):
-                if not inputs.looks_like_url(value):
-                    conf.check(key, value)
+            # (file_path, filePath, file-path, an abbreviation argparse expands: "--fil");
+            # a path-shaped positional is a path
+            mode = inputs.mode_of(key, schema, flag=True)
+            if mode == "any" and kind == "positional":
+                mode = "media"
+            if mode == "strong" and not inputs.looks_like_url(value):
+                conf.check(key, value)
+            elif mode == "media" and inputs.looks_like_path(value):
+                conf.check(key, value)
 
         argv = subproc.build_command(
             skill, input_data, workspace=ws, skill_dir=skill_dir, check=check

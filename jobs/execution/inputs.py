@@ -205,10 +205,20 @@ def _mode(key: str, schema_paths: frozenset[str]) -> str:
     return "media" if canonical(key) in MEDIA_NAMES else "any"
 
 
-def mode_of(key: str, schema: Any = None) -> str:
+_FLAG_FILE_NAMES = (*STRONG_NAMES, "file_path", "input_file", "output_file", "file_name")
+
+
+def mode_of(key: str, schema: Any = None, *, flag: bool = False) -> str:
     """How the value of input ``key`` is judged: "strong" (always a path), "media" (a
-    path when it looks like one) or "any" (data)."""
-    return _mode(key, _schema_paths(schema))
+    path when it looks like one) or "any" (data). ``flag``: the key becomes a command-line
+    flag, and a prefix of a file flag's name (``fil``, ``file-p``) is read as that flag by
+    argparse, so it is judged as one."""
+    mode = _mode(key, _schema_paths(schema))
+    if mode == "any" and flag:
+        k = canonical(key)
+        if k and any(name.startswith(k) for name in _FLAG_FILE_NAMES):
+            return "strong"
+    return mode
 
 
 def looks_like_url(value: str) -> bool:

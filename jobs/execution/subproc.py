@@ -131,8 +131,8 @@ _FLAG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
 _OPTION_LIKE = re.compile(r"-+[A-Za-z_]")  # "--file=/x", "-f": read as an option, not a value
 
 # Checks one rendered value: (input key, the argv item as the program will see it,
-# "positional" for positionals and list items | "flag" for a flag's value); raises to
-# refuse. The executor passes its file confinement.
+# "positional" for an x-cli-positional value | "flag" for a flag's value or list item);
+# raises to refuse. The executor passes its file confinement.
 ArgCheck = Callable[[str, str, str], None]
 
 
@@ -216,11 +216,11 @@ def build_args(
     args = _subcommand(skill, sub)
     props = _properties(skill, sub)
     positional = [k for k, p in props.items() if isinstance(p, dict) and p.get("x-cli-positional")]
-    values: list[tuple[str, int, bool]] = []  # (key, index in args, positional) of each value
+    values: list[tuple[str, int, str]] = []  # (key, index in args, kind) of each value
 
-    def add(key: str, v: Any, *, item: bool) -> None:
+    def add(key: str, v: Any, *, item: bool, kind: str = "flag") -> None:
         text = _scalar(v)
-        values.append((key, len(args), item))
+        values.append((key, len(args), kind))
         args.append(_value(key, text) if item else text)
 
     for key in positional:
@@ -228,7 +228,7 @@ def build_args(
         if v is None:
             continue
         for x in v if isinstance(v, list) else [v]:
-            add(key, x, item=True)
+            add(key, x, item=True, kind="positional")
     for key, v in data.items():
         if not isinstance(key, str):
             raise ArgumentRefused(str(key), "input keys must be strings")
@@ -247,9 +247,8 @@ def build_args(
     if workspace or skill_dir:
         args = [_placeholders(a, workspace=workspace, skill_dir=skill_dir) for a in args]
     if check is not None:
-        for key, i, item in values:
-            # a positional or a list item that looks like a path is a path, whatever the key
-            check(key, args[i], "positional" if item else "flag")
+        for key, i, kind in values:
+            check(key, args[i], kind)
     return args
 
 

@@ -24,12 +24,6 @@ KEY = b"t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q="
 CTX = {"role_id": "r1", "session_id": "s1", "org_id": "o1", "channel": "web"}
 
 
-def lines(paths: list[str]) -> str:
-    """The probe's targets as one multi-line value (a host path as a value of its own is
-    refused on the command line before the sandbox is even reached)."""
-    return "\n".join(["# targets", *paths])
-
-
 @pytest.fixture(scope="module")
 def registry():  # type: ignore[no-untyped-def]
     reg = load_registry([EXEC_FIXTURES])
@@ -565,9 +559,7 @@ async def test_a_subprocess_skill_of_a_root_worker_runs_as_the_skill_user(
         try:
             ws_other = ex.workspace_root / "r2" / "s9"
             first = await ex.execute(
-                "iso_probe",
-                {"targets": lines(["/dev/null"])},
-                dict(CTX, role_id="r2", session_id="s9"),
+                "iso_probe", {"targets": ["/dev/null"]}, dict(CTX, role_id="r2", session_id="s9")
             )
             assert first.status == "succeeded", first.result
             assert (ws_other / "mine.txt").stat().st_uid == 0  # handed back after the run
@@ -578,7 +570,7 @@ async def test_a_subprocess_skill_of_a_root_worker_runs_as_the_skill_user(
                 f"/proc/{os.getpid()}/environ",
                 "/dev/null",
             ]
-            out = await ex.execute("iso_probe", {"targets": lines(targets)}, dict(CTX))
+            out = await ex.execute("iso_probe", {"targets": targets}, dict(CTX))
             assert out.status == "succeeded", out.result
             r = out.result
             import pwd
@@ -640,7 +632,7 @@ async def test_the_bwrap_sandbox_shows_only_the_system_and_the_workspace(
             f"/proc/{os.getpid()}/environ",
             "/etc/hostname",
         ]
-        out = await ex.execute("iso_probe", {"targets": lines(targets)}, dict(CTX))
+        out = await ex.execute("iso_probe", {"targets": targets}, dict(CTX))
         if out.status == "failed" and "bwrap" in (out.error or ""):
             pytest.skip(f"bubblewrap cannot run here: {out.error}")
         assert out.status == "succeeded", out.result
@@ -651,7 +643,7 @@ async def test_the_bwrap_sandbox_shows_only_the_system_and_the_workspace(
         assert (ex.workspace_root / "r1" / "s1" / "mine.txt").exists()
         bad = make_settings(tmp_path, redis_url=None, prefix="t", sandbox="jail")
         ex.settings = bad
-        out = await ex.execute("iso_probe", {"targets": lines([])}, dict(CTX))
+        out = await ex.execute("iso_probe", {"targets": []}, dict(CTX))
         assert out.status == "failed" and "SKILLJOBS_SANDBOX" in (out.error or "")
     finally:
         await ex.aclose()
