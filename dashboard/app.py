@@ -24,6 +24,7 @@ from dashboard import (
     api_jobs,
     api_misc,
     api_schedules,
+    api_skills,
     api_stats,
     api_tokens,
     api_workers,
@@ -149,6 +150,7 @@ def create_app(
     app.include_router(api_audit.router, dependencies=[Depends(require_token)])
     app.include_router(api_deliveries.router, dependencies=[Depends(require_token)])
     app.include_router(api_workers.router, dependencies=[Depends(require_token)])
+    app.include_router(api_skills.router, dependencies=[Depends(require_token)])
 
     @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
     async def metrics(request: Request) -> Response:

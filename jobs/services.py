@@ -108,7 +108,7 @@ class Services:
             await self.read_engine.dispose()
 
 
-async def connect_redis(settings: Settings) -> ArqRedis:
+async def connect_redis(settings: Settings, *, retries: int = 5) -> ArqRedis:
     from arq.connections import create_pool
 
     url = settings.redis_url
@@ -123,7 +123,7 @@ async def connect_redis(settings: Settings) -> ArqRedis:
             "(only `skilljobs up` starts the embedded Redis)"
         )
     rs = redis_settings(url)
-    rs.conn_retries = 5
+    rs.conn_retries = retries
     return await create_pool(rs, default_queue_name=settings.queue_name)
 
 

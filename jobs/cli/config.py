@@ -106,13 +106,15 @@ def config_list(
     if not rows:
         typer.echo(f"no configuration for role {role}" + (f" / {skill}" if skill else ""))
         return
-    from rich.console import Console
-    from rich.table import Table
+    from jobs.cli import output
 
-    table = Table("skill", "key", "value")
-    for s, k, v in rows:
-        table.add_row(s, k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
-    Console().print(table)
+    output.table(
+        ("skill", "key", "value"),
+        [
+            (s, k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
+            for s, k, v in rows
+        ],
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -170,6 +170,41 @@ def check(
         raise typer.Exit(1)
 
 
+def _pause_action(name: str, pause: bool) -> None:
+    from jobs.cli.common import fail, with_services
+
+    async def _go(svc: Any) -> dict[str, Any]:
+        from jobs.queue import pauses
+
+        try:
+            fn = pauses.pause if pause else pauses.resume
+            return await fn(svc, name, actor="cli")
+        except LookupError as exc:
+            fail(str(exc.args[0] if exc.args else exc))
+
+    done = with_services(_go)
+    if pause:
+        typer.echo(
+            f"{name}: paused — workers take none of its jobs (they stay queued) until "
+            f"`skilljobs skills resume {name}`"
+        )
+    else:
+        back = done.get("requeued", 0)
+        typer.echo(f"{name}: resumed — workers take its jobs again ({back} waiting put back)")
+
+
+@skills_app.command("pause")
+def pause_skill(name: str = typer.Argument(..., help="Skill name.")) -> None:
+    """Stop workers claiming this skill's jobs: they stay queued (running ones finish)."""
+    _pause_action(name, True)
+
+
+@skills_app.command("resume")
+def resume_skill(name: str = typer.Argument(..., help="Skill name.")) -> None:
+    """Let workers claim this skill's jobs again, in the order they were queued."""
+    _pause_action(name, False)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(skills_app, name="skills")
 
