@@ -128,8 +128,10 @@ def is_loopback(host: str) -> bool:
 
 def check_settings(**overrides: Any) -> tuple[Settings | None, Check]:
     """Build the settings from the environment / ``.env`` (``overrides`` win)."""
+    from jobs.cli.state import apply_state
+
     try:
-        settings = Settings(**overrides)
+        settings = apply_state(Settings(**overrides))
     except ValidationError as exc:
         problems = "; ".join(
             f"{env_name(str(e['loc'][0])) if e['loc'] else 'settings'}: {e['msg']}"
@@ -211,7 +213,10 @@ def _db_display(settings: Settings) -> str:
 def _missing_sqlite_file(settings: Settings) -> bool:
     from sqlalchemy.engine import make_url
 
-    url = make_url(settings.resolved_database_url)
+    try:
+        url = make_url(settings.resolved_database_url)
+    except Exception:  # not a URL at all: check_database says so
+        return False
     if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
         return False
     return not Path(url.database).exists()
@@ -235,8 +240,8 @@ async def check_database(settings: Settings, timeout_sec: float = 5.0) -> Check:
         return fail(
             name,
             f"{shown}: {exc}",
-            "SKILLJOBS_DATABASE_URL must be an async SQLAlchemy URL: "
-            "postgresql+asyncpg://… or sqlite+aiosqlite:///…",
+            "SKILLJOBS_DATABASE_URL must be a PostgreSQL or SQLite URL: "
+            "postgresql://user:password@host:5432/name or sqlite:///path/to/file.db",
         )
     started = time.perf_counter()
     try:
