@@ -39,6 +39,7 @@ from dashboard.metrics import CONTENT_TYPE, Metrics
 from dashboard.queries import BadQuery
 from dashboard.sync_pool import SyncPool
 from dashboard.tokens import TokenKey
+from jobs import counters
 from jobs.services import Services
 from jobs.settings import Settings
 
@@ -155,9 +156,10 @@ def create_app(
     @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
     async def metrics(request: Request) -> Response:
         svc: Services = request.app.state.services
-        waits, parked = await asyncio.gather(
+        waits, parked, totals = await asyncio.gather(
             latency.ratelimit_waits(svc.redis, svc.settings.key),
             latency.ratelimit_parked(svc.redis, svc.settings.key),
+            counters.read(svc.redis, svc.settings),
         )
         body = await request.app.state.metrics.render(
             svc.sessionmaker,
@@ -165,6 +167,7 @@ def create_app(
             limits=svc.settings.limits,
             ratelimit_waits=waits,
             ratelimit_parked=parked,
+            totals=totals,
         )
         return Response(body, media_type=CONTENT_TYPE)
 

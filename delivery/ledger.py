@@ -50,7 +50,7 @@ from delivery.errors import (
     DeliveryPermanentError,
     DeliveryTransientError,
 )
-from jobs import storable, telemetry
+from jobs import counters, storable, telemetry
 from jobs.logs import SECRETS
 from jobs.models import PENDING, SENT, Delivery, DeliveryStatus, Worker
 
@@ -60,6 +60,8 @@ FAILED = DeliveryStatus.FAILED
 SENDING = DeliveryStatus.SENDING
 UNKNOWN = DeliveryStatus.UNKNOWN
 DISMISSED = DeliveryStatus.DISMISSED
+#: the outcomes the skilljobs_deliveries_total counters count (jobs.counters)
+_ENDED = frozenset({SENT, FAILED, UNKNOWN})
 UNKNOWN_DIED = "outcome unknown: the worker sending it stopped before recording the answer"
 #: characters of a stored item body (what a resend sends)
 CONTENT_CAP = 100_000
@@ -291,9 +293,16 @@ async def _finish(
     if generation is not None:  # a stale claim never records over a newer generation
         where.append(Delivery.generation == generation)
     async with sessionmaker() as s:
-        res = await s.execute(update(Delivery).where(*where).values(**values))
+        count = s.info.get(counters.SESSION_KEY) if values.get("status") in _ENDED else None
+        if count is None:
+            res = await s.execute(update(Delivery).where(*where).values(**values))
+            await s.commit()
+            return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+        stmt = update(Delivery).where(*where).values(**values).returning(Delivery.channel)
+        channels = list((await s.execute(stmt)).scalars())
         await s.commit()
-        return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+    await count.deliveries((c, values["status"]) for c in channels)
+    return len(channels) == 1
 
 
 async def begin_send(sessionmaker: Sessions, key: str, owner: str, generation: int) -> bool:

@@ -10,6 +10,7 @@ from urllib.parse import unquote
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from jobs.counters import SESSION_KEY, Counters
 from jobs.crypto import SecretBox, load_or_create_key
 from jobs.db import create_engine, create_sessionmaker
 from jobs.settings import Settings
@@ -95,7 +96,15 @@ class Services:
         svc.open_read_replica()
         if redis:
             svc.redis = await connect_redis(settings)
+            svc.count_outcomes()
         return svc
+
+    def count_outcomes(self) -> None:
+        """Sessions of this process carry the monotonic counters (``jobs.counters``), so the
+        delivery ledger counts each outcome it records."""
+        if self.redis is not None:
+            info = self.sessionmaker.kw.setdefault("info", {})
+            info[SESSION_KEY] = Counters(self.redis, self.settings)
 
     async def close(self) -> None:
         if self._executor is not None:

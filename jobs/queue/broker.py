@@ -44,16 +44,18 @@ from arq.jobs import SerializationError
 from arq.utils import timestamp_ms
 from redis.exceptions import NoScriptError
 
-from jobs import jsontext
+from jobs import counters, jsontext
 from jobs.constants import (
     CANCEL_CHANNEL,
     FN_RUN_CHAIN,
     JOB_EVENTS,
+    JOBS_TOTAL,
     PRIORITY_CHAIN,
     PRIORITY_INTERACTIVE,
     WAKE_CHANNEL,
     WORKER_HEARTBEAT,
 )
+from jobs.models import FINAL_STATUSES
 from jobs.services import Services
 
 if TYPE_CHECKING:
@@ -407,15 +409,29 @@ async def publish_job_event(services: Services, job_id: str, status: str, skill:
     if services.redis is None:
         return
     try:
-        await services.redis.publish(*job_event(services, job_id, status, skill))
+        await publish_events(services, [(job_id, status, skill)])
     except Exception as exc:  # pragma: no cover - Redis hiccup
         log.debug("job event not published: %s", exc)
 
 
+# events, then one HINCRBY of the jobs-total counters per job that ended (jobs.counters)
+_EVENTS_LUA = """
+local n = tonumber(ARGV[1])
+for i = 2, 2 * n, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
+for i = 2 * n + 2, #ARGV do redis.call('HINCRBY', KEYS[1], ARGV[i], 1) end
+return n
+"""
+
+
 async def publish_events(services: Services, events: Sequence[tuple[str, str, str]]) -> None:
-    """Many ``(job id, status, skill)`` events in one round trip."""
-    await publish_many(
-        _redis(services), [job_event(services, job_id, st, skill) for job_id, st, skill in events]
+    """Many ``(job id, status, skill)`` events in one round trip; the jobs that ended are
+    counted in the monotonic ``skilljobs_jobs_total`` counters."""
+    if not events:
+        return
+    messages = [part for e in events for part in job_event(services, *e)]
+    ended = [counters.field(skill, st) for _, st, skill in events if st in FINAL_STATUSES]
+    await _script(_redis(services), _EVENTS_LUA)(
+        keys=[services.settings.key(JOBS_TOTAL)], args=[len(events), *messages, *ended]
     )
 
 
