@@ -93,6 +93,11 @@ def workspace_of(settings: Any, job: JobRow) -> Path:
 _workspace = functools.lru_cache(maxsize=4096)(results_dir)
 
 
+#: the content key of a delivery refused because its channel was not configured: the
+#: result and files it was to carry, sealed (``custody.resend`` sends them once it is)
+SEALED_RESULT = "sealed_result"
+
+
 def _field(a: Any, name: str) -> Any:
     return a.get(name) if isinstance(a, dict) else getattr(a, name, None)
 
@@ -189,6 +194,24 @@ async def deliver_result(
         async def refuse() -> None:
             raise DeliveryPermanentError(reason)
 
+        # Only the channel is missing: the result is kept (sealed) with the failed row, so
+        # a resend once the channel is configured sends what would have gone out.
+        content = None
+        if origin.error is None:
+            lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
+            held = {
+                "result": result,
+                "artifacts": [
+                    {k: _field(a, k) for k in ("local_path", "media", "source_url")}
+                    for a in artifacts
+                ],
+                "skill": job.skill,
+                "lang": lang,
+                "reply_to": origin.reply_to,
+                "workspace": str(workspace or workspace_of(settings, job)),
+            }
+            content = {SEALED_RESULT: services.box.encrypt(held)}
+
         try:
             return [
                 _public(
@@ -198,6 +221,7 @@ async def deliver_result(
                         key=ledger_key(job.id, origin.recipient, "origin"),
                         kind="text",
                         item="origin",
+                        content=content,
                         **common,
                     )
                 )
