@@ -76,7 +76,12 @@ class Services:
 
     @classmethod
     async def open(
-        cls, settings: Settings, *, redis: bool = True, registry: SkillRegistry | None = None
+        cls,
+        settings: Settings,
+        *,
+        redis: bool = True,
+        registry: SkillRegistry | None = None,
+        redis_retries: int = 5,
     ) -> Services:
         """Connect to the database (and Redis unless ``redis=False``) and load the skills."""
         from jobs.catalog.loader import load_registry
@@ -95,7 +100,7 @@ class Services:
         )
         svc.open_read_replica()
         if redis:
-            svc.redis = await connect_redis(settings)
+            svc.redis = await connect_redis(settings, retries=redis_retries)
             svc.count_outcomes()
         return svc
 

@@ -105,6 +105,7 @@ async def open_services(settings: Settings, **kw: Any):  # type: ignore[no-untyp
     from jobs.services import Services
 
     invocation.settings = settings
+    kw.setdefault("redis_retries", 1)  # a command answers at once when Redis is not there
     try:
         return await Services.open(settings, **kw)
     except Exception as exc:

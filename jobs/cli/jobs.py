@@ -315,10 +315,11 @@ def _action(name: str, job_id: str) -> None:
     async def _go(svc: Any) -> Any:
         from jobs.queue import control
 
-        fn = control.retry_job if name == "retry" else control.cancel_job
+        fns = {"retry": control.retry_job, "cancel": control.cancel_job}
+        fn = fns.get(name, control.delete_job)
         return await fn(svc, job_id, actor="cli")
 
-    res = with_services(_go)
+    res = with_services(_go, redis=name != "delete")
     if not res.ok:
         fail(res.message)
     console.print(f"{job_id}: {res.message}")
@@ -438,6 +439,30 @@ def cancel(
     filters = {"status": status, "skill": skill, "channel": channel, "role": role}
     filters |= {"error_type": error_type, "since": since, "until": until, "q": search}
     _act("cancel", job_id, filters, dry_run, yes, limit)
+
+
+@jobs_app.command("delete")
+def delete(
+    job_id: str = typer.Argument(None, help="One job; or use filter options."),
+    status: str = typer.Option(
+        "", "--status", help="Comma list of finished statuses (default: all finished ones)."
+    ),
+    skill: str = SKILL_OPT,
+    channel: str = CHANNEL_OPT,
+    role: str = ROLE_OPT,
+    error_type: str = ERROR_TYPE_OPT,
+    since: str = SINCE_OPT,
+    until: str = UNTIL_OPT,
+    search: str = SEARCH_OPT,
+    dry_run: bool = DRY_RUN_OPT,
+    yes: bool = YES_OPT,
+    limit: int = LIMIT_OPT,
+) -> None:
+    """Delete a finished job (with its attempts and deliveries) — or every finished job a
+    filter matches. Audited; queued and running jobs are refused."""
+    filters = {"status": status, "skill": skill, "channel": channel, "role": role}
+    filters |= {"error_type": error_type, "since": since, "until": until, "q": search}
+    _act("delete", job_id, filters, dry_run, yes, limit)
 
 
 def register(app: typer.Typer) -> None:

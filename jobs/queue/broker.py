@@ -468,6 +468,21 @@ async def beat(services: Services, worker_id: str, info: dict[str, Any], ttl: fl
     )
 
 
+async def heartbeats(services: Services, worker_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """Per worker id, in order: what its last heartbeat key says ({} when it is gone)."""
+    if not worker_ids or services.redis is None:
+        return [{} for _ in worker_ids]
+    keys = [services.settings.key(WORKER_HEARTBEAT, wid) for wid in worker_ids]
+    out: list[dict[str, Any]] = []
+    for raw in await services.redis.mget(keys):
+        try:
+            found = json.loads(raw) if raw else {}
+        except ValueError:
+            found = {}
+        out.append(found if isinstance(found, dict) else {})
+    return out
+
+
 async def alive(services: Services, worker_ids: Sequence[str]) -> list[bool]:
     """Per worker id, in order: is its heartbeat key present?"""
     if not worker_ids:

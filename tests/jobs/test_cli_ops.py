@@ -188,3 +188,32 @@ def test_skills_check_refuses_a_non_boolean_async(tmp_path):
     assert "async: 'maybe' is not true or false" in res.output
     (folder / "SKILL.md").write_text("---\nname: maybe_bg\ndescription: d\nasync: yes\n---\n")
     assert run("skills", "check", str(tmp_path / "skills")).exit_code == 0
+
+
+def test_jobs_delete_from_the_cli(clean_env, sqlite_url, monkeypatch):
+    import asyncio
+
+    from jobs.db import create_engine, create_sessionmaker
+    from tests.helpers.dashboard import seed_job
+
+    monkeypatch.setenv("SKILLJOBS_DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("SKILLJOBS_REDIS_URL", "redis://127.0.0.1:1/0")  # not needed
+
+    class _Sessions:
+        def __init__(self, sm) -> None:
+            self.sessionmaker = sm
+
+    async def seed() -> list[str]:
+        engine = create_engine(sqlite_url)
+        sm = _Sessions(create_sessionmaker(engine))
+        ids = [(await seed_job(sm, status=s)).id for s in ("succeeded", "queued")]
+        await engine.dispose()
+        return ids
+
+    done, queued = asyncio.run(seed())
+    res = run("jobs", "delete", done)
+    assert res.exit_code == 0 and "deleted" in res.output, res.output
+    res = run("jobs", "delete", queued)
+    assert res.exit_code == 1 and "cancel it first" in res.output
+    listed = json.loads(run("jobs", "list", "--json").output)["items"]
+    assert [j["id"] for j in listed] == [queued]
