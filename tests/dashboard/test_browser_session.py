@@ -59,3 +59,9 @@ async def test_read_token_session_and_revocation(services) -> None:
         assert (await c.get("/api/v1/me")).status_code == 401
         bad = await c.post("/api/v1/session", headers={"authorization": "Bearer wrong"})
         assert bad.status_code == 401
+
+
+async def test_me_names_the_configured_language(client, services) -> None:
+    assert (await client.get("/api/v1/me")).json()["language"] is None  # the browser decides
+    services.settings.language = "zh"
+    assert (await client.get("/api/v1/me")).json()["language"] == "zh"
