@@ -16,6 +16,7 @@ from rich.table import Table
 
 from jobs.cli import output
 from jobs.cli.common import fail, load_settings, with_services
+from jobs.cli.i18n import tr
 
 console = Console()
 schedules_app = typer.Typer(help="Cron-defined chains of skills.", no_args_is_help=True)
@@ -152,7 +153,7 @@ def apply_cmd(
                 for problem in exc.problems:
                     typer.secho(f"  - {f}: {problem}", fg=typer.colors.RED, err=True)
         if bad:
-            fail(f"{bad} file(s) with problems; nothing changed")
+            fail(tr("{n} file(s) with problems; nothing changed", n=bad))
         return await schedules.apply(svc, specs, prune=prune, dry_run=dry_run, actor="cli")
 
     result = _with_services(go, redis=False)
@@ -161,14 +162,14 @@ def apply_cmd(
         return
     marks = {"create": "+", "update": "~", "unchanged": "=", "delete": "-"}
     for item in result:
-        typer.echo(f"{marks[item['action']]} {item['name']} ({item['action']})")
+        typer.echo(f"{marks[item['action']]} {item['name']} ({tr(item['action'])})")
         for field, (old, new) in item["changes"].items():
             typer.echo(f"    {field}: {_short(old)} -> {_short(new)}")
-    done = {"create": "created", "update": "updated", "unchanged": "unchanged"}
-    done["delete"] = "deleted"
+    done = {"create": "{n} created", "update": "{n} updated", "unchanged": "{n} unchanged"}
+    done["delete"] = "{n} deleted"
     counts = {a: sum(i["action"] == a for i in result) for a in marks}
-    summary = ", ".join(f"{n} {done[a]}" for a, n in counts.items() if n)
-    typer.echo(("dry run: " if dry_run else "") + (summary or "no schedules"))
+    summary = ", ".join(tr(done[a], n=n) for a, n in counts.items() if n)
+    typer.echo((tr("dry run: ") if dry_run else "") + (summary or tr("no schedules")))
 
 
 @schedules_app.command("delete")
@@ -179,14 +180,15 @@ def delete_cmd(
     """Delete a schedule and its run history."""
     from chains import schedules
 
-    if not yes and not typer.confirm(f"Delete schedule {schedule} and its run history?"):
-        fail("nothing done")
+    ask = tr("Delete schedule {name} and its run history?", name=schedule)
+    if not yes and not typer.confirm(ask):
+        fail(tr("nothing done"))
 
     async def go(svc: Any) -> Any:
         return await schedules.delete(svc, schedule, actor="cli")
 
     row = _with_services(go, redis=False)
-    typer.echo(f"schedule {row.name} ({row.id}) deleted")
+    typer.echo(tr("schedule {name} ({id}) deleted", name=row.name, id=row.id))
 
 
 @schedules_app.command("list")

@@ -11,6 +11,7 @@ from typing import Any, NoReturn, TypeVar
 
 import typer
 
+from jobs.cli.i18n import tr
 from jobs.settings import Settings
 
 T = TypeVar("T")
@@ -33,7 +34,7 @@ def debug_enabled() -> bool:
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Exit non-zero with a one-line reason."""
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    typer.secho(f"{tr('error: ')}{message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
 
 
@@ -48,10 +49,10 @@ def fail_on(exc: BaseException) -> NoReturn:
     found = explain(exc, invocation.settings)
     if found is None:
         text = str(exc).strip().splitlines()
-        hint = "" if debug_enabled() else " (--debug shows the traceback)"
+        hint = "" if debug_enabled() else tr(" (--debug shows the traceback)")
         fail(f"{type(exc).__name__}: {text[0] if text else ''}{hint}")
-    typer.secho(f"error: {found.message}", fg=typer.colors.RED, err=True)
-    typer.echo(f"  fix: {found.fix}", err=True)
+    typer.secho(f"{tr('error: ')}{found.message}", fg=typer.colors.RED, err=True)
+    typer.echo(f"{tr('  fix: ')}{found.fix}", err=True)
     raise typer.Exit(found.code)
 
 
@@ -94,7 +95,7 @@ def load_settings() -> Settings:
             f"{e['msg'].removeprefix('Value error, ')}"
             for e in exc.errors()
         )
-        fail(f"invalid settings: {problems}", code=2)
+        fail(tr("invalid settings: {problems}", problems=problems), code=2)
     except Exception as exc:
         fail(f"invalid settings: {exc}", code=2)
     invocation.settings = settings

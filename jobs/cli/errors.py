@@ -7,6 +7,7 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from jobs.cli.i18n import tr
 from jobs.settings import Settings
 
 #: exit code of a command that could not reach or use a service it needs
@@ -74,20 +75,29 @@ def explain(exc: BaseException, settings: Settings | None) -> Explained | None:
             isinstance(e, ModuleNotFoundError) and _service(exc) == "database"
         ):
             return Explained(
-                f"SKILLJOBS_DATABASE_URL is not a usable database URL ({_first_line(e)})",
-                "use postgresql://user:password@host:5432/name or sqlite:///path/to/file.db "
-                "(unset: the SQLite file in SKILLJOBS_DATA_DIR)",
+                tr(
+                    "SKILLJOBS_DATABASE_URL is not a usable database URL ({reason})",
+                    reason=_first_line(e),
+                ),
+                tr(
+                    "use postgresql://user:password@host:5432/name or sqlite:///path/to/file.db "
+                    "(unset: the SQLite file in SKILLJOBS_DATA_DIR)"
+                ),
             )
         text = str(e).lower()
         if "no such table" in text or ("relation" in text and "does not exist" in text):
             return Explained(
-                f"the database at {_shown(db_url)} has no skilljobs tables",
-                "run `skilljobs db upgrade` (or start `skilljobs up`, which migrates)",
+                tr("the database at {url} has no skilljobs tables", url=_shown(db_url)),
+                tr("run `skilljobs db upgrade` (or start `skilljobs up`, which migrates)"),
             )
         if "redis" in type(e).__module__ and "auth" in type(e).__name__.lower():
             return Explained(
-                f"Redis at {_shown(redis_url)} refused the password ({_first_line(e)})",
-                "put the right password in SKILLJOBS_REDIS_URL (redis://:PASSWORD@host:6379/0)",
+                tr(
+                    "Redis at {url} refused the password ({reason})",
+                    url=_shown(redis_url),
+                    reason=_first_line(e),
+                ),
+                tr("put the right password in SKILLJOBS_REDIS_URL (redis://:PASSWORD@host:6379/0)"),
             )
     service = _service(exc)
     if service is None and not any(isinstance(e, OSError | TimeoutError) for e in _chain(exc)):
@@ -95,20 +105,28 @@ def explain(exc: BaseException, settings: Settings | None) -> Explained | None:
     reason = _first_line(exc)
     if service == "redis":
         return Explained(
-            f"cannot reach Redis at {_shown(redis_url) or '(unset)'}: {reason}",
-            "start Redis or set SKILLJOBS_REDIS_URL to a reachable one "
-            "(`skilljobs up` starts an embedded one; `skilljobs doctor` checks every setting)",
+            tr(
+                "cannot reach Redis at {url}: {reason}",
+                url=_shown(redis_url) or "(unset)",
+                reason=reason,
+            ),
+            tr(
+                "start Redis or set SKILLJOBS_REDIS_URL to a reachable one "
+                "(`skilljobs up` starts an embedded one; `skilljobs doctor` checks every setting)"
+            ),
         )
     if service == "database" or any(
         isinstance(e, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.DBAPIError)
         for e in _chain(exc)
     ):
         return Explained(
-            f"cannot use the database at {_shown(db_url)}: {reason}",
-            "start the database or fix SKILLJOBS_DATABASE_URL (host, port, user, password, "
-            "name); `skilljobs doctor` checks every setting",
+            tr("cannot use the database at {url}: {reason}", url=_shown(db_url), reason=reason),
+            tr(
+                "start the database or fix SKILLJOBS_DATABASE_URL (host, port, user, password, "
+                "name); `skilljobs doctor` checks every setting"
+            ),
         )
     return Explained(
-        f"a service is unreachable: {reason}",
-        "check SKILLJOBS_DATABASE_URL and SKILLJOBS_REDIS_URL; `skilljobs doctor` checks them",
+        tr("a service is unreachable: {reason}", reason=reason),
+        tr("check SKILLJOBS_DATABASE_URL and SKILLJOBS_REDIS_URL; `skilljobs doctor` checks them"),
     )

@@ -45,12 +45,14 @@ def table(
     from rich.markup import escape
     from rich.table import Table
 
+    from jobs.cli.i18n import column
+
     t = Table(title=title)
     for col in columns:
         if col in wrap:
-            t.add_column(col, overflow="fold")
+            t.add_column(column(col), overflow="fold")
         else:
-            t.add_column(col, no_wrap=True)
+            t.add_column(column(col), no_wrap=True)
     for row in rows:
         t.add_row(*(escape(_cell(v)) for v in row))
     Console().print(t)

@@ -183,14 +183,20 @@ def _pause_action(name: str, pause: bool) -> None:
             fail(str(exc.args[0] if exc.args else exc))
 
     done = with_services(_go)
+    from jobs.cli.i18n import tr
+
     if pause:
         typer.echo(
-            f"{name}: paused — workers take none of its jobs (they stay queued) until "
-            f"`skilljobs skills resume {name}`"
+            tr(
+                "{name}: paused — workers take none of its jobs (they stay queued) until "
+                "`skilljobs skills resume {name}`",
+                name=name,
+            )
         )
     else:
-        back = done.get("requeued", 0)
-        typer.echo(f"{name}: resumed — workers take its jobs again ({back} waiting put back)")
+        n = done.get("requeued", 0)
+        msg = "{name}: resumed — workers take its jobs again ({n} waiting put back)"
+        typer.echo(tr(msg, name=name, n=n))
 
 
 @skills_app.command("pause")

@@ -217,3 +217,23 @@ def test_jobs_delete_from_the_cli(clean_env, sqlite_url, monkeypatch):
     assert res.exit_code == 1 and "cancel it first" in res.output
     listed = json.loads(run("jobs", "list", "--json").output)["items"]
     assert [j["id"] for j in listed] == [queued]
+
+
+def test_cli_speaks_chinese(clean_env, monkeypatch, tmp_path):
+    monkeypatch.setenv("SKILLJOBS_LANGUAGE", "zh")
+    monkeypatch.setenv("SKILLJOBS_DATABASE_URL", "postgresql://u@127.0.0.1:1/x")
+    res = run("jobs", "list")
+    assert res.exit_code == 2
+    assert "错误：无法使用" in res.output and "解决：" in res.output
+    assert "SKILLJOBS_DATABASE_URL" in res.output  # the setting is named as it is
+    monkeypatch.delenv("SKILLJOBS_DATABASE_URL")
+    assert run("db", "upgrade").exit_code == 0
+    path = tmp_path / "one.json"
+    path.write_text(
+        json.dumps({"name": "每日", "cron": "0 9 * * *", "steps": [{"skill": "echo"}]}),
+        encoding="utf-8",
+    )
+    res = run("schedules", "apply", str(path))
+    assert res.exit_code == 0 and "+ 每日 (新建)" in res.output and "新建 1 个" in res.output
+    piped = run("schedules", "list")  # piped: the headers scripts read stay as they are
+    assert piped.output.splitlines()[0].startswith("id\tname\tcron")
