@@ -35,7 +35,7 @@ from delivery.ledger import (
     custody_dict,
     deliver_once,
 )
-from delivery.router import SEALED_RESULT, plan
+from delivery.plan import SEALED_RESULT, plan
 from jobs.models import PENDING, Delivery, DeliveryStatus, OpsAction
 
 STATUSES = tuple(str(s) for s in DeliveryStatus)

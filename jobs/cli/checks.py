@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr, ValidationError
 
+from jobs.cli.errors import mask_url
 from jobs.settings import Settings
 
 UPGRADE_FIX = "run `skilljobs db upgrade`"
@@ -95,20 +96,6 @@ def _value(settings: Settings, field: str) -> str:
     if isinstance(v, SecretStr):
         v = v.get_secret_value()
     return "" if v is None else str(v).strip()
-
-
-def mask_url(url: str) -> str:
-    """``scheme://user:****@host/path``: the password replaced, the rest kept."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.hostname or ""
-        host = f"[{host}]" if ":" in host else host
-        port = f":{parts.port}" if parts.port else ""
-        return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:****@{host}{port}"))
-    except ValueError:
-        return url.split("://", 1)[0] + "://…"
 
 
 def is_sqlite(settings: Settings) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 from jobs.cli.i18n import tr
 from jobs.settings import Settings
@@ -59,9 +60,21 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _shown(url: str | None) -> str:
-    from jobs.cli.checks import mask_url
-
     return mask_url(url or "")
+
+
+def mask_url(url: str) -> str:
+    """``scheme://user:****@host/path``: the password replaced, the rest kept."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host
+        port = f":{parts.port}" if parts.port else ""
+        return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:****@{host}{port}"))
+    except ValueError:
+        return url.split("://", 1)[0] + "://…"
 
 
 def explain(exc: BaseException, settings: Settings | None) -> Explained | None:

@@ -311,7 +311,7 @@ async def install_demo_schedule(svc: Any) -> None:
 def _print_banner(
     settings: Settings, host: str, port: int, token: str, registry: Any = None
 ) -> None:
-    from jobs.cli.checks import mask_url
+    from jobs.cli.errors import mask_url
     from jobs.cli.skills import try_it
 
     base = _base_url(host, port)

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import select
 
 from delivery.channels.telegram import TelegramChannel
-from delivery.router import SEALED_RESULT, deliver_result
+from delivery.plan import SEALED_RESULT
+from delivery.router import deliver_result
 from jobs.crypto import ENC_TAG
 from jobs.models import Delivery
 from tests.helpers.dashboard import seed_job
