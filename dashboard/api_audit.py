@@ -9,7 +9,6 @@ from fastapi import APIRouter, Query, Request
 from dashboard import queries
 from dashboard.api_jobs import services_of
 from dashboard.auth import identity_of
-from dashboard.guard import BROWSER_SESSION
 from jobs.models import OpsAction
 
 router = APIRouter(prefix="/api/v1")
@@ -66,13 +65,4 @@ async def audit(
 async def me(request: Request) -> dict[str, Any]:
     """The caller's identity, so the page shows actions only to a token that may act."""
     ident = identity_of(request)
-    settings = request.app.state.settings
-    return {
-        "kind": ident.kind,
-        "actor": ident.actor,
-        "can_change": ident.can_change,
-        # signed in by the page's session cookie (it can sign out)
-        "browser_session": bool(request.scope.get(BROWSER_SESSION)),
-        # SKILLJOBS_LANGUAGE when set (else the page follows the browser's language)
-        "language": settings.language if "language" in settings.model_fields_set else None,
-    }
+    return {"kind": ident.kind, "actor": ident.actor, "can_change": ident.can_change}

@@ -48,6 +48,22 @@ async def session_token(
     return {"token": token, "session_id": session_id, "expires_at": expires}
 
 
+@router.get("/session")
+async def browser_session_state(request: Request) -> dict[str, Any]:
+    """The caller's identity, whether the page's session cookie signed it in (then it can
+    sign out), and ``language``: SKILLJOBS_LANGUAGE when set (else the page follows the
+    browser's language)."""
+    ident = identity_of(request)
+    settings = request.app.state.settings
+    return {
+        "kind": ident.kind,
+        "actor": ident.actor,
+        "can_change": ident.can_change,
+        "browser_session": bool(request.scope.get(BROWSER_SESSION)),
+        "language": settings.language if "language" in settings.model_fields_set else None,
+    }
+
+
 @router.post("/session")
 async def browser_session(request: Request, response: Response) -> dict[str, Any]:
     """Sign the page in for this browser session: called with ``Authorization: Bearer

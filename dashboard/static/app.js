@@ -321,7 +321,7 @@ async function start(token) {
   }
   let me;
   try {
-    me = await api("/api/v1/me");
+    me = await api("/api/v1/session");
   } catch (err) {
     if (!(err instanceof Unauthorized)) showLogin(`Cannot reach the API: ${err.message}`);
     return;

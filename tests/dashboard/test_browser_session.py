@@ -62,6 +62,7 @@ async def test_read_token_session_and_revocation(services) -> None:
 
 
 async def test_me_names_the_configured_language(client, services) -> None:
-    assert (await client.get("/api/v1/me")).json()["language"] is None  # the browser decides
+    got = (await client.get("/api/v1/session")).json()
+    assert got["language"] is None and got["browser_session"] is False  # a bearer token
     services.settings.language = "zh"
-    assert (await client.get("/api/v1/me")).json()["language"] == "zh"
+    assert (await client.get("/api/v1/session")).json()["language"] == "zh"
