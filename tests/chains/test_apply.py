@@ -55,6 +55,7 @@ def _audit(data: Path) -> list[str]:
     return asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_apply_a_folder_is_idempotent_prints_a_diff_and_prunes(cli_env: Path) -> None:
     folder = cli_env / "schedules"
     folder.mkdir()

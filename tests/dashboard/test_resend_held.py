@@ -23,6 +23,7 @@ async def _fence() -> bool:
     return True
 
 
+@pytest.mark.slow
 async def test_resend_after_the_channel_is_configured(client, services, tg) -> None:
     services.channels = {}  # telegram not configured yet
     job = await seed_job(services, status="succeeded", skill="sales_report", actor_key="1001")

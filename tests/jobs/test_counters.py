@@ -33,6 +33,7 @@ async def _scrape(services) -> dict[str, dict]:
     return out
 
 
+@pytest.mark.slow
 async def test_counters_count_what_workers_record(services, tmp_path):
     for _ in range(2):
         await dispatch(services, "bg_sleep", {"seconds": 0})

@@ -14,7 +14,7 @@ import pytest
 
 from jobs.cli.embedded import free_port
 from tests.helpers.settings import JOB_SKILLS
-from tests.jobs.test_up import _listening, _stop, _wait_ready
+from tests.jobs.cli.test_up import _listening, _stop, _wait_ready
 
 UP = (sys.executable, "-m", "jobs.cli.app", "up")
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -65,6 +65,7 @@ async def test_cancel_of_a_parked_job_and_resume_of_the_rest(services):
     assert await _status(services, b) == "succeeded"
 
 
+@pytest.mark.slow
 def test_cli_pause_and_resume(tmp_path, monkeypatch, redis_server_url, redis_prefix, sqlite_url):
     from tests.helpers.settings import JOB_SKILLS
 

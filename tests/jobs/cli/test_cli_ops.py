@@ -112,6 +112,7 @@ def test_piped_lists_are_tab_separated_and_whole(clean_env, sqlite_url, monkeypa
     assert "…" not in res.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "env", "setting"),
     [
@@ -219,6 +220,7 @@ def test_jobs_delete_from_the_cli(clean_env, sqlite_url, monkeypatch):
     assert [j["id"] for j in listed] == [queued]
 
 
+@pytest.mark.slow
 def test_cli_speaks_chinese(clean_env, monkeypatch, tmp_path):
     monkeypatch.setenv("SKILLJOBS_LANGUAGE", "zh")
     monkeypatch.setenv("SKILLJOBS_DATABASE_URL", "postgresql://u@127.0.0.1:1/x")
