@@ -286,6 +286,11 @@ def show_job(job_id: str, as_json: bool = output.JSON_OPT) -> None:
             print_json(body)
             return
         _print_job(svc, job)
+        if job.status == "queued" and job.skill in await pauses.paused_skills(svc, required=False):
+            console.print(
+                f"[yellow]paused[/]: skill {job.skill} is paused; the job waits until "
+                f"`skilljobs skills resume {job.skill}`"
+            )
         table = Table("#", "worker", "started", "finished", "outcome", "error")
         for a in attempts:
             table.add_row(

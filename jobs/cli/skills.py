@@ -75,18 +75,17 @@ def list_skills(
 ) -> None:
     """Every skill folder found in SKILLJOBS_SKILLS_PATH, with its load status."""
     from jobs.catalog.loader import load_registry
-    from jobs.cli.common import load_settings
+    from jobs.cli.common import load_settings, run_async
+    from jobs.queue.pauses import peek
 
     settings = load_settings()
     registry = load_registry(settings.skill_dirs)
     envs = manager(settings)
+    paused = run_async(lambda: peek(settings))  # None: Redis not configured or not there
     if as_json:
-        typer.echo(
-            json.dumps(
-                {"items": [_row(s, envs) for s in registry], "problems": registry.problems},
-                indent=2,
-            )
-        )
+        items = [_row(s, envs) | {"paused": None if paused is None else s.name in paused}
+                 for s in registry]  # fmt: skip
+        typer.echo(json.dumps({"items": items, "problems": registry.problems}, indent=2))
         return
     probe = Console()
     # Piped output has no terminal width: keep rows on one line for grep/less.
@@ -104,6 +103,8 @@ def list_skills(
             status = "[green]loaded[/green]"
         if s.hint and not s.error:
             status += f" — {s.hint}"
+        if paused and s.name in paused:
+            status = f"[yellow]paused[/yellow] ({status})"
         name = f"{s.name} [dim](built-in)[/dim]" if s.builtin else s.name
         table.add_row(
             name,

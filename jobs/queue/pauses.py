@@ -5,11 +5,13 @@ resumed. Each change is recorded in the audit trail."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, cast
 
 from jobs.models import OpsAction
 from jobs.queue import broker
 from jobs.services import Services
+from jobs.settings import Settings
 
 
 class UnknownSkill(LookupError):
@@ -61,20 +63,28 @@ async def paused_skills(svc: Services, *, required: bool = True) -> set[str]:
 
 async def _peek(svc: Services) -> set[str]:
     """Read the paused skills over a connection of its own, giving up quietly."""
+    found = await peek(svc.settings)
+    return found or set()
+
+
+async def peek(settings: Settings) -> set[str] | None:
+    """The paused skills read over a short-lived connection; None when Redis is not
+    configured or does not answer within 2 s."""
     import asyncio
 
     from jobs.services import connect_redis
 
+    if not settings.redis_url:
+        return None
     try:
         async with asyncio.timeout(2):
-            redis = await connect_redis(svc.settings, retries=0)
+            redis = await connect_redis(settings, retries=0)
     except Exception:
-        return set()
-    svc.redis = redis
+        return None
     try:
-        return await broker.paused_skills(svc)
+        raw = await cast("Awaitable[set[Any]]", redis.smembers(settings.queue_name + ":paused"))
+        return {v.decode() if isinstance(v, bytes) else str(v) for v in raw}
     except Exception:
-        return set()
+        return None
     finally:
-        svc.redis = None
         await redis.aclose()

@@ -89,10 +89,13 @@ def test_cli_pause_and_resume(tmp_path, monkeypatch, redis_server_url, redis_pre
     job_id = json.loads(job.output)["job_id"]
     listed = runner.invoke(app, ["jobs", "list", "--json"])
     assert listed.exit_code == 0, listed.output
+    assert "skill bg_sleep is paused" in runner.invoke(app, ["jobs", "show", job_id]).output
     shown = runner.invoke(app, ["jobs", "show", job_id, "--json"])
     assert json.loads(shown.output)["paused"] is True
     piped = runner.invoke(app, ["jobs", "list"])
     assert "queued (paused)" in piped.output
+    skills = json.loads(runner.invoke(app, ["skills", "list", "--json"]).output)["items"]
+    assert {s["name"]: s["paused"] for s in skills}["bg_sleep"] is True
     res = runner.invoke(app, ["skills", "resume", "bg_sleep"])
     assert res.exit_code == 0 and "resumed" in res.output, res.output
     res = runner.invoke(app, ["skills", "pause", "no_such_skill"])
