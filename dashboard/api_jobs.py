@@ -22,7 +22,7 @@ from jobs.crypto import ENC_TAG, REDACTED, redact
 from jobs.envelope import is_partial
 from jobs.links import file_link, file_link_key
 from jobs.models import Artifact, Delivery, Job, JobAttempt
-from jobs.queue import control, filters, limits
+from jobs.queue import control, filters, limits, pauses
 from jobs.queue.dispatcher import Dispatcher, is_background
 from jobs.services import Services
 from jobs.skill import SkillType
@@ -295,6 +295,9 @@ async def get_job(job_id: str, request: Request) -> dict[str, Any]:
     out["artifacts"] = await asyncio.to_thread(signed_links, settings, job_id, out["artifacts"])
     # e.g. "limit org:o1": a queued job over a concurrency limit waits for a slot
     out["waiting_for"] = await limits.waiting_for(services_of(request), job)
+    # its skill is paused by an operator: a queued job waits for the resume
+    paused = await pauses.paused_skills(services_of(request), required=False)
+    out["paused"] = job.skill in paused
     return out
 
 

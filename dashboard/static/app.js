@@ -781,6 +781,8 @@ async function openDetail(jobId) {
   // On a phone the detail comes first (CSS order); opening it shows its top.
   if (wasHidden && window.matchMedia("(max-width: 900px)").matches) panel.scrollIntoView({ block: "start" });
   clear($("#detail-title")).append(job.skill, " ", statusBadge(job.status), ...phaseNote(job),
+    ...(job.paused && job.status === "queued"
+      ? [" ", el("span", { class: "badge st-paused", title: t("this skill is paused") }, t("paused"))] : []),
     ...(job.partial ? [" ", el("span", { class: "badge st-partial" }, "partial")] : []));
   $("#detail-link").setAttribute("href", address("jobs", job.id));
   $("#detail-link").textContent = `#/jobs/${job.id.slice(0, 8)}…`;

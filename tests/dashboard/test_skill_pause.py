@@ -22,6 +22,10 @@ async def test_pause_and_resume_a_skill(client: httpx.AsyncClient, services) -> 
     assert skills["paused"] == ["sales_report"]
     row = next(s for s in skills["items"] if s["name"] == "sales_report")
     assert row["paused"] is True and row["async"] is True
+    from tests.helpers.dashboard import seed_job
+
+    job = await seed_job(services, status="queued", skill="sales_report")
+    assert (await client.get(f"/api/v1/jobs/{job.id}")).json()["paused"] is True
     resumed = await client.post("/api/v1/skills/sales_report/resume")
     assert resumed.status_code == 200 and resumed.json()["paused"] is False
     assert (await client.get("/api/v1/skills")).json()["paused"] == []
