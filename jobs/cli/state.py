@@ -72,10 +72,7 @@ def apply_state(settings: Settings) -> Settings:
     """Fill the settings the environment leaves unset from the state file of ``up``."""
     state = read_state(settings.data_dir)
     if state is None:
-        marker = settings.data_dir / "redis" / "url"  # left by an older `up`
-        if settings.redis_url is None and marker.is_file():
-            settings.redis_url = marker.read_text().strip() or None
-        return settings
+        return _embedded(settings)
     alive = running(state)
     for field in FROM_STATE:
         value = state.get(field)
@@ -84,6 +81,14 @@ def apply_state(settings: Settings) -> Settings:
         if field in WHILE_RUNNING and not alive:
             continue
         setattr(settings, field, value)
+    return _embedded(settings)
+
+
+def _embedded(settings: Settings) -> Settings:
+    """The URL a running `up` leaves for its bundled Redis (also before its state file)."""
+    marker = settings.data_dir / "redis" / "url"
+    if settings.redis_url is None and marker.is_file():
+        settings.redis_url = marker.read_text().strip() or None
     return settings
 
 
