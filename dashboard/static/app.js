@@ -541,7 +541,7 @@ async function pauseSkill(skill, pause, box) {
 }
 
 async function requeueFailed(skill) {
-  if (!window.confirm(`Requeue every failed job of ${skill}?`)) return;
+  if (!window.confirm(t("Requeue every failed job of {skill}?", { skill }))) return;
   try {
     const r = await api(`/api/v1/skills/${encodeURIComponent(skill)}/requeue-failed`, { method: "POST" });
     flash(r.message || "requeued");
@@ -739,13 +739,13 @@ async function bulk(actionName) {
   try {
     const dry = await api("/api/v1/jobs/bulk", { method: "POST", json: { action: actionName, filter, dry_run: true } });
     const what = [...shown].map(([k, v]) => `${k}=${v}`).join(", ");
-    if (!dry.matched) { flash(`No job matches ${what}.`); return; }
+    if (!dry.matched) { flash(t("No job matches {what}.", { what })); return; }
     const verb = actionName === "retry" ? "Retry" : "Cancel";
     const capped = dry.capped ? ` The oldest ${dry.limit} are taken now; run it again for the rest.` : "";
-    if (!window.confirm(`${verb} ${dry.matched} job(s) matching ${what}?${capped}`)) return;
+    if (!window.confirm(t("{verb} {n} job(s) matching {what}?", { verb: t(verb), n: dry.matched, what }) + capped)) return;
     const r = await api("/api/v1/jobs/bulk", { method: "POST", json: { action: actionName, filter, dry_run: false } });
     const refused = (r.refused || []).length;
-    flash(`${verb}: ${r.affected} of ${r.matched} job(s)` + (refused ? `, ${refused} refused` : ""));
+    flash(t("{verb}: {done} of {n} job(s)", { verb: t(verb), done: r.affected, n: r.matched }) + (refused ? t(", {k} refused", { k: refused }) : ""));
   } catch (err) { report(err); }
   loadJobs().catch(report);
 }
@@ -985,16 +985,16 @@ async function deleteSchedule(s) {
 
 async function toggleSchedule(s) {
   const verb = s.enabled ? "Disable" : "Enable";
-  if (!window.confirm(`${verb} schedule ${s.name}?`)) return;
+  if (!window.confirm(t("{verb} schedule {name}?", { verb: t(verb), name: s.name }))) return;
   try {
     await api(`/api/v1/schedules/${encodeURIComponent(s.id)}`, { method: "PATCH", json: { enabled: !s.enabled } });
-    flash(`${s.name}: ${verb.toLowerCase()}d`);
+    flash(`${s.name}: ${t(verb.toLowerCase() + "d")}`);
   } catch (err) { report(err); }
   loadSchedules().catch(report);
 }
 
 async function runSchedule(s) {
-  if (!window.confirm(`Run schedule ${s.name} now?`)) return;
+  if (!window.confirm(t("Run schedule {name} now?", { name: s.name }))) return;
   try {
     const r = await api(`/api/v1/schedules/${encodeURIComponent(s.id)}/run`, { method: "POST" });
     flash(`${s.name}: run ${r.run_id.slice(0, 8)} started`);
@@ -1199,7 +1199,7 @@ async function loadIncidents() {
 async function ackIncident(i) {
   try {
     await api(`/api/v1/incidents/${encodeURIComponent(i.id)}/ack`, { method: "POST" });
-    flash(`incident of ${i.skill} acknowledged`);
+    flash(t("incident of {skill} acknowledged", { skill: i.skill }));
   } catch (err) { report(err); }
   loadIncidents().catch(report);
 }
@@ -1254,10 +1254,10 @@ const WORKER_DONE = {
 };
 
 async function workerAction(w, name) {
-  if (WORKER_ASK[name] && !window.confirm(`${name[0].toUpperCase()}${name.slice(1)} worker ${w.id}? ${WORKER_ASK[name]}`)) return;
+  if (WORKER_ASK[name] && !window.confirm(t("{verb} worker {id}?", { verb: t(name[0].toUpperCase() + name.slice(1)), id: w.id }) + " " + t(WORKER_ASK[name]))) return;
   try {
     await api(`/api/v1/workers/${encodeURIComponent(w.id)}/${name}`, { method: "POST" });
-    flash(`${w.id}: ${WORKER_DONE[name]}`);
+    flash(`${w.id}: ${t(WORKER_DONE[name])}`);
   } catch (err) { report(err); }
   loadWorkers().catch(report);
 }

@@ -77,6 +77,17 @@ const ZH = {
   "Delete schedule {name} and its run history?": "删除定时任务 {name} 及其运行记录？",
   "{name}: deleted": "{name}：已删除", "{name}: saved": "{name}：已保存",
   "read only": "只读",
+  "Requeue every failed job of {skill}?": "重新排队 {skill} 的所有失败任务？",
+  "No job matches {what}.": "没有任务匹配 {what}。",
+  "{verb} {n} job(s) matching {what}?": "{verb}匹配 {what} 的 {n} 个任务？",
+  "{verb} schedule {name}?": "{verb}定时任务 {name}？", "disabled": "已停用",
+  "Run schedule {name} now?": "立即运行定时任务 {name}？",
+  "incident of {skill} acknowledged": "{skill} 的故障已确认",
+  "{verb} worker {id}?": "{verb}工作进程 {id}？",
+  "It is removed from this list (it has stopped).": "它将从列表中移除（已停止）。",
+  "It finishes what it runs and takes no new jobs until resumed.": "它会完成正在运行的任务，恢复前不再领取新任务。",
+  "It takes no new jobs, finishes what it runs, then exits.": "它不再领取新任务，完成正在运行的任务后退出。",
+  "resumed": "已恢复", "draining: it exits once its jobs finish": "排空中：任务完成后退出",
 };
 const DICTS = { zh: ZH };
 
