@@ -50,13 +50,12 @@ def list_cmd(
                 limit=limit,
                 stale_after=settings.delivery_pending_stale_sec,
             )
+        except ValueError as exc:  # an unknown status
+            fail(str(exc))
         finally:
             await svc.close()
 
-    try:
-        rows = run_async(_go)
-    except ValueError as exc:
-        fail(str(exc))
+    rows = run_async(_go)
     if as_json:
         typer.echo(json.dumps({"items": rows}, ensure_ascii=False, indent=2))
         return

@@ -270,12 +270,13 @@ def check_bind(settings: Settings, host: str) -> None:
 
 
 async def _open(settings: Settings) -> Any:
+    from jobs.cli.common import fail_on
     from jobs.services import Services
 
     try:
         return await Services.open(settings)
     except Exception as exc:
-        fail(f"cannot start: {exc}")
+        fail_on(exc)
 
 
 def _web_server(svc: Any, host: str, port: int) -> Any:

@@ -239,3 +239,20 @@ def test_cli_speaks_chinese(clean_env, monkeypatch, tmp_path):
     assert res.exit_code == 0 and "+ 每日 (新建)" in res.output and "新建 1 个" in res.output
     piped = run("schedules", "list")  # piped: the headers scripts read stay as they are
     assert piped.output.splitlines()[0].startswith("id\tname\tcron")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["config", "list", "r1"],
+        ["prune", "--dry-run"],
+        ["deliveries", "list"],
+        ["incidents", "list"],
+        ["schedules", "runs", "x"],
+    ],
+)
+def test_every_command_explains_an_unreachable_database(clean_env, monkeypatch, args):
+    monkeypatch.setenv("SKILLJOBS_DATABASE_URL", "postgresql://u@127.0.0.1:1/x")
+    res = run(*args)
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and "SKILLJOBS_DATABASE_URL" in res.output
