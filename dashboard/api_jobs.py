@@ -135,6 +135,7 @@ def job_dict(
         "phase_since": phase and phase["since"],
         "attempts": job.attempts,
         "created_at": job.created_at,
+        "run_at": job.run_at,  # a delayed job's time (``scheduled`` until then)
         "queued_at": job.queued_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
@@ -180,6 +181,9 @@ class DispatchBody(BaseModel):
     external_id: str | None = None
     idempotency_key: str | None = Field(default=None, max_length=255)
     priority: int | None = Field(default=None, ge=0, le=9)  # 0 first, 9 last
+    # later: ISO 8601 or epoch seconds / seconds from now (or "10m"); jobs.queue.delayed
+    run_at: float | str | None = None
+    delay_s: float | str | None = None
 
 
 @router.post("/dispatch")
@@ -206,7 +210,8 @@ async def _dispatch(
     key = body.idempotency_key or headers.get("idempotency-key") or None
     svc: Services = state.services
     pool: SyncPool | None = getattr(state, "sync_pool", None)
-    if pool is not None and runs_now(svc, body):
+    later = body.run_at is not None or body.delay_s is not None
+    if pool is not None and not later and runs_now(svc, body):
         # The sync line runs in an executor process: a CPU-bound skill cannot stall us.
         size = headers.get("content-length", "")
         running = pool.dispatch(
@@ -230,6 +235,8 @@ async def _dispatch(
         external_id=body.external_id,
         idempotency_key=key,
         priority=body.priority,
+        run_at=body.run_at,
+        delay_s=body.delay_s,
     )
     return answer.status_code, answer.body
 

@@ -37,7 +37,7 @@ from jobs.constants import (
     WORKER_HEARTBEAT,
     WORKER_PAUSE,
 )
-from jobs.queue import broker, heap, limits, prefetch, prune, store
+from jobs.queue import broker, delayed, heap, limits, prefetch, prune, store
 from jobs.queue.runner import JobRunner, retry_db
 from jobs.queue.stall import StallWatch
 from jobs.services import Services
@@ -495,6 +495,9 @@ def build_worker(
         outbox_stop = asyncio.Event()
         ctx["outbox_stop"] = outbox_stop
         background.append(asyncio.create_task(services.outbox.run_forever(outbox_stop)))
+        promoter_stop = asyncio.Event()
+        ctx["promoter_stop"] = promoter_stop
+        background.append(asyncio.create_task(delayed.run_forever(services, promoter_stop)))
         if scheduler:
             stop = asyncio.Event()
             ctx["scheduler_stop"] = stop
@@ -510,7 +513,7 @@ def build_worker(
     async def on_shutdown(ctx: dict[str, Any]) -> None:
         heap.restore()
         await handed_back()  # chain runs going back to the queue need Redis a moment more
-        for key in ("scheduler_stop", "prune_stop", "outbox_stop"):
+        for key in ("scheduler_stop", "prune_stop", "outbox_stop", "promoter_stop"):
             if key in ctx:
                 ctx[key].set()
         if runner.stall is not None:
