@@ -6,25 +6,20 @@ PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
-import httpx
 import pytest
 from typer.testing import CliRunner
 
-from dashboard.app import create_app
 from jobs.cli.app import app as cli_app
 from jobs.queue import delayed, store
 from jobs.queue.dispatcher import Dispatcher
-from jobs.queue.worker import build_worker
+from tests.helpers.beyond import api, running_worker
 from tests.helpers.jobs import TG, job_and_attempts, wait_status
 from tests.helpers.settings import JOB_SKILLS
-
-TOKEN = "beyond-delayed-token"
 
 # --- pure logic ---------------------------------------------------------------------------
 
@@ -76,35 +71,10 @@ def test_due_time_refuses_both_or_too_far():
 # --- through the real worker and the API ------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def running_worker(services):
-    w = build_worker(services, handle_signals=False, scheduler=False)
-    task = asyncio.create_task(w.async_run())
-    try:
-        yield w
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        await w.close()
-
-
-@contextlib.asynccontextmanager
-async def api(services):
-    services.settings.api_token = TOKEN  # type: ignore[assignment]
-    application = create_app(services.settings, services=services)
-    transport = httpx.ASGITransport(app=application)
-    async with httpx.AsyncClient(
-        transport=transport,
-        base_url="http://127.0.0.1",
-        headers={"authorization": f"Bearer {TOKEN}"},
-    ) as c:
-        yield c
-
-
 @pytest.mark.integration
 async def test_http_delayed_job_waits_scheduled_then_starts_on_time(services):
-    async with api(services) as c:
+    async with api(services) as c, running_worker(services):
+        await asyncio.sleep(0.5)  # started (a delayed job's clock does not wait for workers)
         before = time.time()
         r = await c.post(
             "/api/v1/dispatch",
@@ -120,8 +90,7 @@ async def test_http_delayed_job_waits_scheduled_then_starts_on_time(services):
         assert [j["id"] for j in listed["items"]] == [job_id]
         shown = (await c.get(f"/api/v1/jobs/{job_id}")).json()
         assert shown["status"] == "scheduled" and shown["run_at"] == body["run_at_epoch"]
-        async with running_worker(services):
-            job = await wait_status(services, job_id, {"succeeded", "failed"}, limit=30)
+        job = await wait_status(services, job_id, {"succeeded", "failed"}, limit=30)
     assert job.status == "succeeded"
     assert job.started_at is not None
     late = job.started_at - body["run_at_epoch"]
