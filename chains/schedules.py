@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import uuid
@@ -14,10 +15,13 @@ from sqlalchemy import select
 from sqlalchemy import update as sa_update
 from sqlalchemy.exc import IntegrityError
 
+from chains import emptiness
 from chains.cron import CronError, next_fire, parse
 from chains.refs import StepRefs, static_errors
+from chains.timing import MAX_JITTER_S, expr_of, jitter_offset, next_time
 from jobs.db import Sessions, sessions_of
 from jobs.models import OpsAction, Schedule
+from jobs.queue.delayed import WhenError, parse_duration, parse_instant
 from jobs.skill import SkillRegistry, SkillType
 
 if TYPE_CHECKING:
@@ -43,6 +47,8 @@ class StepSpec(BaseModel):
     input: dict[str, Any] = Field(default_factory=dict)
     template: dict[str, Any] = Field(default_factory=dict)
     passthrough: bool = False
+    #: what counts as an empty result of this step (``chains.emptiness``), besides the guard
+    empty_when: str | list[str] | None = None
 
 
 class Policy(BaseModel):
@@ -87,7 +93,16 @@ class ScheduleSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=255)
-    cron: str
+    cron: str | None = None
+    #: a one-shot schedule instead of ``cron``: ISO 8601 (in ``timezone`` without an offset)
+    #: or epoch seconds (``chains.timing``)
+    at: str | float | None = None
+    #: fire times moved by a fixed offset within this (``30s``, ``5m``), per schedule
+    jitter: str | float | None = None
+    #: a run that stops empty ends ``stopped_empty`` without a delivery
+    quiet_when_empty: bool = False
+    #: what counts as an empty result of every step (``chains.emptiness``)
+    empty_when: str | list[str] | None = None
     timezone: str = "UTC"
     identity: dict[str, Any] = Field(default_factory=dict)
     deliver: dict[str, Any] | None = None
@@ -110,6 +125,30 @@ class ScheduleSpec(BaseModel):
 
     def file_fields(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude={"enabled"})
+
+    def options(self) -> dict[str, Any]:
+        """The ``options`` column: the timing and emptiness fields, with what the scheduler
+        needs of them computed (the one-shot time, the jitter offset)."""
+        opts: dict[str, Any] = {}
+        if self.at is not None:
+            opts["at"] = self.at
+            opts["at_epoch"] = parse_instant(self.at, self.timezone)
+        if self.jitter is not None:
+            opts["jitter"] = self.jitter
+            opts["jitter_offset_s"] = jitter_offset(self.name, parse_duration(self.jitter))
+        if self.quiet_when_empty:
+            opts["quiet_when_empty"] = True
+        if self.empty_when is not None:
+            opts["empty_when"] = self.empty_when
+        return opts
+
+    @property
+    def timing(self) -> str:
+        """The ``chains.cron`` expression it fires by."""
+        return expr_of(self.cron or "", self.options())
+
+    def first_fire(self, now: float) -> float | None:
+        return next_time(self.cron or "", self.options(), self.timezone, now)
 
 
 def _pydantic_problems(exc: ValidationError) -> list[str]:
@@ -158,10 +197,14 @@ def validate(data: Any, registry: SkillRegistry | None) -> ScheduleSpec:
 def _header_problems(spec: ScheduleSpec) -> list[str]:
     """Cron, time zone, identity and recipient of a schedule."""
     problems: list[str] = []
-    try:
-        parse(spec.cron)
-    except CronError as exc:
-        problems.append(f"cron: {exc}")
+    if (spec.cron is None) == (spec.at is None):
+        problems.append("cron: give cron (five fields) or at (one time), one of them")
+    elif spec.cron is not None:
+        try:
+            parse(spec.cron)
+        except CronError as exc:
+            problems.append(f"cron: {exc}")
+    problems.extend(_option_problems(spec))
     try:
         ZoneInfo(spec.timezone)
     except (ZoneInfoNotFoundError, ValueError):
@@ -177,6 +220,32 @@ def _header_problems(spec: ScheduleSpec) -> list[str]:
             problems.append("deliver: needs a recipient: `to`, `target` or `session_id`")
         elif len(given) > 1:
             problems.append(f"deliver: give one recipient, not {' and '.join(given)}")
+    return problems
+
+
+def _option_problems(spec: ScheduleSpec) -> list[str]:
+    """``at``, ``jitter`` and the ``empty_when`` rules of the schedule and its steps."""
+    problems: list[str] = []
+    if spec.at is not None:
+        try:
+            parse_instant(spec.at, spec.timezone)
+        except WhenError as exc:
+            problems.append(f"at: {str(exc).replace('run_at', 'at')}")
+    if spec.jitter is not None:
+        try:
+            if parse_duration(spec.jitter) > MAX_JITTER_S:
+                problems.append(f"jitter: at most {MAX_JITTER_S:g} seconds")
+            elif spec.at is not None:
+                problems.append("jitter: applies to cron schedules, not to a one-shot `at`")
+        except WhenError as exc:
+            problems.append(f"jitter: {exc}")
+    rules = [("empty_when", spec.empty_when)]
+    rules += [(f"steps.{i}.empty_when", st.empty_when) for i, st in enumerate(spec.steps)]
+    for where, rule in rules:
+        try:
+            emptiness.parse(rule)
+        except emptiness.RuleError as exc:
+            problems.append(f"{where}: {exc}")
     return problems
 
 
@@ -235,12 +304,16 @@ def next_fires(schedule: Schedule, n: int = NEXT_FIRES) -> list[float]:
     if not schedule.enabled or schedule.next_fire_at is None or n < 1:
         return []
     try:
-        tz, cron = ZoneInfo(schedule.timezone), parse(schedule.cron)
+        tz = ZoneInfo(schedule.timezone)
+        cron = parse(expr_of(schedule.cron, schedule.options))
     except (CronError, ValueError, KeyError):
         return [schedule.next_fire_at]  # stored before a check that refuses it now
     out = [schedule.next_fire_at]
     while len(out) < min(n, MAX_NEXT_FIRES):
-        out.append(next_fire(cron, tz, out[-1]))
+        nxt = next_fire(cron, tz, out[-1])
+        if not math.isfinite(nxt):
+            break  # a one-shot schedule
+        out.append(nxt)
     return out
 
 
@@ -250,7 +323,8 @@ def to_dict(schedule: Schedule, *, fires: int = NEXT_FIRES) -> dict[str, Any]:
     return {
         "id": schedule.id,
         "name": schedule.name,
-        "cron": schedule.cron,
+        "cron": schedule.cron or None,
+        **_file_options(schedule.options),
         "timezone": schedule.timezone,
         "identity": schedule.identity or {},
         "deliver": schedule.deliver,
@@ -269,12 +343,24 @@ def to_dict(schedule: Schedule, *, fires: int = NEXT_FIRES) -> dict[str, Any]:
     }
 
 
+def _file_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """The schedule-file fields kept in the ``options`` column."""
+    opts = options or {}
+    return {
+        "at": opts.get("at"),
+        "jitter": opts.get("jitter"),
+        "quiet_when_empty": bool(opts.get("quiet_when_empty")),
+        "empty_when": opts.get("empty_when"),
+    }
+
+
 def spec_of(schedule: Schedule) -> ScheduleSpec:
     """The stored schedule as a spec (already validated when it was stored)."""
     return ScheduleSpec.model_validate(
         {
             "name": schedule.name,
-            "cron": schedule.cron,
+            "cron": schedule.cron or None,
+            **{k: v for k, v in _file_options(schedule.options).items() if v is not None},
             "timezone": schedule.timezone,
             "identity": schedule.identity or {},
             "deliver": schedule.deliver,
@@ -301,11 +387,13 @@ async def create(
     if not isinstance(spec, ScheduleSpec):
         spec = validate(spec, _registry(target))
     now = time.time() if now is None else now
+    _refuse_past(spec, now)
     fields = spec.file_fields()
     row = Schedule(
         id=uuid.uuid4().hex,
         name=spec.name,
-        cron=spec.cron,
+        cron=spec.cron or "",
+        options=spec.options() or None,
         timezone=spec.timezone,
         identity=fields["identity"],
         steps=fields["steps"],
@@ -315,7 +403,7 @@ async def create(
         alert=fields["alert"],
         deliver=fields["deliver"],
         enabled=spec.enabled,
-        next_fire_at=next_fire(spec.cron, spec.tz, now),
+        next_fire_at=spec.first_fire(now),
         created_at=now,
         updated_at=now,
     )
@@ -328,6 +416,11 @@ async def create(
     if actor is not None:
         await _audit(sm, "schedule.create", row.id, actor, name=row.name)
     return row
+
+
+def _refuse_past(spec: ScheduleSpec, now: float) -> None:
+    if spec.at is not None and spec.first_fire(now) is None:
+        raise ScheduleError([f"at: {spec.at!r} has passed; a one-shot schedule needs a later time"])
 
 
 async def list_schedules(target: Any) -> list[Schedule]:
@@ -368,7 +461,7 @@ async def set_enabled(
     now = time.time() if now is None else now
     values: dict[str, Any] = {"enabled": enabled, "updated_at": now}
     if enabled and not row.enabled:
-        values["next_fire_at"] = next_fire(row.cron, ZoneInfo(row.timezone), now)
+        values["next_fire_at"] = next_time(row.cron, row.options, row.timezone, now)
         values["paused_reason"] = None
     async with sm() as s:
         await s.execute(sa_update(Schedule).where(Schedule.id == row.id).values(**values))
@@ -396,7 +489,8 @@ async def update_schedule(
     fields = spec.file_fields()
     values: dict[str, Any] = {
         "name": spec.name,
-        "cron": spec.cron,
+        "cron": spec.cron or "",
+        "options": spec.options() or None,
         "timezone": spec.timezone,
         "identity": fields["identity"],
         "steps": fields["steps"],
@@ -408,9 +502,14 @@ async def update_schedule(
         "enabled": spec.enabled,
         "updated_at": now,
     }
-    timing_changed = (spec.cron, spec.timezone) != (row.cron, row.timezone)
+    timing_changed = (spec.timing, spec.timezone) != (
+        expr_of(row.cron, row.options),
+        row.timezone,
+    )
+    if timing_changed:
+        _refuse_past(spec, now)
     if timing_changed or (spec.enabled and not row.enabled):
-        values["next_fire_at"] = next_fire(spec.cron, spec.tz, now)
+        values["next_fire_at"] = spec.first_fire(now)
     if spec.enabled and not row.enabled:
         values["paused_reason"] = None
     async with sm() as s:
