@@ -214,7 +214,7 @@ const LOADERS = {
   "chain-runs": () => loadChainRun(state.id),
   deliveries: () => loadDeliveries(),
   incidents: () => loadIncidents(),
-  workers: () => loadWorkers(),
+  workers: () => Promise.all([loadWorkers(), loadLimits()]),
   audit: () => loadAudit(),
 };
 
@@ -1023,6 +1023,35 @@ async function loadWorkers() {
   }), "no worker has reported yet", 7);
 }
 
+async function loadLimits() {
+  const got = await api("/api/v1/limits");
+  fillRows($("#limits tbody"), got.items.map((x) => el("tr", { dataset: { limitKey: x.key } },
+    el("td", { class: "mono" }, x.key),
+    el("td", {}, x.rate || "–"),
+    el("td", {}, x.tokens === null || x.tokens === undefined ? "–" : x.tokens.toFixed(2)),
+    el("td", {}, x.concurrency ? String(x.concurrency) : "–"),
+    el("td", {}, x.running === null || x.running === undefined ? "–" : String(x.running)),
+    el("td", {}, x.source === "runtime" ? `set by ${x.updated_by || "?"}` : "SKILLJOBS_LIMITS"),
+    el("td", { class: "actions" }, x.source === "runtime"
+      ? action("Unset", () => limitAction(x.key, null)) : ""),
+  )), "no limits", 7);
+}
+
+async function limitAction(key, body) {
+  const path = `/api/v1/limits/${encodeURIComponent(key)}`;
+  try {
+    if (body === null) {
+      if (!window.confirm(`Remove the run-time limit of ${key}?`)) return;
+      await api(path, { method: "DELETE" });
+      flash(`${key}: run-time limit removed`);
+    } else {
+      await api(path, { method: "PUT", json: body });
+      flash(`${key}: limit set`);
+    }
+  } catch (err) { report(err); }
+  loadLimits().catch(report);
+}
+
 const WORKER_ASK = {
   pause: "It finishes what it runs and takes no new jobs until resumed.",
   drain: "It takes no new jobs, finishes what it runs, then exits.",
@@ -1107,6 +1136,14 @@ document.addEventListener("DOMContentLoaded", () => {
   wireFilterForm($("#deliveries-filter"), "deliveries", ["status", "channel"]);
   wireFilterForm($("#incidents-filter"), "incidents", ["status"]);
   wireFilterForm($("#audit-filter"), "audit", ["actor", "action", "target"]);
+  $("#limit-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const f = e.target.elements;
+    const body = {};
+    if (f.rate.value.trim()) body.rate = f.rate.value.trim();
+    if (f.concurrency.value.trim()) body.concurrency = Number(f.concurrency.value.trim());
+    limitAction(f.key.value.trim(), body);
+  });
   $("#audit-older").addEventListener("click", () => {
     if (!state.auditNext) return;
     const p = formParams($("#audit-filter"), ["actor", "action", "target"]);
