@@ -26,6 +26,7 @@ from chains import runstore as rs
 from chains.deliver import deliver_outcome, deliver_step_files
 from chains.emptiness import Rule, is_empty
 from chains.emptiness import parse as parse_rules
+from chains.graphrun import GraphRun
 from chains.refs import UnresolvedReference, resolve_input
 from chains.runs import enqueue_run
 from chains.schedules import ScheduleSpec, spec_of
@@ -201,6 +202,9 @@ class _ChainRun:
         )
         if self.lease.lost >= MAX_RUNS:
             return await self._fail_lost(records)
+        graph = spec.graph()
+        if graph.is_graph:  # needs / for_each: chains.graphrun
+            return await GraphRun(self, refs, records, graph).run()
         outputs: list[Any] = []
         for i, step in enumerate(spec.steps):
             rec = records[i]

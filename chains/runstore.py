@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import case, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from chains.graph import ITEM_BASE
 from jobs import storable
 from jobs.models import ChainRun, ChainStep, StepStatus
 
@@ -228,6 +229,41 @@ async def ensure_steps(sm: Sessions, lease: Lease, steps: list[tuple[str, str]])
                 have[i] = row
         await s.commit()
     return [have[i] for i in sorted(have)]
+
+
+async def ensure_items(
+    sm: Sessions, lease: Lease, idx: list[int], step_id: str, skill: str
+) -> dict[int, ChainStep]:
+    """The item rows ``idx`` of a for_each step (``chains.graph.item_idx``), creating the
+    missing ones as ``pending`` (``<step_id>[<item>]``): row index → row."""
+    async with sm() as s:
+        await _fence(s, lease)
+        have = {
+            st.idx: st
+            for st in (
+                await s.execute(
+                    select(ChainStep).where(
+                        ChainStep.run_id == lease.run_id,
+                        ChainStep.idx >= min(idx, default=0),
+                        ChainStep.idx <= max(idx, default=0),
+                    )
+                )
+            ).scalars()
+        }
+        new = [
+            ChainStep(
+                run_id=lease.run_id,
+                idx=i,
+                step_id=f"{step_id}[{i % ITEM_BASE}]",
+                skill=skill,
+            )
+            for i in idx
+            if i not in have
+        ]
+        s.add_all(new)
+        await s.commit()
+        have.update({row.idx: row for row in new})
+    return have
 
 
 def _storable_values(values: dict[str, Any]) -> dict[str, Any]:

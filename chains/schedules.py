@@ -17,6 +17,15 @@ from sqlalchemy.exc import IntegrityError
 
 from chains import emptiness
 from chains.cron import CronError, next_fire, parse
+from chains.graph import (
+    DEFAULT_MAX_ITEMS,
+    DEFAULT_PARALLEL,
+    MAX_ITEMS_CAP,
+    MAX_PARALLEL,
+    Graph,
+    GraphError,
+)
+from chains.graph import build as build_graph
 from chains.refs import StepRefs, static_errors
 from chains.timing import MAX_JITTER_S, expr_of, jitter_offset, next_time
 from jobs.db import Sessions, sessions_of
@@ -49,6 +58,12 @@ class StepSpec(BaseModel):
     passthrough: bool = False
     #: what counts as an empty result of this step (``chains.emptiness``), besides the guard
     empty_when: str | list[str] | None = None
+    #: the steps it waits for (``chains.graph``); none given anywhere: a line
+    needs: list[str] | None = None
+    #: ``"$steps.<id>.<path>"``: run once per item of that list (``$item``); output: the list
+    for_each: str | None = None
+    #: items a for_each step runs at most (more: the step fails, nothing runs)
+    max_items: int = Field(default=DEFAULT_MAX_ITEMS, ge=1, le=MAX_ITEMS_CAP)
 
 
 class Policy(BaseModel):
@@ -56,6 +71,8 @@ class Policy(BaseModel):
 
     chat_mode: bool = False
     wall_sec: float | None = Field(default=None, gt=0)
+    #: steps (and for_each items) of a graph running at once
+    max_parallel: int = Field(default=DEFAULT_PARALLEL, ge=1, le=MAX_PARALLEL)
     pause_after_failures: int | None = Field(default=None, ge=1)
 
     @field_validator("chat_mode")
@@ -119,9 +136,23 @@ class ScheduleSpec(BaseModel):
 
     def step_refs(self) -> list[StepRefs]:
         return [
-            StepRefs(s.id or str(i), s.input, s.template, s.passthrough)
+            StepRefs(
+                s.id or str(i),
+                s.input,
+                s.template,
+                s.passthrough,
+                tuple(s.needs) if s.needs is not None else None,
+                s.for_each,
+            )
             for i, s in enumerate(self.steps)
         ]
+
+    def graph(self) -> Graph:
+        """Which steps wait for which (raises :class:`chains.graph.GraphError`)."""
+        refs = self.step_refs()
+        return build_graph(
+            [r.id for r in refs], [s.needs for s in self.steps], [s.for_each for s in self.steps]
+        )
 
     def file_fields(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude={"enabled"})
@@ -188,7 +219,7 @@ def validate(data: Any, registry: SkillRegistry | None) -> ScheduleSpec:
         raise ScheduleError(_pydantic_problems(exc)) from None
 
     problems = [*_header_problems(spec), *_step_problems(spec, registry)]
-    problems.extend(static_errors(spec.step_refs()))
+    problems.extend(_reference_problems(spec))
     if problems:
         raise ScheduleError(problems)
     return spec
@@ -220,6 +251,28 @@ def _header_problems(spec: ScheduleSpec) -> list[str]:
             problems.append("deliver: needs a recipient: `to`, `target` or `session_id`")
         elif len(given) > 1:
             problems.append(f"deliver: give one recipient, not {' and '.join(given)}")
+    return problems
+
+
+def _reference_problems(spec: ScheduleSpec) -> list[str]:
+    """References (to earlier steps in a line, to the steps it waits for in a graph), and
+    the graph itself: needs that are unknown or form a cycle, for_each values."""
+    refs = spec.step_refs()
+    if len({r.id for r in refs}) != len(refs):
+        return static_errors(refs)  # duplicate ids: named by the step checks
+    try:
+        graph = spec.graph()
+    except GraphError as exc:
+        return exc.problems
+    if not graph.is_graph:
+        return static_errors(refs)
+    problems = static_errors(
+        refs,
+        [graph.ancestors(i) for i in range(len(refs))],
+        [graph.prev(i) for i in range(len(refs))],
+    )
+    if spec.deliver and spec.deliver.get("each_step"):
+        problems.append("deliver.each_step: applies to chains that are a line (no needs)")
     return problems
 
 
