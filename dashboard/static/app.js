@@ -847,6 +847,7 @@ async function loadChainRun(runId) {
     ["error", run.error || "–"]]) {
     dl.append(el("dt", {}, k), el("dd", {}, v || "–"));
   }
+  drawGraph($("#chain-graph"), run.steps);
   const done = !["running", "queued"].includes(run.status);
   fillRows($("#chain-steps"), run.steps.map((st, i) => el("li", { class: "step", dataset: { step: st.id, status: st.status } },
     el("div", { class: "step-head" }, statusBadge(st.status), " ", el("strong", {}, st.id), ` (${st.skill})`,
@@ -864,6 +865,51 @@ async function loadChainRun(runId) {
     el("td", {}, d.recipient), el("td", {}, d.kind), el("td", {}, statusBadge(d.status)),
     el("td", {}, d.tries), el("td", {}, d.error || "–"),
     el("td", { class: "nowrap" }, deliveryActions(d, () => loadChainRun(run.id))))), "none", 6);
+}
+
+// The graph of a run whose schedule has needs / for_each: a column per depth, an edge per
+// need, each node in its state (items done / all for a for_each step).
+function drawGraph(box, steps) {
+  clear(box);
+  const graph = steps.some((s) => s.needs || s.for_each);
+  box.hidden = !graph;
+  if (!graph) return;
+  const explicit = steps.some((s) => s.needs);
+  const index = new Map(steps.map((s, i) => [s.id, i]));
+  const deps = steps.map((s, i) => (explicit ? (s.needs || []).map((n) => index.get(n)).filter((j) => j !== undefined)
+    : (i > 0 ? [i - 1] : [])));
+  const depth = [];
+  const depthOf = (i) => {
+    if (depth[i] === undefined) depth[i] = deps[i].length ? 1 + Math.max(...deps[i].map(depthOf)) : 0;
+    return depth[i];
+  };
+  const columns = [];
+  steps.forEach((_, i) => { (columns[depthOf(i)] = columns[depthOf(i)] || []).push(i); });
+  const W = 170, H = 44, GX = 60, GY = 16;
+  const pos = [];
+  columns.forEach((col, c) => col.forEach((i, r) => { pos[i] = { x: 10 + c * (W + GX), y: 10 + r * (H + GY) }; }));
+  const width = 20 + columns.length * (W + GX) - GX;
+  const height = 20 + Math.max(...columns.map((c) => c.length)) * (H + GY) - GY;
+  const root = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
+    "aria-label": "graph of the chain run" });
+  steps.forEach((_, i) => deps[i].forEach((j) => {
+    const a = pos[j], b = pos[i];
+    const x1 = a.x + W, y1 = a.y + H / 2, x2 = b.x, y2 = b.y + H / 2;
+    root.append(svg("path", { class: "edge", d: `M${x1},${y1} C${x1 + GX / 2},${y1} ${x2 - GX / 2},${y2} ${x2},${y2}`,
+      "data-from": steps[j].id, "data-to": steps[i].id }));
+  }));
+  steps.forEach((s, i) => {
+    const p = pos[i];
+    const items = s.items ? ` · ${s.items.succeeded || 0}/${s.items.total} items` : (s.for_each ? " · for each" : "");
+    const node = svg("g", { class: `node st-${s.status}`, transform: `translate(${p.x},${p.y})`,
+      "data-step": s.id, "data-status": s.status },
+    svg("title", {}, `${s.id} (${s.skill}): ${s.status}${s.error ? ` — ${s.error}` : ""}`),
+    svg("rect", { width: W, height: H }),
+    svg("text", { x: 8, y: 18 }, s.id.length > 22 ? `${s.id.slice(0, 21)}…` : s.id),
+    svg("text", { x: 8, y: 34, class: "sub" }, `${s.status}${items}`));
+    root.append(node);
+  });
+  box.append(root);
 }
 
 async function rerun(run, step, index) {
