@@ -20,6 +20,7 @@ from chains.emptiness import parse as parse_rules
 from chains.graph import Graph, item_idx
 from chains.refs import StepRefs, UnresolvedReference, resolve_input, resolve_reference
 from jobs import telemetry
+from jobs.batching import Batcher
 from jobs.crypto import redact
 from jobs.envelope import failure, is_failure
 
@@ -156,14 +157,7 @@ class GraphRun:
             items = resolve_reference(step.for_each or "", i, self.refs, outputs, allowed=allowed)
         except UnresolvedReference as exc:
             return await self._refused(i, exc, started)
-        problem = None
-        if not isinstance(items, list):
-            problem = f"for_each {step.for_each} is {type(items).__name__}, not a list"
-        elif len(items) > step.max_items:
-            problem = (
-                f"for_each {step.for_each} has {len(items)} items, more than max_items "
-                f"({step.max_items}): raise max_items or narrow the list"
-            )
+        problem = _items_problem(step, items)
         if problem is not None:
             env = failure(f"step {i} ({self.refs[i].id}): {problem}", non_retriable=True)
             await c._record(i, rs.FAILED, None, env, env["error"], started=started)
@@ -182,6 +176,14 @@ class GraphRun:
         )
         results: list[Any] = [None] * len(items)
         errors: list[tuple[int, str]] = []
+        ctx = await c._context(step.skill)  # one configuration read for all the items
+
+        async def write(rows: list[tuple[int, dict[str, Any]]]) -> list[None]:
+            await rs.set_steps(c.sm, c.lease, rows)
+            return [None] * len(rows)
+
+        # the items' records, many per transaction (each still awaited before it counts)
+        records: Batcher[tuple[int, dict[str, Any]], None] = Batcher(write, name="chain-items")
         todo = []
         for k in range(len(items)):
             row = rows[item_idx(i, k)]
@@ -208,20 +210,22 @@ class GraphRun:
                 if self.stopping:
                     return  # the run stops: this item is skipped
                 began = time.time()
-                env = await c._execute(step.skill, data)
+                env = await c._execute(step.skill, data, ctx)
             failed = is_failure(env)
             now = time.time()
-            await rs.set_step(
-                c.sm,
-                c.lease,
-                item_idx(i, k),
-                status=rs.FAILED if failed else rs.SUCCEEDED,
-                input=redact(data),
-                output=c.svc.box.seal(rs.cap_output(env)),
-                error=str(env.get("error") or "failed") if failed else None,
-                started_at=began,
-                finished_at=now,
-                duration_ms=round((now - began) * 1000, 1),
+            await records.submit(
+                (
+                    item_idx(i, k),
+                    {
+                        "status": rs.FAILED if failed else rs.SUCCEEDED,
+                        "input": redact(data),
+                        "output": c.svc.box.seal(rs.cap_output(env)),
+                        "error": str(env.get("error") or "failed") if failed else None,
+                        "started_at": began,
+                        "finished_at": now,
+                        "duration_ms": round((now - began) * 1000, 1),
+                    },
+                )
             )
             if failed:
                 errors.append((k, str(env.get("error") or "failed")))
@@ -251,6 +255,18 @@ class GraphRun:
             return rs.STOPPED_EMPTY, None, note
         await c._record(i, rs.SUCCEEDED, summary, results, None, started=started)
         return rs.SUCCEEDED, results, None
+
+
+def _items_problem(step: StepSpec, items: Any) -> str | None:
+    """Why ``items`` cannot be fanned out over (None: it can)."""
+    if not isinstance(items, list):
+        return f"for_each {step.for_each} is {type(items).__name__}, not a list"
+    if len(items) > step.max_items:
+        return (
+            f"for_each {step.for_each} has {len(items)} items, more than max_items "
+            f"({step.max_items}): raise max_items or narrow the list"
+        )
+    return None
 
 
 __all__ = ["GraphRun"]

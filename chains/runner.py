@@ -302,19 +302,25 @@ class _ChainRun:
             at = i
         return await self._close_after(at, rs.FAILED, reason)
 
-    async def _execute(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
+    async def _execute(
+        self, skill: str, data: dict[str, Any], ctx: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Run ``skill`` (transient failures again, up to the run cap). ``ctx``: a context
+        built by :meth:`_context` already (the items of a for_each step share one)."""
         runs = 0
         while True:
             runs += 1
-            env = await self._execute_once(skill, data)
+            env = await self._execute_once(skill, data, ctx)
             transient = is_failure(env) and env.get("error_type") == "transient"
             if not transient or is_non_retriable(env) or runs >= MAX_RUNS:
                 return env
             log.info("chain run %s: %s failed transiently (run %s)", self.lease.run_id, skill, runs)
             await asyncio.sleep(TRANSIENT_BACKOFF_SEC * 2 ** (runs - 1))
 
-    async def _execute_once(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
-        ctx = await self._context(skill)
+    async def _execute_once(
+        self, skill: str, data: dict[str, Any], shared: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        ctx = dict(shared) if shared is not None else await self._context(skill)
         wall = self.spec.policy.wall_sec
         task = asyncio.ensure_future(self.executor.run(skill, data, ctx, policy_wall_sec=wall))
         lost = asyncio.ensure_future(self.lost.wait())

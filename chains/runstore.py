@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, or_, select, update
+from sqlalchemy import bindparam, case, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from chains.graph import ITEM_BASE
@@ -289,6 +289,28 @@ async def set_step(sm: Sessions, lease: Lease, idx: int, **values: Any) -> None:
             .where(ChainStep.run_id == lease.run_id, ChainStep.idx == idx)
             .values(**values)
         )
+        await s.commit()
+
+
+async def set_steps(sm: Sessions, lease: Lease, rows: list[tuple[int, dict[str, Any]]]) -> None:
+    """:func:`set_step` for many rows (for_each items) in one fenced transaction; every row
+    sets the same columns."""
+    if not rows:
+        return
+    names = sorted(rows[0][1])
+    params = [
+        {"b_idx": idx, **{f"b_{k}": v for k, v in _storable_values(values).items()}}
+        for idx, values in rows
+    ]
+    table: Any = ChainStep.__table__  # Core: an executemany UPDATE keyed by idx, not by id
+    stmt = (
+        update(table)
+        .where(table.c.run_id == lease.run_id, table.c.idx == bindparam("b_idx"))
+        .values({k: bindparam(f"b_{k}", type_=table.c[k].type) for k in names})
+    )
+    async with sm() as s:
+        await _fence(s, lease)
+        await s.execute(stmt, params)
         await s.commit()
 
 
