@@ -650,6 +650,7 @@ async function openDetail(jobId) {
     ["role / org", `${job.origin.role_id || "–"} / ${job.origin.org_id || "–"}`],
     ["external id", job.origin.external_id], ["wall clock", `${job.wall_sec} s`],
   ];
+  if (job.run_at) fields.splice(3, 0, ["runs at", fmtTime(job.run_at)]); // a delayed job
   if (job.error_type) fields.push(["error type", job.error_type]);
   const trace = job.context && (job.context.trace_id || job.context.request_id);
   if (trace) fields.push(["trace id", trace]);
