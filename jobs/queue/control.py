@@ -137,7 +137,7 @@ async def requeue_failed(svc: Services, skill: str, *, actor: str = "") -> Actio
 
 BULK_CAP = 10_000  # jobs one bulk action touches at most (run it again for the rest)
 BULK_ACTIONS = ("retry", "cancel")
-_DEFAULT_STATUS = {"retry": ("failed", "timed_out"), "cancel": ("queued", "running")}
+_DEFAULT_STATUS = {"retry": ("failed", "timed_out"), "cancel": ("scheduled", "queued", "running")}
 SHOWN = 100  # job ids (and refusals) listed in an answer
 
 
