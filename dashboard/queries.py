@@ -25,6 +25,7 @@ from jobs.models import (
     FAILED,
     QUEUED,
     RUNNING,
+    SCHEDULED,
     SUCCEEDED,
     TIMED_OUT,
     Artifact,
@@ -143,12 +144,12 @@ async def get_artifact(session: AsyncSession, job_id: str, artifact_id: int) -> 
 
 
 async def queue_depth(session: AsyncSession, now: float) -> dict[str, Any]:
-    """Queued / running counts and the age of the oldest waiting job."""
+    """Queued / running / scheduled counts and the age of the oldest waiting job."""
     counts = dict(
         (
             await session.execute(
                 select(Job.status, func.count())
-                .where(Job.status.in_((QUEUED, RUNNING)))
+                .where(Job.status.in_((QUEUED, RUNNING, SCHEDULED)))
                 .group_by(Job.status)
             )
         ).all()
@@ -159,6 +160,7 @@ async def queue_depth(session: AsyncSession, now: float) -> dict[str, Any]:
     return {
         "queued": int(counts.get(QUEUED, 0)),
         "running": int(counts.get(RUNNING, 0)),
+        "scheduled": int(counts.get(SCHEDULED, 0)),  # delayed jobs waiting for their time
         "oldest_queued_age_s": round(max(0.0, now - oldest), 3) if oldest else 0.0,
     }
 

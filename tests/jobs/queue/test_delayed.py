@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from jobs.cli.app import app as cli_app
 from jobs.queue import delayed, store
 from jobs.queue.dispatcher import Dispatcher
-from tests.helpers.beyond import api, running_worker
+from tests.helpers.inprocess import api, running_worker
 from tests.helpers.jobs import TG, job_and_attempts, wait_status
 from tests.helpers.settings import JOB_SKILLS
 
@@ -72,6 +72,7 @@ def test_due_time_refuses_both_or_too_far():
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_http_delayed_job_waits_scheduled_then_starts_on_time(services):
     async with api(services) as c, running_worker(services):
         await asyncio.sleep(0.5)  # started (a delayed job's clock does not wait for workers)
@@ -98,6 +99,7 @@ async def test_http_delayed_job_waits_scheduled_then_starts_on_time(services):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_run_at_iso_and_a_sync_skill_runs_in_the_background(services):
     at = datetime.fromtimestamp(time.time() + 1.0, UTC).isoformat()
     res = await Dispatcher(services).dispatch("sync_echo", {"a": 1}, TG, run_at=at)
@@ -125,6 +127,7 @@ async def test_bad_when_is_refused_and_nothing_is_recorded(services):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_scheduled_job_is_cancellable_and_never_runs(services):
     res = await Dispatcher(services).dispatch("bg_sleep", {"seconds": 0}, TG, delay_s=0.5)
     job_id = res.body["job_id"]
@@ -139,6 +142,7 @@ async def test_scheduled_job_is_cancellable_and_never_runs(services):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_scheduled_jobs_survive_redis_loss_and_run_once_with_two_workers(services):
     ids = []
     for _ in range(5):
@@ -193,6 +197,7 @@ def _cli(runner, *args):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_cli_in_and_at_with_a_time_zone(cli_env):
     before = time.time()
     res = _cli(cli_env, "--in", "10m")

@@ -18,8 +18,8 @@ from chains.graph import GraphError, build, item_idx, item_of
 from chains.refs import StepRefs, static_errors
 from chains.schedules import ScheduleError, validate
 from jobs.services import Services
-from tests.helpers.beyond import api, running_worker
 from tests.helpers.chains import write_skill
+from tests.helpers.inprocess import api, running_worker
 from tests.helpers.settings import JOB_SKILLS
 from tests.helpers.workers import WorkerProcess
 
@@ -217,6 +217,7 @@ async def _wait_run(c, run_id: str, limit: float = 60) -> dict:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_graph_runs_in_parallel_fans_out_and_in(svc, tmp_path):
     log = tmp_path / "calls.log"
     async with api(svc) as c, running_worker(svc):
@@ -247,6 +248,7 @@ async def test_graph_runs_in_parallel_fans_out_and_in(svc, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_graph_empty_list_and_failing_item_stop_the_run(svc, tmp_path):
     log = tmp_path / "calls.log"
     empty = _graph("graph-empty", log)
@@ -269,6 +271,7 @@ async def test_graph_empty_list_and_failing_item_stop_the_run(svc, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_graph_rerun_from_a_step_reuses_the_others(svc, tmp_path):
     log = tmp_path / "calls.log"
     async with api(svc) as c, running_worker(svc):

@@ -58,6 +58,7 @@ async def _drain(svc: Services) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_results_go_back_to_the_topic_they_were_asked_in(svc, tg, fs):
     asked_tg = tg.receive(TG_GROUP)
     asked_fs = fs.receive(FS_GROUP)

@@ -10,11 +10,11 @@ import pytest
 
 from dashboard.app import create_app
 from jobs.services import Services
-from tests.beyond.test_graph import DOUBLE, JOIN, LIST, NAP, _graph, _run
+from tests.chains.test_graph import DOUBLE, JOIN, LIST, NAP, _graph, _run
 from tests.dashboard.test_browser import CHROMIUM, CHROMIUM_ARGS, _need_chromium
-from tests.helpers.beyond import TOKEN, api, running_worker
 from tests.helpers.chains import write_skill
 from tests.helpers.dashboard import LiveServer
+from tests.helpers.inprocess import TOKEN, api, running_worker
 from tests.helpers.settings import JOB_SKILLS, make_settings
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(180)]

@@ -13,7 +13,7 @@ import httpx
 from dashboard.app import create_app
 from jobs.queue.worker import build_worker
 
-TOKEN = "beyond-token-7c1e"
+TOKEN = "inprocess-token-7c1e"
 
 
 @contextlib.asynccontextmanager

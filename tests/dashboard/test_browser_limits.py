@@ -19,7 +19,7 @@ from tests.helpers.settings import make_settings
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(180)]
 
-READ_TOKEN = "beyond-read-token-3f0a9c1d2e4b5a6c7d8e9f00"
+READ_TOKEN = "limits-read-token-3f0a9c1d2e4b5a6c7d8e9f00"
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from jobs.cli.app import app as cli_app
 from jobs.models import JobAttempt
 from jobs.queue import broker, rates
 from jobs.queue.dispatcher import Dispatcher
-from tests.helpers.beyond import api, running_worker
+from tests.helpers.inprocess import api, running_worker
 from tests.helpers.jobs import TG, wait_status
 from tests.helpers.settings import JOB_SKILLS
 
@@ -110,6 +110,7 @@ async def _starts(services, ids: list[str]) -> list[tuple[float, float | None]]:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_jobs_over_the_rate_wait_queued_and_all_run(services):
     services.settings.limits_refresh_sec = 0.2
     await rates.set_limit(services.sessionmaker, "skill:bg_sleep", rate="2/2s", actor="t")
@@ -127,6 +128,7 @@ async def test_jobs_over_the_rate_wait_queued_and_all_run(services):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_lost_bucket_is_rebuilt_from_the_database_and_limits_change_live(services):
     services.settings.limits_refresh_sec = 0.2
     await rates.set_limit(services.sessionmaker, "skill:bg_sleep", rate="2/60s", actor="t")
@@ -152,6 +154,7 @@ async def test_lost_bucket_is_rebuilt_from_the_database_and_limits_change_live(s
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_concurrency_set_at_run_time_bounds_running_jobs(services):
     services.settings.limits_refresh_sec = 0.2
     async with api(services) as c:

@@ -19,8 +19,8 @@ from chains.cron import NEVER, next_fire
 from chains.scheduler import Scheduler
 from jobs.models import ChainRun, ChainStep, Delivery, Schedule
 from jobs.services import Services
-from tests.helpers.beyond import api, running_worker
 from tests.helpers.chains import write_skill
+from tests.helpers.inprocess import api, running_worker
 from tests.helpers.settings import JOB_SKILLS
 
 # --- pure logic ---------------------------------------------------------------------------
@@ -145,6 +145,7 @@ async def _deliveries(s: Services, run_id: str) -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_one_shot_quiet_and_empty_when_through_workers(svc):
     at = time.time() + 2.0
     later = [{"id": "report", "skill": "report", "input": {"n": "$steps.fetch.total"}}]
