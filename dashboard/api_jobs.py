@@ -22,7 +22,7 @@ from jobs.crypto import ENC_TAG, REDACTED, redact
 from jobs.envelope import is_partial
 from jobs.links import file_link, file_link_key
 from jobs.models import Artifact, Delivery, Job, JobAttempt
-from jobs.queue import control, filters, limits
+from jobs.queue import control, filters, rates
 from jobs.queue.dispatcher import Dispatcher, is_background
 from jobs.services import Services
 from jobs.skill import SkillType
@@ -301,7 +301,8 @@ async def get_job(job_id: str, request: Request) -> dict[str, Any]:
     settings = services_of(request).settings
     out["artifacts"] = await asyncio.to_thread(signed_links, settings, job_id, out["artifacts"])
     # e.g. "limit org:o1": a queued job over a concurrency limit waits for a slot
-    out["waiting_for"] = await limits.waiting_for(services_of(request), job)
+    # a full concurrency limit or an empty start-rate bucket (jobs.queue.rates)
+    out["waiting_for"] = await rates.waiting_for(services_of(request), job)
     return out
 
 

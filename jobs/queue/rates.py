@@ -301,6 +301,48 @@ async def items(svc: Services) -> list[dict[str, Any]]:
     return out
 
 
+async def waiting_for(services: Services, job: Any) -> str | None:
+    """For a queued job: the first limit it waits for — a full concurrency limit (``"limit
+    org:o1"``) or an empty start-rate bucket (``"rate skill:img"``) — else None."""
+    if job.status != "queued" or services.redis is None:
+        return None
+    eff = await current(services)
+    if not eff.concurrency and not eff.rates:
+        return None
+    if not (await broker.waiting(services, [job.arq_job_id or ""]))[0]:
+        return None  # its entry is claimed (starting now) or lost
+    values = {
+        "skill": job.skill,
+        "org": job.org_id or "",
+        "role": job.role_id or "",
+        "actor": job.actor_key or "",
+    }
+    keys = [f"{kind}:{v}" for kind, v in values.items() if v]
+    limited = [
+        (k, n)
+        for k in keys
+        if (n := eff.concurrency.get(k, eff.concurrency.get(k.split(":")[0] + ":*")))
+    ]
+    if limited:
+        used = await broker.limit_usage(services, [k for k, _ in limited])
+        for (key, n), held in zip(limited, used, strict=True):
+            if held >= n:
+                return f"limit {key}"
+    rated = [k for k in keys if rate_for(eff, k) is not None]
+    if rated:
+        found = await broker.bucket_levels(services, rated)
+        now_ms = time.time() * 1000
+        for key, level in zip(rated, found, strict=True):
+            r = rate_for(eff, key)
+            assert r is not None
+            if level is None:
+                return f"rate {key}"  # being rebuilt from the database
+            tokens, at = level
+            if tokens + (now_ms - at) * r.count / (r.per_s * 1000) < 1:
+                return f"rate {key}"
+    return None
+
+
 __all__ = [
     "Effective",
     "LimitError",
@@ -316,4 +358,5 @@ __all__ = [
     "rows",
     "set_limit",
     "unset_limit",
+    "waiting_for",
 ]

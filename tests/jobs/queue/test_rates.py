@@ -146,8 +146,10 @@ async def test_lost_bucket_is_rebuilt_from_the_database_and_limits_change_live(s
             await asyncio.sleep(0.1)
         level = (await rates.levels(services, await rates.current(services)))["skill:bg_sleep"]
         assert level is not None and level < 1  # rebuilt, and empty
-        # the operator removes the limit: the waiting job starts at once
         async with api(services) as c:
+            shown = (await c.get(f"/api/v1/jobs/{third}")).json()
+            assert shown["status"] == "queued" and shown["waiting_for"] == "rate skill:bg_sleep"
+            # the operator removes the limit: the waiting job starts at once
             assert (await c.delete("/api/v1/limits/skill:bg_sleep")).status_code == 200
         job = await wait_status(services, third, {"succeeded", "failed"}, limit=10)
         assert job.status == "succeeded"
