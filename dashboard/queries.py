@@ -144,12 +144,12 @@ async def get_artifact(session: AsyncSession, job_id: str, artifact_id: int) -> 
 
 
 async def queue_depth(session: AsyncSession, now: float) -> dict[str, Any]:
-    """Queued / running / scheduled counts and the age of the oldest waiting job."""
+    """Queued / running counts and the age of the oldest waiting job."""
     counts = dict(
         (
             await session.execute(
                 select(Job.status, func.count())
-                .where(Job.status.in_((QUEUED, RUNNING, SCHEDULED)))
+                .where(Job.status.in_((QUEUED, RUNNING)))
                 .group_by(Job.status)
             )
         ).all()
@@ -160,7 +160,6 @@ async def queue_depth(session: AsyncSession, now: float) -> dict[str, Any]:
     return {
         "queued": int(counts.get(QUEUED, 0)),
         "running": int(counts.get(RUNNING, 0)),
-        "scheduled": int(counts.get(SCHEDULED, 0)),  # delayed jobs waiting for their time
         "oldest_queued_age_s": round(max(0.0, now - oldest), 3) if oldest else 0.0,
     }
 
@@ -386,6 +385,10 @@ DURATION_BUCKETS_MS = (
 async def metrics_live(session: AsyncSession, now: float) -> dict[str, Any]:
     """What ``/metrics`` reads at every scrape (queued and running jobs, workers)."""
     snap: dict[str, Any] = {"depth": await queue_depth(session, now)}
+    # delayed jobs waiting for their time (the partial index of migration 0017)
+    snap["depth"]["scheduled"] = int(
+        await session.scalar(select(func.count()).where(Job.status == SCHEDULED)) or 0
+    )
     snap["live"] = await live_counts(session)
     workers = (
         await session.execute(
