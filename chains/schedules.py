@@ -155,7 +155,15 @@ class ScheduleSpec(BaseModel):
         )
 
     def file_fields(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude={"enabled"})
+        out = self.model_dump(mode="json", exclude={"enabled"})
+        # a step stores the graph and emptiness fields only when it uses them
+        for step in out["steps"]:
+            for key in ("needs", "for_each", "empty_when"):
+                if step.get(key) is None:
+                    step.pop(key, None)
+            if step.get("max_items") == DEFAULT_MAX_ITEMS and step.get("for_each") is None:
+                step.pop("max_items", None)
+        return out
 
     def options(self) -> dict[str, Any]:
         """The ``options`` column: the timing and emptiness fields, with what the scheduler
