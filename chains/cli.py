@@ -130,7 +130,7 @@ def list_cmd(
             table.add_row(
                 r.id,
                 r.name,
-                r.cron,
+                r.cron or f"at {(r.options or {}).get('at')}",  # a one-shot schedule
                 r.timezone,
                 "yes"
                 if r.enabled
