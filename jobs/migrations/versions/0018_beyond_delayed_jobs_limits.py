@@ -1,7 +1,7 @@
 """delayed and one-shot jobs, run-time limits, schedule options
 
-Revision ID: 0017
-Revises: 0016
+Revision ID: 0018
+Revises: 0017
 Create Date: 2026-12-06 01:30:00.000000
 
 * ``jobs.run_at``: when a ``scheduled`` job is due (dispatch ``run_at`` / ``delay_s``). The
@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0017"
-down_revision = "0016"
+revision = "0018"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
