@@ -28,6 +28,7 @@ from dashboard import (
     api_limits,
     api_misc,
     api_schedules,
+    api_skills,
     api_stats,
     api_tokens,
     api_workers,
@@ -43,6 +44,7 @@ from dashboard.metrics import CONTENT_TYPE, Families, Metrics
 from dashboard.queries import BadQuery
 from dashboard.sync_pool import SyncPool
 from dashboard.tokens import TokenKey
+from jobs import counters
 from jobs.db import db_unavailable
 from jobs.queue import rates
 from jobs.services import Services
@@ -157,13 +159,15 @@ def create_app(
     app.include_router(api_audit.router, dependencies=[Depends(require_token)])
     app.include_router(api_deliveries.router, dependencies=[Depends(require_token)])
     app.include_router(api_workers.router, dependencies=[Depends(require_token)])
+    app.include_router(api_skills.router, dependencies=[Depends(require_token)])
 
     @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
     async def metrics(request: Request) -> Response:
         svc: Services = request.app.state.services
-        waits, parked = await asyncio.gather(
+        waits, parked, totals = await asyncio.gather(
             latency.ratelimit_waits(svc.redis, svc.settings.key),
             latency.ratelimit_parked(svc.redis, svc.settings.key),
+            counters.read(svc.redis, svc.settings),
         )
         items = await rates.items(svc)  # settings + run-time limits
         concurrency = {i["key"]: i["concurrency"] for i in items if i["concurrency"]}
@@ -173,6 +177,7 @@ def create_app(
             limits=concurrency,
             ratelimit_waits=waits,
             ratelimit_parked=parked,
+            totals=totals,
             pending_stale_after=float(svc.settings.delivery_pending_stale_sec),
         )
         body += generate_latest(Families(limit_metrics.rate_families, {"items": items}))
