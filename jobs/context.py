@@ -86,7 +86,15 @@ CALL_PASS_KEYS: tuple[str, ...] = CALL_PASS_BASE + ACTOR_KEYS + EXTRA_KEYS
 # Where in the chat platform a request came from, beyond the person: the conversation
 # (a group chat or thread id), its kind when the chat layer says it, and the message that
 # asked. A background job keeps them, so its result goes back to that conversation.
-ORIGIN_KEYS: tuple[str, ...] = ("conversation_id", "conversation_type", "message_id")
+# ``message_thread_id``: the Telegram forum topic (or a Feishu thread, ``thread_id``) the
+# request came from: the result is posted in that topic, not the group's general thread.
+ORIGIN_KEYS: tuple[str, ...] = (
+    "conversation_id",
+    "conversation_type",
+    "message_id",
+    "message_thread_id",
+    "thread_id",
+)
 
 # Platform keys: never taken from configs, never treated as secrets by name.
 PLATFORM_KEYS: frozenset[str] = frozenset(

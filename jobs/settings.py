@@ -126,6 +126,11 @@ class Settings(BaseSettings):
     worker_nice: int = Field(default=0, ge=0, le=19)
     worker_grace_sec: float = 30.0
     reconcile_interval_sec: float = 10.0
+    # Delayed jobs (run_at / delay_s): how often each worker's promoter looks for new ones;
+    # it wakes at the earliest time it knows of, so a job starts within this of its time.
+    delayed_poll_sec: float = Field(default=0.5, gt=0, le=60)
+    # Start-rate and concurrency limits set at run time: how often workers read them.
+    limits_refresh_sec: float = Field(default=1.0, gt=0, le=300)
     reconcile_stale_sec: float = 15.0  # a queued job missing from Redis this long is re-enqueued
     retry_backoff_sec: float = 1.0  # transient re-runs wait 1×, then 4× this
     scheduler_interval_sec: float = 1.0

@@ -251,6 +251,9 @@ class Channel:
     name = ""
     #: the text can ride along with a media item
     supports_caption = False
+    #: a thread is reached by replying to a message in it (Feishu ``reply_in_thread``):
+    #: every message of a result sent there is such a reply, not only the first
+    thread_by_reply = False
     #: ``![alt](url)`` in text is turned into media by this adapter
     converts_markdown_images = False
     #: the platform drops a repeated send itself (Feishu ``uuid``, WeCom duplicate check),
