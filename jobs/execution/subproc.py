@@ -18,13 +18,14 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jobs.context import FIXED_SEGMENT, LIVE_KEYS, PLATFORM_KEYS
 from jobs.crypto import is_secret_key
+from jobs.execution.sandbox import Plan, Sandbox, child_setup
 from jobs.execution.skill_output import (
     ERROR_TAIL,
     LOG_CAP,
@@ -69,6 +70,7 @@ class ProcessResult:
     stderr: bytes
     timed_out: bool = False
     overflow: str | None = None  # "stdout" / "stderr" when a stream exceeded the cap
+    quota: str | None = None  # why the run's workspace is over its quota
 
 
 # --- command line -----------------------------------------------------------------------
@@ -261,6 +263,8 @@ def config_env(skill: Skill, ctx: Mapping[str, Any]) -> dict[str, str]:
     sc = ctx.get("skill_configs")
     own = sc.get(skill.name) if isinstance(sc, Mapping) else None
     for key, v in (own or ctx.get("skill_args") or {}).items():
+        if key.startswith("SKILLJOBS_"):
+            continue  # the worker's own settings are never a skill's credential
         if _SAFE_ENV_KEY.match(key) and key.upper() == key and v is not None:
             out[key] = v if isinstance(v, str) else _scalar(v)
     for name in skill.requires_env:
@@ -292,37 +296,6 @@ def build_env(
     env["SKILL_DIR"] = skill_dir(skill)
     env.setdefault("PYTHONIOENCODING", "utf-8")
     return env
-
-
-# --- sandbox ----------------------------------------------------------------------------
-
-
-def bwrap_argv(
-    argv: list[str],
-    *,
-    cwd: str,
-    skill_dir: str,
-    hide: list[str],
-    show: list[str],
-) -> list[str]:
-    """``argv`` under bubblewrap: the system read-only, a fresh ``/tmp`` and ``/proc`` (own
-    pid namespace: no worker process is visible), the ``hide`` directories (data dir,
-    workspace root) replaced by empty ones, the skill folder and ``show`` read-only again,
-    and only ``cwd`` (the workspace) writable."""
-    tool = shutil.which("bwrap")
-    if tool is None:
-        raise SetupError("SKILLJOBS_SANDBOX=bwrap, but bubblewrap (bwrap) is not installed")
-    out = [tool, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
-    out += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    out += ["--perms", "1777", "--tmpfs", "/tmp"]
-    for path in hide:
-        if path and path != "/" and os.path.isdir(path):
-            out += ["--tmpfs", path]
-    for path in (skill_dir, *show):
-        if path and os.path.exists(path):
-            out += ["--ro-bind", path, path]
-    out += ["--bind", cwd, cwd, "--chdir", cwd, "--setenv", "TMPDIR", "/tmp", "--", *argv]
-    return out
 
 
 # --- running ----------------------------------------------------------------------------
@@ -386,28 +359,51 @@ async def run_process(
     cwd: str | os.PathLike[str] | None,
     timeout: float,  # noqa: ASYNC109 - the group must be killed, not just the await
     cap: int = OUTPUT_CAP,
-    user: Any = None,
+    sandbox: Sandbox | None = None,
+    plan: Plan | None = None,
+    limits: Sequence[tuple[int, int]] = (),
 ) -> ProcessResult:
     """Run ``argv`` in its own process group; read stdout/stderr concurrently (each capped).
 
-    ``user`` (a :class:`jobs.privileges.SkillUser`): run as that uid/gid, no other groups.
+    With ``sandbox`` (and its ``plan``) the process runs inside bubblewrap. Either way it
+    dies with the worker (parent-death signal) and runs under ``limits`` (rlimits).
     Cancellation kills the whole group and re-raises ``CancelledError``.
     """
     loop = asyncio.get_running_loop()
-    as_user: dict[str, Any] = {}
-    if user is not None:
-        as_user = {"user": user.uid, "group": user.gid, "extra_groups": []}
-    transport, protocol = await loop.subprocess_exec(
-        lambda: _Protocol(loop),
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=cwd,
-        env=dict(env),
-        start_new_session=True,
-        **as_user,
-    )
+
+    async def start(command: list[str], pass_fds: Sequence[int] = ()) -> Any:
+        return await loop.subprocess_exec(
+            lambda: _Protocol(loop),
+            *command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=True,
+            pass_fds=tuple(pass_fds),
+            preexec_fn=child_setup(limits),
+        )
+
+    stop_net = None
+    if sandbox is not None and plan is not None:
+        (transport, protocol), stop_net = await sandbox.spawn(argv, plan, start)
+    else:
+        transport, protocol = await start(argv)
+    try:
+        return await _supervise(transport, protocol, loop, timeout, cap)
+    finally:
+        if stop_net is not None:
+            await asyncio.shield(asyncio.to_thread(stop_net))
+
+
+async def _supervise(
+    transport: Any,
+    protocol: _Protocol,
+    loop: asyncio.AbstractEventLoop,
+    timeout: float,  # noqa: ASYNC109 - the group is killed at the deadline
+    cap: int,
+) -> ProcessResult:
     proc = asyncio.subprocess.Process(transport, protocol, loop)
     assert proc.stdout is not None and proc.stderr is not None
     exited = protocol.exited
