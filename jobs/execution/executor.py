@@ -393,7 +393,7 @@ class Executor:
         if missing:
             return failure(
                 f"skill {name!r} is not configured: {', '.join(missing)} missing (set with "
-                f"`skilljobs config set ROLE {name} {missing[0]} VALUE` or the environment)",
+                f"`skilljobs config set ROLE {name} {missing[0]} VALUE`)",
                 error_type="config",
                 needs_config=missing,
                 skill=name,
@@ -693,13 +693,13 @@ class Executor:
 
     def sandbox(self) -> sandbox.Sandbox:
         """The sandbox of untrusted skills (built once; refuses an unknown mode)."""
+        mode = sandbox.sandbox_mode(self.settings)
+        if mode not in ("bwrap", "none"):
+            raise subproc.SetupError(
+                f"SKILLJOBS_SANDBOX={mode!r} is not known (use bwrap, or none to trust "
+                "every skill)"
+            )
         if self._sandbox is None:
-            mode = sandbox.sandbox_mode(self.settings)
-            if mode not in ("bwrap", "none"):
-                raise subproc.SetupError(
-                    f"SKILLJOBS_SANDBOX={mode!r} is not known (use bwrap, or none to trust "
-                    "every skill)"
-                )
             try:
                 self._sandbox = sandbox.Sandbox.from_settings(self.settings)
             except sandbox.SandboxUnavailable as exc:
