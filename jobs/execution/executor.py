@@ -696,8 +696,7 @@ class Executor:
         mode = sandbox.sandbox_mode(self.settings)
         if mode not in ("bwrap", "none"):
             raise subproc.SetupError(
-                f"SKILLJOBS_SANDBOX={mode!r} is not known (use bwrap, or none to trust "
-                "every skill)"
+                f"SKILLJOBS_SANDBOX={mode!r} is not known (use bwrap, or none to trust every skill)"
             )
         if self._sandbox is None:
             try:
