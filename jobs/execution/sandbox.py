@@ -312,6 +312,53 @@ class Sandbox:
         os.close(block_w)
         return started, stop
 
+    def run_sync(
+        self, command: list[str], plan: Plan, *, env: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` sandboxed to the end (blocking; for builds in a worker thread).
+        Raises ``subprocess.TimeoutExpired`` after ``timeout`` (the sandbox killed)."""
+        net = self.wants_network(plan)
+        info_r, info_w = os.pipe() if net else (-1, -1)
+        block_r, block_w = os.pipe() if net else (-1, -1)
+        fds = (info_w, block_r) if net else ()
+        argv = self.argv(command, plan, info_fd=info_w, block_fd=block_r)
+        stop = _nothing
+        with subprocess.Popen(
+            argv,
+            cwd=plan.cwd,
+            env=env,
+            pass_fds=fds,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+            preexec_fn=child_setup(self.limits.rlimits()),
+        ) as proc:
+            try:
+                if net:
+                    os.close(info_w)
+                    os.close(block_r)
+                    try:
+                        stop = self._slirp(_child_pid(info_r))
+                    finally:
+                        os.close(info_r)
+                    os.write(block_w, b"1")
+                    os.close(block_w)
+                    block_w = -1
+                out, err = proc.communicate(timeout=timeout)
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                raise
+            finally:
+                if block_w >= 0:
+                    os.close(block_w)
+                stop()
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
     def _slirp(self, pid: int) -> Callable[[], None]:
         """Attach slirp4netns to the sandbox's network namespace; wait until it is up."""
         assert self.slirp is not None
