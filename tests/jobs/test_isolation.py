@@ -126,7 +126,6 @@ async def test_subprocess_skill_sees_only_its_environment(
     assert not extra, extra
 
 
-
 # --- a chat input naming a file ------------------------------------------------------------
 
 
