@@ -39,7 +39,24 @@ def _row(skill: Skill, envs: Any = None) -> dict[str, object]:
         "error": skill.error,
         "warnings": list(skill.warnings),
         "env": env_state(skill, envs),
+        **run_as(skill),
         "tools": fanout_names(skill),
+    }
+
+
+def run_as(skill: Skill, settings: Any = None) -> dict[str, object]:
+    """How the skill runs: ``sandboxed`` or ``trusted``, why, and the host variables the
+    operator hands it (SKILLJOBS_SKILL_ENV_PASSTHROUGH)."""
+    from jobs.cli.common import load_settings
+    from jobs.execution.sandbox import trust
+    from jobs.execution.subproc import parse_names
+
+    settings = settings or load_settings()
+    trusted, why = trust(skill.path, settings)
+    return {
+        "sandbox": "trusted" if trusted else "sandboxed",
+        "sandbox_reason": why,
+        "host_env": list(parse_names(settings.skill_env_passthrough)),
     }
 
 
@@ -142,7 +159,8 @@ def check(
         roots = [directory]
     else:
         roots = load_settings().skill_dirs
-    envs = manager(load_settings())
+    settings = load_settings()
+    envs = manager(settings)
     console = Console(highlight=False)
     findings: list[Finding] = []
     for root in roots:
@@ -157,6 +175,14 @@ def check(
             skill = skill_at(root / name if (root / name).is_dir() else root)
             if skill is not None and env_state(skill, envs) != "-":
                 console.print(f"    env: {env_state(skill, envs)}")
+            if skill is not None:
+                how = run_as(skill, settings)
+                console.print(f"    runs: {how['sandbox']} ({how['sandbox_reason']})")
+                host = how["host_env"]
+                if isinstance(host, list) and host:
+                    console.print(
+                        f"    host variables: {', '.join(host)} (SKILLJOBS_SKILL_ENV_PASSTHROUGH)"
+                    )
             for f in mine:
                 color = "red" if f.level == "error" else "yellow"
                 console.print(f"    [{color}]{f.level}:[/{color}] {f.message}", soft_wrap=True)

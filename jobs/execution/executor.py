@@ -670,6 +670,8 @@ class Executor:
                     ro.append(str(prepared.esm_hook))
             plan = sandbox.Plan(cwd=cwd, ro=ro, rw=[cwd], tmp_mb=box.limits.tmp_mb)
             env = {**env, "TMPDIR": "/tmp"}
+            quota = box.limits.workspace_mb << 20
+            before = sandbox.workspace_usage(ws) if ws and quota else 0
             try:
                 res = await subproc.run_process(
                     argv,
@@ -682,11 +684,11 @@ class Executor:
                 )
             except sandbox.SandboxUnavailable as exc:
                 raise subproc.SetupError(str(exc)) from exc
-            quota = box.limits.workspace_mb
-            if ws and quota and (used := sandbox.workspace_usage(ws)) > quota << 20:
+            # over the quota by what this run wrote (one that was over already keeps running)
+            if ws and quota and (used := sandbox.workspace_usage(ws)) > max(quota, before):
                 res.quota = (
                     f"the workspace holds {used / (1 << 20):.1f} MB after the run, over its "
-                    f"quota of {quota} MB (SKILLJOBS_SANDBOX_WORKSPACE_MB): remove files "
+                    f"quota of {quota >> 20} MB (SKILLJOBS_SANDBOX_WORKSPACE_MB): remove files "
                     "the skill no longer needs"
                 )
             return res
