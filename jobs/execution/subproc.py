@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import os
 import re
@@ -306,6 +307,24 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pid, sig)
 
 
+#: who the skill processes started in this context run for (a job id; set by the runner)
+RUN_OWNER: contextvars.ContextVar[str] = contextvars.ContextVar("skill_run_owner", default="")
+_LIVE: dict[int, str] = {}  # process group of a running skill → its owner
+
+
+def kill_owned(owners: Iterable[str]) -> int:
+    """SIGKILL, now, the process groups of the skills running for ``owners`` (a worker that
+    lost its leases: a peer may run them again; a sandboxed run's whole pid namespace goes
+    with its group). Returns how many groups were killed."""
+    wanted = set(owners)
+    killed = 0
+    for pid, owner in list(_LIVE.items()):
+        if owner in wanted:
+            kill_group(pid)
+            killed += 1
+    return killed
+
+
 async def _read(stream: asyncio.StreamReader, buf: bytearray, cap: int, name: str) -> None:
     """Append ``stream`` to ``buf`` until EOF; what was read survives a cancellation."""
     while True:
@@ -390,9 +409,12 @@ async def run_process(
         (transport, protocol), stop_net = await sandbox.spawn(argv, plan, start)
     else:
         transport, protocol = await start(argv)
+    pid = transport.get_pid()
+    _LIVE[pid] = RUN_OWNER.get()
     try:
         return await _supervise(transport, protocol, loop, timeout, cap)
     finally:
+        _LIVE.pop(pid, None)
         if stop_net is not None:
             await asyncio.shield(asyncio.to_thread(stop_net))
 
