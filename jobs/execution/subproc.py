@@ -26,7 +26,7 @@ from typing import Any
 
 from jobs.context import FIXED_SEGMENT, LIVE_KEYS, PLATFORM_KEYS
 from jobs.crypto import is_secret_key
-from jobs.execution.sandbox import Plan, Sandbox, child_setup
+from jobs.execution.sandbox import Plan, Sandbox, child_setup, launcher
 from jobs.execution.skill_output import (
     ERROR_TAIL,
     LOG_CAP,
@@ -310,6 +310,7 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
 #: who the skill processes started in this context run for (a job id; set by the runner)
 RUN_OWNER: contextvars.ContextVar[str] = contextvars.ContextVar("skill_run_owner", default="")
 _LIVE: dict[int, str] = {}  # process group of a running skill → its owner
+_STOPPING: set[asyncio.Future[None]] = set()  # network helpers being stopped
 
 
 def kill_owned(owners: Iterable[str]) -> int:
@@ -389,6 +390,11 @@ async def run_process(
     Cancellation kills the whole group and re-raises ``CancelledError``.
     """
     loop = asyncio.get_running_loop()
+    # bwrap's --die-with-parent holds a sandboxed run to the worker; a bare one gets the
+    # parent-death signal. Both through an exec'd prefix when the tools exist (vfork).
+    prefix = launcher(limits, pdeathsig=sandbox is None)
+    needed = bool(limits) or sandbox is None
+    setup = child_setup(limits) if needed and not prefix else None  # (the tools are missing)
 
     async def start(command: list[str], pass_fds: Sequence[int] = ()) -> Any:
         return await loop.subprocess_exec(
@@ -401,22 +407,27 @@ async def run_process(
             env=dict(env),
             start_new_session=True,
             pass_fds=tuple(pass_fds),
-            preexec_fn=child_setup(limits),
+            preexec_fn=setup,
         )
+
+    def run(command: list[str], pass_fds: Sequence[int] = ()) -> Any:
+        return start([*prefix, *command], pass_fds)
 
     stop_net = None
     if sandbox is not None and plan is not None:
-        (transport, protocol), stop_net = await sandbox.spawn(argv, plan, start)
+        (transport, protocol), stop_net = await sandbox.spawn(argv, plan, run)
     else:
-        transport, protocol = await start(argv)
+        transport, protocol = await run(argv)
     pid = transport.get_pid()
     _LIVE[pid] = RUN_OWNER.get()
     try:
         return await _supervise(transport, protocol, loop, timeout, cap)
     finally:
         _LIVE.pop(pid, None)
-        if stop_net is not None:
-            await asyncio.shield(asyncio.to_thread(stop_net))
+        if stop_net is not None:  # (the run is over: the helper exits without holding it)
+            _STOPPING.add(loop.run_in_executor(None, stop_net))
+            for f in [f for f in _STOPPING if f.done()]:
+                _STOPPING.discard(f)
 
 
 async def _supervise(
