@@ -68,9 +68,7 @@ async def main(runs: int, burst: int) -> None:
             await asyncio.gather(*(first_line(mode, box, net, ws) for _ in range(burst)))
             bursts[mode] = time.perf_counter() - t0
     print(f"host: {platform.platform()}, {os.cpu_count()} CPUs; {runs} runs each, alternated")
-    print(
-        "| start | p50 ms | p90 ms | p99 ms | p50 added ms | burst of %d s | per run ms |" % burst
-    )
+    print(f"| start | p50 ms | p90 ms | p99 ms | p50 added ms | burst of {burst} s | per run ms |")
     print("|---|---|---|---|---|---|---|")
     base = statistics.median(times["bare"])
     for mode in modes:
