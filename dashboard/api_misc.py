@@ -108,6 +108,7 @@ async def queue(
     summary shared for a few seconds (``summary``: ``as_of`` and ``max_age_s``)."""
     now = time.time()
     sm = services_of(request).read_sessionmaker
+    stale_after = float(services_of(request).settings.delivery_pending_stale_sec)
 
     async def run(fn: Any, *args: Any) -> Any:
         async with sm() as session:
@@ -116,13 +117,13 @@ async def queue(
     five = {"5m": queries.WINDOWS["5m"]}
     if brief:
         depth, counts, rows = await asyncio.gather(
-            run(queries.queue_depth, now),
+            run(queries.queue_depth, now, stale_after),
             run(queries.window_counts, now, five),
             run(queries.list_workers),
         )
         rates = queries.rates_of(counts, five)
         return {
-            **depth,
+            **{k: depth[k] for k in ("queued", "running", "oldest_queued_age_s")},
             "succeeded_5m": rates["5m"]["succeeded"],
             "failed_5m": rates["5m"]["failed"],
             "workers": sum(1 for w in rows if worker_dict(w, now)["alive"]),
@@ -137,7 +138,7 @@ async def queue(
 
     # Independent reads: one connection each, side by side; the day's summary is shared.
     depth, live, rows, recent, shared_summary = await asyncio.gather(
-        run(queries.queue_depth, now),
+        run(queries.queue_depth, now, stale_after),
         run(queries.live_counts),
         run(queries.list_workers),
         run(queries.window_counts, now, five),

@@ -13,6 +13,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,6 +40,7 @@ from dashboard.metrics import CONTENT_TYPE, Metrics
 from dashboard.queries import BadQuery
 from dashboard.sync_pool import SyncPool
 from dashboard.tokens import TokenKey
+from jobs.db import db_unavailable
 from jobs.services import Services
 from jobs.settings import Settings
 
@@ -163,6 +166,7 @@ def create_app(
             limits=svc.settings.limits,
             ratelimit_waits=waits,
             ratelimit_parked=parked,
+            pending_stale_after=float(svc.settings.delivery_pending_stale_sec),
         )
         return Response(body, media_type=CONTENT_TYPE)
 
@@ -205,5 +209,14 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
+        if db_unavailable(exc) or isinstance(exc, RedisConnectionError | RedisTimeoutError):
+            # the database or Redis away (restarting, out of connections): nothing was done,
+            # and the same request is worth sending again in a moment
+            log.warning("%s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+            return envelope(
+                503,
+                f"temporarily unavailable ({type(exc).__name__}); try again in a moment",
+                "transient",
+            )
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return envelope(500, f"internal error ({type(exc).__name__})", "transient")

@@ -61,6 +61,16 @@ def live_families(snap: dict[str, Any]) -> Iterator[Metric]:
         "Age of the oldest job still waiting (0 when none).",
         value=depth["oldest_queued_age_s"],
     )
+    yield GaugeMetricFamily(
+        "skilljobs_deliveries_pending_stale",
+        "Deliveries still pending past SKILLJOBS_DELIVERY_PENDING_STALE_SEC.",
+        value=depth.get("deliveries_pending_stale", 0),
+    )
+    yield GaugeMetricFamily(
+        "skilljobs_oldest_pending_delivery_age_seconds",
+        "Age of the oldest delivery pending past that bound (0 when none).",
+        value=depth.get("oldest_pending_delivery_age_s", 0.0),
+    )
 
     live = GaugeMetricFamily(
         "skilljobs_jobs_active", "Queued or running jobs per skill.", labels=["skill", "status"]
@@ -207,6 +217,7 @@ class Metrics:
         limits: Mapping[str, int] | None = None,
         ratelimit_waits: latency.Waits | None = None,
         ratelimit_parked: dict[str, int] | None = None,
+        pending_stale_after: float = queries.PENDING_STALE_S,
     ) -> bytes:
         async def windowed() -> bytes:
             async with sessionmaker() as session:
@@ -217,7 +228,7 @@ class Metrics:
 
         async def live() -> dict[str, Any]:
             async with sessionmaker() as session:
-                snap = await queries.metrics_live(session, time.time())
+                snap = await queries.metrics_live(session, time.time(), pending_stale_after)
                 if limits:
                     snap["limits"] = await limit_metrics.snapshot(session, limits)
             return snap

@@ -68,9 +68,11 @@ async def list_deliveries(
     status: str | None = None,
     job: str | None = None,
     limit: int = 100,
+    stale_after: float = 300.0,
 ) -> list[dict[str, Any]]:
     """Deliveries newest first, by ``status`` (comma list) and/or ``job`` (a job or a chain
-    run id). Without either: every ``unknown`` and ``failed`` one."""
+    run id). Without either: every ``unknown`` and ``failed`` one, and every one still
+    ``pending`` after ``stale_after`` seconds."""
     statuses = [s.strip() for s in (status or "").split(",") if s.strip()]
     bad = [s for s in statuses if s not in STATUSES]
     if bad:
@@ -78,7 +80,10 @@ async def list_deliveries(
     if not statuses and not job:
         statuses = list(OPEN)
     q = select(Delivery).order_by(Delivery.id.desc()).limit(max(1, min(limit, MAX_LIST)))
-    if statuses:
+    if statuses and not status and not job:
+        stuck = (Delivery.status == PENDING) & (Delivery.created_at < time.time() - stale_after)
+        q = q.where(Delivery.status.in_(statuses) | stuck)
+    elif statuses:
         q = q.where(Delivery.status.in_(statuses))
     if job:
         q = q.where((Delivery.job_id == job) | (Delivery.chain_run_id == job))
@@ -215,6 +220,7 @@ async def resend(
                 note=None,
                 sent_as=None,
                 sent_at=None,
+                retry_since=None,
                 updated_at=time.time(),
             )
         )

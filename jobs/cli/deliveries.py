@@ -34,7 +34,8 @@ def list_cmd(
     limit: int = typer.Option(100, "--limit", "-n", min=1, max=500),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Deliveries newest first (by default every unknown and failed one)."""
+    """Deliveries newest first (by default every unknown and failed one, and every one
+    pending past SKILLJOBS_DELIVERY_PENDING_STALE_SEC)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -46,7 +47,11 @@ def list_cmd(
         svc = await open_services(settings, redis=False)
         try:
             return await list_deliveries(
-                svc.sessionmaker, status=status or None, job=job or None, limit=limit
+                svc.sessionmaker,
+                status=status or None,
+                job=job or None,
+                limit=limit,
+                stale_after=settings.delivery_pending_stale_sec,
             )
         finally:
             await svc.close()

@@ -109,7 +109,9 @@ def test_flatten_configs_four_layers() -> None:
     assert "role_id" not in flat  # configs never shadow platform keys at top level
 
 
-def test_lookup_config_order_and_normalization_never_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lookup_config_order_and_normalization_never_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     ctx = {
         "skill_configs": {"s": {"api_token": "nested"}, "api_token": "flat", "region": ""},
         "skill_args": {"api_token": "args", "region": "eu", "limit": 0},
