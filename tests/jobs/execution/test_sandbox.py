@@ -117,6 +117,11 @@ async def test_limits_and_the_workspace_quota_stop_a_run_with_a_reason(tmp_path:
         "echo '{\"ok\": true}'\n",
     )
     skill_folder(market, "fills_tmp", "head -c 3000000 /dev/zero > /tmp/x || exit 4\necho '{}'\n")
+    skill_folder(
+        market,
+        "eats_memory",
+        "python3 -c 'x = bytearray(300 * 1024 * 1024)' 2>/dev/null || exit 5\necho '{}'\n",
+    )
     settings = make_settings(
         tmp_path,
         redis_url=None,
@@ -125,6 +130,7 @@ async def test_limits_and_the_workspace_quota_stop_a_run_with_a_reason(tmp_path:
         sandbox_fsize_mb=2,
         sandbox_workspace_mb=2,
         sandbox_tmp_mb=1,
+        sandbox_memory_mb=100,
     )
     ex = Executor(settings=settings, registry=load_registry([market]), sessionmaker=None, box=None)
     try:
@@ -139,6 +145,8 @@ async def test_limits_and_the_workspace_quota_stop_a_run_with_a_reason(tmp_path:
         assert again.result.get("exit_code") == 3, again.result
         out = await ex.execute("fills_tmp", {}, dict(CTX, session_id="s2"))
         assert out.status == "failed" and out.result.get("exit_code") == 4, out.result
+        out = await ex.execute("eats_memory", {}, dict(CTX, session_id="s3"))
+        assert out.status == "failed" and out.result.get("exit_code") == 5, out.result
     finally:
         await ex.aclose()
 
