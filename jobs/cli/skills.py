@@ -49,14 +49,14 @@ def run_as(skill: Skill, settings: Any = None) -> dict[str, object]:
     operator hands it (SKILLJOBS_SKILL_ENV_PASSTHROUGH)."""
     from jobs.cli.common import load_settings
     from jobs.execution.sandbox import trust
-    from jobs.execution.subproc import parse_names
+    from jobs.execution.subproc import passthrough_for
 
     settings = settings or load_settings()
     trusted, why = trust(skill.path, settings)
     return {
         "sandbox": "trusted" if trusted else "sandboxed",
         "sandbox_reason": why,
-        "host_env": list(parse_names(settings.skill_env_passthrough)),
+        "host_env": list(passthrough_for(settings.skill_env_passthrough, skill.name)),
     }
 
 

@@ -130,7 +130,7 @@ class Executor:
         self._role_llm_pending: dict[str, asyncio.Future[tuple[Any, dict[str, str]]]] = {}
         self._role_providers: list[Any] = []
         self.workspace_root = settings.resolved_workspace_root if settings is not None else None
-        self.env_passthrough = subproc.parse_names(getattr(settings, "skill_env_passthrough", ""))
+        self.env_passthrough = str(getattr(settings, "skill_env_passthrough", "") or "")
         self.envs = envs.EnvManager.from_settings(settings)  # PEP 723 / requirements / npm
         # Handler files and workspaces are re-checked at most this often (seconds): an
         # edited handler is picked up, a deleted workspace re-created, without a stat per run.
@@ -601,7 +601,12 @@ class Executor:
         skill_dir = subproc.skill_dir(skill)
         argv = subproc.build_command(skill, input_data, workspace=ws, skill_dir=skill_dir)
         env = subproc.build_env(
-            skill, rc, input_data, workspace=ws, llm_env=llm, passthrough=self.env_passthrough
+            skill,
+            rc,
+            input_data,
+            workspace=ws,
+            llm_env=llm,
+            passthrough=subproc.passthrough_for(self.env_passthrough, skill.name),
         )
         prepared = await self.envs.prepare(skill)  # built on first use, held while it runs
         if prepared is not None:

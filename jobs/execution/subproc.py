@@ -249,6 +249,20 @@ def base_environ(passthrough: Iterable[str] = ()) -> dict[str, str]:
     return out
 
 
+def passthrough_for(raw: str | None, skill: str) -> tuple[str, ...]:
+    """The host variables the operator hands ``skill`` (SKILLJOBS_SKILL_ENV_PASSTHROUGH):
+    ``NAME`` for every skill, ``skill:NAME`` for that skill only; never ``SKILLJOBS_*``."""
+    out: list[str] = []
+    for entry in (raw or "").split(","):
+        owner, _, name = entry.strip().rpartition(":")
+        if owner and owner.strip() != skill:
+            continue
+        name = name.strip()
+        if name and _SAFE_ENV_KEY.match(name) and not name.upper().startswith("SKILLJOBS_"):
+            out.append(name)
+    return tuple(out)
+
+
 def parse_names(raw: str | None) -> tuple[str, ...]:
     """``"A, B"`` → ``("A", "B")``: the variable names of a comma list (invalid names dropped)."""
     names = (n.strip() for n in (raw or "").split(","))

@@ -34,7 +34,10 @@ def registry():  # type: ignore[no-untyped-def]
 @pytest.fixture
 async def ex(tmp_path: Path, sqlite_url: str, registry):  # type: ignore[no-untyped-def]
     settings = make_settings(
-        tmp_path, redis_url=None, prefix="t", skill_env_passthrough="SJT_ISO_ALLOWED, bad name"
+        tmp_path, redis_url=None, prefix="t", skill_env_passthrough=(
+            "SJT_ISO_ALLOWED, bad name, iso_env:SJT_ISO_MINE, other:SJT_ISO_THEIRS, "
+            "SKILLJOBS_API_TOKEN"
+        )
     )
     engine = create_engine(sqlite_url)
     executor = Executor(
@@ -103,6 +106,8 @@ async def test_subprocess_skill_sees_only_its_environment(
     monkeypatch.setenv("PGPASSWORD", "canary-pg-93")
     monkeypatch.setenv("SKILLJOBS_API_TOKEN", "canary-token-94")
     monkeypatch.setenv("SJT_ISO_ALLOWED", "passed-through")
+    monkeypatch.setenv("SJT_ISO_MINE", "mapped-to-this-skill")
+    monkeypatch.setenv("SJT_ISO_THEIRS", "canary-other-skill-95")
     monkeypatch.setenv("SJT_ISO_DECLARED", "declared-from-env")  # never a skill's config
     monkeypatch.setenv("LC_ALL", "C.UTF-8")
     out = await ex.execute("iso_env", {"q": 1}, dict(CTX))
@@ -113,16 +118,23 @@ async def test_subprocess_skill_sees_only_its_environment(
     assert out.status == "succeeded", out.result
     env = out.result["env"]
     text = json.dumps(env)
-    for canary in ("canary-value-91", "canary-aws-92", "canary-pg-93", "canary-token-94"):
+    for canary in (
+        "canary-value-91",
+        "canary-aws-92",
+        "canary-pg-93",
+        "canary-token-94",
+        "canary-other-skill-95",
+    ):
         assert canary not in text
     assert env["SJT_ISO_ALLOWED"] == "passed-through"
+    assert env["SJT_ISO_MINE"] == "mapped-to-this-skill"  # a per-skill mapping
     assert env["SJT_ISO_DECLARED"] == "from-config"
     assert env["LC_ALL"] == "C.UTF-8" and env["PATH"]
     ws = str(ex.workspace_root / "r1" / "s1")
     assert env["HOME"] == ws and env["SKILL_WORKSPACE"] == ws
     assert json.loads(env["SKILL_INPUT"]) == {"q": 1}
     allowed = {"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONIOENCODING", "PWD"}
-    allowed |= {"SJT_ISO_ALLOWED", "SJT_ISO_DECLARED", "SHLVL", "_"}
+    allowed |= {"SJT_ISO_ALLOWED", "SJT_ISO_MINE", "SJT_ISO_DECLARED", "SHLVL", "_"}
     extra = {k for k in env if k not in allowed and not k.startswith(("SKILL_", "LC_"))}
     assert not extra, extra
 
