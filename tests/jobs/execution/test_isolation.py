@@ -34,10 +34,13 @@ def registry():  # type: ignore[no-untyped-def]
 @pytest.fixture
 async def ex(tmp_path: Path, sqlite_url: str, registry):  # type: ignore[no-untyped-def]
     settings = make_settings(
-        tmp_path, redis_url=None, prefix="t", skill_env_passthrough=(
+        tmp_path,
+        redis_url=None,
+        prefix="t",
+        skill_env_passthrough=(
             "SJT_ISO_ALLOWED, bad name, iso_env:SJT_ISO_MINE, other:SJT_ISO_THEIRS, "
             "SKILLJOBS_API_TOKEN"
-        )
+        ),
     )
     engine = create_engine(sqlite_url)
     executor = Executor(
