@@ -508,6 +508,13 @@ def check_sandbox(settings: Settings) -> Check:
             "folders (SKILLJOBS_SKILLS_PATH=bundled:trusted=/srv/own-skills)",
         )
     counts = _trust_counts(settings)
+    if "in-process" in counts:
+        return warn(
+            name,
+            f"bubblewrap works{where}; {counts}",
+            "mark their folders trusted (SKILLJOBS_SKILLS_PATH=trusted=<dir>) or ship them "
+            "as command-line scripts; `skilljobs skills check` names them",
+        )
     return ok(
         name,
         f"bubblewrap works{where}; network: {box.network}; {counts}; trusted paths: "
@@ -528,8 +535,11 @@ def _trust_counts(settings: Settings) -> str:
         registry = load_registry(settings.skill_dirs)
     except Exception:
         return "skills not loaded"
-    trusted = sum(sandbox.trust(s.path, settings)[0] for s in registry)
-    return f"{len(registry) - trusted} skill(s) sandboxed, {trusted} trusted"
+    modes = [sandbox.run_mode(s, settings)[0] for s in registry]
+    text = f"{modes.count('sandboxed')} skill(s) sandboxed, {modes.count('trusted')} trusted"
+    if n := modes.count("in-process"):
+        text += f", {n} in-process handler(s) of untrusted paths running in the worker"
+    return text
 
 
 def check_channel(settings: Settings, channel: str) -> Check:

@@ -45,16 +45,16 @@ def _row(skill: Skill, envs: Any = None) -> dict[str, object]:
 
 
 def run_as(skill: Skill, settings: Any = None) -> dict[str, object]:
-    """How the skill runs: ``sandboxed`` or ``trusted``, why, and the host variables the
+    """How the skill runs: ``sandboxed``, ``trusted`` or ``in-process``, why, and the host variables the
     operator hands it (SKILLJOBS_SKILL_ENV_PASSTHROUGH)."""
     from jobs.cli.common import load_settings
-    from jobs.execution.sandbox import trust
+    from jobs.execution.sandbox import run_mode
     from jobs.execution.subproc import passthrough_for
 
     settings = settings or load_settings()
-    trusted, why = trust(skill.path, settings)
+    mode, why = run_mode(skill, settings)
     return {
-        "sandbox": "trusted" if trusted else "sandboxed",
+        "sandbox": mode,
         "sandbox_reason": why,
         "host_env": list(passthrough_for(settings.skill_env_passthrough, skill.name)),
     }

@@ -576,3 +576,20 @@ def _resolved(path: str) -> str:
             _RESOLVED.clear()
         found = _RESOLVED[path] = os.path.realpath(path)
     return found
+
+
+IN_PROCESS_REASON = (
+    "an execute(input, ctx) handler of an untrusted path runs inside the worker, not "
+    "sandboxed: mark its folder trusted, or ship it as a command-line script"
+)
+
+
+def run_mode(skill: Any, settings: Any) -> tuple[str, str]:
+    """``(sandboxed | trusted | in-process, why)`` for a loaded skill: what
+    ``skills check`` and ``doctor`` report."""
+    trusted, why = trust(skill.path, settings)
+    if trusted:
+        return "trusted", why
+    if getattr(getattr(skill, "exec_type", None), "value", "") == "python":
+        return "in-process", IN_PROCESS_REASON
+    return "sandboxed", why

@@ -246,3 +246,23 @@ def test_doctor_says_whether_untrusted_skills_can_run(
     assert "bubblewrap" in got.detail
     none = make_settings(tmp_path, redis_url=None, prefix="t", sandbox="none")
     assert check_sandbox(none).status is Status.WARN
+
+
+def test_skills_check_names_in_process_handlers_of_untrusted_paths(tmp_path: Path) -> None:
+    """They run inside the worker: reported as such, never as sandboxed."""
+    from jobs.catalog.loader import load_skill
+
+    market, own = tmp_path / "market", tmp_path / "own"
+    for root in (market, own):
+        folder = root / "handler_skill"
+        folder.mkdir(parents=True)
+        (folder / "SKILL.md").write_text("---\nname: handler_skill\ndescription: d\n---\n# h\n")
+        (folder / "handler.py").write_text("def execute(input_data, ctx):\n    return {}\n")
+    skill_folder(market, "script_skill", "echo '{}'\n")
+    s = make_settings(tmp_path, redis_url=None, prefix="t", skills_path=f"{market}:trusted={own}")
+    assert sandbox.run_mode(load_skill(market / "handler_skill"), s) == (
+        "in-process",
+        sandbox.IN_PROCESS_REASON,
+    )
+    assert sandbox.run_mode(load_skill(own / "handler_skill"), s)[0] == "trusted"
+    assert sandbox.run_mode(load_skill(market / "script_skill"), s)[0] == "sandboxed"
