@@ -1,7 +1,7 @@
 """The sandbox of skills: bubblewrap (``bwrap``) around every untrusted skill process.
 
 One module owns bwrap. A sandboxed process gets new user, pid, mount, ipc, uts, cgroup and
-network namespaces, ``--die-with-parent`` and its own ``/proc``: when the run ends its pid
+network namespaces (and may make no user namespace of its own), ``--die-with-parent`` and its own ``/proc``: when the run ends its pid
 namespace is torn down, so nothing it started (``setsid``, double fork, ``nohup``) outlives
 it, and it dies with the worker. It sees:
 
@@ -286,7 +286,7 @@ class Sandbox:
     ) -> list[str]:
         """``command`` under bwrap as ``plan`` describes."""
         assert self.bwrap is not None
-        out = [self.bwrap, "--unshare-all", "--unshare-user"]
+        out = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
         out += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         out += ["--uid", str(SKILL_UID), "--gid", str(SKILL_UID), "--hostname", "skill"]
         out += self._system
