@@ -1,9 +1,9 @@
 """The sandbox of skills: bubblewrap (``bwrap``) around every untrusted skill process.
 
 One module owns bwrap. A sandboxed process gets new user, pid, mount, ipc, uts, cgroup and
-network namespaces (and may make no user namespace of its own), ``--die-with-parent`` and its own ``/proc``: when the run ends its pid
-namespace is torn down, so nothing it started (``setsid``, double fork, ``nohup``) outlives
-it, and it dies with the worker. It sees:
+network namespaces (and may make no user namespace of its own), ``--die-with-parent`` and
+its own ``/proc``: when the run ends its pid namespace is torn down, so nothing it started
+(``setsid``, double fork, ``nohup``) outlives it, and it dies with the worker. It sees:
 
 * the system read-only (``/usr``, ``/bin``, ``/lib*``, ``/etc``) with every entry of
   ``/etc`` that other users may not read (``shadow``, ssh host keys, private TLS keys)
