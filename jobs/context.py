@@ -221,8 +221,15 @@ def _present(v: Any) -> bool:
     return v is not None and str(v).strip() != ""
 
 
+RESERVED_PREFIX = "SKILLJOBS_"  # the worker's own settings: never a skill's config
+
+
 def lookup_config(ctx: Mapping[str, Any], skill: str, key: str, default: Any = None) -> Any:
-    """A config value by the §5.1 order, then ``os.environ``; ``default`` when missing."""
+    """A config value by the §5.1 order — the skill's own configuration only, never the
+    worker's environment; ``default`` when missing. ``SKILLJOBS_*`` names are never a
+    skill's configuration (the worker's own settings)."""
+    if key.strip().upper().startswith(RESERVED_PREFIX):
+        return default
     names = [config_key(key)]
     lower = names[0].lower()
     if lower != names[0]:
@@ -240,10 +247,6 @@ def lookup_config(ctx: Mapping[str, Any], skill: str, key: str, default: Any = N
             v = layer.get(name) if isinstance(layer, Mapping) else None
             if _present(v) and not (layer is ctx and name in VOCABULARY):
                 return v
-    for name in names:
-        v = os.environ.get(name)
-        if _present(v):
-            return v
     return default
 
 
