@@ -16,8 +16,11 @@ import functools
 import json
 import logging
 import shutil
+import socket
+import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +65,9 @@ WORKSPACE_MEMO = 4096
 ROLE_LLM_NAME = "@llm"  # where a role's own model binding is configured
 ROLE_LLM_TTL_SEC = 30.0
 ROLE_LLM_LOOKUP_SEC = 5.0
+TRACEBACK_TAIL = 16384  # characters of a traceback kept on the attempt
+RUNNER_DRAIN_SEC = 2.0  # a sandboxed runner's last message, read after the process ended
+
 
 
 class Printed(NamedTuple):
@@ -344,13 +350,17 @@ class Executor:
             return self._outcome(env, t0, name=name, status="timed_out", printed=printed)
         except inprocess.Raised as wrapped:
             raised = wrapped.__cause__ or wrapped
-            if isinstance(raised, ImportError):  # undeclared dependency: no re-run fixes it
-                missing = envs.import_failure(found, f"{type(raised).__name__}: {raised}")
+            kind = _exc_name(raised)
+            printed = _raised_output(wrapped, raised)
+            if isinstance(raised, ImportError) or (
+                isinstance(raised, RaisedInSandbox) and "builtins.ImportError" in raised.types
+            ):  # undeclared dependency: no re-run fixes it
+                missing = envs.import_failure(found, f"{kind}: {raised}")
                 if missing is not None:
-                    return self._outcome(missing, t0, name=name, exception=type(raised).__name__)
-            transient = isinstance(raised, TRANSIENT_EXC)
+                    return self._outcome(missing, t0, name=name, exception=kind, printed=printed)
+            transient = _is_transient(raised)
             env = failure(
-                f"skill {name!r} raised {type(raised).__name__}: {raised}".rstrip(": "),
+                f"skill {name!r} raised {kind}: {raised}".rstrip(": "),
                 error_type="transient" if transient else None,
                 skill=name,
             )
@@ -358,8 +368,9 @@ class Executor:
                 env,
                 t0,
                 name=name,
-                exception=type(raised).__name__,
+                exception=kind,
                 transient=transient,
+                printed=printed,
             )
         finally:
             WALL_DEADLINE.reset(deadline)
@@ -552,7 +563,9 @@ class Executor:
         try:
             if et is ExecType.PYTHON:
                 try:
-                    return await self._in_process(skill, input_data, rc, wall)
+                    if sandbox.trust(skill.path, self.settings)[0]:
+                        return await self._in_process(skill, input_data, rc, wall)
+                    return await self._in_sandbox(skill, input_data, rc, wall, llm)
                 except inprocess.Raised as wrapped:
                     if not isinstance(wrapped.__cause__, SystemExit):
                         raise
@@ -605,6 +618,103 @@ class Executor:
             entry = await inprocess.get_entry(self.entries, skill, wall)
             raw, text = await inprocess.run_entry(entry, input_data, rc, wall, skill.name)
         return raw, Printed(stdout=text)
+
+    # --- in-process Python from an untrusted path: the same handler, in the sandbox -----------
+
+    async def _in_sandbox(
+        self,
+        skill: Skill,
+        input_data: dict[str, Any],
+        rc: dict[str, Any],
+        wall: float,
+        llm: dict[str, str],
+    ) -> tuple[Any, Printed]:
+        """Run the handler with :mod:`jobs.execution.sandbox_runner` inside bubblewrap; the
+        worker answers its ``call_skill`` and ``provider`` requests. Raises like the worker's
+        own path: ``Raised`` (an exception: a stand-in carrying its class names and
+        traceback; ``SystemExit`` when the file is a CLI script), ``ImportFailed``,
+        ``WallExpired``."""
+        box = self.sandbox()
+        problem = box.problem()
+        if problem is not None:
+            raise subproc.SetupError(f"it is not trusted and its sandbox cannot start: {problem}")
+        ws = str(rc.get("workspace_dir") or "")
+        prepared = await self.envs.prepare(skill)
+        parent, child = socket.socketpair()
+        served: asyncio.Future[dict[str, Any] | None] | None = None
+        try:
+            with _run_dir(ws) as cwd:
+                ro = [subproc.skill_dir(skill), str(Path(str(skill.entry)).parent)]
+                ro += _package_dirs()
+                sites: list[str] = []
+                if prepared is not None:
+                    ro.append(str(prepared.path))
+                    sites = prepared.site_packages()
+                plan = sandbox.Plan(cwd=cwd, ro=ro, rw=[cwd], tmp_mb=box.limits.tmp_mb)
+                env = subproc.build_env(
+                    skill,
+                    rc,
+                    {},
+                    workspace=ws,
+                    llm_env=llm,
+                    passthrough=subproc.passthrough_for(self.env_passthrough, skill.name),
+                )
+                for key in ("SKILL_INPUT", "SKILL_CONTEXT"):
+                    env.pop(key, None)  # (they travel over the channel: no size limit)
+                env.update(TMPDIR="/tmp", PYTHONDONTWRITEBYTECODE="1")
+                start = {
+                    "path": str(skill.entry),
+                    "name": skill.name,
+                    "entry_function": skill.entry_function,
+                    "input": input_data,
+                    "ctx": subproc.subprocess_context(rc, skill.name),
+                    "sites": sites,
+                    "provider": hasattr(rc.get("provider"), "complete"),
+                    "call_skill": callable(rc.get("call_skill")),
+                }
+                served = asyncio.ensure_future(_serve_runner(parent, start, rc))
+                argv = [sys.executable, "-I", "-m", "jobs.execution.sandbox_runner"]
+                argv.append(str(child.fileno()))
+                quota = box.limits.workspace_mb << 20
+                before = sandbox.workspace_usage(ws) if ws and quota else 0
+                try:
+                    res = await subproc.run_process(
+                        argv,
+                        env=env,
+                        cwd=cwd,
+                        timeout=wall,
+                        sandbox=box,
+                        plan=plan,
+                        limits=box.limits.rlimits(),
+                        pass_fds=(child.fileno(),),
+                    )
+                except sandbox.SandboxUnavailable as exc:
+                    raise subproc.SetupError(str(exc)) from exc
+                finally:
+                    child.close()
+                    if prepared is not None:
+                        prepared.release()
+                if ws and quota and (used := sandbox.workspace_usage(ws)) > max(quota, before):
+                    res.quota = (
+                        f"the workspace holds {used / (1 << 20):.1f} MB after the run, over "
+                        f"its quota of {quota >> 20} MB (SKILLJOBS_SANDBOX_WORKSPACE_MB): "
+                        "remove files the skill no longer needs"
+                    )
+            printed = subproc.log_tail(res.stderr)
+            if res.timed_out:
+                raise inprocess.WallExpired(wall, stdout=printed)
+            try:
+                async with asyncio.timeout(RUNNER_DRAIN_SEC):
+                    done = await asyncio.shield(served)
+            except TimeoutError:
+                done = None
+        finally:
+            if served is not None and not served.done():
+                served.cancel()
+                with contextlib.suppress(BaseException):
+                    await served
+            parent.close()
+        return _runner_outcome(skill, done, res, printed)
 
     # --- subprocesses -----------------------------------------------------------------------
 
@@ -772,6 +882,176 @@ def _run_dir(workspace: str) -> Iterator[str]:
         return
     with tempfile.TemporaryDirectory(prefix="skilljobs-run-") as scratch:
         yield scratch
+
+
+class RaisedInSandbox(Exception):
+    """An exception a handler raised inside the sandbox: its class names (``module.qualname``
+    along its MRO), message and traceback, as the runner reported them."""
+
+    def __init__(self, type_name: str, message: str, types: list[str], tb: str) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+        self.types = types
+        self.traceback = tb
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+_TRANSIENT_NAMES = frozenset(f"{c.__module__}.{c.__qualname__}" for c in TRANSIENT_EXC)
+
+
+def _raised_output(wrapped: BaseException, raised: BaseException) -> Printed:
+    """What a run that raised leaves on its attempt: what it printed, and the traceback."""
+    if wrapped.args and isinstance(wrapped.args[0], Printed):
+        return wrapped.args[0]
+    if raised is wrapped or raised.__traceback__ is None:
+        return Printed()
+    text = "".join(traceback.format_exception(raised))
+    return Printed(stderr=text[-TRACEBACK_TAIL:])
+
+
+def _exc_name(exc: BaseException) -> str:
+    return exc.type_name if isinstance(exc, RaisedInSandbox) else type(exc).__name__
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, RaisedInSandbox):
+        return not _TRANSIENT_NAMES.isdisjoint(exc.types)
+    return isinstance(exc, TRANSIENT_EXC)
+
+
+async def _serve_runner(
+    sock: socket.socket, start: dict[str, Any], rc: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The worker's end of a sandboxed runner's channel: send the run, answer its
+    ``call_skill`` / ``provider`` requests (bound to the caller, as in the worker), and
+    return the runner's last message (None: it ended without one)."""
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 26)
+    lock = asyncio.Lock()
+    calls: set[asyncio.Task[None]] = set()
+
+    async def reply(message: dict[str, Any]) -> None:
+        data = json.dumps(message, ensure_ascii=False, default=str).encode() + b"\n"
+        async with lock:
+            writer.write(data)
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+
+    async def answer(request: dict[str, Any]) -> None:
+        ident = request.get("id")
+        try:
+            value = await _perform(request, rc)
+        except Exception as exc:
+            await reply({"id": ident, "error": f"{type(exc).__name__}: {exc}"})
+            return
+        await reply({"id": ident, "value": value})
+
+    try:
+        await reply({"start": start})
+        while line := await reader.readline():
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(message, dict):
+                continue
+            if "done" in message:
+                done = message["done"]
+                return done if isinstance(done, dict) else None
+            task = asyncio.ensure_future(answer(message))
+            calls.add(task)
+            task.add_done_callback(calls.discard)
+        return None
+    finally:
+        for task in list(calls):
+            task.cancel()
+        writer.close()
+
+
+async def _perform(request: dict[str, Any], rc: dict[str, Any]) -> Any:
+    """One request of a sandboxed runner, performed by the worker."""
+    op = request.get("op")
+    given = request.get("kwargs")
+    kwargs: dict[str, Any] = given if isinstance(given, dict) else {}
+    if op == "call_skill":
+        call = rc.get("call_skill")
+        if not callable(call):
+            raise RuntimeError("call_skill is only available to async entries")
+        name, data = request.get("name"), request.get("input")
+        return await call(name, data, **kwargs)
+    if op == "provider":
+        provider: Any = rc.get("provider")
+        method = request.get("method")
+        if not hasattr(provider, "complete"):
+            raise RuntimeError("no model is configured for this role")
+        if method == "complete":
+            result = await provider.complete(request.get("messages"), **kwargs)
+        elif method == "tool_call":
+            tools = kwargs.pop("tools", [])
+            result = await provider.tool_call(request.get("messages"), tools, **kwargs)
+        else:
+            raise RuntimeError(f"provider.{method} is not available in the sandbox")
+        import dataclasses
+
+        return dataclasses.asdict(result)
+    raise RuntimeError(f"unknown request {op!r}")
+
+
+def _runner_outcome(
+    skill: Skill, done: dict[str, Any] | None, res: subproc.ProcessResult, printed: str
+) -> tuple[Any, Printed]:
+    """What a sandboxed runner's last message means, as the worker's own path would say it."""
+    name = skill.name
+    if res.overflow:
+        mb = subproc.OUTPUT_CAP // (1 << 20)
+        return failure(
+            f"skill printed more than {mb} MB on {res.overflow} and was stopped; "
+            "write large results to a file in the workspace",
+            skill=name,
+            non_retriable=True,
+        ), Printed(printed)
+    if res.quota:
+        return failure(res.quota, skill=name, non_retriable=True), Printed(printed)
+    kind = done.get("kind") if done else None
+    if kind == "result":
+        return done.get("value") if done else None, Printed(printed)
+    assert done is None or isinstance(done, dict)
+    if kind == "raised" and done is not None:
+        tb = str(done.get("traceback") or "")
+        exc = RaisedInSandbox(
+            str(done.get("type") or "Exception"),
+            str(done.get("message") or ""),
+            [str(t) for t in done.get("types") or []],
+            tb,
+        )
+        raise inprocess.Raised(Printed(printed, subproc.log_tail(tb.encode()))) from exc
+    if kind == "exit" and done is not None:
+        code = done.get("code")
+        exc_exit = SystemExit(code)
+        if done.get("at_import") or inprocess._has_main_block(str(skill.entry)):
+            raise inprocess.Raised() from exc_exit  # a command-line script: run it as one
+        return inprocess.exited(name, exc_exit, printed), Printed(printed)
+    if kind == "import_failed" and done is not None:
+        raise inprocess.ImportFailed(str(done.get("message") or ""))
+    if kind == "no_database" and done is not None:
+        return failure(
+            f"skill {name!r}: {done.get('message')}",
+            error_type="config",
+            non_retriable=True,
+            skill=name,
+        ), Printed(printed)
+    code = res.returncode if res.returncode is not None else -9
+    return exit_failure(name, code, b"", res.stderr), Printed(printed)
+
+
+@functools.cache
+def _package_dirs() -> list[str]:
+    """Our own package (and its bundled skills, a package of their own when installed):
+    importable read-only by a sandboxed runner."""
+    from jobs.settings import BUNDLED_SKILLS
+
+    return [str(Path(__file__).resolve().parents[1]), str(BUNDLED_SKILLS.resolve())]
 
 
 def _role_of(ctx: Any) -> str:

@@ -472,8 +472,10 @@ async def run_process(
     sandbox: Sandbox | None = None,
     plan: Plan | None = None,
     limits: Sequence[tuple[int, int]] = (),
+    pass_fds: Sequence[int] = (),
 ) -> ProcessResult:
     """Run ``argv`` in its own process group; read stdout/stderr concurrently (each capped).
+    ``pass_fds``: descriptors the process inherits (a sandboxed runner's channel).
 
     With ``sandbox`` (and its ``plan``) the process runs inside bubblewrap. Either way it
     dies with the worker (parent-death signal) and runs under ``limits`` (rlimits).
@@ -500,8 +502,10 @@ async def run_process(
             preexec_fn=setup,
         )
 
+    inherited = tuple(pass_fds)
+
     def run(command: list[str], pass_fds: Sequence[int] = ()) -> Any:
-        return start([*prefix, *command], pass_fds)
+        return start([*prefix, *command], (*pass_fds, *inherited))
 
     stop_net = None
     if sandbox is not None and plan is not None:

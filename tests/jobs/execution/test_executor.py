@@ -34,6 +34,10 @@ def registry():  # type: ignore[no-untyped-def]
 
 
 def build(tmp_path: Path, sqlite_url: str, registry, **settings_kw):  # type: ignore[no-untyped-def]
+    # the fixture skills are the operator's own (trusted): their in-process handlers run
+    # inside the worker, the path these tests are about (test_sandbox_inprocess.py runs
+    # the same handlers from an untrusted path)
+    settings_kw.setdefault("trusted_skills", str(FIXTURES))
     settings = make_settings(tmp_path, redis_url=None, prefix="t", **settings_kw)
     engine = create_engine(sqlite_url)
     ex = Executor(
