@@ -69,7 +69,6 @@ TRACEBACK_TAIL = 16384  # characters of a traceback kept on the attempt
 RUNNER_DRAIN_SEC = 2.0  # a sandboxed runner's last message, read after the process ended
 
 
-
 class Printed(NamedTuple):
     """What a run wrote (each capped): a subprocess's stdout and stderr tails; an
     in-process skill's prints (both streams) are its ``stdout``."""
@@ -669,8 +668,9 @@ class Executor:
                     "input": input_data,
                     "ctx": subproc.subprocess_context(rc, skill.name),
                     "sites": sites,
-                    "provider": hasattr(rc.get("provider"), "complete"),
+                    "provider": _about_provider(rc.get("provider")),
                     "call_skill": callable(rc.get("call_skill")),
+                    "depth": getattr(rc.get("call_skill"), "depth", 0),
                 }
                 served = asyncio.ensure_future(_serve_runner(parent, start, rc))
                 argv = [sys.executable, "-I", "-m", "jobs.execution.sandbox_runner"]
@@ -943,7 +943,8 @@ async def _serve_runner(
         try:
             value = await _perform(request, rc)
         except Exception as exc:
-            await reply({"id": ident, "error": f"{type(exc).__name__}: {exc}"})
+            kind = type(exc).__name__
+            await reply({"id": ident, "error": str(exc), "kind": kind})
             return
         await reply({"id": ident, "value": value})
 
@@ -996,6 +997,17 @@ async def _perform(request: dict[str, Any], rc: dict[str, Any]) -> Any:
 
         return dataclasses.asdict(result)
     raise RuntimeError(f"unknown request {op!r}")
+
+
+def _about_provider(provider: Any) -> dict[str, Any] | None:
+    """What a sandboxed skill may know of the role's model (never its key)."""
+    if not hasattr(provider, "complete"):
+        return None
+    return {
+        "provider_name": str(getattr(provider, "provider_name", "") or ""),
+        "model": getattr(provider, "model", None),
+        "kind": str(getattr(provider, "kind", "") or ""),
+    }
 
 
 def _runner_outcome(

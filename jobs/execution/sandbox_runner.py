@@ -42,6 +42,15 @@ class NoDatabase(RuntimeError):
     """``db_factory`` was used inside the sandbox."""
 
 
+class Refused(RuntimeError):
+    """The worker could not perform a request; ``kind``: the class of its error."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(f"{kind}: {message}" if kind else message)
+        self.message = message
+        self.kind = kind
+
+
 class Channel:
     """The runner's end of the socket: requests out, answers in (by id)."""
 
@@ -70,7 +79,7 @@ class Channel:
             if fut is None or fut.done():
                 continue
             if "error" in msg:
-                fut.set_exception(RuntimeError(str(msg["error"])))
+                fut.set_exception(Refused(str(msg["error"]), str(msg.get("kind") or "")))
             else:
                 fut.set_result(msg.get("value"))
         for fut in self.pending.values():
@@ -81,17 +90,33 @@ class Channel:
 class ProviderProxy:
     """``ctx["provider"]`` inside the sandbox: the worker's model, called through it."""
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel, about: dict[str, Any]) -> None:
         self._channel = channel
+        self.provider_name = str(about.get("provider_name") or "")
+        self.model = about.get("model")
+        self.kind = str(about.get("kind") or "")
+        self.last_usage: dict[str, int] = {}
 
     def __repr__(self) -> str:
-        return "<provider (through the worker)>"
+        return f"<provider {self.provider_name!r} (through the worker)>"
 
     async def _call(self, method: str, messages: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-        value = await self._channel.request(
-            "provider", method=method, messages=_plain(messages), kwargs=_plain(kwargs)
-        )
-        return value if isinstance(value, dict) else {}
+        from jobs.execution import provider
+
+        try:
+            value = await self._channel.request(
+                "provider", method=method, messages=_plain(messages), kwargs=_plain(kwargs)
+            )
+        except Refused as exc:  # the model's own errors keep their class
+            if exc.kind in ("ProviderUnavailable", "ConnectionError", "TimeoutError"):
+                raise provider.ProviderUnavailable(exc.message) from None
+            raise provider.ProviderError(exc.message) from None
+        data = value if isinstance(value, dict) else {}
+        self.last_usage = {
+            "input_tokens": int(data.get("input_tokens") or 0),
+            "output_tokens": int(data.get("output_tokens") or 0),
+        }
+        return data
 
     async def complete(self, messages: Any, **kwargs: Any) -> Any:
         from jobs.execution.provider import CompletionResult
@@ -116,18 +141,25 @@ class _Stream:
         self._proxy = proxy
         self._messages = messages
         self._kwargs = kwargs
-        self._text = ""
+        self.parts: list[str] = []
+        self.stop_reason: str | None = None
+        self.usage: dict[str, int] = {"input_tokens": 0, "output_tokens": 0}
+        self.done = False
 
+    @property
     def text(self) -> str:
-        return self._text
+        return "".join(self.parts)
 
     def __aiter__(self) -> Any:
         return self._chunks()
 
     async def _chunks(self) -> Any:
         result = await self._proxy.complete(self._messages, **self._kwargs)
-        self._text = result.text
+        self.stop_reason = result.stop_reason
+        self.usage = dict(self._proxy.last_usage)
+        self.done = True
         if result.text:
+            self.parts.append(result.text)
             yield result.text
 
 
@@ -176,12 +208,14 @@ def _context(start: dict[str, Any], channel: Channel, is_async: bool) -> dict[st
     ctx = dict(start.get("ctx") or {})
     ctx["db"] = None
     ctx["db_factory"] = _no_database
-    ctx["provider"] = ProviderProxy(channel) if start.get("provider") else None
+    about = start.get("provider")
+    ctx["provider"] = ProviderProxy(channel, about) if isinstance(about, dict) else None
     if is_async and start.get("call_skill"):
 
         async def call_skill(name: str, input: dict[str, Any] | None = None, **kw: Any) -> Any:
             return await channel.request("call_skill", name=name, input=input, kwargs=_plain(kw))
 
+        call_skill.depth = int(start.get("depth") or 0)  # type: ignore[attr-defined]
         ctx["call_skill"] = call_skill
     return ctx
 

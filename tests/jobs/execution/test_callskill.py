@@ -49,7 +49,7 @@ PARENT = {
 
 @pytest.fixture
 async def ex(tmp_path: Path, sessionmaker):  # type: ignore[no-untyped-def]
-    settings = make_settings(tmp_path, redis_url=None, prefix="t")
+    settings = make_settings(tmp_path, redis_url=None, prefix="t", trusted_skills=str(FIXTURES))
     executor = Executor(
         settings=settings,
         registry=load_registry([FIXTURES]),
@@ -172,7 +172,7 @@ async def test_subprocess_callee(ex: Executor) -> None:
 async def test_config_store_failure_is_returned(tmp_path: Path) -> None:
     engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}")  # no tables
     ex = Executor(
-        settings=make_settings(tmp_path, redis_url=None, prefix="t"),
+        settings=make_settings(tmp_path, redis_url=None, prefix="t", trusted_skills=str(FIXTURES)),
         registry=load_registry([FIXTURES]),
         sessionmaker=create_sessionmaker(engine),
         box=SecretBox(KEY),

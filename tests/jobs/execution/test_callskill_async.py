@@ -21,7 +21,7 @@ CTX = {"role_id": "r1", "session_id": "s1", "channel": "web"}
 @pytest.fixture
 async def ex(tmp_path: Path):  # type: ignore[no-untyped-def]
     e = Executor(
-        settings=make_settings(tmp_path, redis_url=None, prefix="t"),
+        settings=make_settings(tmp_path, redis_url=None, prefix="t", trusted_skills=str(MARKET)),
         registry=load_registry([MARKET]),
         sessionmaker=None,
         box=None,
