@@ -508,13 +508,6 @@ def check_sandbox(settings: Settings) -> Check:
             "folders (SKILLJOBS_SKILLS_PATH=bundled:trusted=/srv/own-skills)",
         )
     counts = _trust_counts(settings)
-    if "in-process" in counts:
-        return warn(
-            name,
-            f"bubblewrap works{where}; {counts}",
-            "mark their folders trusted (SKILLJOBS_SKILLS_PATH=trusted=<dir>) or ship them "
-            "as command-line scripts; `skilljobs skills check` names them",
-        )
     return ok(
         name,
         f"bubblewrap works{where}; network: {box.network}; {counts}; trusted paths: "
@@ -535,10 +528,11 @@ def _trust_counts(settings: Settings) -> str:
         registry = load_registry(settings.skill_dirs)
     except Exception:
         return "skills not loaded"
-    modes = [sandbox.run_mode(s, settings)[0] for s in registry]
-    text = f"{modes.count('sandboxed')} skill(s) sandboxed, {modes.count('trusted')} trusted"
-    if n := modes.count("in-process"):
-        text += f", {n} in-process handler(s) of untrusted paths running in the worker"
+    modes = [sandbox.run_mode(s, settings) for s in registry]
+    names = [m for m, _why in modes]
+    text = f"{names.count('sandboxed')} skill(s) sandboxed, {names.count('trusted')} trusted"
+    if n := sum(1 for m in modes if m == ("sandboxed", sandbox.IN_PROCESS_REASON)):
+        text += f" ({n} of the sandboxed: in-process Python handlers, run by the sandbox runner)"
     return text
 
 

@@ -45,7 +45,7 @@ def _row(skill: Skill, envs: Any = None) -> dict[str, object]:
 
 
 def run_as(skill: Skill, settings: Any = None) -> dict[str, object]:
-    """How the skill runs: ``sandboxed``, ``trusted`` or ``in-process``, why, and the host variables the
+    """How the skill runs: ``sandboxed`` or ``trusted``, why, and the host variables the
     operator hands it (SKILLJOBS_SKILL_ENV_PASSTHROUGH)."""
     from jobs.cli.common import load_settings
     from jobs.execution.sandbox import run_mode

@@ -579,17 +579,18 @@ def _resolved(path: str) -> str:
 
 
 IN_PROCESS_REASON = (
-    "an execute(input, ctx) handler of an untrusted path runs inside the worker, not "
-    "sandboxed: mark its folder trusted, or ship it as a command-line script"
+    "not under a trusted path: its execute(input, ctx) handler runs in the sandbox "
+    "(call_skill and the model through the worker; no database)"
 )
 
 
 def run_mode(skill: Any, settings: Any) -> tuple[str, str]:
-    """``(sandboxed | trusted | in-process, why)`` for a loaded skill: what
-    ``skills check`` and ``doctor`` report."""
+    """``(sandboxed | trusted, why)`` for a loaded skill: what ``skills check`` and
+    ``doctor`` report. An in-process handler of an untrusted path is sandboxed too: it runs
+    in :mod:`jobs.execution.sandbox_runner`, never inside the worker."""
     trusted, why = trust(skill.path, settings)
     if trusted:
         return "trusted", why
     if getattr(getattr(skill, "exec_type", None), "value", "") == "python":
-        return "in-process", IN_PROCESS_REASON
+        return "sandboxed", IN_PROCESS_REASON
     return "sandboxed", why

@@ -249,7 +249,7 @@ def test_doctor_says_whether_untrusted_skills_can_run(
 
 
 def test_skills_check_names_in_process_handlers_of_untrusted_paths(tmp_path: Path) -> None:
-    """They run inside the worker: reported as such, never as sandboxed."""
+    """They run in the sandbox (the runner), never inside the worker: reported as such."""
     from jobs.catalog.loader import load_skill
 
     market, own = tmp_path / "market", tmp_path / "own"
@@ -261,7 +261,7 @@ def test_skills_check_names_in_process_handlers_of_untrusted_paths(tmp_path: Pat
     skill_folder(market, "script_skill", "echo '{}'\n")
     s = make_settings(tmp_path, redis_url=None, prefix="t", skills_path=f"{market}:trusted={own}")
     assert sandbox.run_mode(load_skill(market / "handler_skill"), s) == (
-        "in-process",
+        "sandboxed",
         sandbox.IN_PROCESS_REASON,
     )
     assert sandbox.run_mode(load_skill(own / "handler_skill"), s)[0] == "trusted"
