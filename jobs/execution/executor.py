@@ -15,6 +15,7 @@ import errno
 import functools
 import json
 import logging
+import os
 import shutil
 import socket
 import sys
@@ -645,6 +646,8 @@ class Executor:
             with _run_dir(ws) as cwd:
                 ro = [subproc.skill_dir(skill), str(Path(str(skill.entry)).parent)]
                 ro += _package_dirs()
+                # the run's own attachments (a file parameter may name one): read-only
+                ro += _attachment_files(rc)
                 sites: list[str] = []
                 if prepared is not None:
                     ro.append(str(prepared.path))
@@ -927,6 +930,8 @@ async def _serve_runner(
     """The worker's end of a sandboxed runner's channel: send the run, answer its
     ``call_skill`` / ``provider`` requests (bound to the caller, as in the worker), and
     return the runner's last message (None: it ended without one)."""
+    # (this task's own context: the runs it performs for the skill end nothing of its caller)
+    inprocess.SKILL_ENDED.set(None)
     reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 26)
     lock = asyncio.Lock()
     calls: set[asyncio.Task[None]] = set()
@@ -1064,6 +1069,13 @@ def _package_dirs() -> list[str]:
     from jobs.settings import BUNDLED_SKILLS
 
     return [str(Path(__file__).resolve().parents[1]), str(BUNDLED_SKILLS.resolve())]
+
+
+def _attachment_files(rc: Mapping[str, Any]) -> list[str]:
+    """The run's attachments that are files (real paths): what a sandboxed run may read
+    beside its workspace, as a file parameter may name them."""
+    allowed = inputs.Confinement(None, _attachments(rc)).allowed
+    return sorted(p for p in allowed if os.path.isfile(p))
 
 
 def _role_of(ctx: Any) -> str:

@@ -520,6 +520,9 @@ async def test_db_factory_is_the_business_database_not_the_job_store(
     file), where skilljobs's own tables (jobs, skill_configs) do not exist."""
     from sqlalchemy import text
 
+    # sessions exist only inside the worker: the operator trusts this folder (an untrusted
+    # handler runs sandboxed, without a database: test_sandbox_inprocess.py)
+    ex.settings = ex.settings.model_copy(update={"trusted_skills": str(EXEC_FIXTURES)})
     out = await ex.execute("iso_db", {}, dict(CTX))
     assert out.status == "succeeded", out.result
     r = out.result
