@@ -6,6 +6,8 @@
 2. A Python CLI skill (argparse + ``__main__``, prints JSON) through ``Executor.run``
    against a bare ``python script.py`` run of the same script with the same arguments,
    alternated so both see the same machine load; budget ≤ 25 % overhead.
+3. The same no-op handler from an untrusted folder: it runs in the sandbox through the
+   runner (one bubblewrap start and one interpreter start per run); median ms per run.
 
     .venv/bin/python -m bench.executor [--calls 50000] [--cli-runs 60]
 """
@@ -46,7 +48,7 @@ if __name__ == "__main__":
 
 
 def make_skills(root: Path) -> None:
-    for name, body in (("bench_noop", NOOP), ("bench_cli", CLI)):
+    for name, body in (("bench_noop", NOOP), ("bench_cli", CLI), ("bench_noop_box", NOOP)):
         d = root / name
         d.mkdir(parents=True)
         (d / "SKILL.md").write_text(f"---\nname: {name}\ndescription: benchmark skill\n---\n")
@@ -97,11 +99,32 @@ async def cli_overhead(ex: Executor, runs: int) -> tuple[float, float, float]:
     return b * 1000, e * 1000, e / b - 1
 
 
+async def sandboxed_noop(ex: Executor, runs: int) -> str:
+    """Median and p90 ms of the no-op handler run by the sandbox runner."""
+    skill = ex.registry.get("bench_noop_box")
+    ctx = {"role_id": "r1", "session_id": "bench"}
+    first = await ex.execute(skill, {}, ctx)
+    if first.status != "succeeded":
+        return f"not measured: {first.error}"
+    took = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        await ex.run(skill, {}, ctx)
+        took.append((time.perf_counter() - t) * 1000)
+    took.sort()
+    return f"{statistics.median(took):.1f} ms median, {took[int(len(took) * 0.9)]:.1f} ms p90"
+
+
 async def main(calls: int, cli_runs: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         make_skills(root / "skills")
-        settings = Settings(_env_file=None, data_dir=root / "data")  # type: ignore[call-arg]
+        # the in-process no-op is the operator's own (trusted): the worker's own path
+        settings = Settings(  # type: ignore[call-arg]
+            _env_file=None,
+            data_dir=root / "data",
+            trusted_skills=str(root / "skills" / "bench_noop"),
+        )
         engine = create_engine(f"sqlite+aiosqlite:///{root / 'bench.db'}")
         ex = Executor(
             settings=settings,
@@ -137,6 +160,9 @@ async def main(calls: int, cli_runs: int) -> None:
             f"python CLI skill, {cli_runs} alternated runs: bare python {b:.1f} ms, "
             f"through the executor {e:.1f} ms (median), overhead {over * 100:+.1f} %"
         )
+        box_runs = max(10, cli_runs // 2)
+        box = await sandboxed_noop(ex, box_runs)
+        print(f"in-process no-op of an untrusted folder (sandboxed), {box_runs} runs: {box}")
         await ex.aclose()
         await engine.dispose()
 

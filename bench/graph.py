@@ -152,7 +152,7 @@ async def main(items: int, parallel: list[int], sqlite: bool) -> None:
         redis_prefix=prefix,
         queue_name=f"{prefix}:queue",
         secret_key=Fernet.generate_key().decode(),
-        skills_path=str(data / "skills"),
+        skills_path=f"trusted={data / 'skills'}",  # the harness's own skills
     )
     svc = await Services.open(settings)
     env = {

@@ -126,7 +126,7 @@ async def run(n: int, clients: int, sqlite: bool, keyed: bool) -> dict[str, Any]
         queue_name=f"{prefix}:queue",
         api_token=TOKEN,
         secret_key=KEY,
-        skills_path=f"bundled{os.pathsep}{ROOT / 'bench' / 'skills'}",
+        skills_path=f"bundled{os.pathsep}trusted={ROOT / 'bench' / 'skills'}",  # the harness's own
     )
     svc = await Services.open(settings)
     app = create_app(settings, services=svc)

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from jobs import eager
-from jobs.envelope import failure
 from jobs.execution.hostguard import guarded
 from jobs.skill import Skill
 from jobs.texts import meaningful_line
@@ -222,6 +221,8 @@ async def run_entry(
 def exited(name: str, exc: SystemExit, printed: str) -> dict[str, Any]:
     """The failure of an in-process entry that called ``sys.exit``: the reason it gave
     (``sys.exit("…")``, or the meaningful line it printed, e.g. argparse's ``error:``)."""
+    from jobs.envelope import failure  # (the sandbox runner imports this module without it)
+
     code = exc.code
     if isinstance(code, str) and code.strip():
         reason = code.strip()

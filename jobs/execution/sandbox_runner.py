@@ -233,7 +233,6 @@ def _raised(exc: BaseException) -> dict[str, Any]:
 
 
 async def _run(start: dict[str, Any], channel: Channel) -> dict[str, Any]:
-    from jobs.envelope import normalize
     from jobs.execution import inprocess
 
     name = str(start.get("name") or "skill")
@@ -267,7 +266,13 @@ async def _run(start: dict[str, Any], channel: Channel) -> dict[str, Any]:
         return {"kind": "exit", "code": _code(exc), "at_import": False}
     except BaseException as exc:
         return _raised(exc)
-    return {"kind": "result", "value": normalize(result, name)}
+    try:  # a plain JSON value goes as it is (the worker shapes the envelope)
+        json.dumps(result, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        from jobs.envelope import normalize
+
+        result = normalize(result, name)  # dataclasses, dates, decimals, ...
+    return {"kind": "result", "value": result}
 
 
 def _code(exc: SystemExit) -> Any:

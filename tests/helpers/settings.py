@@ -25,6 +25,21 @@ ADMIN_TOKEN = "test-admin-token-6a0c1d9e4b7f2a5c8e3d6b9f"
 ADMIN_AUTH = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
+def _own_handlers() -> str:
+    """The in-process handlers of ``tests/job_skills``: the operator's own skills (trusted),
+    whose tests are about the worker itself (its pid, stalls, pauses, leases) and so need
+    them to run inside it. The folder's command-line skills stay untrusted (sandboxed)."""
+    found = [
+        str(d)
+        for d in sorted(JOB_SKILLS.iterdir())
+        if (d / "SKILL.md").is_file() and "\nexec:" not in (d / "SKILL.md").read_text()
+    ]
+    return os.pathsep.join(found)
+
+
+OWN_HANDLERS = _own_handlers()
+
+
 def make_settings(tmp_path: Path, *, redis_url: str | None, prefix: str, **kw: object) -> Settings:
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
@@ -35,6 +50,7 @@ def make_settings(tmp_path: Path, *, redis_url: str | None, prefix: str, **kw: o
         "queue_name": f"{prefix}:queue",
         "secret_key": "t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q=",
         "api_token": ADMIN_TOKEN,
+        "trusted_skills": OWN_HANDLERS,
     }
     values.update(kw)
     return Settings(_env_file=None, **values)  # type: ignore[call-arg]

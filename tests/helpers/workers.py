@@ -23,6 +23,7 @@ _PASSED = (
     "redis_prefix",
     "queue_name",
     "skills_path",
+    "trusted_skills",
     "data_dir",
     "worker_lease_sec",
     "worker_heartbeat_sec",
