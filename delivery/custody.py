@@ -34,6 +34,7 @@ from delivery.ledger import (
     custody_dict,
     deliver_once,
 )
+from delivery.richtext import PlainText
 from jobs.models import PENDING, Delivery, DeliveryStatus, OpsAction
 
 STATUSES = tuple(str(s) for s in DeliveryStatus)
@@ -149,6 +150,10 @@ def sender_for(
     """Send a stored delivery's content (``{"text"}`` or ``{"path", "caption"?}``, and
     ``reply_to`` when it answers a message) again; files only from inside the workspaces."""
     text = content.get("text")
+    caption = content.get("caption")
+    if content.get("plain"):  # stored as plain text: never read as Markdown
+        text = PlainText(text) if isinstance(text, str) else text
+        caption = PlainText(caption) if isinstance(caption, str) else caption
     reply = content.get("reply_to")
     if reply not in (None, "") and "#" not in contact:  # a reply travels in the contact
         contact = f"{contact}#{reply}"
@@ -162,8 +167,8 @@ def sender_for(
         if isinstance(path, str) and path:
             if outside:
                 raise DeliveryPermanentError(f"{Path(path).name} is outside the workspaces")
-            return await adapter.send_media(kind, contact, path, content.get("caption"))
-        return await adapter.send_text(contact, str(text or ""))
+            return await adapter.send_media(kind, contact, path, caption)
+        return await adapter.send_text(contact, text if isinstance(text, str) else "")
 
     return send
 

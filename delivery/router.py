@@ -9,7 +9,11 @@ dispatch context's ``conversation_id``, answering its ``message_id``), else at t
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,15 +37,26 @@ from delivery.ledger import (
     owner_id,
 )
 from delivery.outbox import Outbox, outbox_of
-from delivery.render import TEXT_CAP, directives, failure_text, render
+from delivery.render import (
+    RICH_TEXT_CAP,
+    TEXT_CAP,
+    directives,
+    failure_text,
+    render,
+    render_result,
+)
+from delivery.richtext import PlainText
+from delivery.shown import URL_FIELDS, escape_markdown, plain_block, result_file
 from jobs import telemetry
 from jobs.context import group_conversation, job_segment, results_dir
 from jobs.envelope import is_failure
 from jobs.media import media_kind
 from jobs.models import JobRow
 from jobs.texts import language_of
+from jobs.texts import text as text_of
 
 Fence = Callable[[], Awaitable[bool]]
+log = logging.getLogger(__name__)
 
 __all__ = ["TEXT_CAP", "Item", "Origin", "deliver_result", "failure_text", "origin_of", "plan"]
 
@@ -64,6 +79,7 @@ class Item:
     key: str  # ledger item: "text", "failure" or "<kind>:<path>"
     path: str | None = None
     text: str | None = None  # text item body, or the caption of a media item
+    data: bytes | None = None  # a file made for the person, written at ``path`` first
 
 
 def origin_of(job: JobRow) -> Origin:
@@ -97,6 +113,28 @@ def _field(a: Any, name: str) -> Any:
     return a.get(name) if isinstance(a, dict) else getattr(a, name, None)
 
 
+#: past this many messages a long text goes as a document (its head stays in the chat)
+MESSAGES_MAX = 4
+#: channels with a monospace block for printed columns (Telegram ``<pre>``, card code
+#: blocks, the web's Markdown)
+MONOSPACE = frozenset({"telegram", "feishu", "web"})
+#: where the files made for the person (full result, long text) are written, per job
+DELIVERED_DIR = ".delivered"
+
+
+def delivered_folder(workspace: Path, job_id: str) -> Path:
+    """The folder of the files written for the person from one job's result."""
+    return workspace / DELIVERED_DIR / job_id
+
+
+def _materialized(value: Any, sources: set[str]) -> bool:
+    if isinstance(value, str):
+        return value in sources
+    if isinstance(value, list) and value:
+        return all(isinstance(v, str) and v in sources for v in value)
+    return False
+
+
 def plan(
     result: dict[str, Any],
     artifacts: list[Any],
@@ -104,16 +142,17 @@ def plan(
     *,
     skill: str = "",
     lang: str = "en",
+    workspace: Path | None = None,
+    folder: Path | None = None,
 ) -> list[Item]:
-    """What to send, in order, for one recipient on ``adapter``."""
+    """What to send, in order, for one recipient on ``adapter``. ``folder``: where files
+    made for the person go (the full result when the text cannot hold it, the rest of a
+    long text); without it the text is all there is."""
     if is_failure(result):
-        return [Item("text", "failure", text=failure_text(skill, result, lang))]
+        notice = scrub_paths(failure_text(skill, result, lang), workspace)
+        return [Item("text", "failure", text=PlainText(notice))]
     rich = isinstance(adapter, WebChannel)
-    limit = getattr(adapter, "text_limit", None)
     md = getattr(adapter, "renders_markdown", False)  # the adapter converts it (richtext)
-    text = render(
-        result, skill=skill, lang=lang, rich=rich, markdown=md, limit=limit, fallback=False
-    )
     media: list[Item] = []
     seen: set[str] = set()
     sources: set[str] = set()
@@ -130,18 +169,118 @@ def plan(
             sources.add(source)
         kind = media_kind(real, _field(a, "media"))
         media.append(Item(kind, f"{kind}:{real}", path=real))
+    # a field whose file goes out as media is not repeated as text
+    skip = frozenset(k for k in URL_FIELDS if _materialized(result.get(k), sources))
+    got = render_result(
+        result,
+        skill=skill,
+        lang=lang,
+        rich=rich,
+        markdown=md,
+        fallback=False,
+        skip=skip,
+        monospace=getattr(adapter, "name", "") in MONOSPACE,
+    )
+    text, markdown = scrub_paths(got.text, workspace), got.markdown
+    docs: list[Item] = []
+    if got.lossy and folder is not None:
+        name, data = result_file(skill, {k: v for k, v in result.items() if k not in skip})
+        docs.append(_doc(folder / name, data))
+        note = text_of("full_result_file", lang, name=name)
+        text = f"{text}\n\n{escape_markdown(note) if markdown else note}" if text else note
     if text and adapter.converts_markdown_images and sources:
         # an image that already goes out as a file must not come again from the text
         text = MARKDOWN_IMAGE.sub(lambda m: "" if m.group(2) in sources else m.group(0), text)
         text = text.strip()
-    if not media:
+    if text and folder is not None:
+        text, rest = _fit(text, markdown, adapter, skill, lang)
+        if rest is not None:
+            docs.append(_doc(folder / rest[0], rest[1]))
+    files = media + docs
+    if not files:
         if not text:
-            text = render(result, skill=skill, lang=lang, rich=rich, markdown=md, limit=limit)
-        return [Item("text", "text", text=text)]
-    if text and adapter.supports_caption:
-        media[0].text = text
-        return media
-    return ([Item("text", "text", text=text)] if text else []) + media
+            text = render(result, skill=skill, lang=lang, rich=rich, markdown=md)
+            markdown = md
+        return [Item("text", "text", text=_typed(text, markdown))]
+    body = _typed(text, markdown) if text else None
+    if body and adapter.supports_caption:
+        files[0].text = body
+        return files
+    return ([Item("text", "text", text=body)] if body else []) + files
+
+
+def _typed(text: str, markdown: bool) -> str:
+    return text if markdown else PlainText(text)
+
+
+def _doc(path: Path, data: bytes) -> Item:
+    return Item("file", f"file:{path}", path=str(path), data=data)
+
+
+def _messages(adapter: Channel, text: str, markdown: bool) -> int:
+    """How many messages ``text`` takes on ``adapter``."""
+    pieces_of = getattr(adapter, "text_pieces", None)
+    if pieces_of is None:  # a web session: one message, up to what the page shows
+        return 1 if len(text) <= RICH_TEXT_CAP else MESSAGES_MAX + 1
+    return len(pieces_of(text if markdown else PlainText(text)))
+
+
+def _fit(
+    text: str, markdown: bool, adapter: Channel, skill: str, lang: str
+) -> tuple[str, tuple[str, bytes] | None]:
+    """``text`` if it fits :data:`MESSAGES_MAX` messages; else its head (cut at a line)
+    with a note, and the document holding the whole of it."""
+    if len(text) <= 3000 or _messages(adapter, text, markdown) <= MESSAGES_MAX:
+        return text, None
+    fenced = FENCED.fullmatch(text)
+    inner = fenced.group(2) if fenced else text
+    name = re.sub(r"[^A-Za-z0-9_.\-]+", "_", skill or "result").strip("._") or "result"
+    name += "-output.md" if markdown and not fenced else "-output.txt"
+    note = text_of("rest_in_file", lang, name=name)
+    if markdown:
+        note = escape_markdown(note)
+    budget = len(inner)
+    while budget > 200:
+        budget = int(budget * 0.75)
+        head = inner[:budget]
+        head = head[: head.rfind("\n")] if "\n" in head else head
+        shown = plain_block(head) if fenced else head
+        candidate = f"{shown.rstrip()}\n\n{note}"
+        if _messages(adapter, candidate, markdown) <= MESSAGES_MAX - 1:
+            return candidate, (name, inner.encode("utf-8"))
+    return note, (name, inner.encode("utf-8"))
+
+
+FENCED = re.compile(r"(`{3,})\n(.*)\n\1", re.S)
+
+#: an absolute path: ``/a/b`` and longer, not part of a URL or a relative path
+_ABS_PATH = re.compile(r"(?<![\w:/.~\\-])/(?:[\w.@+~%=-]+/)+[\w.@+~%=-]+")
+
+
+def scrub_paths(text: str, workspace: Path | None) -> str:
+    """Absolute paths in ``text``: inside the job's workspace → the file's name, any other
+    host path → ``…/<name>`` (the person never sees the host's layout)."""
+    if "/" not in text:
+        return text
+    roots = []
+    if workspace is not None:
+        roots = [str(workspace).rstrip("/") + "/"]
+        with contextlib.suppress(OSError):
+            roots.append(str(workspace.resolve()).rstrip("/") + "/")
+
+    def repl(m: re.Match[str]) -> str:
+        path = m.group(0)
+        tail = ""
+        while path and path[-1] in ".=~":
+            path, tail = path[:-1], path[-1] + tail
+        name = path.rsplit("/", 1)[-1]
+        if not name:
+            return m.group(0)
+        if any(path.startswith(r) for r in roots):
+            return name + tail
+        return f"…/{name}{tail}"
+
+    return _ABS_PATH.sub(repl, text)
 
 
 async def deliver_result(
@@ -211,7 +350,16 @@ async def deliver_result(
     out: list[dict[str, Any]] = []
     outbox = outbox_of(services)
     lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
-    items = plan(result, artifacts, adapter, skill=job.skill, lang=lang)
+    folder = delivered_folder(workspace, job.id)
+    items = plan(
+        result, artifacts, adapter, skill=job.skill, lang=lang, workspace=workspace, folder=folder
+    )
+    for item in items:
+        if item.data is not None and item.path is not None:
+            try:
+                await asyncio.to_thread(_write, Path(item.path), item.data)
+            except OSError as exc:  # the text still goes; the file's send fails with this
+                log.warning("job %s: could not write %s: %s", job.id, item.path, exc)
     reply = _apply_directives(result, job, adapter, items) or origin.reply_to
     try:
         if isinstance(adapter, WebChannel):
@@ -235,6 +383,11 @@ async def deliver_result(
     except LeaseLost:
         pass
     return out
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
 
 
 def _apply_directives(
@@ -359,7 +512,7 @@ async def _send_item(
                     key=ledger_key(job_id, origin.recipient, item.key),
                     kind="text",
                     item=item.key,
-                    content={"text": text, "reply_to": reply_to},
+                    content=_content({"text": text, "reply_to": reply_to}, text),
                     dedup=adapter.dedups_for(origin.contact),
                     gate=gate,
                     **common,
@@ -380,7 +533,7 @@ async def _send_item(
             key=ledger_key(job_id, origin.recipient, item.key),
             kind=item.kind,
             item=path,
-            content={"path": path, "caption": caption, "reply_to": reply_to},
+            content=_content({"path": path, "caption": caption, "reply_to": reply_to}, caption),
             dedup=adapter.dedups_for(origin.contact),
             gate=gate,
             **common,
@@ -394,6 +547,14 @@ async def _send_item(
         )
         return [res, *rest]
     return [res]
+
+
+def _content(content: dict[str, Any], text: str | None) -> dict[str, Any]:
+    """A delivery's stored content; ``plain`` when its text is not Markdown (a resend or
+    the outbox sends it as plain text again)."""
+    if isinstance(text, PlainText):
+        content["plain"] = True
+    return content
 
 
 def _public(d: dict[str, Any]) -> dict[str, Any]:
