@@ -167,6 +167,7 @@ def inspect_python(path: Path) -> dict[str, Any]:
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             _read_schema(node, info)
     info["entry"] = next((n for n in ENTRY_NAMES if n in info["functions"]), None)
+    info["top_level_code"], info["calls_at_import"] = _module_code(tree, info["functions"])
     info["cli_reason"] = _cli_reason(info)
     info["is_cli"] = bool(info["cli_reason"])
     return info
@@ -201,6 +202,55 @@ def _scan_markers(tree: ast.Module, info: dict[str, Any]) -> None:
             exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
             if isinstance(exc, ast.Name) and exc.id == "SystemExit":
                 info["system_exit"] = True
+
+
+_DECLARATIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _module_code(tree: ast.Module, functions: dict[str, Any]) -> tuple[bool, str | None]:
+    """Whether the module runs code when imported (a statement that is not an import, a
+    definition, a docstring or an assignment of a literal), and the function of its own it
+    calls bare at module level (``main()``, ``asyncio.run(main())``, ``sys.exit(main())``)."""
+    runs = False
+    called: str | None = None
+    for stmt in tree.body:
+        if isinstance(stmt, _DECLARATIONS):
+            continue
+        if isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare):
+            if _is_main_guard(stmt.test):
+                continue
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+            continue  # a docstring
+        if isinstance(stmt, ast.Assign | ast.AnnAssign) and _literal(stmt.value):
+            continue
+        runs = True
+        if isinstance(stmt, ast.Expr) and called is None:
+            called = _own_call(stmt.value, functions)
+    return runs, called
+
+
+def _literal(node: ast.expr | None) -> bool:
+    if node is None:
+        return True
+    try:
+        ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return isinstance(node, ast.Name | ast.Attribute)
+    return True
+
+
+def _own_call(node: ast.expr, functions: dict[str, Any]) -> str | None:
+    """``f()`` / ``asyncio.run(f())`` / ``sys.exit(f())`` of a function the file defines."""
+    if not isinstance(node, ast.Call):
+        return None
+    if isinstance(node.func, ast.Name) and node.func.id in functions:
+        return node.func.id
+    if isinstance(node.func, ast.Attribute) and node.func.attr in ("run", "exit"):
+        for arg in node.args:
+            found = _own_call(arg, functions)
+            if found is not None:
+                return found
+    return None
 
 
 def _function_shape(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, Any]:
@@ -241,6 +291,11 @@ def _cli_reason(info: dict[str, Any]) -> str:
     ``__main__`` block whose entry takes no input (or that has no entry function at all):
     such a script would read the host's argv and write into its stdout if run in-process.
     """
+    if info.get("calls_at_import"):
+        # it would run inside the worker when imported, its printed text lost
+        return f"calls {info['calls_at_import']}() at import"
+    if info.get("top_level_code") and info["entry"] is None:
+        return "top-level script (no entry function)"
     if info["reads_argv"]:
         return "reads sys.argv"
     if info["argparse"] and info["main_guard"]:
@@ -485,24 +540,58 @@ SCRIPT_SUFFIXES = (".py", ".sh", ".js", ".mjs", ".rb", ".go")
 
 def _as_document(skill: Skill) -> None:
     """Nothing to run: loaded as a ``skill_md`` document, with the one line that would make
-    it runnable (OpenClaw and Anthropic skills describe their scripts/ in prose)."""
+    it runnable (OpenClaw and Anthropic skills describe their scripts/ in prose). The line
+    names a script only when the SKILL.md itself runs it in a command example; otherwise
+    the rule alone (guessing could name the wrong script, e.g. one that deletes files)."""
     skill.skill_type, skill.exec_type = SkillType.SKILL_MD, ExecType.NONE
     scripts = sorted(
         p.relative_to(skill.path).as_posix()
         for sub in ("scripts", ".")
         if (skill.path / sub).is_dir()
         for p in (skill.path / sub).iterdir()
-        if p.is_file() and p.suffix.lower() in SCRIPT_SUFFIXES
+        if p.is_file() and p.suffix.lower() in SCRIPT_SUFFIXES and p.name != "__init__.py"
     )
-    example = scripts[0] if scripts else "scripts/<your script>"
-    skill.hint = (
-        "to make it runnable add one line to its SKILL.md frontmatter: "
-        f"exec: {{primary: {{entry: {example}}}}}"
-    )
+    example = _script_in_examples(skill, scripts)
+    if example:
+        skill.hint = (
+            "to make it runnable add one line to its SKILL.md frontmatter: "
+            f"exec: {{primary: {{entry: {example}}}}}"
+        )
+    else:
+        skill.hint = (
+            "to make it runnable name the script to run in its SKILL.md frontmatter: "
+            "exec: {primary: {entry: scripts/<the script to run>}}"
+        )
     found = f", {', '.join(scripts[:5])} found" if scripts else ""
     skill.warnings.append(
         f"loaded as a document skill (skill_md: no exec block, no handler.py{found}); " + skill.hint
     )
+
+
+_RUNNERS = r"(?:python3?|uv run|node|bash|sh|ruby|go run|npx tsx|deno run)"
+_COMMAND = re.compile(
+    rf"(?:^|[\s`$(]){_RUNNERS}\s+(?:-\S+\s+)*(?:\{{\w+\}}/|\$\{{?\w+\}}?/|\./|~/)?"
+    r"([\w./-]+\.(?:py|sh|js|mjs|rb|go))"
+    r"|(?:^|[\s`])\./([\w./-]+\.(?:sh|py|js|rb))",
+    re.M,
+)
+
+
+def _script_in_examples(skill: Skill, scripts: list[str]) -> str | None:
+    """The first of ``scripts`` that the SKILL.md runs in a command example."""
+    md = skill.skill_md_path
+    if md is None or not scripts:
+        return None
+    try:
+        body = md.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for m in _COMMAND.finditer(body):
+        mentioned = (m.group(1) or m.group(2) or "").lstrip("./")
+        for script in scripts:
+            if mentioned == script or mentioned.endswith("/" + script):
+                return script
+    return None
 
 
 def _detect_python(skill: Skill, entry: Path) -> None:

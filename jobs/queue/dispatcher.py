@@ -133,7 +133,9 @@ class Dispatcher:
                 400,
                 f"skill {skill!r} is a {found.skill_type.value} document, not an executable "
                 "skill: it cannot be dispatched" + (f"; {found.hint}" if found.hint else ""),
+                "config",  # the operator fixes the skill folder; no other input helps
                 skill=skill,
+                non_retriable=True,
             )
         problem = input_problem(found, input_data)
         if problem:
