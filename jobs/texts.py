@@ -218,6 +218,8 @@ def reason_block(text: str, limit: int = REASON_MAX) -> str:
         if size + len(chunk) + 2 <= limit:
             picked.insert(0, chunk)
             size += len(chunk) + 2
+            if sum(c.count("\n") + 1 for c in picked) >= 2:
+                break  # a block of several lines says it; a one-line summary takes the one above
             continue
         if not picked:  # one block larger than the limit: its last lines
             kept: list[str] = []
