@@ -171,6 +171,9 @@ class Dispatcher:
             return await telemetry.traced(
                 "skilljobs.dispatch", queued, attrs=_span_attrs(found, True), outcome=_answered
             )
+        if ext.startswith(ORGDELEG_PREFIX):
+            # a delegated request on the sync line too: force_raw_prompt must not apply
+            ctx["external_id"] = ext
         sync = self._run_now(found, input_data, ctx)
         return await telemetry.traced(
             "skilljobs.dispatch", sync, attrs=_span_attrs(found, False), outcome=_answered

@@ -274,6 +274,9 @@ async def test_purge_completes_in_a_chain_but_asks_in_chat(env) -> None:  # type
     assert out["deleted"] == 12 and out.get("confirm_required") is None
     ws = Path(svc.settings.resolved_workspace_root) / "r1" / "s1"
     assert (ws / out["backup_file"]).is_file()
+    # an intermediate file, in a sub-folder (seed 000 §5): never backfilled as a result
+    assert out["backup_file"].startswith("backups/del_backup_orders_")
+    assert not list(ws.glob("del_backup_*"))
 
     # the same call from a chat line (chat_mode True) asks for confirmation first
     rows = [{"id": f"x{i}"} for i in range(12)]

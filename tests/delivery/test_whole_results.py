@@ -75,9 +75,7 @@ def web_ctx(session: str) -> dict[str, Any]:
     return base(channel="web", session_id=session, external_id=f"orgdeleg:{session}")
 
 
-async def run_everywhere(
-    svc: Services, skill: str, inp: dict[str, Any], n: int
-) -> dict[str, Any]:
+async def run_everywhere(svc: Services, skill: str, inp: dict[str, Any], n: int) -> dict[str, Any]:
     """``skill`` once to each channel (chat ``30<n>``, Feishu ``ou_results<n>``, session
     ``s-<skill>``); what each received, and the Telegram job."""
     chat, oid, session = f"30{n:02d}", f"{OPEN_ID}{n}", f"s-{skill}"
@@ -95,7 +93,9 @@ def tg_texts(tg: Any, chat: str) -> list[str]:
 
 
 def tg_files(tg: Any, chat: str) -> dict[str, bytes]:
-    return {m["filename"]: m["content"] for m in tg.sent if m["chat_id"] == chat and "filename" in m}
+    return {
+        m["filename"]: m["content"] for m in tg.sent if m["chat_id"] == chat and "filename" in m
+    }
 
 
 def fs_texts(fs: Any, oid: str) -> list[str]:
@@ -155,8 +155,15 @@ async def test_flat_records_come_as_a_table_and_a_csv(svc, tg, fs) -> None:
     got = await run_everywhere(svc, "csv_export", {}, 2)
     (text,) = tg_texts(tg, got["chat"])
     assert "customer 1 " in text and "… 10 more" in text  # 20 rows shown, the rest counted
-    rows = list(csv.DictReader(io.StringIO(tg_files(tg, got["chat"])["csv_export-result.csv"].decode())))
-    assert len(rows) == 30 and rows[29] == {"id": "30", "customer": "customer 30", "total": "105.0", "paid": "true"}
+    rows = list(
+        csv.DictReader(io.StringIO(tg_files(tg, got["chat"])["csv_export-result.csv"].decode()))
+    )
+    assert len(rows) == 30 and rows[29] == {
+        "id": "30",
+        "customer": "customer 30",
+        "total": "105.0",
+        "paid": "true",
+    }
     assert "csv_export-result.csv" in fs_files(fs, got["oid"])
     msgs = await web_messages(svc, got["session"])
     assert "csv_export-result.csv" in web_files(msgs)
