@@ -293,9 +293,11 @@ async def deliver_result(
     channels: dict[str, Channel] | None = None,
     backoff: float = 1.0,
     workspace: Path | None = None,
+    notice: str | None = None,
 ) -> list[dict[str, Any]]:
     """Send the job's result to its origin; returns ``[{"recipient","kind","status","error"}]``.
-    ``workspace``: where its files must lie (default: the job's own workspace).
+    ``workspace``: where its files must lie (default: the job's own workspace); ``notice``:
+    the result is a notice of that kind (``delivery.notices``), its own ledger item.
 
     ``fence`` is checked before every send: when it says False this attempt lost its lease and
     delivery stops without sending.
@@ -351,9 +353,19 @@ async def deliver_result(
     outbox = outbox_of(services)
     lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
     folder = delivered_folder(workspace, job.id)
-    items = plan(
-        result, artifacts, adapter, skill=job.skill, lang=lang, workspace=workspace, folder=folder
-    )
+    if notice is not None:
+        message = str(result.get("message") or "")
+        items = [Item("text", f"notice:{notice}", text=PlainText(message))]
+    else:
+        items = plan(
+            result,
+            artifacts,
+            adapter,
+            skill=job.skill,
+            lang=lang,
+            workspace=workspace,
+            folder=folder,
+        )
     for item in items:
         if item.data is not None and item.path is not None:
             try:

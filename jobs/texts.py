@@ -66,6 +66,14 @@ TEXTS: dict[str, dict[str, str]] = {
         "en": "it was stopped every time it ran (the worker running it died or stalled)",
         "zh": "每次运行都被中断（运行它的工作进程崩溃或卡住）",
     },
+    "notice_working": {
+        "en": "{name} is still working on it; the result will be sent here when it is ready.",
+        "zh": "{name} 仍在处理中，完成后结果会发送到这里。",
+    },
+    "notice_cancelled": {
+        "en": "{name} was cancelled; no result will follow.",
+        "zh": "{name} 已取消，不会再有结果。",
+    },
     "items": {"en": "{n} items", "zh": "{n} 项"},
     "fields": {"en": "{n} fields", "zh": "{n} 个字段"},
     "more_lines": {"en": "… {n} more", "zh": "……另有 {n} 项"},
