@@ -255,6 +255,11 @@ FENCED = re.compile(r"(`{3,})\n(.*)\n\1", re.S)
 
 #: an absolute path: ``/a/b`` and longer, not part of a URL or a relative path
 _ABS_PATH = re.compile(r"(?<![\w:/.~\\-])/(?:[\w.@+~%=-]+/)+[\w.@+~%=-]+")
+#: the first folders of host paths (an API route such as ``/api/v1/jobs`` is not one)
+HOST_ROOTS = frozenset(
+    "home root srv tmp var opt usr etc mnt data Users private workspace workspaces app "
+    "proc dev run media nix snap lib lib64 bin sbin Volumes scratch".split()
+)
 
 
 def scrub_paths(text: str, workspace: Path | None) -> str:
@@ -278,6 +283,8 @@ def scrub_paths(text: str, workspace: Path | None) -> str:
             return m.group(0)
         if any(path.startswith(r) for r in roots):
             return name + tail
+        if path.split("/", 2)[1] not in HOST_ROOTS:
+            return m.group(0)
         return f"…/{name}{tail}"
 
     return _ABS_PATH.sub(repl, text)

@@ -272,3 +272,35 @@ async def test_host_paths_become_names_and_the_file_comes_along(svc, tg) -> None
     assert "Read …/scan.pdf\nSaved page 1 as page_1.txt" in joined
     assert "/srv/" not in joined and str(svc.settings.resolved_workspace_root) not in joined
     assert tg_files(tg, got["chat"])["page_1.txt"] == b"page one\n"
+
+
+async def test_a_materialized_url_field_is_not_repeated_as_text(
+    tmp_path, database_url, redis_server_url, redis_prefix, fs
+) -> None:
+    from tests.fakes.sink import FakeFiles
+    from tests.helpers.net import PNG
+
+    with FakeFiles() as cdn:
+        cdn.files["/chart.png"] = (PNG, "image/png")
+        s = make_settings(
+            tmp_path,
+            redis_url=redis_server_url,
+            prefix=redis_prefix,
+            database_url=database_url,
+            skills_path=str(RESULT_SKILLS),
+            feishu_app_id=fs.app_id,
+            feishu_app_secret=fs.app_secret,
+            feishu_api_base=fs.url,
+            fetch_allow_hosts=f"127.0.0.1:{cdn.port}",
+        )
+        svc = await Services.open(s)
+        try:
+            url = cdn.url + "/chart.png"
+            res = await Dispatcher(svc).dispatch("chart_link", {"url": url}, fs_ctx("ou_chart"))
+            assert res.status_code == 202, res.body
+            await drain(svc)
+        finally:
+            await svc.close()
+    sent = [m for m in fs.sent if m["receive_id"] == "ou_chart"]
+    assert [m["msg_type"] for m in sent] == ["text", "image"]
+    assert sent[0]["content"]["text"] == "title: Weekly orders"  # no "image_url: http://…"
