@@ -129,7 +129,9 @@ class _Reader:
         return self.short(str(value), cap)
 
     def table(self, rows: list[dict[str, Any]]) -> str:
-        """A Markdown table of the records' scalar fields (first rows and columns)."""
+        """A Markdown table of the records' scalar fields (first rows and columns); a
+        nested object of scalars shows as ``<key>.<field>`` columns."""
+        rows = [_flattened(r) for r in rows]
         columns: list[str] = []
         for row in rows[:TABLE_ROWS]:
             for k, v in row.items():
@@ -158,6 +160,17 @@ class _Reader:
             out.append("")
             out.append(escape_markdown(text("more_lines", self.lang, n=len(rows) - TABLE_ROWS)))
         return "\n".join(out)
+
+
+def _flattened(row: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if isinstance(v, dict) and v and all(is_scalar(x) for x in v.values()):
+            for k2, v2 in v.items():
+                out[f"{k}.{k2}"] = v2
+        else:
+            out[str(k)] = v
+    return out
 
 
 def shown(data: dict[str, Any], *, lang: str = "en", skip: frozenset[str] = frozenset()) -> Shown:
@@ -291,17 +304,22 @@ def aligned_columns(plain: str) -> bool:
     lines = [ln for ln in plain.splitlines() if ln.strip()]
     if len(lines) < 3:
         return False
-    starts: dict[int, int] = {}
+    edges: dict[tuple[str, int], int] = {}
     gapped = 0
     for ln in lines:
-        found = [m.start(1) + len(m.group(1)) for m in _GAP.finditer(ln)]
-        if found:
+        gaps = [m.span(1) for m in _GAP.finditer(ln)]
+        if gaps:
             gapped += 1
-        for pos in set(found):
-            starts[pos] = starts.get(pos, 0) + 1
+        # a left-aligned column starts where a gap ends, a right-aligned one ends where it
+        # starts (the last column's end is the line's)
+        found = {("start", end) for _, end in gaps} | {("end", start) for start, _ in gaps}
+        if gaps:
+            found.add(("end", len(ln.rstrip())))
+        for pos in found:
+            edges[pos] = edges.get(pos, 0) + 1
     if gapped < 3 or gapped * 2 < len(lines):
         return False
-    return any(n >= 3 for n in starts.values())
+    return any(n >= 3 for n in edges.values())
 
 
 def plain_block(plain: str) -> str:
