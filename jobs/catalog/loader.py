@@ -204,6 +204,8 @@ def _scan_markers(tree: ast.Module, info: dict[str, Any]) -> None:
                 info["system_exit"] = True
 
 
+#: functions whose bare call at module level makes the file a script
+SCRIPT_MAINS = frozenset({*ENTRY_NAMES, "cli", "app", "entrypoint", "_main"})
 _DECLARATIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
@@ -225,7 +227,9 @@ def _module_code(tree: ast.Module, functions: dict[str, Any]) -> tuple[bool, str
             continue
         runs = True
         if isinstance(stmt, ast.Expr) and called is None:
-            called = _own_call(stmt.value, functions)
+            found = _own_call(stmt.value, functions)
+            # a helper run at import (``setup()``) is not the script's main
+            called = found if found in SCRIPT_MAINS else None
     return runs, called
 
 

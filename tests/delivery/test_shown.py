@@ -69,3 +69,18 @@ def test_host_paths() -> None:
     text = "wrote /tmp/ws/r1/s1/out/report.pdf and read /home/ann/data/in.csv; GET /api/v1/x"
     assert scrub_paths(text, ws) == "wrote report.pdf and read …/in.csv; GET /api/v1/x"
     assert scrub_paths("see https://example.com/a/b.png", ws) == "see https://example.com/a/b.png"
+
+
+def test_exit_failure_prefers_the_stdout_envelope_then_clean_stderr() -> None:
+    from jobs.execution.skill_output import exit_failure
+
+    warn = b"lib.py:9: FutureWarning: the default will change\n  warnings.warn(\n"
+    env = exit_failure("s", 1, b'{"ok": false, "error": "quota exceeded"}\n', warn)
+    assert env["user_message"] == "quota exceeded"
+    env = exit_failure("s", 1, b"Detected image-based PDF, use --vision mode\n", warn)
+    assert env["user_message"] == "Detected image-based PDF, use --vision mode"
+    assert "FutureWarning" in env["stderr_tail"]
+    env = exit_failure(
+        "s", 2, b"", b"usage: x [-h]\nx: error: the following arguments are required: --deck\n"
+    )
+    assert env["user_message"] == "x: error: the following arguments are required: --deck"
