@@ -26,7 +26,6 @@ from delivery.shown import (
     MEDIA_FIELDS,
     TEXT_KEYS,
     aligned_columns,
-    content_keys,
     escape_markdown,
     plain_block,
     shown,
@@ -114,11 +113,14 @@ def render_result(
     body = _main(result, lang, skip)
     lossy = False
     if body is not None:
-        # content fields beside the text that it does not show: the file carries them
-        text_key = next(k for k in TEXT_KEYS if k in result)
-        extra = [k for k in content_keys(result, skip) if k not in TEXT_KEYS or k == text_key]
+        # The author's text is what they meant the person to read; structured data under
+        # another text key beside it (``message`` + ``result: [...]``) is not in it: the
+        # file carries it. (Other fields beside an authored text are for the caller.)
+        text_key = next(k for k in TEXT_KEYS if k in result and result[k] not in ("", None))
         lossy = body.lossy or any(
-            isinstance(result[k], dict | list) and result[k] for k in extra if k != text_key
+            isinstance(result.get(k), dict | list) and result[k]
+            for k in TEXT_KEYS
+            if k != text_key and k not in skip
         )
     md = result.get("display_md")
     md = md.strip() if isinstance(md, str) else ""

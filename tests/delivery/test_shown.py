@@ -27,9 +27,11 @@ def test_what_fits_is_not_lossy_and_what_is_cut_is() -> None:
     assert not got.lossy and "| metrics.rating |" in got.text
 
 
-def test_a_text_with_structured_fields_beside_it_is_lossy() -> None:
-    assert render_result({"message": "Crawled", "pages": ["/a", "/b"]}).lossy
+def test_an_authored_text_is_what_the_person_reads() -> None:
+    assert not render_result({"message": "Crawled", "pages": ["/a", "/b"]}).lossy
     assert not render_result({"message": "Saved", "id": 42}).lossy
+    # data under another text key beside the message is not in it
+    assert render_result({"message": "Exported 2", "result": [{"a": 1}, {"a": 2}]}).lossy
 
 
 def test_result_files() -> None:
