@@ -5,40 +5,70 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PORT   ?= 8000
 
-.PHONY: install run test lint bench chaos screenshots clean
+.PHONY: install install-test run test test-fast lint bench chaos screenshots clean
 
-$(BIN)/.installed: pyproject.toml
+# Three installs, each only what its command needs: `make run` the runtime, `make test` /
+# `make lint` the test tools (+ the peer queues of the benchmark tests), `make bench` the
+# same. pip's and setuptools' output goes to a log that is shown only when a step fails.
+INSTALL_LOG := $(VENV)/install.log
+define pip_step
+	@echo "==> $(1)"
+	@$(BIN)/pip install -q $(2) >>$(INSTALL_LOG) 2>&1 || { cat $(INSTALL_LOG); exit 1; }
+endef
+
+$(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,bench]'
+	@echo "==> creating the virtualenv in $(VENV)"
+	@$(PYTHON) -m venv $(VENV)
+	$(call pip_step,upgrading pip,--upgrade pip)
+
+$(BIN)/.installed-run: pyproject.toml | $(BIN)/python
+	$(call pip_step,installing skilljobs (runtime only),-e .)
 	@touch $@
 
-install: $(BIN)/.installed
+$(BIN)/.installed-test: pyproject.toml | $(BIN)/python
+	$(call pip_step,installing skilljobs with the test tools,-e '.[test,bench]')
+	@touch $@ $(BIN)/.installed-run
+
+install: $(BIN)/.installed-run
+install-test: $(BIN)/.installed-test
 
 run: install
-	$(BIN)/skilljobs up --port $(PORT)
+	@echo "==> starting skilljobs up on port $(PORT)"
+	@$(BIN)/skilljobs up --port $(PORT)
 
-test: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q -ra $(PYTEST_ARGS)
+# The whole suite across the cores (pytest-xdist; XDIST=0 runs it in one process). The 25
+# slowest tests and any test that was rerun (only those marked flaky may be) are listed at
+# the end.
+XDIST ?= 4
+test: install-test
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q -ra -n $(XDIST) --dist worksteal \
+		--durations=25 $(PYTEST_ARGS)
 
-lint: install
+# The tier to run after every change (about a minute): pure logic and the contract tests on
+# SQLite; nothing marked integration-only, slow, browser, chaos, network or PostgreSQL.
+FAST_MARKERS := not slow and not browser and not chaos and not network and not postgres
+test-fast: install-test
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q -n 2 -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+
+lint: install-test
+	PYTHON=$(BIN)/python bash .ci/commit-msgs
 	$(BIN)/ruff format --check jobs chains delivery dashboard tests bench
 	$(BIN)/ruff check jobs chains delivery dashboard tests bench
 	$(BIN)/mypy
 
-bench: install
+bench: install-test
 	$(BIN)/python -m bench.run_all
 
 # Faults under load (kill -9, SIGTERM, Redis and PostgreSQL restarts, pool exhaustion, a
 # stalled worker) against a private PostgreSQL cluster and Redis; the table is appended to
 # bench/RESULTS.md and the exit status is non-zero when a must-be-0 figure is not 0.
-chaos: install
+chaos: install-test
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 # The README's dashboard screenshots, refreshed on purpose (tests save theirs to a temp dir):
 # the browser tests in headless Chromium, told to write into docs/.
-screenshots: install
+screenshots: install-test
 	DASHBOARD_SCREENSHOT_DIR="$(CURDIR)/docs" PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -q \
 		tests/dashboard/test_browser.py tests/dashboard/test_browser_pages.py
 

@@ -54,8 +54,42 @@ def _need(service: str, url: str, port: int) -> None:
     pytest.skip(f"{service} not reachable at {url}")
 
 
+# A test that asks for one of these reaches a real database, Redis, process or loopback
+# server: it is marked ``integration`` (and ``postgres`` when it runs on PostgreSQL), so the
+# tiers of CONTRIBUTING.md select by marker without every file repeating it.
+_INTEGRATION_FIXTURES = frozenset(
+    {
+        "database_url",
+        "sqlite_url",
+        "pg_url",
+        "pg_database_url",
+        "sqlite_template",
+        "engine",
+        "sessionmaker",
+        "redis_server_url",
+        "redis",
+        "services",
+        "real_services",
+        "job_settings",
+        "tg",
+        "fs",
+        "market_services",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & _INTEGRATION_FIXTURES:
+            item.add_marker(pytest.mark.integration)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("database_url") == "postgres" or names & {"pg_url", "pg_database_url"}:
+            item.add_marker(pytest.mark.postgres)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
-    # ``--reruns`` (CI): a test that failed and then passed is named, with its first failure,
+    # A test marked ``flaky`` that failed and then passed is named, with its first failure,
     # so that an intermittent test is seen and fixed rather than hidden.
     for r in terminalreporter.stats.get("rerun", []):
         terminalreporter.write_line(f"RERUN {r.nodeid}: {_first_line(r)}", yellow=True)
@@ -160,16 +194,31 @@ def _database_url(request: pytest.FixtureRequest, backend: str, tmp_path: Path) 
     return url
 
 
+_CLEAR_SQL: dict[str, str] = {}
+
+
 def _truncate_pg(url: str) -> None:
-    tables = ", ".join(t.name for t in reversed(Base.metadata.sorted_tables))
+    """Empty every table and restart the sequences. ``DELETE`` of the few rows a test leaves,
+    not ``TRUNCATE`` (which makes new files for every table: ~0.4 s a test), without waiting
+    for the commit to reach the disk (a test database is thrown away anyway)."""
+    import asyncpg
+
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
     async def _go() -> None:
-        engine = create_engine(url)
-        async with engine.begin() as conn:
-            from sqlalchemy import text
-
-            await conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
-        await engine.dispose()
+        conn = await asyncpg.connect(dsn)
+        try:
+            sql = _CLEAR_SQL.get(url)
+            if sql is None:
+                rows = await conn.fetch("SELECT relname FROM pg_class WHERE relkind = 'S'")
+                sql = _CLEAR_SQL[url] = "; ".join(
+                    ["SET synchronous_commit TO off"]
+                    + [f'DELETE FROM "{t.name}"' for t in reversed(Base.metadata.sorted_tables)]
+                    + [f'ALTER SEQUENCE "{r[0]}" RESTART' for r in rows]
+                )
+            await conn.execute(sql)
+        finally:
+            await conn.close()
 
     asyncio.run(_go())
 

@@ -24,6 +24,7 @@ def _tools() -> bool:
 
 @pytest.mark.timeout(420)
 @pytest.mark.skipif(not _tools(), reason="needs PostgreSQL server binaries and redis-server")
+@pytest.mark.slow
 def test_sixty_seconds_of_faults_lose_nothing_and_run_nothing_twice(tmp_path: Path) -> None:
     results = tmp_path / "RESULTS.md"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKILLJOBS_")}

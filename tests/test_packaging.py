@@ -110,6 +110,7 @@ def _run(venv: Path, home: Path, *args: str) -> subprocess.CompletedProcess[str]
     )
 
 
+@pytest.mark.slow
 def test_wheel_installs_and_runs_outside_the_checkout(installed: Path, tmp_path: Path) -> None:
     home = tmp_path / "elsewhere"
     home.mkdir()
@@ -136,6 +137,7 @@ def test_wheel_installs_and_runs_outside_the_checkout(installed: Path, tmp_path:
         assert name in listed.stdout
 
 
+@pytest.mark.slow
 def test_wheel_runs_the_demo(installed: Path, tmp_path: Path) -> None:
     home = tmp_path / "demo"
     home.mkdir()

@@ -166,6 +166,7 @@ def _build_environ() -> dict[str, str]:
     for k in ("VIRTUAL_ENV", "CONDA_PREFIX", "UV_PROJECT_ENVIRONMENT"):
         env.pop(k, None)
     env.update(UV_NO_PROGRESS="1", PIP_DISABLE_PIP_VERSION_CHECK="1", NO_COLOR="1")
+    env["COLUMNS"] = "1000"  # uv wraps its errors at the terminal width: keep each on one line
     return env
 
 

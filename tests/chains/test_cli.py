@@ -28,6 +28,7 @@ def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_schedules_cli_end_to_end(cli_env: Path, repo_root: Path) -> None:
     import yaml
 
@@ -73,6 +74,7 @@ def test_schedules_cli_end_to_end(cli_env: Path, repo_root: Path) -> None:
     assert res.exit_code == 1 and "--inline" in res.output
 
 
+@pytest.mark.slow
 def test_schedules_cli_errors(cli_env: Path) -> None:
     runner = CliRunner()
     bad = cli_env / "bad.yaml"

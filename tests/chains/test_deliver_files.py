@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from chains import schedules
 from chains.runner import run_chain
 from chains.schedules import validate
@@ -26,6 +28,7 @@ def execute(input_data, ctx):
 """
 
 
+@pytest.mark.slow
 async def test_chain_final_files_are_delivered(
     tmp_path: Path, sqlite_url, redis, redis_server_url, redis_prefix, tg
 ) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import select
 
 from chains import schedules
@@ -54,6 +55,7 @@ async def _run(svc: Any, ex: Executor, spec: dict[str, Any]) -> str:
     return str(run_id)
 
 
+@pytest.mark.slow
 async def test_chain_goes_through_the_pipeline(
     tmp_path: Path, sqlite_url: str, redis: Any, redis_server_url: str, redis_prefix: str, tg: Any
 ) -> None:

@@ -138,6 +138,7 @@ async def _runs(svc) -> list[ChainRun]:  # type: ignore[no-untyped-def]
         return list((await s.execute(select(ChainRun).order_by(ChainRun.fire_at))).scalars())
 
 
+@pytest.mark.slow
 async def test_downtime_longer_than_the_grace_records_missed_and_runs_nothing(env) -> None:  # type: ignore[no-untyped-def]
     svc, _ = env
     row = await schedules.create(svc, spec(), now=T0 - 1)
@@ -154,6 +155,7 @@ async def test_downtime_longer_than_the_grace_records_missed_and_runs_nothing(en
     assert [r["status"] for r in listed] == ["missed"] * 5
 
 
+@pytest.mark.slow
 async def test_catch_up_all_replays_each_one_after_another(env) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     await schedules.create(svc, spec(misfire={"catch_up": "all"}), now=T0 - 1)
@@ -171,6 +173,7 @@ async def test_catch_up_all_replays_each_one_after_another(env) -> None:  # type
 
 
 @pytest.mark.parametrize("overlap", ["skip", "queue_one"])
+@pytest.mark.slow
 async def test_a_fire_during_a_slow_run_is_skipped_or_held(env, overlap: str) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     # (slow enough to be still going through the ticks below on a loaded host)
@@ -203,6 +206,7 @@ async def _fail_runs(svc, ex, schedule_id: str, n: int) -> None:  # type: ignore
         assert await run_chain(svc, ex, run_id, worker_id="w1") == "failed"
 
 
+@pytest.mark.slow
 async def test_auto_pause_after_consecutive_failures(env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     body = spec(policy={"pause_after_failures": 3}, steps=[{"skill": "fail_step"}])
@@ -240,6 +244,7 @@ async def test_auto_pause_after_consecutive_failures(env, monkeypatch) -> None: 
     assert again.enabled and again.paused_reason is None
 
 
+@pytest.mark.slow
 async def test_an_alert_reaches_the_sink_once_per_cooldown(env, sink) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     body = spec(
@@ -262,6 +267,7 @@ async def test_an_alert_reaches_the_sink_once_per_cooldown(env, sink) -> None:  
     assert "5 consecutive failed runs" in sink.calls("/alerts")[1].json["message"]
 
 
+@pytest.mark.slow
 async def test_release_waits_while_a_run_is_going(env) -> None:  # type: ignore[no-untyped-def]
     svc, _ = env
     await schedules.create(svc, spec(misfire={"catch_up": "all"}), now=T0 - 1)

@@ -48,6 +48,7 @@ async def _until(cond, limit: float, what: str) -> None:  # type: ignore[no-unty
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 async def test_missed_and_skipped_fires_with_two_workers(
     tmp_path: Path,
     pg_url: str,

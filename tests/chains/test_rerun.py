@@ -124,6 +124,7 @@ async def test_rerun_past_a_step_without_output_is_refused(env) -> None:  # type
         await rerun_from(svc, run_id, 1, enqueue=False)
 
 
+@pytest.mark.slow
 def test_cli_rerun_inline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, skills_dir: Path
 ) -> None:

@@ -232,6 +232,7 @@ async def test_chain_context_identity_policy_and_configs(env) -> None:  # type: 
     assert seen["workspace_dir"].endswith("/r1/s1")
 
 
+@pytest.mark.slow
 async def test_policy_wall_clock_applies(env) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     run_id = await start_run(

@@ -180,6 +180,7 @@ async def _arq_cleanup(redis, run_ids: list[str], upto: int = 3) -> None:  # typ
         await redis.delete(*keys)
 
 
+@pytest.mark.slow
 async def test_three_schedulers_claim_each_fire_time_exactly_once(
     tmp_path: Path,
     database_url: str,
@@ -281,6 +282,7 @@ async def test_disabled_schedules_do_not_fire(settings, sessionmaker, redis, reg
         await close_services(svc)
 
 
+@pytest.mark.slow
 async def test_reconcile_re_enqueues_lost_and_abandoned_runs(
     settings, sessionmaker, redis, registry
 ) -> None:  # type: ignore[no-untyped-def]

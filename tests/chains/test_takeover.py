@@ -158,6 +158,7 @@ async def _finished(svc: Any, run_id: str, limit: float = 60) -> ChainRun:
     return result
 
 
+@pytest.mark.slow
 async def test_a_killed_workers_chain_run_is_rerun_within_10_seconds(chain_env, tmp_path):
     setup, start = chain_env
     settings, svc = setup()
@@ -189,6 +190,7 @@ async def test_a_killed_workers_chain_run_is_rerun_within_10_seconds(chain_env, 
     assert "missed 3 heartbeats" in text
 
 
+@pytest.mark.slow
 async def test_a_worker_paused_for_5_seconds_keeps_its_chain_run(chain_env, tmp_path):
     setup, start = chain_env
     settings, svc = setup()
@@ -209,6 +211,7 @@ async def test_a_worker_paused_for_5_seconds_keeps_its_chain_run(chain_env, tmp_
     assert pid_of(run.lease_owner or "") == paused.pid
 
 
+@pytest.mark.slow
 async def test_a_chain_run_lost_three_times_fails_and_is_not_rerun(chain_env, tmp_path):
     setup, start = chain_env
     settings, svc = setup(
@@ -237,6 +240,7 @@ async def test_a_chain_run_lost_three_times_fails_and_is_not_rerun(chain_env, tm
     assert (await _run(svc, run_id)).lost_runs == 3
 
 
+@pytest.mark.slow
 async def test_a_stopping_worker_hands_its_chain_run_back(chain_env, tmp_path):
     setup, start = chain_env
     settings, svc = setup()
@@ -253,6 +257,7 @@ async def test_a_stopping_worker_hands_its_chain_run_back(chain_env, tmp_path):
     assert int(counter.read_text()) == 1
 
 
+@pytest.mark.slow
 async def test_a_worker_paused_past_its_heartbeat_stops_its_chain_step(chain_env, tmp_path):
     """Paused 11 s (presumed dead after 8.5 s): a peer re-runs the step; continued, the
     paused worker's step stops before it completes, and the run has one outcome."""

@@ -54,6 +54,7 @@ async def _wait_for(cond, limit: float, what: str) -> None:  # type: ignore[no-u
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 async def test_kill_9_mid_chain_resumes_without_repeating_steps(
     tmp_path: Path,
     pg_url: str,
@@ -157,6 +158,7 @@ async def test_kill_9_mid_chain_resumes_without_repeating_steps(
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 async def test_worker_scheduler_fires_a_due_schedule(
     tmp_path: Path,
     pg_url: str,

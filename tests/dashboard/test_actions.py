@@ -24,6 +24,7 @@ async def _audit(services) -> list[tuple[str, str, str]]:
         return [(r.action, r.target, r.actor) for r in rows]
 
 
+@pytest.mark.slow
 async def test_dispatch_relays_receipt_result_and_refusal(
     client: httpx.AsyncClient, services
 ) -> None:
@@ -52,6 +53,7 @@ async def test_dispatch_relays_receipt_result_and_refusal(
     assert bad.status_code == 422 and bad.json()["ok"] is False
 
 
+@pytest.mark.slow
 async def test_retry_cancel_requeue_are_recorded(client: httpx.AsyncClient, services) -> None:
     queued = await seed_job(services, status="queued")
     done = await seed_job(services, status="failed", skill="echo", error="x")
@@ -90,6 +92,7 @@ async def test_retry_cancel_requeue_are_recorded(client: httpx.AsyncClient, serv
     assert [r["result"] for r in results] == ["refused", "refused", "ok"]
 
 
+@pytest.mark.slow
 async def test_role_skill_config_masks_secrets(client: httpx.AsyncClient, services) -> None:
     url = "/api/v1/roles/r_sales/skills/sales_report/config"
     assert (await client.get(url)).json() == {}
@@ -123,6 +126,7 @@ SCHEDULE = {
 }
 
 
+@pytest.mark.slow
 async def test_schedules_lifecycle(client: httpx.AsyncClient, services) -> None:
     bad = dict(SCHEDULE, steps=[{"skill": "echo", "input": {"x": "$steps.later.y"}}])
     resp = await client.post("/api/v1/schedules", json=bad)

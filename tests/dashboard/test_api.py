@@ -7,11 +7,13 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from jobs.models import Artifact, Delivery, JobAttempt, Worker
 from tests.helpers.dashboard import free_port, seed_job, seed_rows
 
 
+@pytest.mark.slow
 async def test_job_list_pages_newest_first_without_gaps(
     client: httpx.AsyncClient, services
 ) -> None:
@@ -45,6 +47,7 @@ async def test_job_list_pages_newest_first_without_gaps(
     assert pos_tie == pos_other - 1
 
 
+@pytest.mark.slow
 async def test_job_list_filters(client: httpx.AsyncClient, services) -> None:
     now = time.time()
     a = await seed_job(
@@ -97,6 +100,7 @@ async def test_job_list_filters(client: httpx.AsyncClient, services) -> None:
     assert bad.status_code == 422 and bad.json()["ok"] is False
 
 
+@pytest.mark.slow
 async def test_job_detail_has_timeline_artifacts_deliveries_fetches(
     client: httpx.AsyncClient, services, tmp_path: Path
 ) -> None:
@@ -227,6 +231,7 @@ async def test_job_detail_has_timeline_artifacts_deliveries_fetches(
     assert len(listed["artifacts"]) == 3 and len(listed["deliveries"]) == 2
 
 
+@pytest.mark.slow
 async def test_queue_overview_counts_rates_and_percentiles(
     client: httpx.AsyncClient, services
 ) -> None:
@@ -324,6 +329,7 @@ async def test_queue_overview_counts_rates_and_percentiles(
     assert set(w[0]) >= {"id", "host", "pid", "last_heartbeat", "running"}
 
 
+@pytest.mark.slow
 async def test_health_and_readiness(client: httpx.AsyncClient, services) -> None:
     anon = httpx.AsyncClient(transport=client._transport, base_url="http://127.0.0.1")
     async with anon:

@@ -18,6 +18,7 @@ from tests.helpers.dashboard import seed_job, seed_rows
 READ_TOKEN = "dash-read-token-2b9e4a7c1f0d5e3a9b8c7d6e"
 
 
+@pytest.mark.slow
 async def test_timeseries_counts_finished_jobs_per_bucket(
     client: httpx.AsyncClient, services
 ) -> None:
@@ -45,6 +46,7 @@ async def test_timeseries_counts_finished_jobs_per_bucket(
     assert set(day["series"]) == {"jobs"} and "latency" not in day
 
 
+@pytest.mark.slow
 async def test_timeseries_queue_depth_latency_and_deliveries(
     client: httpx.AsyncClient, services
 ) -> None:
@@ -173,6 +175,7 @@ async def test_deliveries_across_jobs(client: httpx.AsyncClient, services) -> No
     assert (await client.get("/api/v1/deliveries?status=bogus")).status_code == 422
 
 
+@pytest.mark.slow
 async def test_audit_lists_actions_newest_first(client: httpx.AsyncClient, services) -> None:
     job = await seed_job(services, status="failed")
     assert (await client.post(f"/api/v1/jobs/{job.id}/retry")).status_code == 200
@@ -193,6 +196,7 @@ async def test_audit_lists_actions_newest_first(client: httpx.AsyncClient, servi
     assert rest[0]["id"] == second["id"]
 
 
+@pytest.mark.slow
 async def test_read_token_sees_everything_and_changes_nothing(services) -> None:
     services.settings.api_read_token = SecretStr(READ_TOKEN)
     job = await seed_job(services, status="failed")
@@ -243,6 +247,7 @@ async def test_me_as_admin(client: httpx.AsyncClient) -> None:
     assert (await client.get("/api/v1/me")).json()["can_change"] is True
 
 
+@pytest.mark.slow
 async def test_search_matches_origin_session_and_actor(client: httpx.AsyncClient, services) -> None:
     a = await seed_job(services, session_id="web-room-9", actor_key="ou_alice")
     b = await seed_job(services, session_id="tg-1", actor_key="ou_bob", error="quota exceeded")
@@ -259,6 +264,7 @@ async def test_search_matches_origin_session_and_actor(client: httpx.AsyncClient
     assert await found("web-room") == []  # origins match exactly, not as substrings
 
 
+@pytest.mark.slow
 async def test_pause_and_resume_a_worker(client: httpx.AsyncClient, services) -> None:
     from jobs.constants import WORKER_PAUSE
     from jobs.models import Worker
@@ -287,6 +293,7 @@ async def test_pause_and_resume_a_worker(client: httpx.AsyncClient, services) ->
     ]
 
 
+@pytest.mark.slow
 async def test_bulk_takes_exactly_what_the_job_list_shows(
     client: httpx.AsyncClient, services
 ) -> None:

@@ -5,6 +5,7 @@ both audited; the read-only token is refused both."""
 from __future__ import annotations
 
 import httpx
+import pytest
 from pydantic import SecretStr
 from sqlalchemy import select
 
@@ -35,6 +36,7 @@ async def _unknown(services, job_id: str, text: str) -> None:
     assert out["status"] == "unknown"
 
 
+@pytest.mark.slow
 async def test_unknown_delivery_listed_resent_and_dismissed(client, services, tg) -> None:
     services.channels = {"telegram": TelegramChannel(services.http, tg.token, api_base=tg.url)}
     job = await seed_job(services, status="succeeded")
@@ -70,6 +72,7 @@ async def test_unknown_delivery_listed_resent_and_dismissed(client, services, tg
     assert sorted(actions) == ["delivery_dismiss", "delivery_resend"]
 
 
+@pytest.mark.slow
 async def test_read_token_cannot_resend_or_dismiss(services) -> None:
     services.settings.api_read_token = SecretStr(READ_TOKEN)
     job = await seed_job(services, status="succeeded")
@@ -86,6 +89,7 @@ async def test_read_token_cannot_resend_or_dismiss(services) -> None:
             assert resp.status_code == 403, resp.text
 
 
+@pytest.mark.slow
 async def test_bulk_resend_and_dismiss_take_the_lists_filter(client, services, tg) -> None:
     services.channels = {"telegram": TelegramChannel(services.http, tg.token, api_base=tg.url)}
     jobs = [await seed_job(services, status="succeeded") for _ in range(3)]

@@ -60,6 +60,7 @@ def _comparable(resp: httpx.Response) -> tuple[int, Any, str]:
     return resp.status_code, body, resp.headers["content-type"]
 
 
+@pytest.mark.slow
 async def test_the_lane_answers_as_the_route(services) -> None:
     ctx = repr(CTX).replace("'", '"').encode()
     lane = create_app(services.settings, services=services)
@@ -76,6 +77,7 @@ async def test_the_lane_answers_as_the_route(services) -> None:
     assert len(jobs) == 2 and all(j.status == "queued" for j in jobs)
 
 
+@pytest.mark.slow
 async def test_only_valid_bodies_take_the_lane(services) -> None:
     app = create_app(services.settings, services=services)
     app.router.routes.clear()  # nothing but the middleware answers

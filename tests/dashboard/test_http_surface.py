@@ -55,6 +55,7 @@ async def open_app(
 # --- Host, Origin and CSRF ------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_foreign_host_is_refused_in_every_mode(client: httpx.AsyncClient, open_app) -> None:
     for app in (client._transport.app, open_app):  # type: ignore[attr-defined]
         async with _client(app, "evil.example", authorization=f"Bearer {TOKEN}") as c:
@@ -69,6 +70,7 @@ async def test_foreign_host_is_refused_in_every_mode(client: httpx.AsyncClient, 
                 assert (await c.get("/api/v1/jobs")).status_code == 200, host
 
 
+@pytest.mark.slow
 async def test_configured_host_names_are_served(client: httpx.AsyncClient, services) -> None:
     services.settings.allowed_hosts = "ops.example.com, api.example.com"
     app = client._transport.app  # type: ignore[attr-defined]
@@ -78,6 +80,7 @@ async def test_configured_host_names_are_served(client: httpx.AsyncClient, servi
         assert (await c.get("/api/v1/jobs")).status_code == 421
 
 
+@pytest.mark.slow
 async def test_cross_site_writes_are_refused_without_a_token(open_app, services) -> None:
     async with _client(open_app) as c:
         job = "/api/v1/jobs/nope/retry"
@@ -258,6 +261,7 @@ def _guard(app: Any) -> Guard:
     return layer
 
 
+@pytest.mark.slow
 async def test_repeated_401s_slow_down(client: httpx.AsyncClient) -> None:
     app = client._transport.app  # type: ignore[attr-defined]
     async with _client(app, authorization="Bearer guess") as c:

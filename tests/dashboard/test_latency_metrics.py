@@ -43,6 +43,7 @@ def _get(samples: dict, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted({"window": "3600s", **labels}.items())))]
 
 
+@pytest.mark.slow
 async def test_histograms_match_the_seeded_timestamps(client: httpx.AsyncClient, services) -> None:
     now = time.time()
     for wait in (0.02, 0.3, 4.0):
@@ -111,6 +112,7 @@ async def test_empty_database_has_the_families_and_no_series(client: httpx.Async
     assert families[LATENCY].type == "histogram" and families[LATENCY].samples == []
 
 
+@pytest.mark.slow
 async def test_rate_limiter_waits_are_counted_across_limiters(
     client: httpx.AsyncClient, services, tmp_path, redis_server_url: str, redis_prefix: str
 ) -> None:
@@ -142,6 +144,7 @@ async def test_rate_limiter_waits_are_counted_across_limiters(
     assert ("skilljobs_ratelimit_waits_total", (("channel", "feishu"),)) not in s  # no wait
 
 
+@pytest.mark.slow
 async def test_parked_sends_are_counted_and_their_wait_is_latency(
     tmp_path, database_url: str, redis_server_url: str, redis_prefix: str, tg
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.models import ChainRun, Delivery, Schedule, Worker
@@ -97,6 +98,7 @@ async def test_metrics_on_an_empty_database(client: httpx.AsyncClient) -> None:
     assert _get(s, "skilljobs_workers_alive") == 0
 
 
+@pytest.mark.slow
 async def test_limit_usage_per_key(services) -> None:
     from dashboard.app import create_app
     from tests.helpers.dashboard import TOKEN
@@ -128,6 +130,7 @@ async def test_limit_usage_per_key(services) -> None:
     assert _get(samples, "skilljobs_limits_full") == 1
 
 
+@pytest.mark.slow
 async def test_no_limit_families_without_limits(client: httpx.AsyncClient, services) -> None:
     await seed_job(services, status="running", org_id="o1")
     text = (await client.get("/metrics")).text

@@ -151,6 +151,7 @@ async def _until(predicate: Any, limit: float = 30.0) -> None:
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.slow
 async def test_lists_read_the_replica_and_details_the_primary(replicated: Services) -> None:
     svc = replicated
     replica_url = svc.settings.resolved_database_read_url or ""
@@ -186,6 +187,7 @@ async def test_lists_read_the_replica_and_details_the_primary(replicated: Servic
         await _until(both)
 
 
+@pytest.mark.slow
 async def test_doctor_tells_a_replica_from_a_primary(replicated: Services) -> None:
     settings = replicated.settings
     check = await check_read_replica(settings)

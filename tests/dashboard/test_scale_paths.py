@@ -30,6 +30,7 @@ async def _ids(client: httpx.AsyncClient, **params: Any) -> list[str]:
             return out
 
 
+@pytest.mark.slow
 async def test_text_search_pages(client: httpx.AsyncClient, services) -> None:
     """A text search pages newest first with the other fields and the time range
     applied, every page whole; text that matches nothing answers an empty page."""

@@ -29,6 +29,7 @@ PROTECTED = [
 ]
 
 
+@pytest.mark.slow
 async def test_token_required_everywhere_but_health(client: httpx.AsyncClient) -> None:
     transport = client._transport
     async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as anon:
@@ -83,6 +84,7 @@ def test_serve_refuses_public_bind_without_token(tmp_path: Path) -> None:
 SECRET = "sk-live-4f9a1c2e7d"
 
 
+@pytest.mark.slow
 async def test_secrets_never_appear_in_any_response(client: httpx.AsyncClient, services) -> None:
     box = services.box
     sealed_input = box.seal({"prompt": "hi", "api_key": SECRET, "opts": {"password": SECRET}})
@@ -138,6 +140,7 @@ async def test_secrets_never_appear_in_any_response(client: httpx.AsyncClient, s
     assert detail["context"]["skill_configs"]["demo"]["access_token"] == "••••••"
 
 
+@pytest.mark.slow
 async def test_skill_output_is_data_never_markup(client: httpx.AsyncClient, services) -> None:
     evil = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
     job = await seed_job(services, skill="demo", result={"message": evil}, error=evil)
@@ -160,6 +163,7 @@ async def test_skill_output_is_data_never_markup(client: httpx.AsyncClient, serv
         assert asset.startswith(("/static/", "data:")), f"non-local asset {asset}"
 
 
+@pytest.mark.slow
 async def test_artifact_symlink_out_of_workspace_is_refused(
     client: httpx.AsyncClient, services, tmp_path: Path
 ) -> None:
@@ -195,6 +199,7 @@ async def _read_events(url: str, headers: dict[str, str], want: int) -> list[tup
     return events
 
 
+@pytest.mark.slow
 async def test_job_event_stream_takes_query_token(services) -> None:
     """Published events are hints: the stream sends each job's stored status and skill,
     and drops events for jobs that do not exist."""
@@ -235,6 +240,7 @@ async def test_job_event_stream_takes_query_token(services) -> None:
     ]
 
 
+@pytest.mark.slow
 async def test_session_event_stream_pushes_stored_messages(services) -> None:
     from delivery.channels import web
 
@@ -263,6 +269,7 @@ async def test_session_event_stream_pushes_stored_messages(services) -> None:
     assert listed["items"] == [msg]
 
 
+@pytest.mark.slow
 async def test_failed_delivery_error_is_listed_verbatim(
     client: httpx.AsyncClient, services
 ) -> None:

@@ -36,6 +36,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_a_cpu_bound_skill_does_not_stall_the_api(
     tmp_path: Path, sqlite_url: str, redis_server_url: str, redis_prefix: str
 ) -> None:

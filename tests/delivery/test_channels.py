@@ -75,6 +75,7 @@ async def test_telegram_media_methods(tg, http, files) -> None:
     assert "caption" not in tg.sent[0]
 
 
+@pytest.mark.slow
 async def test_telegram_size_limits(tg, http, tmp_path) -> None:
     ch = TelegramChannel(http, tg.token, api_base=tg.url)
     big_photo = sparse(tmp_path / "big.png", 11 * 1024 * 1024)
@@ -171,6 +172,7 @@ async def test_feishu_token_refreshed_when_revoked_or_expired(fs, http) -> None:
     assert ch2.tokens.fetches == 2
 
 
+@pytest.mark.slow
 async def test_adapters_of_one_app_share_its_token_in_the_process(fs, wc, http) -> None:
     """The send_message skill builds its adapters for each call: they use the token the
     process already has (WeCom limits gettoken calls), and one refresh serves all."""
@@ -269,6 +271,7 @@ def dingtalk(http, dt) -> DingTalkChannel:
     )
 
 
+@pytest.mark.slow
 async def test_dingtalk_text_and_file(dt, http, files) -> None:
     ch = dingtalk(http, dt)
     await ch.send_text("user001", "hello")
@@ -284,6 +287,7 @@ async def test_dingtalk_text_and_file(dt, http, files) -> None:
     assert len(dt.oapi.calls("/gettoken")) == 1
 
 
+@pytest.mark.slow
 async def test_dingtalk_errors_and_token_refresh(dt, http) -> None:
     ch = dingtalk(http, dt)
     with pytest.raises(DeliveryPermanentError, match="unknown user"):
@@ -316,6 +320,7 @@ async def subscribed(redis, settings, session_id: str) -> None:
     raise AssertionError(f"nobody subscribed to {channel}")
 
 
+@pytest.mark.slow
 async def test_web_post_list_and_live_push(sessionmaker, redis, settings, files) -> None:
     await ensure_session(sessionmaker, "s1", "r1", "o1", "web", "")
     await ensure_session(sessionmaker, "s1", "other", "", "", "")  # idempotent

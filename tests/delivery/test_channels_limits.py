@@ -112,6 +112,7 @@ def test_contacts_name_groups_and_replies() -> None:
 # --- Telegram -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_telegram_over_limit_photo_goes_as_document_and_file_as_link(tg, http, tmp_path):
     ch = telegram(http, tg, link_for=link_for)
     receipt = await ch.send_image("1001", sparse(tmp_path / "big.png", 11 * MB), caption="hi")
@@ -235,6 +236,7 @@ def files_png(tmp_path) -> str:
 # --- Feishu -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_feishu_over_limit_image_goes_as_file_and_file_as_link(fs, http, tmp_path):
     ch = feishu(http, fs, link_for=link_for)
     receipt = await ch.send_image("ou_a", sparse(tmp_path / "big.png", 11 * MB))
@@ -340,6 +342,7 @@ async def test_feishu_token_expiring_mid_batch_is_refreshed_once(fs, http):
 # --- WeCom --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_wecom_limits_per_kind(wc, http, tmp_path):
     ch = wecom(http, wc, link_for=link_for, probe=NO_FFMPEG)
     (tmp_path / "a.gif").write_bytes(os.urandom(64))
@@ -435,6 +438,7 @@ async def test_dingtalk_without_ffmpeg_video_and_voice_go_as_files(dt, http, tmp
     assert [s["msgParam"]["fileName"] for s in dt.sent] == ["clip.mp4.zip", "note.mp3.zip"]
 
 
+@pytest.mark.slow
 async def test_dingtalk_file_formats_and_limits(dt, http, tmp_path):
     ch = dingtalk(http, dt, link_for=link_for)
     csv = tmp_path / "rows.csv"
@@ -480,6 +484,7 @@ async def test_dingtalk_group_conversations(dt, http, files_png):
         await ch.send_text("user001", "x")
 
 
+@pytest.mark.slow
 async def test_dingtalk_tokens_expiring_mid_batch_are_refreshed_once(dt, http, files_png):
     ch = dingtalk(http, dt)
     dt.tokens.expire_after = 6  # 12 messages: 6 on the first token, 6 on its successor

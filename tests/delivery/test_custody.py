@@ -33,6 +33,7 @@ async def quick_http():
         yield client
 
 
+@pytest.mark.slow
 async def test_lost_answer_on_telegram_is_unknown_and_never_sent_twice(
     sessionmaker, tg, quick_http
 ) -> None:
@@ -56,6 +57,7 @@ async def test_lost_answer_on_telegram_is_unknown_and_never_sent_twice(
     assert row is not None and row.status == "unknown" and row.tries == 1
 
 
+@pytest.mark.slow
 async def test_lost_answer_on_feishu_is_sent_again_with_the_same_uuid(
     sessionmaker, fs, quick_http
 ) -> None:
@@ -172,6 +174,7 @@ async def test_connect_errors_are_retried_not_unknown(sessionmaker, quick_http) 
     assert out["status"] == "failed" and "gave up after 3 tries" in out["error"]
 
 
+@pytest.mark.slow
 async def test_a_lost_upload_answer_is_retried_not_unknown(
     sessionmaker, fs, quick_http, tmp_path
 ) -> None:

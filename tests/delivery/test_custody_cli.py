@@ -51,6 +51,7 @@ def _unknown(data_dir: Path, job_id: str, text: str) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_deliveries_cli_lists_resends_and_dismisses(cli_env: Path, tg) -> None:
     data = cli_env / "data"
     if not (data / "skilljobs.db").exists():

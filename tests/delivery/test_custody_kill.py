@@ -77,6 +77,7 @@ async def _kill_mid_send(tmp_path, settings, server, tail: str, ctx: dict, env: 
         raise
 
 
+@pytest.mark.slow
 async def test_kill_9_mid_send_on_telegram_is_unknown_not_resent(
     tmp_path, pg_url, redis_server_url, redis_prefix, tg
 ) -> None:
@@ -97,6 +98,7 @@ async def test_kill_9_mid_send_on_telegram_is_unknown_not_resent(
         await svc.close()
 
 
+@pytest.mark.slow
 async def test_kill_9_mid_send_on_feishu_is_sent_again_with_the_same_uuid(
     tmp_path, pg_url, redis_server_url, redis_prefix, fs
 ) -> None:

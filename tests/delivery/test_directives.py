@@ -80,6 +80,7 @@ async def test_reply_to_current_answers_the_originating_message(services, tg) ->
     assert row.message_id == str(msg["message_id"]) and row.verified is True
 
 
+@pytest.mark.slow
 async def test_reply_to_an_explicit_message(services, tg) -> None:
     earlier = tg.receive("1001")
     job = await make_job(services)
@@ -88,6 +89,7 @@ async def test_reply_to_an_explicit_message(services, tg) -> None:
     assert msg["text"] == "Done" and msg["reply_to"] == earlier
 
 
+@pytest.mark.slow
 async def test_audio_as_voice_sends_ogg_as_a_voice_note(services, tg) -> None:
     job = await make_job(services)
     ws = services.settings.resolved_workspace_root / "r1" / "s1"
@@ -101,6 +103,7 @@ async def test_audio_as_voice_sends_ogg_as_a_voice_note(services, tg) -> None:
     assert row.kind == "voice" and row.sent_as == "voice" and not row.note
 
 
+@pytest.mark.slow
 async def test_audio_as_voice_with_mp3_goes_as_audio_with_a_note(services, tg) -> None:
     job = await make_job(services)
     ws = services.settings.resolved_workspace_root / "r1" / "s1"
@@ -114,6 +117,7 @@ async def test_audio_as_voice_with_mp3_goes_as_audio_with_a_note(services, tg) -
     assert row.sent_as == "audio" and row.note and "voice note" in row.note
 
 
+@pytest.mark.slow
 async def test_web_messages_record_their_id_and_keep_embeds(services, sessionmaker) -> None:
     from delivery.channels.web import ensure_session, list_messages
 
@@ -143,6 +147,7 @@ async def test_send_message_never_sends_a_tag_as_text(tg) -> None:
     assert [m["text"] for m in tg.sent] == ["Ticket closed"]
 
 
+@pytest.mark.slow
 async def test_audio_as_voice_converts_mp3_to_ogg_opus_with_ffmpeg(services, tg) -> None:
     """A real MP3 (made by ffmpeg) with [[audio_as_voice]]: converted to OGG/Opus and sent
     as a Telegram voice note; the delivery's note says it was converted."""

@@ -55,6 +55,7 @@ def test_ledger_key_is_stable_and_distinct() -> None:
     )
 
 
+@pytest.mark.slow
 async def test_concurrent_claims_one_winner(sessionmaker) -> None:
     key = ledger_key("j1", "feishu:ou_a", "text")
     results = await asyncio.gather(
@@ -83,6 +84,7 @@ async def test_rerun_sends_nothing_twice(sessionmaker) -> None:
     ]
 
 
+@pytest.mark.slow
 async def test_dead_claimant_is_picked_up_live_one_is_not(sessionmaker) -> None:
     now = time.time()
     async with sessionmaker() as s:
@@ -103,6 +105,7 @@ async def test_dead_claimant_is_picked_up_live_one_is_not(sessionmaker) -> None:
             assert not await mark_sent(sessionmaker, key, owner_id(claimant, 1))
 
 
+@pytest.mark.slow
 async def test_pending_row_of_unknown_claimant_freed_only_when_stale(sessionmaker) -> None:
     key = ledger_key("j", "telegram:1", "text")
     assert await claim(sessionmaker, key, recipient="telegram:1", owner="cli#0")
@@ -129,6 +132,7 @@ async def test_worker_killed_mid_delivery_then_rerun_delivers(sessionmaker) -> N
     assert r["status"] == "sent" and send.sent == 1
 
 
+@pytest.mark.slow
 async def test_transient_retried_with_retry_after(sessionmaker) -> None:
     send = Sender(DeliveryTransientError("429", retry_after=0.2), DeliveryTransientError("timeout"))
     key = ledger_key("j", "telegram:1", "text")
@@ -142,6 +146,7 @@ async def test_transient_retried_with_retry_after(sessionmaker) -> None:
     assert row is not None and row.tries == 3 and row.sent_at
 
 
+@pytest.mark.slow
 async def test_transient_gives_up_after_three_and_permanent_recorded(sessionmaker) -> None:
     send = Sender(*(DeliveryTransientError("HTTP 503") for _ in range(3)))
     r = await deliver_once(
@@ -164,6 +169,7 @@ async def test_transient_gives_up_after_three_and_permanent_recorded(sessionmake
     assert r3["status"] == "sent" and send2.sent == 1
 
 
+@pytest.mark.slow
 async def test_fence_lost_sends_nothing_and_leaves_it_for_the_next_run(sessionmaker) -> None:
     send = Sender(DeliveryTransientError("503", retry_after=0))
     state = {"ok": True}
@@ -192,6 +198,7 @@ async def test_fence_lost_sends_nothing_and_leaves_it_for_the_next_run(sessionma
 
 
 @pytest.mark.parametrize("dedup", [False, True])
+@pytest.mark.slow
 async def test_cancelled_mid_send_is_unknown_unless_the_platform_dedups(
     sessionmaker, dedup: bool
 ) -> None:

@@ -126,6 +126,7 @@ async def test_credentials_are_masked(tmp_path, sink, caplog) -> None:
     assert "hunter2secret" not in mask_url("tgram://123456789:hunter2secretAAAAAAAA/1234")
 
 
+@pytest.mark.slow
 async def test_slow_target_times_out_without_blocking_the_loop(tmp_path) -> None:
     with FakeSink(delay=3.0) as slow:
         s = settings_with(tmp_path, {"ops": [f"json://127.0.0.1:{slow.port}/slow"]})

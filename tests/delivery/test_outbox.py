@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from delivery.ledger import PARKED
@@ -62,6 +63,7 @@ async def _cleanup(svc: Services) -> None:
     await svc.close()
 
 
+@pytest.mark.slow
 async def test_waiting_deliveries_hold_no_slot(
     tmp_path: Path, database_url: str, redis_server_url: str, redis_prefix: str, tg: Any
 ) -> None:
@@ -118,6 +120,7 @@ async def test_waiting_deliveries_hold_no_slot(
     )
 
 
+@pytest.mark.slow
 async def test_lost_queue_is_rebuilt_from_the_ledger(
     tmp_path: Path, sqlite_url: str, redis_server_url: str, redis_prefix: str, tg: Any
 ) -> None:
@@ -166,6 +169,7 @@ async def test_lost_queue_is_rebuilt_from_the_ledger(
     assert texts == [f"6001 n{n}" for n in range(3)]
 
 
+@pytest.mark.slow
 async def test_a_chat_being_sent_to_is_left_to_its_sender(
     tmp_path: Path, sqlite_url: str, redis_server_url: str, redis_prefix: str, tg: Any
 ) -> None:

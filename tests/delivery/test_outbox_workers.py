@@ -49,6 +49,7 @@ async def _count(svc: Services, *where: Any) -> int:
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.slow
 async def test_300_results_3_workers_meet_the_flood_limits(
     tmp_path: Path, pg_url: str, redis_server_url: str, redis_prefix: str, tg: Any
 ) -> None:

@@ -95,6 +95,7 @@ async def ledger_rows(services):
         return (await s.execute(select(Delivery).order_by(Delivery.id))).scalars().all()
 
 
+@pytest.mark.slow
 async def test_file_artifact_to_telegram_once(services, tg) -> None:
     job = await make_job(services)
     (workspace(services, job) / "report.pdf").write_bytes(PDF)
@@ -121,6 +122,7 @@ async def test_file_artifact_to_telegram_once(services, tg) -> None:
     assert len(await ledger_rows(services)) == 1
 
 
+@pytest.mark.slow
 async def test_fake_success_flip_sends_a_short_failure_text(services, tg) -> None:
     job = await make_job(services)
     (workspace(services, job) / "partial.png").write_bytes(PNG)
@@ -154,6 +156,7 @@ def test_failure_text_hides_traces_and_admin_hints() -> None:
     assert len(failure_text("s", {"ok": False, "error": "x" * 5000})) < 700
 
 
+@pytest.mark.slow
 async def test_text_only_and_empty_results(services, tg) -> None:
     job = await make_job(services)
     await postprocess(services, job, {"result": "42 orders today"}, fence=always)
@@ -169,6 +172,7 @@ async def test_text_only_and_empty_results(services, tg) -> None:
     ]
 
 
+@pytest.mark.slow
 async def test_web_and_orgdeleg_sessions_get_stored_messages(services, sessionmaker) -> None:
     await ensure_session(sessionmaker, "s1", "r1", "", "web", "")
     job = await make_job(services, channel="web", actor_key="")
@@ -209,6 +213,7 @@ async def test_web_and_orgdeleg_sessions_get_stored_messages(services, sessionma
     assert "unknown session 'gone'" in post3.deliveries[0]["error"]
 
 
+@pytest.mark.slow
 async def test_undeliverable_origins_are_recorded(services) -> None:
     job = await make_job(services, actor_key="")
     post = await postprocess(services, job, {"message": "x"}, fence=always)
@@ -227,6 +232,7 @@ async def test_undeliverable_origins_are_recorded(services) -> None:
     assert len(await ledger_rows(services)) == 2
 
 
+@pytest.mark.slow
 async def test_lost_lease_sends_and_stores_nothing(services, tg) -> None:
     job = await make_job(services)
     (workspace(services, job) / "report.pdf").write_bytes(PDF)
@@ -236,6 +242,7 @@ async def test_lost_lease_sends_and_stores_nothing(services, tg) -> None:
         assert (await s.execute(select(Artifact))).scalars().all() == []
 
 
+@pytest.mark.slow
 async def test_feishu_text_first_then_media(services, fs) -> None:
     job = await make_job(services, channel="feishu", actor_key="ou_abc")
     ws = workspace(services, job)
@@ -253,6 +260,7 @@ async def test_feishu_text_first_then_media(services, fs) -> None:
     assert fs.files[fs.sent[2]["content"]["file_key"]][2] == PDF
 
 
+@pytest.mark.slow
 async def test_remote_image_materialized_and_sent_once(services, tg, cdn) -> None:
     cdn.files["/pic.png"] = (PNG, "image/png")
     url = f"http://127.0.0.1:{cdn.port}/pic.png"
@@ -267,6 +275,7 @@ async def test_remote_image_materialized_and_sent_once(services, tg, cdn) -> Non
     assert photo["caption"] == "Chart:"
 
 
+@pytest.mark.slow
 async def test_too_big_media_failure_keeps_the_text(services, tg) -> None:
     job = await make_job(services)
     huge = workspace(services, job) / "huge.mp4"
@@ -286,6 +295,7 @@ async def test_too_big_media_failure_keeps_the_text(services, tg) -> None:
 # --- through the real worker ------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_worker_delivers_a_background_result_to_telegram(
     tmp_path, database_url, redis_server_url, redis_prefix, tg
 ) -> None:

@@ -48,6 +48,7 @@ async def limiters(tmp_path: Path, redis_server_url: str, redis_prefix: str):
         await c.aclose()
 
 
+@pytest.mark.slow
 async def test_buckets_are_shared_by_all_limiters(limiters) -> None:
     _, workers = limiters
     stamps: list[float] = []
@@ -66,6 +67,7 @@ async def test_buckets_are_shared_by_all_limiters(limiters) -> None:
         assert i + 1 <= 2 + 10 * t + 1, (i, t)
 
 
+@pytest.mark.slow
 async def test_a_pause_holds_every_worker(limiters) -> None:
     _, (a, b, _) = limiters
     await a.pause("telegram", Target("1002"), 2.0)
@@ -76,6 +78,7 @@ async def test_a_pause_holds_every_worker(limiters) -> None:
     assert time.monotonic() - t0 >= 1.8
 
 
+@pytest.mark.slow
 async def test_many_results_at_once_meet_no_429(
     tmp_path: Path, redis_server_url: str, redis_prefix: str, tg
 ) -> None:

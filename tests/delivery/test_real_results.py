@@ -53,6 +53,7 @@ async def run_corpus(svc, tg) -> dict[str, dict]:
     return out
 
 
+@pytest.mark.slow
 async def test_every_real_skill_reaches_telegram_and_the_web_session(
     database_url, real_services, tg
 ) -> None:
@@ -128,6 +129,7 @@ async def test_every_real_skill_reaches_telegram_and_the_web_session(
     assert got["clip_frames"]["tg"] == [FRAMES] == got["clip_frames"]["web"]
 
 
+@pytest.mark.slow
 async def test_sync_answers_of_the_same_skills(real_services) -> None:
     svc = real_services
     ctx = web_ctx("s-sync")
@@ -179,6 +181,7 @@ async def test_a_skill_md_only_folder_is_listed_and_refused_with_a_hint(real_ser
 
 
 @pytest.mark.parametrize("real_services", ["zh"], indirect=True)
+@pytest.mark.slow
 async def test_chinese_texts_when_configured(real_services, tg) -> None:
     svc = real_services
     runs = [
@@ -196,6 +199,7 @@ async def test_chinese_texts_when_configured(real_services, tg) -> None:
     assert chat_texts(tg, "2033")[0].startswith("Stand-up notes for team core")
 
 
+@pytest.mark.slow
 async def test_a_context_locale_switches_an_english_deployment_to_chinese(
     real_services, tg
 ) -> None:

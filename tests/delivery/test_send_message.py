@@ -114,6 +114,7 @@ async def test_attachments_caption_vs_separate_text(channels, tg, fs, chart) -> 
     assert fs.images[fs.sent[1]["content"]["image_key"]] == PNG
 
 
+@pytest.mark.slow
 async def test_attachment_rules(channels, tg, tmp_path, chart) -> None:
     r = await send_message(channels, to="telegram:1001", text="x", attachments=[str(chart)])
     assert "the caller has no workspace" in r["failed"][0]["error"]
@@ -128,6 +129,7 @@ async def test_attachment_rules(channels, tg, tmp_path, chart) -> None:
     assert "nothing to send" in r["failed"][0]["error"]
 
 
+@pytest.mark.slow
 async def test_transient_error_is_retried(channels, tg) -> None:
     tg.fail_next(f"/bot{tg.token}/sendMessage", rate_limited(0))
     r = await send_message(channels, to="telegram:1001", text="after a 429", backoff=0.01)
@@ -135,6 +137,7 @@ async def test_transient_error_is_retried(channels, tg) -> None:
     assert len(tg.calls(f"/bot{tg.token}/sendMessage")) == 2
 
 
+@pytest.mark.slow
 async def test_web_session_and_unknown_session(channels, sessionmaker, chart) -> None:
     await ensure_session(sessionmaker, "sess-1", channel="web")
     r = await send_message(
@@ -172,6 +175,7 @@ def test_skill_folders_load(repo_root) -> None:
         assert skill.input_schema and "required" in skill.input_schema
 
 
+@pytest.mark.slow
 async def test_send_message_skill(repo_root, monkeypatch, tg, sessionmaker, tmp_path) -> None:
     monkeypatch.setenv("SKILLJOBS_TELEGRAM_BOT_TOKEN", tg.token)
     monkeypatch.setenv("SKILLJOBS_TELEGRAM_API_BASE", tg.url)
@@ -189,6 +193,7 @@ async def test_send_message_skill(repo_root, monkeypatch, tg, sessionmaker, tmp_
     assert r["ok"] is False and "not configured" in r["error"]
 
 
+@pytest.mark.slow
 async def test_notify_skill(repo_root, monkeypatch, tmp_path) -> None:
     (tmp_path / "r.txt").write_text("report")
     with FakeSink() as sink:
@@ -209,6 +214,7 @@ async def test_notify_skill(repo_root, monkeypatch, tmp_path) -> None:
         assert r["ok"] is False and "unknown notify target" in r["error"]
 
 
+@pytest.mark.slow
 async def test_skills_reachable_through_call_skill(
     repo_root, monkeypatch, tg, sessionmaker, tmp_path
 ) -> None:
@@ -252,6 +258,7 @@ async def test_skills_reachable_through_call_skill(
     assert sink.calls("/ops")[0].json["title"] == "relay"
 
 
+@pytest.mark.slow
 async def test_own_chat_with_a_message_anchor_is_the_callers_and_replies(channels, tg, fs):
     """From the chat line, ``<contact>#<message id>`` in the caller's own chat (their id or
     the group they talk in) is their own chat, and answers that message; the anchor does not

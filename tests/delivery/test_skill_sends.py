@@ -53,6 +53,7 @@ async def svc(
     await services.close()
 
 
+@pytest.mark.slow
 async def test_send_message_then_connection_error_twice_sends_once(svc, tg) -> None:
     ctx = {
         "channel": "telegram",
@@ -80,6 +81,7 @@ async def test_send_message_then_connection_error_twice_sends_once(svc, tg) -> N
     assert [(r.status, r.job_id, r.verified) for r in rows] == [("sent", job_id, True)]
 
 
+@pytest.mark.slow
 async def test_a_parked_send_then_connection_error_twice_sends_once(svc, tg) -> None:
     """The chat has no token when the skill sends: the message is parked in the outbox and
     the skill goes on; its re-runs make the same call, find the parked (or by then sent)

@@ -71,6 +71,7 @@ async def _until(check: Any, limit: float, what: str) -> Any:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_five_sends_to_one_chat_free_the_slot_and_arrive_once_in_order(
     tmp_path: Path, pg_url: str, redis_server_url: str, redis_prefix: str, tg: Any
 ) -> None:
@@ -118,6 +119,7 @@ async def test_five_sends_to_one_chat_free_the_slot_and_arrive_once_in_order(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_kill_9_during_the_outbox_send_is_unknown_not_resent(
     tmp_path: Path, pg_url: str, redis_server_url: str, redis_prefix: str, tg: Any
 ) -> None:

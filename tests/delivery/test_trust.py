@@ -89,6 +89,7 @@ def test_recipient_segment_is_one_safe_path_segment() -> None:
     assert job_segment(J) == "shared"  # the sync-line rule stays for sessionless web jobs
 
 
+@pytest.mark.slow
 async def test_two_telegram_users_never_get_each_others_file(trust, tg) -> None:
     """User A's report is never backfilled into B's text-only answer, overlapping or not."""
     a = await dispatch(
@@ -107,6 +108,7 @@ async def test_two_telegram_users_never_get_each_others_file(trust, tg) -> None:
     assert (await result_of(trust, b2))["workspace"] == str(ws_b)
 
 
+@pytest.mark.slow
 async def test_one_web_session_three_jobs_each_delivers_its_own_files(trust, tg) -> None:
     await ensure_session(trust.sessionmaker, "s-web", role_id="r1", org_id="o1", channel="web")
     for inp in (
@@ -124,6 +126,7 @@ async def test_one_web_session_three_jobs_each_delivers_its_own_files(trust, tg)
     ]
 
 
+@pytest.mark.slow
 async def test_overlapping_runs_of_one_workspace_attribute_new_files_to_neither(trust) -> None:
     await ensure_session(trust.sessionmaker, "s-web", role_id="r1", org_id="o1", channel="web")
     first = await dispatch_web(
@@ -139,6 +142,7 @@ async def test_overlapping_runs_of_one_workspace_attribute_new_files_to_neither(
         assert other in warning["reason"] and "another run" in warning["reason"]
 
 
+@pytest.mark.slow
 async def test_symlink_and_declared_paths_outside_are_refused(trust, tg) -> None:
     jobs = []
     for inp in (
@@ -261,6 +265,7 @@ async def sink() -> Any:
     await srv.close()
 
 
+@pytest.mark.slow
 async def test_notify_from_a_skill_cannot_mail_out_host_files(trust, sink, monkeypatch) -> None:
     monkeypatch.setenv(
         "SKILLJOBS_NOTIFY_TARGETS", json.dumps({"ops": f"json://127.0.0.1:{sink.port}/hook"})
@@ -345,6 +350,7 @@ async def test_host_naming_apprise_urls_pass_the_outbound_policy(tmp_path, sink)
     assert sink.connections == 0
 
 
+@pytest.mark.slow
 async def test_chat_line_send_message_reaches_only_the_callers_origin(
     trust, tg, monkeypatch, tmp_path
 ) -> None:
@@ -403,6 +409,7 @@ async def test_chat_line_send_message_reaches_only_the_callers_origin(
 # --- no credential in any log -------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_no_credential_in_the_worker_log(trust, tg) -> None:
     from jobs.catalog.configs import ConfigStore
     from jobs.logs import setup_logging
@@ -442,6 +449,7 @@ async def stored_text(svc: Any) -> str:
 
 
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+@pytest.mark.slow
 async def test_no_credential_in_a_worker_process_log(trust, tg, tmp_path) -> None:
     """A real ``skilljobs worker`` at DEBUG: its whole log, and every stored row, is free of
     the bot token, the role's secret config and the secret key."""
@@ -511,6 +519,7 @@ def test_tokens_valid_expired_tampered_and_misused() -> None:
         verify(b"other" * 8, token, FILE_KIND)
 
 
+@pytest.mark.slow
 async def test_file_links_of_web_messages(trust) -> None:
     from dashboard.app import create_app
 

@@ -3,6 +3,7 @@ given in the same write; on SQLite the batch goes through the one writer."""
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import select
 
 from delivery.channels.web import Outgoing, ensure_session, list_messages, post_messages
@@ -10,6 +11,7 @@ from delivery.ledger import LedgerEntry
 from jobs.models import Delivery
 
 
+@pytest.mark.slow
 async def test_each_ledger_row_holds_its_messages_id(services) -> None:
     await ensure_session(services.sessionmaker, "R1")
     async with services.sessionmaker() as s:

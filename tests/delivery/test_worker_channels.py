@@ -125,6 +125,7 @@ def test_a_group_conversation_is_named_by_the_context() -> None:
     assert ctx["conversation_id"] == "oc_1"
 
 
+@pytest.mark.slow
 async def test_a_dispatch_from_a_group_is_delivered_to_that_group(svc, tg, fs, wc, dt) -> None:
     asked_tg, asked_fs = tg.receive(TG_GROUP), fs.receive(FS_GROUP)
     jobs = {
@@ -188,6 +189,7 @@ async def test_a_dispatch_from_a_group_is_delivered_to_that_group(svc, tg, fs, w
     ]
 
 
+@pytest.mark.slow
 async def test_a_one_to_one_conversation_goes_to_the_person(svc, tg, fs) -> None:
     own_chat = await dispatch(
         svc, origin("telegram", "1001", conversation_id="1001"), "to me on telegram"
@@ -204,6 +206,7 @@ async def test_a_one_to_one_conversation_goes_to_the_person(svc, tg, fs) -> None
     assert {r for r, _ in await recipients(svc, p2p)} == {"feishu:ou_a"}
 
 
+@pytest.mark.slow
 async def test_a_token_expiring_mid_batch_is_refreshed_once_and_each_message_sent_once(
     svc, fs, wc
 ) -> None:
@@ -230,6 +233,7 @@ async def test_a_token_expiring_mid_batch_is_refreshed_once_and_each_message_sen
         assert [status for _, status in await recipients(svc, job_id)] == ["sent", "sent"]
 
 
+@pytest.mark.slow
 async def test_a_refusal_is_recorded_with_what_to_fix(svc, tg, fs, wc, dt) -> None:
     """Each platform's "bot not in the chat / user unreachable" answer ends the item failed
     (not retried) with a human reason in the delivery record the API and dashboard show."""
@@ -257,6 +261,7 @@ async def test_a_refusal_is_recorded_with_what_to_fix(svc, tg, fs, wc, dt) -> No
         assert "HTTP 4" not in first["error"] and first["tries"] == 1
 
 
+@pytest.mark.slow
 async def test_reply_to_current_answers_the_dispatched_message(svc, tg) -> None:
     """In a one-to-one chat a result answers the message that asked only when it says so
     ([[reply_to_current]]): the dispatch context's message_id reaches the delivery."""

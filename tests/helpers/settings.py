@@ -14,6 +14,7 @@ TRUST_SKILLS = TESTS / "trust_skills"
 EXEC_FIXTURES = TESTS / "exec_fixtures"
 SKILL_FIXTURES = TESTS / "skill_fixtures"
 FAKE_SKILLS = TESTS / "fakes" / "skills"
+MARKET_SKILLS = TESTS / "market_skills"
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 

@@ -210,6 +210,7 @@ async def test_concurrency_bounds_the_flushes_in_flight():
     assert peak == 2 and b.items == 40
 
 
+@pytest.mark.slow
 async def test_lease_renewal_skips_a_row_a_finish_holds_and_cannot_deadlock(services):
     """A batched finish locks its jobs' rows in its own order while the heartbeat renews
     the same worker's leases: the renewal skips a locked row (neither renewed nor lost)

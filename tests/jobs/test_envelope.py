@@ -268,7 +268,8 @@ def test_offload_receipt_shape_exactly(tmp_path):
     assert [len(s) for s in receipt["long_rows_sample"]] == [301, 301, 301]  # 300 + "…"
     assert len(receipt["display_md"]) == 15_000
     assert receipt["files"] == env["files"]
-    assert len(json.dumps(receipt)) < 20_000
+    # Bounded whatever the content; the workspace path (twice: path and hint) is the test's.
+    assert len(json.dumps(receipt).replace(json.dumps(str(path))[1:-1], "")) < 20_000
 
 
 def test_offload_schema_keys_capped_at_20(tmp_path):

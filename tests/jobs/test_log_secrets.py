@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import logging
 
+import pytest
+
 from jobs.catalog.configs import ConfigStore
 from jobs.logs import SecretFilter
 from jobs.queue.dispatcher import Dispatcher
@@ -13,6 +15,7 @@ WEB = {"channel": "web", "role_id": "r-logs", "session_id": "s-logs"}
 TOKEN = "tok-live-7c1e90ab33"
 
 
+@pytest.mark.slow
 async def test_sync_line_secrets_are_scrubbed_from_logs(services) -> None:  # type: ignore[no-untyped-def]
     await ConfigStore(services.sessionmaker, services.box).set(
         "r-logs", "sync_logger", "api_token", TOKEN

@@ -138,6 +138,7 @@ async def _insert_jobs(engine: AsyncEngine) -> None:
             )
 
 
+@pytest.mark.slow
 async def test_indexes_hold_only_rows_where_set_and_still_serve(fresh: AsyncEngine) -> None:
     await upgrade(fresh)
     found = await _indexes(fresh)
@@ -162,6 +163,7 @@ async def test_indexes_hold_only_rows_where_set_and_still_serve(fresh: AsyncEngi
     assert (expired, finished, matched) == (1, 2, 1)
 
 
+@pytest.mark.slow
 async def test_an_existing_database_upgrades_and_downgrades_in_place(fresh: AsyncEngine) -> None:
     await upgrade(fresh, "0013")
     await _insert_jobs(fresh)
@@ -226,6 +228,7 @@ async def _search(engine: AsyncEngine, q: str) -> set[str]:
         ("nosuchskill", set()),
     ],
 )
+@pytest.mark.slow
 async def test_skill_substring_search_finds_exactly_the_matching_skills(
     fresh: AsyncEngine, q: str, expected: set[str]
 ) -> None:

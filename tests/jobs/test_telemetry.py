@@ -113,6 +113,7 @@ async def test_one_trace_per_job_with_the_workers_spans_under_the_dispatch(
         assert d.attributes["skilljobs.delivery.status"] == "sent"
 
 
+@pytest.mark.slow
 async def test_each_run_of_a_retried_job_is_in_its_trace(
     svc: Services, spans: InMemorySpanExporter, tmp_path: Path
 ) -> None:
@@ -151,6 +152,7 @@ async def test_a_job_dispatched_untraced_still_gets_one_trace(
     assert f"{worker_spans[0].context.trace_id:032x}" == telemetry.parent_of(job).split("-")[1]
 
 
+@pytest.mark.slow
 async def test_a_chain_run_is_one_trace_with_a_span_per_step(
     svc: Services, spans: InMemorySpanExporter
 ) -> None:
@@ -179,6 +181,7 @@ async def test_a_chain_run_is_one_trace_with_a_span_per_step(
         assert _parent_id(step) == run.context.span_id
 
 
+@pytest.mark.slow
 async def test_off_without_configuration(svc: Services) -> None:
     telemetry.disable()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -244,6 +247,7 @@ class _Collector(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_otel_variables_export_over_otlp_http() -> None:
     """A loopback OTLP/HTTP collector gets the spans of a process configured only by the
     standard variables, with the service name they give."""
@@ -300,6 +304,7 @@ def test_otel_sdk_disabled_wins() -> None:
     assert _in_subprocess("print(telemetry.setup(), telemetry.enabled())", env) == "False False"
 
 
+@pytest.mark.slow
 async def test_a_dispatch_over_http_continues_the_callers_trace(
     svc: Services, spans: InMemorySpanExporter
 ) -> None:
