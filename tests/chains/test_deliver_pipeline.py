@@ -140,6 +140,7 @@ async def test_chain_goes_through_the_pipeline(
     assert page["deliveries"][0]["id"] == rows[0].id
 
 
+@pytest.mark.slow
 async def test_a_chain_creates_the_web_session_it_delivers_to(
     tmp_path: Path, sqlite_url: str, redis: Any, redis_server_url: str, redis_prefix: str
 ) -> None:

@@ -21,7 +21,7 @@ from jobs.services import Services
 from tests.helpers.jobs import drain, wait_status
 from tests.helpers.settings import TESTS, make_settings
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 WORKING_EN = "slow_task is still working on it; the result will be sent here when it is ready."
 

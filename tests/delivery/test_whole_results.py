@@ -26,7 +26,7 @@ from tests.helpers.jobs import drain
 from tests.helpers.real import job_json
 from tests.helpers.settings import TESTS, make_settings
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 RESULT_SKILLS = TESTS / "result_skills"
 CHAT = "3001"
