@@ -185,11 +185,13 @@ async def test_plain_text_stays_plain(svc, tg, fs) -> None:
     printed = (
         "Inventory report\n================\n1. Check the *north* shelf\n"
         "1. Count the [spare] parts\n    indented note: keep_this_indentation\n"
-        "# not a heading\nStore: east"
+        '# not a heading\n<at user_id="all">everyone</at> & <b>not bold</b>\nStore: east'
     )
     (sent,) = [m for m in tg.sent if m["chat_id"] == got["chat"]]
     assert sent["text"] == printed and "parse_mode" not in sent
-    assert fs_texts(fs, got["oid"]) == [printed]
+    # a Feishu text message would read <at user_id="all"> as a mention of everyone
+    safe = printed.replace("<at", "<\u200bat").replace("</at", "<\u200b/at")
+    assert fs_texts(fs, got["oid"]) == [safe]
     msgs = await web_messages(svc, got["session"])
     assert [m["text"] for m in msgs] == [printed]
 
