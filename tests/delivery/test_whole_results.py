@@ -15,6 +15,7 @@ import csv
 import io
 import json
 import runpy
+import zipfile
 from typing import Any
 
 import pytest
@@ -306,3 +307,89 @@ async def test_a_materialized_url_field_is_not_repeated_as_text(
     sent = [m for m in fs.sent if m["receive_id"] == "ou_chart"]
     assert [m["msg_type"] for m in sent] == ["text", "image"]
     assert sent[0]["content"]["text"] == "title: Weekly orders"  # no "image_url: http://…"
+
+
+async def test_wecom_and_dingtalk_get_every_row(
+    tmp_path, database_url, redis_server_url, redis_prefix
+) -> None:
+    """Smaller messages (WeCom 2,048 bytes, DingTalk 15,000 bytes of msgParam): the 150-row
+    report and the recipe export still reach the person whole."""
+    from tests.fakes.dingtalk import FakeDingTalk
+    from tests.fakes.wecom import FakeWeCom
+
+    with FakeWeCom() as wc, FakeDingTalk() as dt:
+        s = make_settings(
+            tmp_path,
+            redis_url=redis_server_url,
+            prefix=redis_prefix,
+            database_url=database_url,
+            skills_path=str(RESULT_SKILLS),
+            wecom_corp_id=wc.corp_id,
+            wecom_corp_secret=wc.corp_secret,
+            wecom_agent_id=str(wc.agent_id),
+            wecom_api_base=wc.url,
+            dingtalk_app_key=dt.app_key,
+            dingtalk_app_secret=dt.app_secret,
+            dingtalk_robot_code=dt.robot_code,
+            dingtalk_api_base=dt.url,
+            dingtalk_oapi_base=dt.oapi.url,
+        )
+        for skill in ("long_report", "recipe_box"):
+            wc.users.add(f"wc_user_{skill}")
+            dt.users.add(f"dt_user_{skill}")
+        svc = await Services.open(s)
+        try:
+            for channel, who in (("wecom", "wc_user"), ("dingtalk", "dt_user")):
+                for skill, inp in (
+                    ("long_report", {}),
+                    ("recipe_box", {"_subcommand": "export", "format": "json"}),
+                ):
+                    ctx = base(channel=channel, actor_key=f"{who}_{skill}")
+                    res = await Dispatcher(svc).dispatch(skill, inp, ctx)
+                    assert res.status_code == 202, res.body
+            await drain(svc)
+        finally:
+            await svc.close()
+
+        def wecom(user: str) -> tuple[str, dict[str, bytes]]:
+            sent = [m for m in wc.sent if m.get("touser") == user]
+            texts = "".join(
+                m[m["msgtype"]]["content"] for m in sent if m["msgtype"] in ("text", "markdown")
+            )
+            files = {
+                wc.media[m["file"]["media_id"]][1]: wc.media[m["file"]["media_id"]][2]
+                for m in sent
+                if m["msgtype"] == "file"
+            }
+            return texts, files
+
+        def dingtalk(user: str) -> tuple[str, dict[str, bytes]]:
+            sent = [m for m in dt.sent if m.get("userId") == user]
+
+            def param(m: dict[str, Any]) -> dict[str, Any]:
+                raw = m["msgParam"]
+                return raw if isinstance(raw, dict) else json.loads(raw)
+
+            texts = "".join(
+                param(m).get("content") or param(m).get("text") or ""
+                for m in sent
+                if m["msgKey"] in ("sampleText", "sampleMarkdown")
+            )
+            files = {
+                dt.oapi.media[param(m)["mediaId"]][1]: dt.oapi.media[param(m)["mediaId"]][2]
+                for m in sent
+                if m["msgKey"] == "sampleFile"
+            }
+            return texts, files
+
+        for read, who in ((wecom, "wc_user"), (dingtalk, "dt_user")):
+            texts, files = read(f"{who}_long_report")
+            doc = files.get("long_report-output.txt", b"").decode()
+            assert (doc or texts).count("product number") == 150, (who, texts[:200], list(files))
+            texts, files = read(f"{who}_recipe_box")
+            assert "Quick Pasta" in texts
+            data = files.get("recipe_box-result.json")
+            if data is None:  # DingTalk takes a few formats: others go zipped
+                with zipfile.ZipFile(io.BytesIO(files["recipe_box-result.json.zip"])) as z:
+                    data = z.read("recipe_box-result.json")
+            assert json.loads(data)[1]["title"] == "Tomato Soup"
