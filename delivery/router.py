@@ -230,7 +230,11 @@ def _fit(
 ) -> tuple[str, tuple[str, bytes] | None]:
     """``text`` if it fits :data:`MESSAGES_MAX` messages; else its head (cut at a line)
     with a note, and the document holding the whole of it."""
-    if len(text) <= 3000 or _messages(adapter, text, markdown) <= MESSAGES_MAX:
+    bound = int(getattr(adapter, "TEXT_LIMIT", RICH_TEXT_CAP)) * MESSAGES_MAX
+    # (a character counts at least 1 in every channel's unit: past the bound it cannot fit)
+    if len(text) <= 3000 or (
+        len(text) <= bound and _messages(adapter, text, markdown) <= MESSAGES_MAX
+    ):
         return text, None
     fenced = FENCED.fullmatch(text)
     inner = fenced.group(2) if fenced else text
@@ -239,7 +243,7 @@ def _fit(
     note = text_of("rest_in_file", lang, name=name)
     if markdown:
         note = escape_markdown(note)
-    budget = len(inner)
+    budget = min(len(inner), bound)
     while budget > 200:
         budget = int(budget * 0.75)
         head = inner[:budget]

@@ -131,7 +131,10 @@ class _Reader:
     def table(self, rows: list[dict[str, Any]]) -> str:
         """A Markdown table of the records' scalar fields (first rows and columns); a
         nested object of scalars shows as ``<key>.<field>`` columns."""
-        rows = [_flattened(r) for r in rows]
+        total = len(rows)
+        if total > TABLE_ROWS:
+            self.lossy = True
+        rows = [_flattened(r) for r in rows[:TABLE_ROWS]]
         columns: list[str] = []
         for row in rows[:TABLE_ROWS]:
             for k, v in row.items():
@@ -142,24 +145,25 @@ class _Reader:
         if len(columns) > TABLE_COLUMNS:
             self.lossy = True
             columns = columns[:TABLE_COLUMNS]
-        if len(rows) > TABLE_ROWS:
-            self.lossy = True
         if not columns:
             self.lossy = True
             return ""
 
         def cell(value: Any) -> str:
             s = self.short(value, CELL_MAX) if value is not None else ""
-            return s.replace("\\", "\\\\").replace("|", "\\|")
+            return _CELL_SPECIAL.sub(r"\\\1", s)  # shown as written, never as emphasis
 
         out = ["| " + " | ".join(cell(c) for c in columns) + " |"]
         out.append("|" + "|".join("---" for _ in columns) + "|")
         for row in rows[:TABLE_ROWS]:
             out.append("| " + " | ".join(cell(row.get(c)) for c in columns) + " |")
-        if len(rows) > TABLE_ROWS:
+        if total > TABLE_ROWS:
             out.append("")
-            out.append(escape_markdown(text("more_lines", self.lang, n=len(rows) - TABLE_ROWS)))
+            out.append(escape_markdown(text("more_lines", self.lang, n=total - TABLE_ROWS)))
         return "\n".join(out)
+
+
+_CELL_SPECIAL = re.compile(r"([\\|*_`~\[\]<>])")
 
 
 def _flattened(row: dict[str, Any]) -> dict[str, Any]:
