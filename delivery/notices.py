@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from delivery.channels.registry import channels_for
 from delivery.router import deliver_result, origin_of
 from jobs.models import JobRow
 from jobs.texts import language_of, text
@@ -47,8 +48,9 @@ async def send_notice(
     settings = services.settings
     if not force and not wanted(settings, kind):
         return []
-    if origin_of(job).error is not None:
-        return []
+    origin = origin_of(job)
+    if origin.error is not None or origin.channel not in channels_for(services):
+        return []  # nowhere to say it (the result's own delivery records why)
     ctx = job.context if isinstance(job.context, dict) else None
     lang = language_of(settings, ctx)
     message = text(f"notice_{kind}", lang, name=job.skill)
