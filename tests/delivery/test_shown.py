@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 from delivery.dialects import TELEGRAM
+from delivery.fitting import scrub_paths
 from delivery.render import render_result
 from delivery.richtext import pieces
-from delivery.router import scrub_paths
 from delivery.shown import aligned_columns, escape_markdown, result_file, shown
 from jobs.texts import reason_block, without_warnings
 
