@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from jobs.catalog.loader import inspect_python, load_skill, skill_folders
+from jobs.catalog.loader import load_skill, skill_folders
+from jobs.catalog.pyscan import inspect_python
 from jobs.catalog.validation import repair_schema
 from jobs.crypto import SECRET_MARKERS, is_secret_key
 from jobs.skill import ExecType, Skill, SkillType

@@ -70,7 +70,7 @@ def test_scripts_are_cli_skills_and_handlers_stay_in_process(tmp_path, body, cli
 def test_script_shapes_of_the_world(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A top-level script (no function, no guard) and a bare ``main()`` call are scripts;
     a helper called at import beside an entry function is not."""
-    from jobs.catalog.loader import inspect_python
+    from jobs.catalog.pyscan import inspect_python
 
     def reason(src: str) -> str:
         path = tmp_path / "x.py"
