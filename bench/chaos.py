@@ -6,22 +6,30 @@ PostgreSQL cluster made with ``initdb`` under a temporary folder (so it can be r
 a Redis server, a fake Telegram server, 3 ``skilljobs worker`` processes (with the chain
 scheduler) and ``skilljobs web``, through which every job is dispatched.
 
-Workload: ``--jobs`` jobs spread over ``--duration`` seconds — no-ops, 0.2–2 s sleepers,
-file-producing skills, flaky (transient) skills — delivered to the fake Telegram chat or to
-web sessions, plus 3 chains firing every minute (a 6 s sleeper, then a no-op; each step logs
-its completion under its run). Faults meanwhile: ``kill -9`` of a random
-worker every 5–20 s (restarted after a few seconds), SIGTERM of one, a Redis restart and a
-``FLUSHALL``, a PostgreSQL restart (``pg_ctl restart -m fast``), ``pg_terminate_backend`` of
-every client connection, a connection-pool exhaustion burst, a worker stalled (SIGSTOP)
-for longer than its lease.
+Workload: ``--jobs`` jobs spread over ``--duration`` seconds — in-process no-ops, 0.2–2 s
+sleepers, file-producing and flaky (transient) skills, and subprocess skills (a Python CLI
+script, 0.2–2 s or one in five 10–14 s, and a 1 s shell script) — delivered to the fake Telegram chat or to web
+sessions, plus 3 chains firing every minute (a 6 s sleeper, then a no-op; each step logs
+its completion under its run). Faults meanwhile: ``kill -9`` of a random worker every
+5–20 s (restarted after a few seconds), SIGTERM of one, a Redis restart, a Redis outage
+while results finish (stopped for 5 s), a ``FLUSHALL``, a PostgreSQL restart (``pg_ctl
+restart -m fast``; the cluster runs with ``fsync`` on), ``pg_terminate_backend`` of every
+client connection, a connection-pool exhaustion burst, a worker stalled (SIGSTOP) for
+longer than its lease, the chat platform answering 500 for a window and hanging for one.
 
-Accounting, from the database and the fakes' own logs (each skill appends a line to a
-completion log when it completes). Must be 0, else the exit status is 1: jobs lost (never
-terminal), skill completions after the job's outcome was recorded, web messages stored
-twice, Telegram messages sent twice beyond deliveries left ``unknown``, cron fire times
-missing or run twice, chain steps completed after their run's outcome was recorded. Reported: all repeated completions, jobs failed because of faults,
-time from each fault to the next finished job and from each ``kill -9`` to the re-run of
-the killed worker's jobs (p50/p99). The table is appended to ``--results``.
+Accounting, from the database and an independent ledger: every execution of a skill
+appends a ``start`` and an ``end`` line (tag, pid, time) to its own log, and the fake
+Telegram counts the messages that reached it per job. Must be 0, else the exit status is
+1: jobs lost (never terminal), jobs executed twice (two executions overlapping, or one
+completing after the job's outcome was recorded), results delivered twice (Telegram
+messages beyond deliveries left ``unknown``, web messages stored twice), jobs failed
+because of a fault, deliveries not arrived at the end (a succeeded job's result missing
+from its chat, or a delivery not ``sent``/``unknown``), cron ticks missing or run twice
+(each minute boundary while the chains existed fires once), chain steps completed after
+their run's outcome was recorded. Reported: repeated completions (a re-run after a worker
+died between its skill's end and its record), time from each fault to the next finished
+job and from each ``kill -9`` to the re-run of the killed worker's jobs (p50/p99). The
+table is appended to ``--results``.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import glob
+import itertools
 import json
 import os
 import platform
@@ -50,7 +59,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q="
 TOKEN = "chaos-token"
-CHAT = "1001"
+CHATS = [str(5000 + n) for n in range(10)]
 TERMINAL = ("succeeded", "failed", "timed_out", "cancelled")
 CHAIN_DONE = ("succeeded", "failed", "stopped_empty")
 
@@ -107,7 +116,7 @@ class Postgres:
     def _pg_ctl(self, action: str, *extra: str) -> None:
         opts = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
-            "-c max_connections=200 -c fsync=off -c synchronous_commit=off"
+            "-c max_connections=200 -c fsync=on -c synchronous_commit=on"
         )
         self._run(
             str(self.bin / "pg_ctl"),
@@ -186,17 +195,18 @@ import asyncio, os, pathlib, time
 LOG = {log!r}
 
 
-def _completed(tag):
-    with open(LOG, "a") as fh:  # one short line per completion, appended atomically
-        fh.write(f"{{tag}} {{os.getpid()}} {{time.time():.3f}}\\n")
+def _log(event, tag):
+    with open(LOG, "a") as fh:  # one short line per event, appended atomically
+        fh.write(f"{{event}} {{tag}} {{os.getpid()}} {{time.time():.3f}}\\n")
 
 
 async def execute(input_data, ctx):
     tag = input_data["tag"]
     if ctx.get("channel") == "schedule":  # a chain step: one tag per run (its fire time)
         tag = f"{{tag}}@{{round(float(ctx.get('triggered_at') or 0))}}"
+    _log("start", tag)
 {body}
-    _completed(tag)
+    _log("end", tag)
     return {{"ok": True, "message": f"done {{tag}}"{extra}}}
 """
 
@@ -218,6 +228,69 @@ SKILLS: dict[str, tuple[str, str]] = {
 }
 
 
+_CLI = """\
+\"\"\"Sleep a while, then print that it is done (an argparse CLI, run as a subprocess).\"\"\"
+
+import argparse
+import os
+import time
+
+LOG = {log!r}
+
+
+def log(event, tag):
+    with open(LOG, "a") as fh:
+        fh.write(f"{{event}} {{tag}} {{os.getpid()}} {{time.time():.3f}}\\n")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tag", required=True)
+    parser.add_argument("--seconds", type=float, default=0.5)
+    args = parser.parse_args()
+    log("start", args.tag)
+    time.sleep(args.seconds)
+    log("end", args.tag)
+    print(f"done {{args.tag}}")
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+_SH = """\
+#!/bin/sh
+# Sleep a while, then say it is done (a shell skill: its input arrives as --tag TAG).
+tag=""
+while [ $# -gt 0 ]; do
+  case "$1" in --tag) tag="$2"; shift ;; esac
+  shift
+done
+echo "start $tag $$ $(date +%s.%N)" >> {log}
+sleep 1
+echo "end $tag $$ $(date +%s.%N)" >> {log}
+echo "done $tag"
+"""
+
+
+def write_subprocess_skills(skills: Path, log: Path) -> None:
+    cli = skills / "chaos_cli"
+    cli.mkdir(parents=True)
+    (cli / "SKILL.md").write_text(
+        "---\nname: chaos_cli\ndescription: chaos workload CLI script\nasync: true\n"
+        "exec:\n  primary:\n    type: python\n    entry: run.py\n---\n# chaos_cli\n"
+    )
+    (cli / "run.py").write_text(_CLI.format(log=str(log)))
+    sh = skills / "chaos_sh"
+    sh.mkdir(parents=True)
+    (sh / "SKILL.md").write_text(
+        "---\nname: chaos_sh\ndescription: chaos workload shell script\nasync: true\n"
+        "exec:\n  primary:\n    type: shell\n    entry: run.sh\n---\n# chaos_sh\n"
+    )
+    (sh / "run.sh").write_text(_SH.format(log=str(log)))
+    (sh / "run.sh").chmod(0o755)
+
+
 def write_skills(root: Path, log: Path) -> Path:
     skills = root / "skills"
     for name, (body, extra) in SKILLS.items():
@@ -229,6 +302,7 @@ def write_skills(root: Path, log: Path) -> Path:
         )
         handler = _HANDLER.format(log=str(log), body=body or "    pass", extra=extra)
         (folder / "handler.py").write_text(handler)
+    write_subprocess_skills(skills, log)
     return skills
 
 
@@ -265,6 +339,14 @@ class Proc:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, sig)
 
+    def crash(self) -> None:
+        """``kill -9`` of the process alone (as the OOM killer does): whatever it started
+        is on its own then — a skill's subprocesses must die with it by themselves."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -292,9 +374,12 @@ class Run:
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="skilljobs-chaos-")))
     faults: list[Fault] = field(default_factory=list)
     dispatched: dict[str, str] = field(default_factory=dict)  # tag → job id
+    channel_of: dict[str, str] = field(default_factory=dict)  # tag → its origin channel
     retries: int = 0
     refusals: list[str] = field(default_factory=list)
     t0: float = 0.0
+    chains_at: float = 0.0
+    tg: Any = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -323,7 +408,9 @@ class Run:
             SKILLJOBS_WORKER_MAX_JOBS="50",
             SKILLJOBS_WORKER_GRACE_SEC="5",
             SKILLJOBS_RETRY_BACKOFF_SEC="0.5",
-            SKILLJOBS_LOG_LEVEL="WARNING",
+            # an outage's sends are tried again at most 5 s apart (the window stays 30 min)
+            SKILLJOBS_DELIVERY_RETRY_MAX_SEC="5",
+            SKILLJOBS_LOG_LEVEL=os.environ.get("CHAOS_LOG_LEVEL", "WARNING"),
         )
         return env
 
@@ -358,17 +445,26 @@ def _job(run: Run, i: int) -> tuple[str, dict[str, Any]]:
     """The i-th job of the mix: (tag, dispatch body)."""
     tag = f"j{i:06d}"
     r = run.rng.random()
-    if r < 0.35:
+    if r < 0.25:
         skill, inp = "chaos_noop", {}
-    elif r < 0.75:
+    elif r < 0.50:
         skill, inp = "chaos_sleep", {"seconds": round(run.rng.uniform(0.2, 2.0), 2)}
+    elif r < 0.65:
+        # one in five runs past the take-over of a killed worker (8.5 s): its process must
+        # die with the worker, or the re-run overlaps it
+        long = run.rng.random() < 0.2
+        secs = run.rng.uniform(10.0, 14.0) if long else run.rng.uniform(0.2, 2.0)
+        skill, inp = "chaos_cli", {"seconds": round(secs, 2)}
+    elif r < 0.75:
+        skill, inp = "chaos_sh", {}
     elif r < 0.93:
         skill, inp = "chaos_file", {}
     else:
         skill, inp = "chaos_flaky", {}
     body: dict[str, Any] = {"skill": skill, "input": {**inp, "tag": tag}, "idempotency_key": tag}
     if run.rng.random() < 0.5:
-        ctx = {"channel": "telegram", "actor_key": CHAT, "session_id": f"tg-{CHAT}"}
+        chat = CHATS[i % len(CHATS)]  # each chat takes 1 message/s (Telegram's limit)
+        ctx = {"channel": "telegram", "actor_key": chat, "session_id": f"tg-{chat}"}
     else:
         # a web session delegated by an organization: runs in the background and is
         # delivered to the session (a plain web session would run it on the sync line)
@@ -391,6 +487,7 @@ async def dispatch_all(run: Run) -> None:
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
         tag, body = _job(run, i)
+        run.channel_of[tag] = body["context"]["channel"]
         await asyncio.sleep(max(0.0, run.t0 + span * i / run.n_jobs - time.time()))
         async with sem:
             for _ in range(240):
@@ -445,7 +542,7 @@ async def _restart_later(run: Run, w: Proc, after: float) -> None:
 
 
 async def kill_loop(run: Run, until: float) -> None:
-    """kill -9 of a random worker every 5–20 s, restarted after 2–4 s."""
+    """kill -9 of a random worker (its process alone) every 5–20 s, restarted after 2–4 s."""
     pending: set[asyncio.Task[None]] = set()
     while True:
         await asyncio.sleep(run.rng.uniform(5, 20))
@@ -457,7 +554,7 @@ async def kill_loop(run: Run, until: float) -> None:
         w = run.rng.choice(alive)
         assert w.proc is not None
         run.faults.append(Fault("kill -9", time.time(), w.proc.pid))
-        w.kill()
+        w.crash()
         t = asyncio.create_task(_restart_later(run, w, run.rng.uniform(2, 4)))
         pending.add(t)
         t.add_done_callback(pending.discard)
@@ -478,6 +575,31 @@ async def _sigterm(run: Run) -> None:
 async def _redis_restart(run: Run) -> None:
     run.faults.append(Fault("redis restart", time.time()))
     run.redis.restart()  # on the loop's thread: the server must not die with a pool thread
+
+
+async def _redis_outage(run: Run) -> None:
+    """Redis stopped for 5 s while results finish (jobs running, deliveries going out)."""
+    run.faults.append(Fault("redis outage 5 s", time.time()))
+    run.redis.stop()
+    await asyncio.sleep(5)
+    run.redis.start()
+
+
+async def _chat_500(run: Run) -> None:
+    """The chat platform answers 500 to everything for a window."""
+    window = 30.0 if run.duration >= 120 else 5.0
+    run.faults.append(Fault(f"chat 500 for {window:.0f} s", time.time()))
+    run.tg.outage(window)
+    await asyncio.sleep(window)
+
+
+async def _chat_hang(run: Run) -> None:
+    """The chat platform holds every request for a window (past the client's 30 s read
+    timeout in the full run: those sends end ``unknown``), then processes them."""
+    window = 35.0 if run.duration >= 120 else 3.0
+    run.faults.append(Fault(f"chat hang {window:.0f} s", time.time()))
+    run.tg.hang(window)
+    await asyncio.sleep(window)
 
 
 async def _flushall(run: Run) -> None:
@@ -531,12 +653,15 @@ async def _stall(run: Run) -> None:
 
 
 FAULTS = [
-    (0.12, _sigterm),
-    (0.25, _redis_restart),
-    (0.35, _flushall),
+    (0.08, _sigterm),
+    (0.15, _redis_outage),
+    (0.25, _chat_500),
+    (0.32, _redis_restart),
+    (0.38, _flushall),
     (0.45, _pg_restart),
-    (0.55, _terminate),
-    (0.65, _exhaust),
+    (0.52, _chat_hang),
+    (0.60, _terminate),
+    (0.66, _exhaust),
     (0.72, _stall),
 ]
 
@@ -581,14 +706,49 @@ async def wait_drained(run: Run, sm: Any, limit: float) -> None:
         await asyncio.sleep(1.0)
 
 
-def _completions(run: Run) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
+async def wait_delivered(run: Run, sm: Any, limit: float) -> None:
+    """Until no delivery is on its way (``pending``/``sending``): an outage's sends are
+    being tried again from the outbox."""
+    from sqlalchemy import func, select
+
+    from jobs.models import Delivery
+
+    deadline = time.monotonic() + limit
+    await asyncio.sleep(2)
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            async with sm() as s:
+                left = await s.scalar(
+                    select(func.count())
+                    .select_from(Delivery)
+                    .where(Delivery.status.in_(("pending", "sending")))
+                )
+            if left == 0:
+                return
+        await asyncio.sleep(1.0)
+
+
+def _executions(run: Run) -> dict[str, list[tuple[float, float | None]]]:
+    """The independent ledger: tag → its executions as (start, end or None when it never
+    ended: killed with its worker)."""
+    seen: dict[tuple[str, str], list[float | None]] = {}
     if run.completions.exists():
-        for line in run.completions.read_text().splitlines():
+        for line in run.completions.read_text(errors="replace").splitlines():
             parts = line.split()
-            if len(parts) == 3:
-                out.setdefault(parts[0], []).append(float(parts[2]))
-    return out
+            if len(parts) != 4 or parts[0] not in ("start", "end"):
+                continue
+            event, tag, pid, at = parts
+            span = seen.setdefault((tag, pid), [None, None])
+            span[0 if event == "start" else 1] = float(at)
+    out: dict[str, list[tuple[float, float | None]]] = {}
+    for (tag, _pid), (start, end) in seen.items():
+        out.setdefault(tag, []).append((start if start is not None else end or 0.0, end))
+    return {t: sorted(xs, key=lambda x: x[0]) for t, xs in out.items()}
+
+
+def _overlapping(xs: list[tuple[float, float | None]]) -> bool:
+    """Two executions of one job at the same time (one started before the other ended)."""
+    return any(end is not None and nxt[0] < end for (_, end), nxt in itertools.pairwise(xs))
 
 
 async def account(
@@ -605,9 +765,11 @@ async def account(
         deliveries = (await s.scalars(select(Delivery))).all()
         runs = (await s.scalars(select(ChainRun))).all()
     by_tag = run.dispatched
-    done = _completions(run)
+    execs = _executions(run)
+    done = {t: [e for _, e in xs if e is not None] for t, xs in execs.items()}
     lost = [j for j in jobs.values() if j.status not in TERMINAL]
     repeated = {t: c for t, c in done.items() if t in by_tag and len(c) > 1}
+    overlapping = [t for t, xs in execs.items() if t in by_tag and _overlapping(xs)]
     after_record = [
         t
         for t, times in repeated.items()
@@ -626,12 +788,25 @@ async def account(
                 tg[(word, m.get("method"))] += 1
     tg_twice = [k for k, n in tg.items() if n > 1]
     tg_twice_beyond = [k for k in tg_twice if by_tag.get(k[0]) not in unknown_jobs]
-    # cron: every minute boundary from a minute after the chains existed to the end of the run
-    end = run.t0 + run.duration
+    # arrived: a succeeded job's result in its chat (the fake's own count), every delivery
+    # recorded as sent (or unknown: it may have arrived, an operator decides)
+    tg_tags = {word for word, _method in tg}
+    web_jobs = {m.job_id for m in messages if m.job_id}
+    not_arrived = [
+        t
+        for t, jid in by_tag.items()
+        if (j := jobs.get(jid)) is not None
+        and j.status == "succeeded"
+        and (t not in tg_tags if run.channel_of.get(t) == "telegram" else jid not in web_jobs)
+    ]
+    open_rows = [d for d in deliveries if d.status in ("pending", "sending", "failed")]
+    # cron, per tick: every minute boundary from when the chains existed until shortly
+    # before now (a fire needs a moment to be recorded, its run ~6 s) fires exactly once
+    ticks_until = time.time() - 15
     fires = Counter((r.schedule_id, round(r.fire_at)) for r in runs if r.trigger == "cron")
     finished = {(r.schedule_id, round(r.fire_at)) for r in runs if r.status in CHAIN_DONE}
-    first = (int(run.t0) // 60 + 1) * 60
-    expected = [(c, t) for c in chains for t in range(first, int(end), 60)]
+    first = (int(run.chains_at) // 60 + 1) * 60
+    expected = [(c, t) for c in chains for t in range(first, int(ticks_until) + 1, 60)]
     missing = [k for k in expected if k not in finished]
     doubled = [k for k, n in fires.items() if n > 1]
     # chain steps: completed more than once per run, and after their run's outcome
@@ -687,15 +862,21 @@ async def account(
         "dispatches refused": len(run.refusals),
         "succeeded": sum(j.status == "succeeded" for j in jobs.values()),
         "lost (never terminal)": len(lost),
+        "executed twice (overlapping, or after the record)": len(
+            set(overlapping) | set(after_record)
+        ),
+        "executions overlapping": len(overlapping),
         "completed more than once": len(repeated),
         "completed after its outcome was recorded": len(after_record),
+        "delivered twice": web_twice + len(tg_twice_beyond),
         "web messages stored twice": web_twice,
         "telegram sent twice": len(tg_twice),
         "telegram sent twice beyond unknown": len(tg_twice_beyond),
+        "deliveries not arrived at the end": len(not_arrived) + len(open_rows),
         "deliveries left unknown": len(unknown_jobs),
-        "cron fire times expected": len(expected),
-        "cron fire times missing": len(missing),
-        "cron fire times doubled": len(doubled),
+        "cron ticks expected": len(expected),
+        "cron ticks missing": len(missing),
+        "cron ticks doubled": len(doubled),
         "chain runs taken over (lost runs)": sum(r.lost_runs for r in runs),
         "chain runs failed": sum(r.status == "failed" for r in runs),
         "chain steps completed more than once": len(steps_twice),
@@ -717,11 +898,15 @@ async def account(
 MUST_BE_ZERO = (
     "dispatches refused",
     "lost (never terminal)",
+    "executed twice (overlapping, or after the record)",
     "completed after its outcome was recorded",
+    "delivered twice",
     "web messages stored twice",
     "telegram sent twice beyond unknown",
-    "cron fire times missing",
-    "cron fire times doubled",
+    "deliveries not arrived at the end",
+    "failed because of faults",
+    "cron ticks missing",
+    "cron ticks doubled",
     "chain steps completed after their run was recorded",
 )
 
@@ -764,7 +949,9 @@ async def main(run: Run, results: Path | None, keep: bool = False) -> int:
     from tests.fakes.telegram import FakeTelegram
 
     tg = FakeTelegram()
+    tg.known_chats.update(CHATS)
     tg.start()
+    run.tg = tg
     svc = None
     try:
         await asyncio.to_thread(run.pg.start)
@@ -786,6 +973,7 @@ async def main(run: Run, results: Path | None, keep: bool = False) -> int:
             secret_key=SecretStr(SECRET),
         )
         svc = await Services.open(settings)
+        run.chains_at = time.time()
         chains = await make_chains(run, svc)
         logs = run.root / "logs"
         logs.mkdir()
@@ -800,7 +988,7 @@ async def main(run: Run, results: Path | None, keep: bool = False) -> int:
         await asyncio.gather(dispatch_all(run), fault_plan(run))
         await asyncio.sleep(max(0.0, run.t0 + run.duration - time.time()))
         await wait_drained(run, svc.sessionmaker, run.drain)
-        await asyncio.sleep(3)  # deliveries of the last jobs
+        await wait_delivered(run, svc.sessionmaker, run.drain / 2)
         figures = await account(run, svc.sessionmaker, list(tg.sent), chains)
     finally:
         if svc is not None:

@@ -11,6 +11,8 @@ from fastapi import APIRouter, Body, Query, Request
 from dashboard import queries
 from dashboard.api_jobs import actor_of, delivery_dict, services_of
 from dashboard.errors import ApiError
+from delivery.channels.registry import channels_for
+from delivery.ledger import action_for
 from jobs.models import OpsAction
 
 router = APIRouter(prefix="/api/v1")
@@ -37,9 +39,15 @@ async def list_deliveries(
     since: float | None = Query(None, allow_inf_nan=False),
     limit: int = Query(50, ge=1, le=queries.MAX_PAGE),
 ) -> dict[str, Any]:
-    """Newest first. Without ``job``: ``failed`` and ``unknown`` of the last 7 days unless
-    ``status`` / ``since`` say otherwise (the status index serves the range)."""
-    async with services_of(request).read_sessionmaker() as session:
+    """Newest first. Without ``job``: ``failed`` and ``unknown`` of the last 7 days, and
+    every one ``pending`` past ``SKILLJOBS_DELIVERY_PENDING_STALE_SEC``, unless ``status`` /
+    ``since`` say otherwise (the status index serves the range). Each open one says what
+    an operator can do (``action``)."""
+    svc = services_of(request)
+    stuck = None
+    if not status and not job:
+        stuck = time.time() - float(svc.settings.delivery_pending_stale_sec)
+    async with svc.read_sessionmaker() as session:
         rows = await queries.list_deliveries(
             session,
             statuses=_statuses(status, job),
@@ -47,6 +55,7 @@ async def list_deliveries(
             channel=channel or None,
             job_id=job or None,
             limit=limit,
+            pending_before=stuck,
         )
     return {"items": [{**delivery_dict(d), **_custody(d)} for d in rows]}
 
@@ -89,6 +98,7 @@ async def bulk(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, 
             channel=str(flt["channel"]) if flt.get("channel") else None,
             job_id=job,
             limit=limit,
+            resendable_on=set(channels_for(svc)) if action == "resend" else None,
         )
     out: dict[str, Any] = {
         "action": action,
@@ -153,6 +163,7 @@ def _custody(d: Any) -> dict[str, Any]:
         "note": d.note,
         "sent_as": d.sent_as,
         "resendable": bool(d.content),
+        "action": action_for(d.status, bool(d.content)),
     }
 
 

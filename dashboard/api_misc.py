@@ -22,6 +22,7 @@ from delivery.channels import web
 from jobs.catalog.configs import ConfigStore
 from jobs.constants import JOB_EVENTS
 from jobs.models import OpsAction
+from jobs.queue import broker, worker_control
 from jobs.queue.store import get_job
 from jobs.services import Services
 
@@ -108,6 +109,7 @@ async def queue(
     summary shared for a few seconds (``summary``: ``as_of`` and ``max_age_s``)."""
     now = time.time()
     sm = services_of(request).read_sessionmaker
+    stale_after = float(services_of(request).settings.delivery_pending_stale_sec)
 
     async def run(fn: Any, *args: Any) -> Any:
         async with sm() as session:
@@ -116,13 +118,13 @@ async def queue(
     five = {"5m": queries.WINDOWS["5m"]}
     if brief:
         depth, counts, rows = await asyncio.gather(
-            run(queries.queue_depth, now),
+            run(queries.queue_depth, now, stale_after),
             run(queries.window_counts, now, five),
             run(queries.list_workers),
         )
         rates = queries.rates_of(counts, five)
         return {
-            **depth,
+            **{k: depth[k] for k in ("queued", "running", "oldest_queued_age_s")},
             "succeeded_5m": rates["5m"]["succeeded"],
             "failed_5m": rates["5m"]["failed"],
             "workers": sum(1 for w in rows if worker_dict(w, now)["alive"]),
@@ -137,7 +139,7 @@ async def queue(
 
     # Independent reads: one connection each, side by side; the day's summary is shared.
     depth, live, rows, recent, shared_summary = await asyncio.gather(
-        run(queries.queue_depth, now),
+        run(queries.queue_depth, now, stale_after),
         run(queries.live_counts),
         run(queries.list_workers),
         run(queries.window_counts, now, five),
@@ -165,10 +167,22 @@ async def queue(
 
 @router.get("/workers")
 async def workers(request: Request) -> dict[str, Any]:
+    """Workers, latest heartbeat first; a live one with its concurrency, processed and
+    failed counts, resident memory and version (from its heartbeat)."""
     now = time.time()
-    async with services_of(request).sessionmaker() as session:
+    svc = services_of(request)
+    async with svc.sessionmaker() as session:
         rows = await queries.list_workers(session)
-    return {"items": [worker_dict(w, now) for w in rows]}
+    try:
+        beats = await broker.heartbeats(svc, [w.id for w in rows])
+    except Exception:  # Redis down: the rows alone
+        beats = [{} for _ in rows]
+    return {
+        "items": [
+            {**worker_dict(w, now), **worker_control.vitals(b)}
+            for w, b in zip(rows, beats, strict=True)
+        ]
+    }
 
 
 # --- per-role skill configuration -----------------------------------------------------

@@ -13,6 +13,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,6 +26,7 @@ from dashboard import (
     api_jobs,
     api_misc,
     api_schedules,
+    api_skills,
     api_stats,
     api_tokens,
     api_workers,
@@ -38,6 +41,8 @@ from dashboard.metrics import CONTENT_TYPE, Metrics
 from dashboard.queries import BadQuery
 from dashboard.sync_pool import SyncPool
 from dashboard.tokens import TokenKey
+from jobs import counters
+from jobs.db import db_unavailable
 from jobs.services import Services
 from jobs.settings import Settings
 
@@ -149,13 +154,15 @@ def create_app(
     app.include_router(api_audit.router, dependencies=[Depends(require_token)])
     app.include_router(api_deliveries.router, dependencies=[Depends(require_token)])
     app.include_router(api_workers.router, dependencies=[Depends(require_token)])
+    app.include_router(api_skills.router, dependencies=[Depends(require_token)])
 
     @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
     async def metrics(request: Request) -> Response:
         svc: Services = request.app.state.services
-        waits, parked = await asyncio.gather(
+        waits, parked, totals = await asyncio.gather(
             latency.ratelimit_waits(svc.redis, svc.settings.key),
             latency.ratelimit_parked(svc.redis, svc.settings.key),
+            counters.read(svc.redis, svc.settings),
         )
         body = await request.app.state.metrics.render(
             svc.sessionmaker,
@@ -163,6 +170,8 @@ def create_app(
             limits=svc.settings.limits,
             ratelimit_waits=waits,
             ratelimit_parked=parked,
+            totals=totals,
+            pending_stale_after=float(svc.settings.delivery_pending_stale_sec),
         )
         return Response(body, media_type=CONTENT_TYPE)
 
@@ -205,5 +214,14 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
+        if db_unavailable(exc) or isinstance(exc, RedisConnectionError | RedisTimeoutError):
+            # the database or Redis away (restarting, out of connections): nothing was done,
+            # and the same request is worth sending again in a moment
+            log.warning("%s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+            return envelope(
+                503,
+                f"temporarily unavailable ({type(exc).__name__}); try again in a moment",
+                "transient",
+            )
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return envelope(500, f"internal error ({type(exc).__name__})", "transient")

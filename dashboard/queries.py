@@ -15,9 +15,10 @@ import base64
 import binascii
 import math
 from collections import defaultdict
+from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import and_, case, func, literal_column, or_, select
+from sqlalchemy import Text, and_, case, cast, func, literal_column, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from jobs.models import (
@@ -142,8 +143,16 @@ async def get_artifact(session: AsyncSession, job_id: str, artifact_id: int) -> 
 # --- queue overview -------------------------------------------------------------------
 
 
-async def queue_depth(session: AsyncSession, now: float) -> dict[str, Any]:
-    """Queued / running counts and the age of the oldest waiting job."""
+#: a delivery ``pending`` longer than this is reported by default (``Settings``
+#: ``delivery_pending_stale_sec``)
+PENDING_STALE_S = 300.0
+
+
+async def queue_depth(
+    session: AsyncSession, now: float, stale_after: float = PENDING_STALE_S
+) -> dict[str, Any]:
+    """Queued / running counts, the age of the oldest waiting job, and the deliveries
+    ``pending`` longer than ``stale_after`` (a result that has not reached its chat)."""
     counts = dict(
         (
             await session.execute(
@@ -156,10 +165,22 @@ async def queue_depth(session: AsyncSession, now: float) -> dict[str, Any]:
     oldest = (
         await session.execute(select(func.min(Job.queued_at)).where(Job.status == QUEUED))
     ).scalar()
+    stale, oldest_pending = (
+        await session.execute(
+            select(func.count(), func.min(Delivery.created_at)).where(
+                Delivery.status == DeliveryStatus.PENDING,
+                Delivery.created_at < now - stale_after,
+            )
+        )
+    ).one()
     return {
         "queued": int(counts.get(QUEUED, 0)),
         "running": int(counts.get(RUNNING, 0)),
         "oldest_queued_age_s": round(max(0.0, now - oldest), 3) if oldest else 0.0,
+        "deliveries_pending_stale": int(stale or 0),
+        "oldest_pending_delivery_age_s": (
+            round(max(0.0, now - oldest_pending), 3) if oldest_pending else 0.0
+        ),
     }
 
 
@@ -381,9 +402,11 @@ DURATION_BUCKETS_MS = (
 )
 
 
-async def metrics_live(session: AsyncSession, now: float) -> dict[str, Any]:
+async def metrics_live(
+    session: AsyncSession, now: float, stale_after: float = PENDING_STALE_S
+) -> dict[str, Any]:
     """What ``/metrics`` reads at every scrape (queued and running jobs, workers)."""
-    snap: dict[str, Any] = {"depth": await queue_depth(session, now)}
+    snap: dict[str, Any] = {"depth": await queue_depth(session, now, stale_after)}
     snap["live"] = await live_counts(session)
     workers = (
         await session.execute(
@@ -455,14 +478,22 @@ async def list_deliveries(
     channel: str | None = None,
     job_id: str | None = None,
     limit: int = 50,
+    pending_before: float | None = None,
 ) -> list[Delivery]:
     """Deliveries newest first: by job (``ix_deliveries_job_id``), else by status over a
-    bounded time range (``ix_deliveries_status_created``)."""
+    bounded time range (``ix_deliveries_status_created``); ``pending_before``: also the
+    ones still ``pending`` that were created before then (stuck on their way)."""
     conds: list[Any] = []
     if job_id:
         conds.append(Delivery.job_id == job_id)
     else:
-        conds += [Delivery.status.in_(statuses), Delivery.created_at >= since]
+        wanted = and_(Delivery.status.in_(statuses), Delivery.created_at >= since)
+        if pending_before is not None:
+            stuck = and_(
+                Delivery.status == DeliveryStatus.PENDING, Delivery.created_at < pending_before
+            )
+            wanted = or_(wanted, stuck)
+        conds.append(wanted)
     if job_id and statuses:
         conds.append(Delivery.status.in_(statuses))
     if channel:
@@ -484,10 +515,18 @@ async def delivery_matches(
     channel: str | None = None,
     job_id: str | None = None,
     limit: int = 500,
+    resendable_on: Collection[str] | None = None,
 ) -> tuple[int, list[int]]:
     """How many deliveries the list's filter matches, and the ids of the oldest ``limit``
-    (what a bulk resend or dismiss takes)."""
+    (what a bulk resend or dismiss takes). ``resendable_on``: only those a resend can
+    send — with stored content, on one of these (configured) channels."""
     conds: list[Any] = [Delivery.status.in_(statuses)]
+    if resendable_on is not None:
+        conds += [
+            Delivery.content.is_not(None),
+            cast(Delivery.content, Text) != "null",
+            Delivery.channel.in_(list(resendable_on)),
+        ]
     if job_id:
         conds.append(Delivery.job_id == job_id)
     else:

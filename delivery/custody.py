@@ -14,6 +14,7 @@ Both are recorded in the audit trail (``ops_actions``) with who did it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -34,6 +35,7 @@ from delivery.ledger import (
     custody_dict,
     deliver_once,
 )
+from delivery.plan import SEALED_RESULT, delivered_folder, plan, write_files
 from delivery.richtext import PlainText
 from jobs.models import PENDING, Delivery, DeliveryStatus, OpsAction
 
@@ -69,9 +71,11 @@ async def list_deliveries(
     status: str | None = None,
     job: str | None = None,
     limit: int = 100,
+    stale_after: float = 300.0,
 ) -> list[dict[str, Any]]:
     """Deliveries newest first, by ``status`` (comma list) and/or ``job`` (a job or a chain
-    run id). Without either: every ``unknown`` and ``failed`` one."""
+    run id). Without either: every ``unknown`` and ``failed`` one, and every one still
+    ``pending`` after ``stale_after`` seconds."""
     statuses = [s.strip() for s in (status or "").split(",") if s.strip()]
     bad = [s for s in statuses if s not in STATUSES]
     if bad:
@@ -79,7 +83,10 @@ async def list_deliveries(
     if not statuses and not job:
         statuses = list(OPEN)
     q = select(Delivery).order_by(Delivery.id.desc()).limit(max(1, min(limit, MAX_LIST)))
-    if statuses:
+    if statuses and not status and not job:
+        stuck = (Delivery.status == PENDING) & (Delivery.created_at < time.time() - stale_after)
+        q = q.where(Delivery.status.in_(statuses) | stuck)
+    elif statuses:
         q = q.where(Delivery.status.in_(statuses))
     if job:
         q = q.where((Delivery.job_id == job) | (Delivery.chain_run_id == job))
@@ -148,7 +155,11 @@ def sender_for(
     services: Any, adapter: Channel, contact: str, content: dict[str, Any], kind: str
 ) -> Callable[[], Awaitable[str]]:
     """Send a stored delivery's content (``{"text"}`` or ``{"path", "caption"?}``, and
-    ``reply_to`` when it answers a message) again; files only from inside the workspaces."""
+    ``reply_to`` when it answers a message) again; files only from inside the workspaces.
+    A result held sealed because its channel was not configured is planned for ``adapter``
+    now and sent whole (text, then files)."""
+    if SEALED_RESULT in content:
+        return _held_result_sender(services, adapter, contact, content[SEALED_RESULT])
     text = content.get("text")
     caption = content.get("caption")
     if content.get("plain"):  # stored as plain text: never read as Markdown
@@ -169,6 +180,48 @@ def sender_for(
                 raise DeliveryPermanentError(f"{Path(path).name} is outside the workspaces")
             return await adapter.send_media(kind, contact, path, caption)
         return await adapter.send_text(contact, text if isinstance(text, str) else "")
+
+    return send
+
+
+def _inside(path: str, root: Path) -> bool:
+    return Path(path).resolve().is_relative_to(root)
+
+
+def _held_result_sender(
+    services: Any, adapter: Channel, contact: str, sealed: Any
+) -> Callable[[], Awaitable[str]]:
+    root = Path(services.settings.resolved_workspace_root).resolve()
+
+    async def send() -> str:
+        try:
+            held = services.box.decrypt(sealed)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DeliveryPermanentError(f"the held result cannot be read: {exc}") from exc
+        ws = Path(str(held.get("workspace") or root))
+        items = plan(
+            held.get("result") or {},
+            held.get("artifacts") or [],
+            adapter,
+            skill=str(held.get("skill") or ""),
+            lang=str(held.get("lang") or "en"),
+            workspace=ws,
+            folder=delivered_folder(ws, "held"),
+        )
+        await write_files(items, "held")
+        reply = held.get("reply_to")
+        to = f"{contact}#{reply}" if reply and "#" not in contact else contact
+        receipt = ""
+        for i, item in enumerate(items):
+            target = to if i == 0 else contact
+            if item.path is None:
+                got = await adapter.send_text(target, item.text or "")
+            elif not await asyncio.to_thread(_inside, item.path, root):
+                raise DeliveryPermanentError(f"{Path(item.path).name} is outside the workspaces")
+            else:
+                got = await adapter.send_media(item.kind, target, item.path, item.text)
+            receipt = receipt or str(got or "")
+        return receipt
 
     return send
 
@@ -220,6 +273,7 @@ async def resend(
                 note=None,
                 sent_as=None,
                 sent_at=None,
+                retry_since=None,
                 updated_at=time.time(),
             )
         )

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -50,7 +51,8 @@ from delivery.errors import (
     DeliveryPermanentError,
     DeliveryTransientError,
 )
-from jobs import storable, telemetry
+from jobs import counters, storable, telemetry
+from jobs.db import db_unavailable
 from jobs.logs import SECRETS
 from jobs.models import PENDING, SENT, Delivery, DeliveryStatus, Worker
 
@@ -60,11 +62,15 @@ FAILED = DeliveryStatus.FAILED
 SENDING = DeliveryStatus.SENDING
 UNKNOWN = DeliveryStatus.UNKNOWN
 DISMISSED = DeliveryStatus.DISMISSED
+#: the outcomes the skilljobs_deliveries_total counters count (jobs.counters)
+_ENDED = frozenset({SENT, FAILED, UNKNOWN})
 UNKNOWN_DIED = "outcome unknown: the worker sending it stopped before recording the answer"
 #: characters of a stored item body (what a resend sends)
 CONTENT_CAP = 100_000
 DEFAULT_TRIES = 3
 MAX_WAIT = 60.0
+#: how long recording a delivery's outcome waits for an unreachable database
+RECORD_PATIENCE = 300.0
 
 Sessions = async_sessionmaker[AsyncSession]
 Fence = Callable[[], Awaitable[bool]]
@@ -88,12 +94,30 @@ class LedgerEntry:
 PARKED = "outbox"
 
 
+@dataclass(frozen=True)
+class RetryWindow:
+    """How a send stopped by an outage (5xx, a connection error, a timeout before the
+    request went out) is waited out in the outbox: tried again after exponential pauses
+    with jitter (``base`` doubling up to ``cap`` seconds) for ``window`` seconds from its
+    first such failure (``Delivery.retry_since``), then ``failed`` with the reason."""
+
+    window: float
+    base: float = 1.0
+    cap: float = 15.0
+
+    def pause(self, tries: int) -> float:
+        step = min(self.cap, self.base * 2 ** min(max(0, tries - 1), 30))
+        return float(step * random.uniform(0.75, 1.25))
+
+
 class Gate(Protocol):
     """A send's way past the shared rate limits (:class:`delivery.outbox.Gate`): ``enter``
     says whether it may go now (a token taken) or must be parked; ``parked`` queues the
-    parked row (``wait``: seconds until it may be tried); ``leave`` ends the turn."""
+    parked row (``wait``: seconds until it may be tried); ``leave`` ends the turn.
+    ``retry``: how an outage is waited out in the outbox (None: tried in place)."""
 
     note: str
+    retry: RetryWindow | None
 
     async def enter(self) -> bool: ...
 
@@ -121,6 +145,19 @@ def delivery_dict(row: Delivery) -> dict[str, Any]:
     return {"recipient": row.recipient, "kind": row.kind, "status": row.status, "error": row.error}
 
 
+def action_for(status: str, resendable: bool) -> str | None:
+    """What an operator can do about a delivery in ``status`` (None: nothing to do)."""
+    if status == UNKNOWN:
+        return "the message may have arrived: check the chat, then dismiss it" + (
+            ", or resend it" if resendable else " (no stored content to resend)"
+        )
+    if status == FAILED:
+        return "resend it once the cause is fixed, or dismiss it" if resendable else "dismiss it"
+    if status == PENDING:
+        return "waiting for its channel (rate limit or outage); it is retried by itself"
+    return None
+
+
 def custody_dict(row: Delivery) -> dict[str, Any]:
     """A delivery as operators see it (``deliveries list``, ``GET /api/v1/deliveries``):
     the public shape plus custody, the receipt and what a resend would send."""
@@ -133,6 +170,7 @@ def custody_dict(row: Delivery) -> dict[str, Any]:
         "error": row.error,
         "item": content.get("path") or row.item,
         "resendable": bool(content),
+        "action": action_for(row.status, bool(content)),
         "job_id": row.job_id,
         "chain_run_id": row.chain_run_id,
         "generation": row.generation,
@@ -290,10 +328,35 @@ async def _finish(
     where = [Delivery.ledger_key == key, Delivery.claimed_by == owner]
     if generation is not None:  # a stale claim never records over a newer generation
         where.append(Delivery.generation == generation)
+    # The database away (restarting, a connection terminated) is waited out: an outcome
+    # not recorded would leave the row ``sending`` for ever (and a message that went out
+    # looking unsent). The statement is idempotent (same claim, same values).
+    delay, deadline = 0.2, time.monotonic() + RECORD_PATIENCE
+    while True:
+        try:
+            return await _record(sessionmaker, where, values)
+        except Exception as exc:
+            if not db_unavailable(exc) or time.monotonic() > deadline:
+                raise
+            log.warning("delivery %s: not recorded yet (%s), again in %.1fs", key[:12], exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+async def _record(sessionmaker: Sessions, where: list[Any], values: dict[str, Any]) -> bool:
+    """One try at the outcome's UPDATE; an ending outcome is counted (``jobs.counters``)
+    when the process's sessions carry the counters."""
     async with sessionmaker() as s:
-        res = await s.execute(update(Delivery).where(*where).values(**values))
+        count = s.info.get(counters.SESSION_KEY) if values.get("status") in _ENDED else None
+        if count is None:
+            res = await s.execute(update(Delivery).where(*where).values(**values))
+            await s.commit()
+            return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+        stmt = update(Delivery).where(*where).values(**values).returning(Delivery.channel)
+        channels = list((await s.execute(stmt)).scalars())
         await s.commit()
-        return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+    await count.deliveries((c, values["status"]) for c in channels)
+    return len(channels) == 1
 
 
 async def begin_send(sessionmaker: Sessions, key: str, owner: str, generation: int) -> bool:
@@ -561,6 +624,50 @@ async def _park(
     return {**base, "status": PENDING, "error": gate.note, "parked": True, "id": row.id}
 
 
+async def _wait_out(
+    sessionmaker: Sessions,
+    gate: Gate,
+    retry: RetryWindow,
+    row: Delivery,
+    key: str,
+    owner: str,
+    base: dict[str, Any],
+    error: str,
+    attempt: int,
+) -> dict[str, Any]:
+    """A send an outage stopped: parked to be tried again after a pause while the row's
+    retry window lasts (the row keeps its place at the head of its chat's queue), else
+    ``failed`` with the reason (resendable)."""
+    gen = row.generation
+    now = time.time()
+    since = row.retry_since if row.retry_since is not None else now
+    tries = (row.tries or 0) + attempt
+    left = since + retry.window - now
+    if left <= 0:
+        reason = f"gave up after {tries} tries over {now - since:.0f}s: {error}"
+        await mark_failed(sessionmaker, key, owner, reason, attempt, generation=gen)
+        return {**base, "status": FAILED, "error": reason}
+    wait = max(0.05, min(retry.pause(tries), left))
+    note = f"retrying in the outbox (try {tries} failed: {error})"
+    parked = await _finish(
+        sessionmaker,
+        key,
+        owner,
+        gen,
+        status=PENDING,
+        claimed_by=PARKED,
+        error=note,
+        tries=Delivery.tries + attempt,
+        retry_since=since,
+    )
+    if parked:
+        log.info("delivery to %s: %s; again in %.1fs", base["recipient"], error, wait)
+        await gate.parked(row.id, wait)
+    else:
+        await gate.leave()
+    return {**base, "status": PENDING, "error": note, "parked": True, "id": row.id}
+
+
 async def claim_parked(
     sessionmaker: Sessions, row: Delivery, owner: str, *, sending: bool = False
 ) -> bool:
@@ -657,6 +764,11 @@ async def _send_claimed(
             if gate is not None and exc.retry_after:
                 # the platform said when: the row waits in the outbox, not in this task
                 return await _park(sessionmaker, gate, row, key, owner, base, exc.retry_after)
+            if gate is not None and gate.retry is not None:
+                # an outage: waited out in the outbox for the channel's window
+                return await _wait_out(
+                    sessionmaker, gate, gate.retry, row, key, owner, base, error, attempt
+                )
             if attempt >= tries:
                 break
             pause = exc.retry_after if exc.retry_after is not None else backoff * 2 ** (attempt - 1)

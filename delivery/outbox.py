@@ -30,12 +30,22 @@ import time
 import uuid
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from delivery.channels.base import Channel
 from delivery.channels.limits import LimitedChannel, Target, credit, parse_target
-from delivery.ledger import PARKED, SENDING, claim, claim_parked, owner_id, send_claimed
-from jobs.models import PENDING, Delivery
+from delivery.ledger import (
+    PARKED,
+    SENDING,
+    UNKNOWN,
+    UNKNOWN_DIED,
+    RetryWindow,
+    claim,
+    claim_parked,
+    owner_id,
+    send_claimed,
+)
+from jobs.models import PENDING, Delivery, Job, JobStatus, Worker
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +68,11 @@ IDLE = 0.5
 SWEEP_AFTER = 30.0
 #: chats drained at the same time by one worker
 MAX_CHATS = 64
+#: an ``unknown`` delivery on a de-duplicating channel is repeated while it is this recent
+#: (seconds since its first send: within WeCom's 600 s duplicate check and Feishu's hour)
+DEDUP_REPEAT_SEC = 300.0
+#: a job in these states may still send its own deliveries
+_OPEN_JOBS = (str(JobStatus.QUEUED), str(JobStatus.RUNNING))
 
 # KEYS: queue, lock. ARGV: lock owner, lock ms. 1 when the caller may send now (lock taken).
 _ENTER = """
@@ -140,11 +155,20 @@ class Gate:
         self.waited = 0.0  # seconds waited in place for the token
         self._credit: contextlib.ExitStack | None = None
         self.note = f"waiting for the {adapter.name} rate limit (in the outbox)"
+        self.retry: RetryWindow | None = outbox.retry_for(adapter.name)
 
     async def enter(self) -> bool:
         ob = self.outbox
         q, lock = ob.queue_key(self.recipient), ob.lock_key(self.recipient)
-        if not int(await ob.script("enter")(keys=[q, lock], args=[self.token, LOCK_MS])):
+        try:
+            ahead = not int(await ob.script("enter")(keys=[q, lock], args=[self.token, LOCK_MS]))
+        except Exception as exc:
+            # Redis away: the order of this chat's queue cannot be kept, yet the send goes
+            # (the ledger, in the database, still sends it once), and that is logged
+            log.warning("outbox unavailable (%s: %s): sending unqueued", type(exc).__name__, exc)
+            ob.forget_scripts()
+            return True
+        if ahead:
             return False  # others are ahead: this one queues behind them
         self.locked = True
         deadline = time.monotonic() + self.inline
@@ -169,9 +193,21 @@ class Gate:
         due = _ms() + (int(wait * 1000) if wait else self.wait_ms)
         keys = [ob.queue_key(self.recipient), ob.due_key, ob.lock_key(self.recipient)]
         front = "1" if self.locked else "0"
-        await ob.script("park")(keys=keys, args=[row_id, self.recipient, due, self.token, front])
         self.locked = False
         self._end_credit()
+        try:
+            await ob.script("park")(
+                keys=keys, args=[row_id, self.recipient, due, self.token, front]
+            )
+        except Exception as exc:
+            # Redis away: the row is parked in the database (the record); the sweep queues
+            # it again once Redis answers
+            log.warning(
+                "outbox: row %s parked, not queued (%s: %s)", row_id, type(exc).__name__, exc
+            )
+            ob.forget_scripts()
+            ob.sweep_soon()
+            return
         ob.wake.set()
         await self.adapter.limiter.count_wait(self.adapter.name, 0.0, parked=True)
 
@@ -182,7 +218,11 @@ class Gate:
             ob = self.outbox
             # whoever queued meanwhile may go now, on any worker (their chat is due now)
             keys = [ob.lock_key(self.recipient), ob.due_key]
-            await ob.script("leave")(keys=keys, args=[self.token, self.recipient, _ms()])
+            try:
+                await ob.script("leave")(keys=keys, args=[self.token, self.recipient, _ms()])
+            except Exception as exc:  # Redis away: the lock expires by itself
+                log.warning("outbox: chat not left (%s: %s)", type(exc).__name__, exc)
+                ob.forget_scripts()
             ob.wake.set()
 
     def _end_credit(self) -> None:
@@ -195,8 +235,9 @@ class _Hold:
     """The gate of a send from the outbox: a 429's ``retry_after`` parks the row again
     (it is still its queue's head) instead of using up its tries."""
 
-    def __init__(self, channel: str) -> None:
+    def __init__(self, channel: str, retry: RetryWindow | None = None) -> None:
         self.note = f"waiting for the {channel} rate limit (in the outbox)"
+        self.retry = retry
         self.wait_ms: int | None = None
 
     async def enter(self) -> bool:
@@ -229,6 +270,25 @@ class Outbox:
     def lock_key(self, recipient: str) -> str:
         return str(self.svc.settings.key("outbox", "lock", recipient))
 
+    def retry_for(self, channel: str) -> RetryWindow:
+        """How an outage of ``channel`` is waited out (the settings' window for it)."""
+        st = self.svc.settings
+        return RetryWindow(
+            window=st.delivery_retry_window(channel),
+            base=float(st.delivery_retry_base_sec),
+            cap=float(st.delivery_retry_max_sec),
+        )
+
+    def forget_scripts(self) -> None:
+        """After a Redis error: register the scripts again (a restarted Redis lost them;
+        redis-py reloads them on NOSCRIPT, but a fresh object costs nothing)."""
+        self._scripts.clear()
+
+    def sweep_soon(self) -> None:
+        """Have the next pass of the loop sweep (a row was parked while Redis was away)."""
+        self._swept = 0.0
+        self.wake.set()
+
     def script(self, name: str) -> Any:
         if name not in self._scripts:
             body = {
@@ -260,7 +320,7 @@ class Outbox:
             while not stop.is_set():
                 try:
                     delay = await self.drain_once()
-                    if time.monotonic() - self._swept > SWEEP_AFTER:
+                    if time.monotonic() - self._swept > self.sweep_every:
                         self._swept = time.monotonic()
                         await self.sweep()
                 except asyncio.CancelledError:
@@ -417,7 +477,7 @@ class Outbox:
                 return (HELD_MS if await self._still_held(row.id) else None), False
             row = taken
         send = sender_for(self.svc, adapter, contact, row.content or {}, row.kind)
-        hold = _Hold(adapter.name)
+        hold = _Hold(adapter.name, self.retry_for(adapter.name))
         with credit(adapter.name, target):
             await send_claimed(
                 sm,
@@ -452,9 +512,157 @@ class Outbox:
             row: Delivery | None = await s.get(Delivery, row_id)
         return row is not None and row.status in (PENDING, SENDING)
 
+    @property
+    def sweep_every(self) -> float:
+        return float(getattr(self.svc.settings, "outbox_sweep_sec", SWEEP_AFTER))
+
+    @property
+    def dead_after(self) -> float:
+        """A claimant's worker silent this long is presumed dead (as its jobs are: three
+        heartbeats and a second)."""
+        return 3 * float(self.svc.settings.worker_heartbeat_sec) + 1.0
+
+    async def adopt_orphans(self) -> int:
+        """Hand the outbox the deliveries nobody will send: ``pending`` rows whose claimant
+        is gone (its worker died or stopped) or whose job is over (its attempt stopped
+        before sending them — a fault, a lost lease). A ``sending`` one of a dead claimant
+        becomes ``unknown`` (repeated only where the platform drops repeats). Only rows of
+        channels this outbox sends (rate-limited ones). How many were taken."""
+        from delivery.custody import adapter_for
+
+        now = time.time()
+        cutoff = now - self.sweep_every
+        async with self.svc.sessionmaker() as s:
+            rows = (
+                await s.scalars(
+                    select(Delivery)
+                    .where(
+                        Delivery.status.in_([PENDING, SENDING]),
+                        (Delivery.claimed_by != PARKED) | Delivery.claimed_by.is_(None),
+                        Delivery.updated_at < cutoff,
+                    )
+                    .order_by(Delivery.id)
+                    .limit(500)
+                )
+            ).all()
+            if not rows:
+                return 0
+            owners = {r.claimed_by.rsplit("#", 1)[0] for r in rows if r.claimed_by}
+            workers = {
+                w.id: w
+                for w in (await s.scalars(select(Worker).where(Worker.id.in_(owners)))).all()
+            }
+            job_ids = {r.job_id for r in rows if r.job_id}
+            open_jobs = set(
+                (
+                    await s.scalars(
+                        select(Job.id).where(Job.id.in_(job_ids), Job.status.in_(_OPEN_JOBS))
+                    )
+                ).all()
+            )
+        taken = 0
+        for row in rows:
+            adapter = adapter_for(self.svc, row)
+            if not isinstance(adapter, LimitedChannel):
+                continue
+            w = workers.get(row.claimed_by.rsplit("#", 1)[0]) if row.claimed_by else None
+            dead = w is not None and (
+                w.stopped_at is not None or w.last_heartbeat < now - self.dead_after
+            )
+            over = row.job_id is not None and row.job_id not in open_jobs
+            # a live claimant may be mid-request: only a dead one's ``sending`` row is
+            # taken; a ``pending`` one also when its job is over (a worker's claim, or a
+            # released one) — not an operator's resend in progress
+            if not dead and (row.status == SENDING or not over):
+                continue
+            if not dead and row.claimed_by is not None and w is None:
+                continue
+            dedup = adapter.dedups_for(row.recipient.partition(":")[2])
+            if row.status == SENDING and not dedup:
+                values: dict[str, Any] = {"status": UNKNOWN, "error": UNKNOWN_DIED}
+            else:
+                values = {"status": PENDING, "claimed_by": PARKED}
+            async with self.svc.sessionmaker() as s:
+                res = await s.execute(
+                    update(Delivery)
+                    .where(
+                        Delivery.id == row.id,
+                        Delivery.status == row.status,
+                        Delivery.updated_at == row.updated_at,
+                        Delivery.generation == row.generation,
+                    )
+                    # (a taken row counts as untouched: queued by the pass below at once)
+                    .values(updated_at=cutoff - 1 if values["status"] == PENDING else now, **values)
+                )
+                await s.commit()
+            if res.rowcount == 1 and values["status"] == PENDING:
+                taken += 1
+        if taken:
+            log.warning("outbox: %s deliveries of gone claimants taken over", taken)
+        return taken
+
+    async def repeat_unknown(self) -> int:
+        """Resolve ``unknown`` deliveries where the platform allows it: on a channel that
+        drops a repeat of the same request key (Feishu's ``uuid``, WeCom's duplicate check)
+        a recent one is sent again under its key — delivered once whether or not the first
+        request landed. Within :data:`DEDUP_REPEAT_SEC` of its first send (inside the
+        platforms' de-duplication windows). How many were handed to the outbox."""
+        from delivery.custody import adapter_for
+
+        now = time.time()
+        cutoff = now - self.sweep_every
+        async with self.svc.sessionmaker() as s:
+            rows = (
+                await s.scalars(
+                    select(Delivery)
+                    .where(
+                        Delivery.status == UNKNOWN,
+                        Delivery.created_at > now - DEDUP_REPEAT_SEC,
+                        Delivery.updated_at < cutoff,
+                    )
+                    .order_by(Delivery.id)
+                    .limit(200)
+                )
+            ).all()
+        taken = 0
+        for row in rows:
+            adapter = adapter_for(self.svc, row)
+            contact = row.recipient.partition(":")[2]
+            if not isinstance(adapter, LimitedChannel) or not adapter.dedups_for(contact):
+                continue
+            if not row.content:
+                continue
+            async with self.svc.sessionmaker() as s:
+                res = await s.execute(
+                    update(Delivery)
+                    .where(
+                        Delivery.id == row.id,
+                        Delivery.status == UNKNOWN,
+                        Delivery.updated_at == row.updated_at,
+                        Delivery.generation == row.generation,
+                    )
+                    .values(
+                        status=PENDING,
+                        claimed_by=PARKED,
+                        error=f"{row.error or 'outcome unknown'}; repeated under the same key",
+                        updated_at=cutoff - 1,
+                    )
+                )
+                await s.commit()
+            taken += int(res.rowcount == 1)
+        if taken:
+            log.info(
+                "outbox: %s unknown deliveries repeated where the platform de-duplicates", taken
+            )
+        return taken
+
     async def sweep(self) -> int:
-        """Queue again the parked rows whose Redis entry is gone; how many were."""
-        cutoff = time.time() - SWEEP_AFTER
+        """Take over the deliveries of gone claimants (:meth:`adopt_orphans`) and repeat
+        the recent ``unknown`` ones a platform de-duplicates (:meth:`repeat_unknown`), then
+        queue again the parked rows whose Redis entry is gone; how many were queued."""
+        await self.adopt_orphans()
+        await self.repeat_unknown()
+        cutoff = time.time() - self.sweep_every
         async with self.svc.sessionmaker() as s:
             rows = (
                 await s.execute(

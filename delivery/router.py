@@ -9,7 +9,6 @@ dispatch context's ``conversation_id``, answering its ``message_id``), else at t
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -18,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from delivery.channels.base import (
-    MARKDOWN_IMAGE,
     Channel,
     DeliveryPermanentError,
     DeliveryTransientError,
@@ -27,7 +25,6 @@ from delivery.channels.base import (
 from delivery.channels.registry import channels_for
 from delivery.channels.web import WEB_CHANNELS, WebChannel, attachment_dict
 from delivery.channels.web_store import Outgoing
-from delivery.fitting import fit, scrub_paths
 from delivery.ledger import (
     LeaseLost,
     LedgerEntry,
@@ -36,22 +33,13 @@ from delivery.ledger import (
     owner_id,
 )
 from delivery.outbox import Outbox, outbox_of
-from delivery.render import (
-    TEXT_CAP,
-    directives,
-    failure_text,
-    render,
-    render_result,
-)
+from delivery.plan import SEALED_RESULT, Item, delivered_folder, field_of, plan, write_files
+from delivery.render import TEXT_CAP, directives, failure_text
 from delivery.richtext import PlainText
-from delivery.shown import URL_FIELDS, escape_markdown, result_file
 from jobs import telemetry
 from jobs.context import group_conversation, job_segment, results_dir
-from jobs.envelope import is_failure
-from jobs.media import media_kind
 from jobs.models import JobRow
 from jobs.texts import language_of
-from jobs.texts import text as text_of
 
 Fence = Callable[[], Awaitable[bool]]
 log = logging.getLogger(__name__)
@@ -69,15 +57,6 @@ class Origin:
     @property
     def recipient(self) -> str:
         return f"{self.channel}:{self.contact}"
-
-
-@dataclass
-class Item:
-    kind: str  # text image video audio file
-    key: str  # ledger item: "text", "failure" or "<kind>:<path>"
-    path: str | None = None
-    text: str | None = None  # text item body, or the caption of a media item
-    data: bytes | None = None  # a file made for the person, written at ``path`` first
 
 
 def origin_of(job: JobRow) -> Origin:
@@ -105,112 +84,6 @@ def workspace_of(settings: Any, job: JobRow) -> Path:
 
 
 _workspace = functools.lru_cache(maxsize=4096)(results_dir)
-
-
-def _field(a: Any, name: str) -> Any:
-    return a.get(name) if isinstance(a, dict) else getattr(a, name, None)
-
-
-#: channels with a monospace block for printed columns (Telegram ``<pre>``, card code
-#: blocks, the web's Markdown)
-MONOSPACE = frozenset({"telegram", "feishu", "web"})
-#: where the files made for the person (full result, long text) are written, per job
-DELIVERED_DIR = ".delivered"
-
-
-def delivered_folder(workspace: Path, job_id: str) -> Path:
-    """The folder of the files written for the person from one job's result."""
-    return workspace / DELIVERED_DIR / job_id
-
-
-def _materialized(value: Any, sources: set[str]) -> bool:
-    if isinstance(value, str):
-        return value in sources
-    if isinstance(value, list) and value:
-        return all(isinstance(v, str) and v in sources for v in value)
-    return False
-
-
-def plan(
-    result: dict[str, Any],
-    artifacts: list[Any],
-    adapter: Channel,
-    *,
-    skill: str = "",
-    lang: str = "en",
-    workspace: Path | None = None,
-    folder: Path | None = None,
-) -> list[Item]:
-    """What to send, in order, for one recipient on ``adapter``. ``folder``: where files
-    made for the person go (the full result when the text cannot hold it, the rest of a
-    long text); without it the text is all there is."""
-    if is_failure(result):
-        notice = scrub_paths(failure_text(skill, result, lang), workspace)
-        return [Item("text", "failure", text=PlainText(notice))]
-    rich = isinstance(adapter, WebChannel)
-    md = getattr(adapter, "renders_markdown", False)  # the adapter converts it (richtext)
-    media: list[Item] = []
-    seen: set[str] = set()
-    sources: set[str] = set()
-    for a in artifacts:
-        path = _field(a, "local_path")
-        if not path:
-            continue
-        real = str(Path(path).resolve())
-        source = _field(a, "source_url")
-        if real in seen or (source and source in sources):
-            continue  # one file (or one URL) is sent once
-        seen.add(real)
-        if source:
-            sources.add(source)
-        kind = media_kind(real, _field(a, "media"))
-        media.append(Item(kind, f"{kind}:{real}", path=real))
-    # a field whose file goes out as media is not repeated as text
-    skip = frozenset(k for k in URL_FIELDS if _materialized(result.get(k), sources))
-    got = render_result(
-        result,
-        skill=skill,
-        lang=lang,
-        rich=rich,
-        markdown=md,
-        fallback=False,
-        skip=skip,
-        monospace=getattr(adapter, "name", "") in MONOSPACE,
-    )
-    text, markdown = scrub_paths(got.text, workspace), got.markdown
-    docs: list[Item] = []
-    if got.lossy and folder is not None:
-        name, data = result_file(skill, {k: v for k, v in result.items() if k not in skip})
-        docs.append(_doc(folder / name, data))
-        note = text_of("full_result_file", lang, name=name)
-        text = f"{text}\n\n{escape_markdown(note) if markdown else note}" if text else note
-    if text and adapter.converts_markdown_images and sources:
-        # an image that already goes out as a file must not come again from the text
-        text = MARKDOWN_IMAGE.sub(lambda m: "" if m.group(2) in sources else m.group(0), text)
-        text = text.strip()
-    if text and folder is not None:
-        text, rest = fit(text, markdown, adapter, skill, lang)
-        if rest is not None:
-            docs.append(_doc(folder / rest[0], rest[1]))
-    files = media + docs
-    if not files:
-        if not text:
-            text = render(result, skill=skill, lang=lang, rich=rich, markdown=md)
-            markdown = md
-        return [Item("text", "text", text=_typed(text, markdown))]
-    body = _typed(text, markdown) if text else None
-    if body and adapter.supports_caption:
-        files[0].text = body
-        return files
-    return ([Item("text", "text", text=body)] if body else []) + files
-
-
-def _typed(text: str, markdown: bool) -> str:
-    return text if markdown else PlainText(text)
-
-
-def _doc(path: Path, data: bytes) -> Item:
-    return Item("file", f"file:{path}", path=str(path), data=data)
 
 
 async def deliver_result(
@@ -260,6 +133,24 @@ async def deliver_result(
         async def refuse() -> None:
             raise DeliveryPermanentError(reason)
 
+        # Only the channel is missing: the result is kept (sealed) with the failed row, so
+        # a resend once the channel is configured sends what would have gone out.
+        content = None
+        if origin.error is None and notice is None:
+            lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
+            held = {
+                "result": result,
+                "artifacts": [
+                    {k: field_of(a, k) for k in ("local_path", "media", "source_url")}
+                    for a in artifacts
+                ],
+                "skill": job.skill,
+                "lang": lang,
+                "reply_to": origin.reply_to,
+                "workspace": str(workspace or workspace_of(settings, job)),
+            }
+            content = {SEALED_RESULT: services.box.encrypt(held)}
+
         try:
             return [
                 _public(
@@ -269,6 +160,7 @@ async def deliver_result(
                         key=ledger_key(job.id, origin.recipient, "origin"),
                         kind="text",
                         item="origin",
+                        content=content,
                         **common,
                     )
                 )
@@ -282,7 +174,6 @@ async def deliver_result(
     out: list[dict[str, Any]] = []
     outbox = outbox_of(services)
     lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
-    folder = delivered_folder(workspace, job.id)
     if notice is not None:
         message = str(result.get("message") or "")
         items = [Item("text", f"notice:{notice}", text=PlainText(message))]
@@ -294,14 +185,9 @@ async def deliver_result(
             skill=job.skill,
             lang=lang,
             workspace=workspace,
-            folder=folder,
+            folder=delivered_folder(workspace, job.id),
         )
-    for item in items:
-        if item.data is not None and item.path is not None:
-            try:
-                await asyncio.to_thread(_write, Path(item.path), item.data)
-            except OSError as exc:  # the text still goes; the file's send fails with this
-                log.warning("job %s: could not write %s: %s", job.id, item.path, exc)
+    await write_files(items, job.id)
     reply = _apply_directives(result, job, adapter, items) or origin.reply_to
     try:
         if isinstance(adapter, WebChannel):
@@ -325,11 +211,6 @@ async def deliver_result(
     except LeaseLost:
         pass
     return out
-
-
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
 
 
 def _apply_directives(

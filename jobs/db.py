@@ -52,6 +52,35 @@ DB_UNAVAILABLE: tuple[type[BaseException], ...] = (
     InterfaceError,
 )
 
+# Server states that mean "the database is away", not "this statement is wrong": connection
+# exceptions (08…), shutting down or starting up (57P01–57P03), too many connections.
+_AWAY_STATES = ("08", "57P01", "57P02", "57P03", "53300")
+
+
+def db_unavailable(exc: BaseException) -> bool:
+    """Is ``exc`` the database being unreachable (wait and retry) rather than a bug or a
+    refused value (report)? asyncpg's "the database system is starting up" arrives as a
+    plain ``DBAPIError``, told apart by its SQLSTATE."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    # the driver's own error may arrive unwrapped (a batch hands it on as it came) or as the
+    # cause of another (raise … from): its SQLSTATE is looked for along the causes
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, DB_UNAVAILABLE):
+            return True
+        if isinstance(cur, DBAPIError):
+            if cur.connection_invalidated:
+                return True
+            state = getattr(cur.orig, "sqlstate", None) or ""
+        else:
+            state = getattr(cur, "sqlstate", None) or ""
+        if isinstance(state, str) and state.startswith(_AWAY_STATES):
+            return True
+        cur = cur.__cause__
+    return False
+
+
 T = TypeVar("T")
 
 

@@ -361,6 +361,9 @@ class Delivery(Base):
     sent_as: Mapped[str | None] = mapped_column(String(16), nullable=True)  # kind it went as
     # what is needed to send it again: {"text"} or {"path", "caption"?} (secret-free)
     content: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    # when an outage (5xx, connection error, timeout before sending) first stopped this
+    # generation: the outbox tries it again for the channel's retry window from then on
+    retry_since: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Schedule(Base):

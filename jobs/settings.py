@@ -24,6 +24,8 @@ class Settings(BaseSettings):
     )
 
     redis_url: str | None = None
+    # The port `skilljobs up` gives its bundled Redis (default: a free one).
+    embedded_redis_port: int | None = Field(default=None, ge=1, le=65535)
     database_url: str | None = None
     # PostgreSQL reached through PgBouncer in transaction mode (also detected on port 6432).
     database_pgbouncer: bool = False
@@ -54,6 +56,26 @@ class Settings(BaseSettings):
     # Outbound rate limits per channel (JSON, delivery.ratelimit): overrides of the
     # platforms' published limits per bot/app, chat and group.
     rate_limits: str = ""
+    # Outages are waited out (delivery.outbox): a send that met a 5xx, a connection error
+    # or a timeout before the request went out is tried again from the outbox (no worker
+    # slot held) with exponential backoff and jitter from ``…_BASE_SEC`` up to ``…_MAX_SEC``
+    # between tries, for ``…_WINDOW_SEC`` from its first failure; then it is ``failed`` with
+    # the reason (resendable). ``…_WINDOWS``: JSON channel → window seconds, per channel.
+    delivery_retry_window_sec: float = Field(default=1800.0, ge=0)
+    delivery_retry_windows: dict[str, float] = Field(default_factory=dict)
+    delivery_retry_base_sec: float = Field(default=1.0, gt=0)
+    delivery_retry_max_sec: float = Field(default=15.0, gt=0)
+    # The outbox's database-driven sweep: parked rows missing from their Redis queue and
+    # rows whose claimant is gone (a dead worker, a finished attempt) are sent again; it
+    # runs this often (a delivery whose worker died is re-driven this long after the worker
+    # is presumed dead, as its jobs are: 3 heartbeats and a second).
+    outbox_sweep_sec: float = Field(default=2.0, gt=0)
+    # A delivery ``pending`` longer than this is reported (deliveries list, queue summary,
+    # /metrics ``skilljobs_deliveries_pending_stale``).
+    delivery_pending_stale_sec: float = Field(default=300.0, gt=0)
+    # The longest pause between two tries of a finishing step a fault stopped (the
+    # database or Redis away): the finish is delayed, never failed.
+    finish_retry_max_sec: float = Field(default=5.0, gt=0)
     # The base URL people reach ``skilljobs web`` at: signed download links of files too
     # large for a channel point there (none when unset).
     public_url: str = ""
@@ -151,6 +173,24 @@ class Settings(BaseSettings):
     def _expand(cls, v: Any) -> Any:
         return Path(os.path.expanduser(str(v))) if v is not None else v
 
+    @field_validator("database_url", "database_read_url", mode="before")
+    @classmethod
+    def _async_driver(cls, v: Any) -> Any:
+        """``postgresql://`` (as every PostgreSQL tool writes it) and ``sqlite:///`` mean
+        the async drivers this service uses."""
+        if not isinstance(v, str) or not v.strip():
+            return None if isinstance(v, str) else v
+        v = v.strip()
+        for plain, driver in (
+            ("postgresql://", "postgresql+asyncpg://"),
+            ("postgres://", "postgresql+asyncpg://"),
+            ("postgresql+psycopg2://", "postgresql+asyncpg://"),
+            ("sqlite://", "sqlite+aiosqlite://"),
+        ):
+            if v.startswith(plain):
+                return driver + v.removeprefix(plain)
+        return v
+
     @field_validator("language", mode="before")
     @classmethod
     def _language(cls, v: Any) -> Any:
@@ -158,6 +198,17 @@ class Settings(BaseSettings):
         if code not in ("en", "zh"):
             raise ValueError("SKILLJOBS_LANGUAGE must be en or zh")
         return code
+
+    @field_validator("delivery_retry_windows", mode="before")
+    @classmethod
+    def _windows_json(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return json.loads(v) if v.strip() else {}
+        return v
+
+    def delivery_retry_window(self, channel: str) -> float:
+        """How long a send to ``channel`` that keeps meeting an outage is tried again."""
+        return float(self.delivery_retry_windows.get(channel, self.delivery_retry_window_sec))
 
     @field_validator("limits", mode="before")
     @classmethod

@@ -179,6 +179,19 @@ def json_value(value: Any, notes: Notes | None = None, *, cap: int = JSON_CAP) -
     return summary
 
 
+def oversize(value: Any, *, cap: int = JSON_CAP) -> int | None:
+    """The stored size of ``value`` (serialized characters) when :func:`json_value` would
+    replace it by a summary, else None. Values that must be kept whole (a job's input) are
+    refused with this instead of being summarized."""
+    if _as_is(value, cap):
+        return None
+    out = _clean(value, Notes())
+    if out is None or isinstance(out, bool | int | float):
+        return None
+    size = len(json.dumps(out, ensure_ascii=False))
+    return size if size > cap else None
+
+
 def result(value: dict[str, Any] | None) -> dict[str, Any] | None:
     """A job or chain result fit for storage; what was changed is noted in the result
     itself (``storage_note``), so the person reading the job sees it."""
@@ -193,4 +206,4 @@ def result(value: dict[str, Any] | None) -> dict[str, Any] | None:
     return out if isinstance(out, dict) else {"value": out}
 
 
-__all__ = ["JSON_CAP", "TEXT_CAP", "Notes", "json_value", "result", "text"]
+__all__ = ["JSON_CAP", "TEXT_CAP", "Notes", "json_value", "oversize", "result", "text"]

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from jobs import telemetry, texts
+from jobs import storable, telemetry, texts
 from jobs.catalog.validation import input_problem
 from jobs.db import once_more_if_disconnected
 from jobs.envelope import failure, offload_sync
@@ -61,6 +61,25 @@ def refusal(
     status_code: int, error: str, error_type: str = "recoverable", **extra: Any
 ) -> DispatchResult:
     return DispatchResult(status_code, failure(error, error_type=error_type, **extra))
+
+
+def _too_big(values: dict[str, Any], skill: str) -> DispatchResult | None:
+    """413 when the job's input or context, as it would be stored, is over the storable
+    limit (``jobs.storable.JSON_CAP``): a job runs on exactly what was sent or not at all."""
+    for field in ("input", "context"):
+        size = storable.oversize(values.get(field))
+        if size is not None:
+            return refusal(
+                413,
+                f"{field} too large for a background job: {size:,} characters as stored, the "
+                f"limit is {storable.JSON_CAP:,}. Send large data as a file (an attachment or "
+                "a URL the skill downloads) instead of inline.",
+                skill=skill,
+                field=field,
+                size=size,
+                limit=storable.JSON_CAP,
+            )
+    return None
 
 
 def _span_attrs(skill: Skill, background: bool) -> dict[str, str | bool]:
@@ -234,6 +253,8 @@ class Dispatcher:
             new_job = self._new_job(
                 skill, input_data, ctx, ext, job_id, priority, segment, configs, generation
             )
+            if (too_big := _too_big(new_job.values, skill.name)) is not None:
+                return too_big  # never stored as a summary: the skill runs on what was sent
             new_job.key = key
             try:
                 # Group commit with the concurrent dispatches: returns once recorded AND
@@ -258,8 +279,8 @@ class Dispatcher:
                 key = None  # taken over for this job: record it without claiming again
                 continue
             except intake.Unqueued as exc:
-                # Recorded but not enqueued (closed as failed): never a receipt for work
-                # that may not run.
+                # Recorded but not enqueued (removed again): never a receipt for work
+                # that may not run, and no failed job for a refusal.
                 log.warning("enqueue of job %s failed: %s", job_id, exc.cause)
                 if idempotency_key is not None:  # a retry with the key must make a job
                     await idempotency.release(svc.sessionmaker, idempotency_key, job_id)
@@ -268,7 +289,6 @@ class Dispatcher:
                     f"the job queue is unavailable ({exc.cause.__class__.__name__}); "
                     "try again in a moment",
                     error_type="transient",
-                    job_id=job_id,
                 )
             except BaseException:  # not recorded (nothing was): the caller gets the error
                 if idempotency_key is not None:

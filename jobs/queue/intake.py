@@ -12,8 +12,8 @@ The receipt rule is unchanged (SPEC §4): a caller's :func:`submit` returns only
 job is committed *and* enqueued. When the batch transaction fails, each job of the batch is
 written again on its own, so a job the database refuses fails only its own caller, and a
 caller whose job could not be recorded gets the database's error with nothing recorded.
-When the enqueue fails, every job of that batch is closed as failed (never run) and its
-caller gets :class:`Unqueued`.
+When the enqueue fails, every job of that batch is removed again (never run: a refusal is
+not a failure) and its caller gets :class:`Unqueued`.
 
 The configurations baked into jobs are cached with the configuration generation they were
 read at (a trigger moves it on at every change of ``skill_configs``), so a dispatch reads
@@ -49,7 +49,7 @@ class StaleConfig(Exception):
 
 
 class Unqueued(Exception):
-    """The job was recorded but the queue refused it: it was closed as failed, never run."""
+    """The job was recorded but the queue refused it: it was removed again, never run."""
 
     def __init__(self, job_id: str, cause: BaseException) -> None:
         super().__init__(f"enqueue of job {job_id} failed: {cause}")
@@ -152,7 +152,7 @@ class Intake:
         """Record and enqueue ``job``; returns once both are done. Raises the database's
         error when it could not be recorded (nothing was), :class:`KeyTaken` when its
         idempotency key already names a job (nothing was recorded), :class:`Unqueued` when
-        it was recorded but could not be enqueued (it is closed as failed)."""
+        it was recorded but could not be enqueued (it is removed again)."""
         outcome = await self.batcher.submit(job)
         if outcome is not None:
             raise outcome
@@ -223,9 +223,8 @@ class Intake:
         return out
 
     async def _enqueue(self, jobs: list[NewJob]) -> BaseException | None:
-        """Enqueue the recorded ``jobs`` in one round trip; on failure close them all as
-        failed (an entry that did reach Redis is then refused by the claim: its lease
-        token moved on) and return the error."""
+        """Enqueue the recorded ``jobs`` in one round trip; on failure remove them again
+        (an entry that did reach Redis then finds no job to claim) and return the error."""
         svc = self.services
         try:
             await broker.enqueue_many(
@@ -237,10 +236,8 @@ class Intake:
             return None
         except Exception as exc:
             log.warning("enqueue of %d dispatched jobs failed: %s", len(jobs), exc)
-            reason = f"queue unavailable: {exc}"
             async with svc.sessionmaker() as s:
-                for j in jobs:
-                    await store.mark_failed_unqueued(s, j.job_id, reason)
+                await store.drop_unqueued(s, [j.job_id for j in jobs])
             return exc
 
 

@@ -13,17 +13,19 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy.exc import DBAPIError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from jobs import phases, sendscope, telemetry, texts
 from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS, PRIORITY_INTERACTIVE
-from jobs.db import DB_UNAVAILABLE
+from jobs.db import DB_UNAVAILABLE, db_unavailable
 from jobs.execution.inprocess import RUN_TASKS, SKILL_ENDED
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT, JobRow
 from jobs.queue import broker, incidents, limits, lost, prefetch, store
@@ -38,23 +40,22 @@ log = logging.getLogger("skilljobs.worker")
 T = TypeVar("T")
 
 DB_ERRORS = DB_UNAVAILABLE
-# Server states that mean "the database is away", not "this statement is wrong": connection
-# exceptions (08…), shutting down or starting up (57P01–57P03), too many connections.
-_AWAY_STATES = ("08", "57P01", "57P02", "57P03", "53300")
 
 
-def db_unavailable(exc: BaseException) -> bool:
-    """Is ``exc`` the database being unreachable (wait and retry) rather than a bug or a
-    refused value (report)? asyncpg's "the database system is starting up" arrives as a
-    plain ``DBAPIError``, told apart by its SQLSTATE."""
-    if isinstance(exc, DB_UNAVAILABLE):
+def is_fault(exc: BaseException) -> bool:
+    """A fault of what the job runs on (the database or Redis away, a connection lost or
+    timed out), not of the job: a finishing stage waits it out and never records it as the
+    job's failure (the database is the record; what Redis held is rebuilt from it)."""
+    if db_unavailable(exc):
         return True
-    if isinstance(exc, DBAPIError):
-        if exc.connection_invalidated:
-            return True
-        state = getattr(exc.orig, "sqlstate", None) or ""
-        return isinstance(state, str) and state.startswith(_AWAY_STATES)
-    return False
+    return isinstance(
+        exc, RedisConnectionError | RedisTimeoutError | ConnectionError | TimeoutError
+    )
+
+
+class FinishAbandoned(Exception):
+    """The finishing stage stopped waiting out a fault: this attempt lost its job's lease
+    (another worker has taken the job over and finishes it)."""
 
 
 #: the reason the person is told when the run or its finishing stage failed (English form)
@@ -118,10 +119,17 @@ class JobRunner:
         self._linger_fut: asyncio.Future[None] | None = None
         # job id → until when our lease is certainly ours (as of the last claim/renewal).
         self.lease_until: dict[str, float] = {}
+        # finishing steps tried again because a fault stopped them (/metrics)
+        self.finish_retries = 0
         # Jobs whose skill was stopped because this process was paused long enough for a
         # peer to presume it dead (see :meth:`resumed`); handed back, never recorded.
         self.suspect: set[str] = set()
         self.last_beat = time.time()  # the last heartbeat key written
+        # What the workers page shows of this process (in its heartbeat key).
+        self.started_at = time.time()
+        self.concurrency = 0  # skills run at once (set by build_worker)
+        self.processed = 0  # jobs this process recorded finished
+        self.failed = 0  # of those, failed or timed out
         # Group commit: the claims, outcomes and live events of concurrent jobs travel
         # together, one statement (or one Redis round trip) per batch.
         sm, s = services.sessionmaker, services.settings
@@ -445,7 +453,8 @@ class JobRunner:
             # is idempotent (the ledger sends nothing twice). Anything else it raises ends
             # the job failed/internal below, the skill's own result kept in the record:
             # recorded as done without its delivery, the result would be lost to its reader.
-            post = await retry_db(
+            post = await self._through_faults(
+                job,
                 "post-processing",
                 self._postprocess,
                 job,
@@ -465,6 +474,9 @@ class JobRunner:
             # delivery ledger keeps the next attempt from sending anything twice.
             await asyncio.shield(self._hand_back(job, token, "worker stopped before it finished"))
             raise
+        except FinishAbandoned:
+            log.warning("job %s: lease lost while its finish waited out a fault", job_id)
+            return "lost"
         except Exception as exc:
             log.exception("job %s: finishing stage (%s) failed", job_id, stage)
             kept = result if stage == "post-processing" else None
@@ -472,6 +484,49 @@ class JobRunner:
             return FAILED
         finally:
             self._release(job_id)
+
+    async def _through_faults(
+        self, job: JobRow, what: str, fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any
+    ) -> T:
+        """Run a step of the finishing stage, again and again while a fault (``is_fault``)
+        stops it: after the skill ran, a fault may delay its finish, never fail it. Every
+        step is idempotent (the ledger sends nothing twice). Gives up only when this attempt
+        no longer holds the job (:class:`FinishAbandoned`): the worker that took it over
+        finishes it; if this worker dies meanwhile, its job is taken over like any other."""
+        delay = 0.2
+        cap = max(0.5, float(self.svc.settings.finish_retry_max_sec))
+        while True:
+            try:
+                return await fn(*args, **kw)
+            except Exception as exc:
+                if not is_fault(exc):
+                    raise
+                if job.id in self.lost or not await self._still_held(job):
+                    raise FinishAbandoned(job.id) from exc
+                self.finish_retries += 1
+                log.warning(
+                    "job %s: %s delayed by a fault (%s: %s), trying again in %.1fs",
+                    job.id,
+                    what,
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, cap)
+
+    async def _still_held(self, job: JobRow) -> bool:
+        """Does this attempt still hold ``job``'s lease? While the database is away too, it is
+        taken to (nobody can take a job over without the database)."""
+        token = self.held.get(job.id)
+        if token is None:
+            return False
+        try:
+            return await store.holds_lease(self.svc.sessionmaker, job.id, token)
+        except Exception as exc:
+            if db_unavailable(exc):
+                return True
+            raise
 
     async def _fail_internal(
         self,
@@ -583,7 +638,9 @@ class JobRunner:
             )
         if ok:
             self.event(job.id, status, job.skill)
+            self.processed += 1
             if status in (FAILED, TIMED_OUT):
+                self.failed += 1
                 await incidents.note_failure(
                     self.svc.sessionmaker, job.id, job.skill, error_type or status, error
                 )
@@ -716,6 +773,17 @@ class JobRunner:
         plus a second for scheduling jitter (a worker paused 5 s is not presumed dead)."""
         return 3 * self.svc.settings.worker_heartbeat_sec + 1.0
 
+    def vitals(self) -> dict[str, Any]:
+        """Concurrency, counts, memory, start time and version, for the workers page."""
+        return {
+            "concurrency": self.concurrency,
+            "processed": self.processed,
+            "failed": self.failed,
+            "rss_bytes": rss_bytes(),
+            "started_at": self.started_at,
+            "version": VERSION,
+        }
+
     async def heartbeat_once(self) -> None:
         s = self.svc.settings
         if self.svc.redis is not None:
@@ -731,6 +799,7 @@ class JobRunner:
                         "at": time.time(),
                         "stalls": self.stall.stalls if self.stall else 0,
                         "max_lag_s": round(self.stall.max_lag, 3) if self.stall else 0.0,
+                        **self.vitals(),
                     },
                     self.missing_after,
                 )
@@ -869,6 +938,29 @@ class JobRunner:
                 await self._enqueue(job_id, new)
                 n += 1
         return n
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("skilljobs")
+    except PackageNotFoundError:  # pragma: no cover - run from a bare checkout
+        return "unknown"
+
+
+VERSION = _version()
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux), else its peak."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -857,6 +857,21 @@ async def failed_job_ids(sm: Sessions, skill: str, limit: int = 10_000) -> list[
 # --- workers ----------------------------------------------------------------------------
 
 
+async def delete_finished(sm: Sessions, job_id: str) -> tuple[str, str] | None:
+    """Delete a finished job (its attempts, artifacts and deliveries go with it): its
+    ``(skill, status)``, or None when there is no such job or it has not finished."""
+    async with sm() as s:
+        row = (
+            await s.execute(
+                delete(Job)
+                .where(Job.id == job_id, Job.status.in_(FINAL_STATUSES))
+                .returning(Job.skill, Job.status)
+            )
+        ).first()
+        await s.commit()
+    return None if row is None else (str(row[0]), str(row[1]))
+
+
 async def worker_heartbeat(
     sm: Sessions,
     worker_id: str,
@@ -1177,22 +1192,24 @@ def _storable_job(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def mark_failed_unqueued(s: AsyncSession, job_id: str, reason: str) -> None:
-    """A job recorded at dispatch that could not be enqueued: closed, never run."""
-    now = time.time()
-    await s.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == QUEUED)
-        .values(
-            status=FAILED,
-            error=reason,
-            error_type="transient",
-            finished_at=now,
-            lease_token=Job.lease_token + 1,
-            updated_at=now,
+async def drop_unqueued(s: AsyncSession, job_ids: list[str]) -> int:
+    """Jobs recorded at dispatch that could not be enqueued: removed, never run. The caller
+    was refused (503) and retries; a refusal is not a failure, so nothing of it stays in the
+    record (no ``failed`` job, no idempotency key naming it). A job some worker claimed
+    meanwhile (an entry that did reach Redis) is no longer ``queued`` and stays."""
+    if not job_ids:
+        return 0
+    gone = (
+        await s.scalars(
+            delete(Job)
+            .where(Job.id.in_(job_ids), (Job.status == QUEUED).is_(True))
+            .returning(Job.id)
         )
-    )
+    ).all()
+    if gone:
+        await s.execute(delete(DispatchKey).where(DispatchKey.job_id.in_(list(gone))))
     await s.commit()
+    return len(gone)
 
 
 OUTPUT_TAIL_CHARS = 8192  # characters of each stream an attempt keeps

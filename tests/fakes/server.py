@@ -148,6 +148,13 @@ class FakeServer:
         # is held back for ``lose_delay`` s (the client times out reading it)
         self.lose_answers: dict[str, int] = {}
         self.lose_delay = 3.0
+        # an outage: until this time.monotonic(), every request is answered ``outage_status``
+        # without being processed (counted in ``refused``)
+        self.outage_until = 0.0
+        self.outage_status = 500
+        self.refused = 0
+        # a hang: until this time.monotonic(), requests are held unanswered (then processed)
+        self.hang_until = 0.0
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -199,6 +206,8 @@ class FakeServer:
             req.form, req.files = parse_multipart(ctype, body)
         elif ctype.startswith("application/x-www-form-urlencoded"):
             req.form = dict(parse_qsl(body.decode()))
+        while time.monotonic() < self.hang_until:
+            await asyncio.sleep(0.05)
         self.requests.append(req)
         resp = await self._respond(req)
         for tail, left in self.lose_answers.items():
@@ -224,7 +233,22 @@ class FakeServer:
         )
         await send({"type": "http.response.body", "body": payload})
 
+    def hang(self, seconds: float) -> None:
+        """Hold every request for the next ``seconds``, then process it (a platform that
+        stops answering for a while; a client that gives up first does not know whether its
+        message arrived)."""
+        self.hang_until = time.monotonic() + seconds
+
+    def outage(self, seconds: float, status: int = 500) -> None:
+        """Answer every request ``status`` for the next ``seconds`` (a platform outage)."""
+        self.outage_status = status
+        self.outage_until = time.monotonic() + seconds
+
     async def _respond(self, req: Request) -> Response:
+        if time.monotonic() < self.outage_until:
+            self.refused += 1
+            body = {"ok": False, "error_code": self.outage_status, "description": "Bad Gateway"}
+            return Response(self.outage_status, body)
         queue = self._scripted.get(req.path)
         if queue:
             return queue.pop(0)

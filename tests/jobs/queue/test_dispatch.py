@@ -265,7 +265,8 @@ async def test_no_secret_in_plaintext_in_redis_or_rows(services):
 
 @pytest.mark.slow
 async def test_enqueue_failure_is_never_a_receipt(job_settings, tmp_path):
-    """Redis down at dispatch: the caller gets a transient error, never a receipt."""
+    """Redis down at dispatch: the caller gets a transient error, never a receipt, and the
+    refusal writes no job (a refusal is not a failure)."""
     from jobs.cli.embedded import EmbeddedRedis
     from jobs.services import Services
 
@@ -277,8 +278,10 @@ async def test_enqueue_failure_is_never_a_receipt(job_settings, tmp_path):
         res = await Dispatcher(svc).dispatch("bg_sleep", {}, TG)
         assert res.status_code == 503 and res.body["error_type"] == "transient"
         assert "try again" in res.body["error"]
-        job = await _job(svc, res.body["job_id"])
-        assert job.status == "failed" and "queue unavailable" in job.error
+        assert "job_id" not in res.body
+        async with svc.sessionmaker() as s:
+            assert (await s.execute(text("SELECT count(*) FROM jobs"))).scalar_one() == 0
+            assert (await s.execute(text("SELECT count(*) FROM dispatch_keys"))).scalar_one() == 0
     finally:
         server.stop()
         await svc.close()
