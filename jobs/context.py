@@ -86,7 +86,15 @@ CALL_PASS_KEYS: tuple[str, ...] = CALL_PASS_BASE + ACTOR_KEYS + EXTRA_KEYS
 # Where in the chat platform a request came from, beyond the person: the conversation
 # (a group chat or thread id), its kind when the chat layer says it, and the message that
 # asked. A background job keeps them, so its result goes back to that conversation.
-ORIGIN_KEYS: tuple[str, ...] = ("conversation_id", "conversation_type", "message_id")
+# ``message_thread_id``: the Telegram forum topic (or a Feishu thread, ``thread_id``) the
+# request came from: the result is posted in that topic, not the group's general thread.
+ORIGIN_KEYS: tuple[str, ...] = (
+    "conversation_id",
+    "conversation_type",
+    "message_id",
+    "message_thread_id",
+    "thread_id",
+)
 
 # Platform keys: never taken from configs, never treated as secrets by name.
 PLATFORM_KEYS: frozenset[str] = frozenset(
@@ -213,8 +221,15 @@ def _present(v: Any) -> bool:
     return v is not None and str(v).strip() != ""
 
 
+RESERVED_PREFIX = "SKILLJOBS_"  # the worker's own settings: never a skill's config
+
+
 def lookup_config(ctx: Mapping[str, Any], skill: str, key: str, default: Any = None) -> Any:
-    """A config value by the §5.1 order, then ``os.environ``; ``default`` when missing."""
+    """A config value by the §5.1 order — the skill's own configuration only, never the
+    worker's environment; ``default`` when missing. ``SKILLJOBS_*`` names are never a
+    skill's configuration (the worker's own settings)."""
+    if key.strip().upper().startswith(RESERVED_PREFIX):
+        return default
     names = [config_key(key)]
     lower = names[0].lower()
     if lower != names[0]:
@@ -232,10 +247,6 @@ def lookup_config(ctx: Mapping[str, Any], skill: str, key: str, default: Any = N
             v = layer.get(name) if isinstance(layer, Mapping) else None
             if _present(v) and not (layer is ctx and name in VOCABULARY):
                 return v
-    for name in names:
-        v = os.environ.get(name)
-        if _present(v):
-            return v
     return default
 
 
@@ -418,6 +429,60 @@ def secret_values(ctx: Mapping[str, Any], skill: str) -> list[str]:
                 if _is_secret_name(key):
                     found.add(value)
     return sorted(found, key=lambda v: (-len(v), v))
+
+
+_CREDENTIAL_WORDS = frozenset(
+    "password passwd passphrase secret token authorization auth credential credentials "
+    "apikey cookie".split()
+)
+_KEY_KINDS = frozenset("api access private secret app client license signing encryption".split())
+_CAMEL_SPLIT = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def is_credential_name(key: str) -> bool:
+    """A key that names a credential for certain (``api_key``, ``password``,
+    ``Authorization``, ``accessToken``), not merely one containing "key" (``keywords``)."""
+    words = _CAMEL_SPLIT.sub("_", key).replace("-", "_").lower().split("_")
+    if any(w in _CREDENTIAL_WORDS for w in words):
+        return True
+    return len(words) > 1 and words[-1] in ("key", "keys") and words[-2] in _KEY_KINDS
+
+
+def input_secrets(data: Any, depth: int = 0) -> list[str]:
+    """The values of credential-named fields of an input (``api_key``, ``password``,
+    ``Authorization``…), at any depth: what a skill echoing its input must not hand back."""
+    found: list[str] = []
+    if depth > 32:
+        return found
+    if isinstance(data, Mapping):
+        for key, value in data.items():
+            if isinstance(key, str) and is_credential_name(key) and isinstance(value, str):
+                if len(value) >= MIN_SCRUB_LEN:
+                    found.append(value)
+            elif isinstance(value, Mapping | list):
+                found += input_secrets(value, depth + 1)
+    elif isinstance(data, list):
+        for value in data:
+            found += input_secrets(value, depth + 1)
+    return found
+
+
+def mask_credentials(obj: Any, mask: str = "••••••", depth: int = 0) -> Any:
+    """``obj`` with the text values of credential-named fields masked, at any depth."""
+    if depth > 64:
+        return obj
+    if isinstance(obj, dict):
+        return {
+            k: (
+                mask
+                if isinstance(k, str) and is_credential_name(k) and isinstance(v, str) and v
+                else mask_credentials(v, mask, depth + 1)
+            )
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list):
+        return [mask_credentials(v, mask, depth + 1) for v in obj]
+    return obj
 
 
 def scrub(obj: Any, secrets: list[str], mask: str = "••••••") -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import os
 import re
@@ -18,13 +19,14 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jobs.context import FIXED_SEGMENT, LIVE_KEYS, PLATFORM_KEYS
 from jobs.crypto import is_secret_key
+from jobs.execution.sandbox import Plan, Sandbox, child_setup, launcher
 from jobs.execution.skill_output import (
     ERROR_TAIL,
     LOG_CAP,
@@ -39,7 +41,9 @@ __all__ = [
     "ERROR_TAIL",
     "LOG_CAP",
     "OUTPUT_CAP",
+    "ArgumentRefused",
     "SetupError",
+    "build_args",
     "build_command",
     "build_env",
     "decode",
@@ -69,6 +73,7 @@ class ProcessResult:
     stderr: bytes
     timed_out: bool = False
     overflow: str | None = None  # "stdout" / "stderr" when a stream exceeded the cap
+    quota: str | None = None  # why the run's workspace is over its quota
 
 
 # --- command line -----------------------------------------------------------------------
@@ -125,8 +130,44 @@ def skill_dir(skill: Skill) -> str:
     return str(Path(skill.path).resolve())
 
 
+_FLAG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
+_OPTION_LIKE = re.compile(r"-+[A-Za-z_]")  # "--file=/x", "-f": read as an option, not a value
+
+# Checks one rendered value: (input key, the argv item as the program will see it,
+# "positional" for an x-cli-positional value | "flag" for a flag's value or list item);
+# raises to refuse. The executor passes its file confinement.
+ArgCheck = Callable[[str, str, str], None]
+
+
+class ArgumentRefused(ValueError):
+    """An input key or value cannot go on the command line as given (recoverable: the
+    model can rename the key or pass the value another way); ``field`` names the key."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
+
+
 def _flag(key: str) -> str:
+    if not _FLAG_NAME.match(key):
+        raise ArgumentRefused(
+            key,
+            f"input key {key!r} cannot become a command-line flag: a flag name is letters, "
+            "digits, '_' and '-' starting with a letter or '_' (no '=', no leading '-', "
+            "no spaces)",
+        )
     return "--" + key.replace("_", "-")
+
+
+def _value(key: str, v: str) -> str:
+    """A list item or positional value the program would read as an option is refused."""
+    if _OPTION_LIKE.match(v):
+        raise ArgumentRefused(
+            key,
+            f"the value {v[:40]!r} of input {key!r} would be read as a command-line option; "
+            "values may not start with '-' followed by a letter",
+        )
+    return v
 
 
 def _scalar(v: Any) -> str:
@@ -137,35 +178,63 @@ def _scalar(v: Any) -> str:
     return str(v)
 
 
-def build_args(
-    skill: Skill, input_data: Mapping[str, Any], *, workspace: str = "", skill_dir: str = ""
-) -> list[str]:
-    """Input → argv: ``_subcommand`` first (cli_commands), ``x-cli-positional`` properties
-    next, then ``True → --flag``, False/None omitted, lists expanded, dicts as JSON,
-    ``key_name → --key-name``; ``{baseDir}`` / ``{workspace}`` placeholders filled."""
-    args: list[str] = []
-    data = dict(input_data)
-    sub = data.pop("_subcommand", None)
-    if skill.cli_commands:
-        if sub in (None, ""):
-            raise SetupError(
-                f"this skill needs a subcommand: input._subcommand must be one of {skill.cli_commands}"
-            )
-        if str(sub) not in skill.cli_commands:
-            raise SetupError(f"unknown subcommand {sub!r}; expected one of {skill.cli_commands}")
-        args.append(str(sub))
+def _subcommand(skill: Skill, sub: Any) -> list[str]:
+    if not skill.cli_commands:
+        return []
+    if sub in (None, ""):
+        raise SetupError(
+            f"this skill needs a subcommand: input._subcommand must be one of {skill.cli_commands}"
+        )
+    if str(sub) not in skill.cli_commands:
+        raise SetupError(f"unknown subcommand {sub!r}; expected one of {skill.cli_commands}")
+    return [str(sub)]
+
+
+def _properties(skill: Skill, sub: Any) -> dict[str, Any]:
     schema = skill.input_schema or {}
     sub_schemas = getattr(skill, "cli_command_schemas", None) or {}
     if sub not in (None, "") and isinstance(sub_schemas.get(str(sub)), dict):
         schema = sub_schemas[str(sub)]
-    props = schema.get("properties") or {} if isinstance(schema, dict) else {}
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    return props if isinstance(props, dict) else {}
+
+
+def build_args(
+    skill: Skill,
+    input_data: Mapping[str, Any],
+    *,
+    workspace: str = "",
+    skill_dir: str = "",
+    check: ArgCheck | None = None,
+) -> list[str]:
+    """Input → argv: ``_subcommand`` first (cli_commands), ``x-cli-positional`` properties
+    next, then ``True → --flag``, False/None omitted, lists expanded, dicts as JSON,
+    ``key_name → --key-name``; ``{baseDir}`` / ``{workspace}`` placeholders filled.
+
+    Checked as rendered (SPEC C21): flag names only from identifier keys, list items and
+    positionals never option-shaped, and ``check`` sees every rendered value with its key
+    (ArgumentRefused / the check's own exception refuse the run)."""
+    data = dict(input_data)
+    sub = data.pop("_subcommand", None)
+    args = _subcommand(skill, sub)
+    props = _properties(skill, sub)
     positional = [k for k, p in props.items() if isinstance(p, dict) and p.get("x-cli-positional")]
+    values: list[tuple[str, int, str]] = []  # (key, index in args, kind) of each value
+
+    def add(key: str, v: Any, *, item: bool, kind: str = "flag") -> None:
+        text = _scalar(v)
+        values.append((key, len(args), kind))
+        args.append(_value(key, text) if item else text)
+
     for key in positional:
         v = data.pop(key, None)
         if v is None:
             continue
-        args.extend(_scalar(x) for x in v) if isinstance(v, list) else args.append(_scalar(v))
+        for x in v if isinstance(v, list) else [v]:
+            add(key, x, item=True, kind="positional")
     for key, v in data.items():
+        if not isinstance(key, str):
+            raise ArgumentRefused(str(key), "input keys must be strings")
         if key.startswith("_") or v is None or v is False:
             continue
         if v is True:
@@ -173,19 +242,29 @@ def build_args(
         elif isinstance(v, list):
             if v:
                 args.append(_flag(key))
-                args.extend(_scalar(x) for x in v)
+                for x in v:
+                    add(key, x, item=True)
         else:
-            args.extend((_flag(key), _scalar(v)))
+            args.append(_flag(key))
+            add(key, v, item=False)
     if workspace or skill_dir:
         args = [_placeholders(a, workspace=workspace, skill_dir=skill_dir) for a in args]
+    if check is not None:
+        for key, i, kind in values:
+            check(key, args[i], kind)
     return args
 
 
 def build_command(
-    skill: Skill, input_data: Mapping[str, Any], *, workspace: str, skill_dir: str
+    skill: Skill,
+    input_data: Mapping[str, Any],
+    *,
+    workspace: str,
+    skill_dir: str,
+    check: ArgCheck | None = None,
 ) -> list[str]:
     prefix = interpreter(skill)
-    args = build_args(skill, input_data, workspace=workspace, skill_dir=skill_dir)
+    args = build_args(skill, input_data, workspace=workspace, skill_dir=skill_dir, check=check)
     if skill.exec_type is ExecType.INLINE_SHELL:
         # the command is shell source: every value put into it is quoted
         command = _placeholders(
@@ -246,6 +325,20 @@ def base_environ(passthrough: Iterable[str] = ()) -> dict[str, str]:
     return out
 
 
+def passthrough_for(raw: str | None, skill: str) -> tuple[str, ...]:
+    """The host variables the operator hands ``skill`` (SKILLJOBS_SKILL_ENV_PASSTHROUGH):
+    ``NAME`` for every skill, ``skill:NAME`` for that skill only; never ``SKILLJOBS_*``."""
+    out: list[str] = []
+    for entry in (raw or "").split(","):
+        owner, _, name = entry.strip().rpartition(":")
+        if owner and owner.strip() != skill:
+            continue
+        name = name.strip()
+        if name and _SAFE_ENV_KEY.match(name) and not name.upper().startswith("SKILLJOBS_"):
+            out.append(name)
+    return tuple(out)
+
+
 def parse_names(raw: str | None) -> tuple[str, ...]:
     """``"A, B"`` → ``("A", "B")``: the variable names of a comma list (invalid names dropped)."""
     names = (n.strip() for n in (raw or "").split(","))
@@ -261,6 +354,8 @@ def config_env(skill: Skill, ctx: Mapping[str, Any]) -> dict[str, str]:
     sc = ctx.get("skill_configs")
     own = sc.get(skill.name) if isinstance(sc, Mapping) else None
     for key, v in (own or ctx.get("skill_args") or {}).items():
+        if key.startswith("SKILLJOBS_"):
+            continue  # the worker's own settings are never a skill's credential
         if _SAFE_ENV_KEY.match(key) and key.upper() == key and v is not None:
             out[key] = v if isinstance(v, str) else _scalar(v)
     for name in skill.requires_env:
@@ -294,43 +389,31 @@ def build_env(
     return env
 
 
-# --- sandbox ----------------------------------------------------------------------------
-
-
-def bwrap_argv(
-    argv: list[str],
-    *,
-    cwd: str,
-    skill_dir: str,
-    hide: list[str],
-    show: list[str],
-) -> list[str]:
-    """``argv`` under bubblewrap: the system read-only, a fresh ``/tmp`` and ``/proc`` (own
-    pid namespace: no worker process is visible), the ``hide`` directories (data dir,
-    workspace root) replaced by empty ones, the skill folder and ``show`` read-only again,
-    and only ``cwd`` (the workspace) writable."""
-    tool = shutil.which("bwrap")
-    if tool is None:
-        raise SetupError("SKILLJOBS_SANDBOX=bwrap, but bubblewrap (bwrap) is not installed")
-    out = [tool, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
-    out += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    out += ["--perms", "1777", "--tmpfs", "/tmp"]
-    for path in hide:
-        if path and path != "/" and os.path.isdir(path):
-            out += ["--tmpfs", path]
-    for path in (skill_dir, *show):
-        if path and os.path.exists(path):
-            out += ["--ro-bind", path, path]
-    out += ["--bind", cwd, cwd, "--chdir", cwd, "--setenv", "TMPDIR", "/tmp", "--", *argv]
-    return out
-
-
 # --- running ----------------------------------------------------------------------------
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+#: who the skill processes started in this context run for (a job id; set by the runner)
+RUN_OWNER: contextvars.ContextVar[str] = contextvars.ContextVar("skill_run_owner", default="")
+_LIVE: dict[int, str] = {}  # process group of a running skill → its owner
+_STOPPING: set[asyncio.Future[None]] = set()  # network helpers being stopped
+
+
+def kill_owned(owners: Iterable[str]) -> int:
+    """SIGKILL, now, the process groups of the skills running for ``owners`` (a worker that
+    lost its leases: a peer may run them again; a sandboxed run's whole pid namespace goes
+    with its group). Returns how many groups were killed."""
+    wanted = set(owners)
+    killed = 0
+    for pid, owner in list(_LIVE.items()):
+        if owner in wanted:
+            kill_group(pid)
+            killed += 1
+    return killed
 
 
 async def _read(stream: asyncio.StreamReader, buf: bytearray, cap: int, name: str) -> None:
@@ -386,28 +469,64 @@ async def run_process(
     cwd: str | os.PathLike[str] | None,
     timeout: float,  # noqa: ASYNC109 - the group must be killed, not just the await
     cap: int = OUTPUT_CAP,
-    user: Any = None,
+    sandbox: Sandbox | None = None,
+    plan: Plan | None = None,
+    limits: Sequence[tuple[int, int]] = (),
 ) -> ProcessResult:
     """Run ``argv`` in its own process group; read stdout/stderr concurrently (each capped).
 
-    ``user`` (a :class:`jobs.privileges.SkillUser`): run as that uid/gid, no other groups.
+    With ``sandbox`` (and its ``plan``) the process runs inside bubblewrap. Either way it
+    dies with the worker (parent-death signal) and runs under ``limits`` (rlimits).
     Cancellation kills the whole group and re-raises ``CancelledError``.
     """
     loop = asyncio.get_running_loop()
-    as_user: dict[str, Any] = {}
-    if user is not None:
-        as_user = {"user": user.uid, "group": user.gid, "extra_groups": []}
-    transport, protocol = await loop.subprocess_exec(
-        lambda: _Protocol(loop),
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=cwd,
-        env=dict(env),
-        start_new_session=True,
-        **as_user,
-    )
+    # bwrap's --die-with-parent holds a sandboxed run to the worker; a bare one gets the
+    # parent-death signal. Both through an exec'd prefix when the tools exist (vfork).
+    prefix = launcher(limits, pdeathsig=sandbox is None)
+    needed = bool(limits) or sandbox is None
+    setup = child_setup(limits) if needed and not prefix else None  # (the tools are missing)
+
+    async def start(command: list[str], pass_fds: Sequence[int] = ()) -> Any:
+        return await loop.subprocess_exec(
+            lambda: _Protocol(loop),
+            *command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=True,
+            pass_fds=tuple(pass_fds),
+            preexec_fn=setup,
+        )
+
+    def run(command: list[str], pass_fds: Sequence[int] = ()) -> Any:
+        return start([*prefix, *command], pass_fds)
+
+    stop_net = None
+    if sandbox is not None and plan is not None:
+        (transport, protocol), stop_net = await sandbox.spawn(argv, plan, run)
+    else:
+        transport, protocol = await run(argv)
+    pid = transport.get_pid()
+    _LIVE[pid] = RUN_OWNER.get()
+    try:
+        return await _supervise(transport, protocol, loop, timeout, cap)
+    finally:
+        _LIVE.pop(pid, None)
+        if stop_net is not None:  # (the run is over: the helper exits without holding it)
+            _STOPPING.add(loop.run_in_executor(None, stop_net))
+            for f in [f for f in _STOPPING if f.done()]:
+                _STOPPING.discard(f)
+
+
+async def _supervise(
+    transport: Any,
+    protocol: _Protocol,
+    loop: asyncio.AbstractEventLoop,
+    timeout: float,  # noqa: ASYNC109 - the group is killed at the deadline
+    cap: int,
+) -> ProcessResult:
     proc = asyncio.subprocess.Process(transport, protocol, loop)
     assert proc.stdout is not None and proc.stderr is not None
     exited = protocol.exited

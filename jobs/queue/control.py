@@ -168,7 +168,7 @@ BULK_CAP = 10_000  # jobs one bulk action touches at most (run it again for the 
 BULK_ACTIONS = ("retry", "cancel", "delete")
 _DEFAULT_STATUS = {
     "retry": ("failed", "timed_out"),
-    "cancel": ("queued", "running"),
+    "cancel": ("scheduled", "queued", "running"),
     "delete": tuple(sorted(FINAL_STATUSES)),
 }
 _ACTIONS = {"retry": retry_job, "cancel": cancel_job, "delete": delete_job}

@@ -20,10 +20,13 @@ from jobs.envelope import failure, offload_sync
 from jobs.execution.executor import Executor
 from jobs.execution.inputs import shape_problem
 from jobs.models import new_id
-from jobs.queue import idempotency, intake, limits, store
+from jobs.queue import delayed, idempotency, intake, limits, store
 from jobs.queue.broker import job_event
 from jobs.services import Services
 from jobs.skill import Skill, SkillType
+from jobs.storable import TEXT_REPLACED, valid_text
+from jobs.syncfiles import confine_answer
+from jobs.textcheck import context_problem, text_problem
 
 log = logging.getLogger("skilljobs.dispatch")
 
@@ -63,6 +66,28 @@ def refusal(
     return DispatchResult(status_code, failure(error, error_type=error_type, **extra))
 
 
+def _typed(
+    skill: str, ctx: dict[str, Any], external_id: Any, idempotency_key: Any
+) -> DispatchResult | None:
+    """Context ids typed and every identity field storable text on both databases: else
+    400 (NUL, invalid Unicode) or 422 (wrong type, too long), naming the field."""
+    if (problem := context_problem(ctx)) is not None:
+        text = str(problem)
+        status = 400 if "NUL" in text or "Unicode" in text else 422
+        return refusal(status, text, skill=skill, field=problem.field)
+    for given, where in ((external_id, "external_id"), (idempotency_key, "idempotency_key")):
+        if isinstance(given, str) and (bad := text_problem(given)) is not None:
+            return refusal(400, f"{where} {bad}", field=where)
+    return None
+
+
+def _noted(answer: DispatchResult, replaced: list[str]) -> DispatchResult:
+    """The answer naming where the input's invalid text was replaced by U+FFFD."""
+    if replaced and isinstance(answer.body, dict):
+        answer.body = {**answer.body, TEXT_REPLACED: [f"input.{p}" for p in replaced]}
+    return answer
+
+
 def _too_big(values: dict[str, Any], skill: str) -> DispatchResult | None:
     """413 when the job's input or context, as it would be stored, is over the storable
     limit (``jobs.storable.JSON_CAP``): a job runs on exactly what was sent or not at all."""
@@ -79,6 +104,14 @@ def _too_big(values: dict[str, Any], skill: str) -> DispatchResult | None:
                 size=size,
                 limit=storable.JSON_CAP,
             )
+    return None
+
+
+def _option_problem(idempotency_key: str | None, priority: int | None) -> str | None:
+    if idempotency_key is not None and (bad := idempotency.key_problem(idempotency_key)):
+        return bad
+    if priority is not None and (bad := limits.priority_problem(priority)):
+        return bad
     return None
 
 
@@ -112,18 +145,29 @@ class Dispatcher:
         external_id: str | None = None,
         idempotency_key: str | None = None,
         priority: int | None = None,
+        run_at: float | str | None = None,
+        delay_s: float | str | None = None,
     ) -> DispatchResult:
         """``idempotency_key``: the same key within 24 h gives the same background job
         (and receipt); with another skill or input it is a 409. ``priority``: 0 (first) to
-        9 (last) in the queue, default 3 (chain runs: 6)."""
+        9 (last) in the queue, default 3 (chain runs: 6). ``run_at`` (ISO 8601 or epoch
+        seconds) or ``delay_s`` (seconds, or ``"10m"``): the job waits ``scheduled`` until
+        then and runs in the background whatever the skill's ``async`` says."""
         if not isinstance(input or {}, dict) or not isinstance(context or {}, dict):
             return refusal(400, "input and context must be JSON objects")
         for value, where in ((input, "input"), (context, "context")):
             if (bad := shape_problem(value, where)) is not None:
                 return refusal(400, f"{where} refused: {bad}", skill=skill)
-        if idempotency_key is not None and (bad := idempotency.key_problem(idempotency_key)):
+        context = dict(context or {})
+        if (refused := _typed(skill, context, external_id, idempotency_key)) is not None:
+            return refused
+        # a lone surrogate in the input (a string cut inside an emoji) becomes U+FFFD; the
+        # receipt says where (C24)
+        input, replaced = valid_text(input or {})
+        if (bad := _option_problem(idempotency_key, priority)) is not None:
             return refusal(400, bad)
-        if priority is not None and (bad := limits.priority_problem(priority)):
+        due_at, bad = delayed.due_time(run_at, delay_s, time.time())
+        if bad is not None:
             return refusal(400, bad)
         input_data = dict(input or {})
         ctx = dict(context or {})
@@ -169,7 +213,7 @@ class Dispatcher:
 
         segment = fixed_segment(ctx)
         channel = segment["channel"]
-        if is_background(found, channel, ext):
+        if due_at is not None or is_background(found, channel, ext):
             if not delivers_to_session(channel, ext) and not segment["actor_key"]:
                 return refusal(
                     422,
@@ -186,29 +230,38 @@ class Dispatcher:
                     "session, but the context has no session_id",
                     skill=skill,
                 )
-            queued = self._enqueue(found, input_data, ctx, ext, idempotency_key, priority, segment)
-            return await telemetry.traced(
+            queued = self._enqueue(
+                found, input_data, ctx, ext, idempotency_key, priority, segment, due_at
+            )
+            answer = await telemetry.traced(
                 "skilljobs.dispatch", queued, attrs=_span_attrs(found, True), outcome=_answered
             )
-        if ext.startswith(ORGDELEG_PREFIX):
-            # a delegated request on the sync line too: force_raw_prompt must not apply
-            ctx["external_id"] = ext
-        sync = self._run_now(found, input_data, ctx)
-        return await telemetry.traced(
-            "skilljobs.dispatch", sync, attrs=_span_attrs(found, False), outcome=_answered
-        )
+        else:
+            sync = self._run_now(found, input_data, ctx, ext)
+            answer = await telemetry.traced(
+                "skilljobs.dispatch", sync, attrs=_span_attrs(found, False), outcome=_answered
+            )
+        return _noted(answer, replaced)
 
     # --- sync line ----------------------------------------------------------------------
 
     async def _run_now(
-        self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any]
+        self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any], ext: str = ""
     ) -> DispatchResult:
         from jobs.catalog.configs import ConfigStore
         from jobs.context import fixed_segment, flatten_configs
 
         runtime = dict(ctx)
         runtime.update(fixed_segment(ctx))
+        if ext.startswith(ORGDELEG_PREFIX):
+            # a delegated request on the sync line too: force_raw_prompt must not apply
+            runtime["external_id"] = ext
         runtime.setdefault("chat_mode", True)
+        # the run's own workspace, as a background job's: the session's, else (third-party
+        # channels) one per recipient — two people never share one (C1)
+        workspace = runtime.get("workspace_dir") or self._sync_workspace(runtime)
+        if workspace:
+            runtime["workspace_dir"] = workspace
         role_id = str(ctx.get("role_id") or "")
         if role_id:
             configs = await ConfigStore(self.services.sessionmaker, self.services.box).get(
@@ -217,9 +270,29 @@ class Dispatcher:
             for k, v in flatten_configs(skill.name, configs).items():
                 runtime.setdefault(k, v)
         result = await self.executor.run(skill, input_data, runtime)
+        # files the answer names: only inside the run's workspace or attachments (C5)
+        result = confine_answer(
+            result, runtime.get("workspace_dir"), runtime.get("attachments") or ()
+        )
         # The sync answer of a large result is the offload receipt, as in the background (C4).
         settings = self.services.settings
         return DispatchResult(200, offload_sync(settings, result, runtime, skill.name))
+
+    def _sync_workspace(self, runtime: dict[str, Any]) -> str | None:
+        from types import SimpleNamespace
+
+        from jobs.context import job_workspace
+
+        who = SimpleNamespace(
+            role_id=str(runtime.get("role_id") or ""),
+            session_id=str(runtime.get("session_id") or ""),
+            channel=str(runtime.get("channel") or ""),
+            actor_key=str(runtime.get("actor_key") or ""),
+            external_id=str(runtime.get("external_id") or ""),
+        )
+        root = self.services.settings.resolved_workspace_root
+        ws = job_workspace(root, who)
+        return str(ws) if ws is not None else None
 
     # --- background line ----------------------------------------------------------------
 
@@ -232,6 +305,7 @@ class Dispatcher:
         idempotency_key: str | None = None,
         priority: int | None = None,
         segment: dict[str, Any] | None = None,
+        due_at: float | None = None,
     ) -> DispatchResult:
         svc = self.services
         role_id = str(ctx.get("role_id") or "")
@@ -239,7 +313,10 @@ class Dispatcher:
         # The key is claimed in the batch that records the job (one transaction); when it
         # exists already, it is looked up and, if it may be taken over, claimed on its own.
         key: tuple[str, str, float] | None = None
+        shown = idempotency_key  # the caller's key, as named in answers
         if idempotency_key is not None:
+            # the same key from another caller is another job (C23): stored scoped
+            idempotency_key = idempotency.scoped(idempotency_key, ctx)
             digest = idempotency.request_hash(skill.name, input_data)
             key = (idempotency_key, digest, time.time())
         for _ in range(STALE_TRIES):
@@ -251,7 +328,7 @@ class Dispatcher:
                 else ({}, None)
             )
             new_job = self._new_job(
-                skill, input_data, ctx, ext, job_id, priority, segment, configs, generation
+                skill, input_data, ctx, ext, job_id, priority, segment, configs, generation, due_at
             )
             if (too_big := _too_big(new_job.values, skill.name)) is not None:
                 return too_big  # never stored as a summary: the skill runs on what was sent
@@ -270,12 +347,12 @@ class Dispatcher:
                 if claimed.conflict:
                     return refusal(
                         409,
-                        f"idempotency_key {idempotency_key!r} was used for another request "
+                        f"idempotency_key {shown!r} was used for another request "
                         f"(job {claimed.job_id}) with a different skill or input",
                         job_id=claimed.job_id,
                     )
                 if not claimed.new:
-                    return self._receipt(claimed.job_id, ctx)
+                    return self._receipt(claimed.job_id, ctx, due_at)
                 key = None  # taken over for this job: record it without claiming again
                 continue
             except intake.Unqueued as exc:
@@ -299,7 +376,7 @@ class Dispatcher:
                 svc.known_sessions.add(
                     (new_job.values["session_id"], role_id, new_job.values["external_id"])
                 )
-            return self._receipt(job_id, ctx)
+            return self._receipt(job_id, ctx, due_at)
         return refusal(
             503,
             f"the configuration of {skill.name!r} kept changing while it was dispatched; "
@@ -319,6 +396,7 @@ class Dispatcher:
         segment: dict[str, Any] | None,
         configs: dict[str, Any],
         generation: int | None,
+        due_at: float | None = None,
     ) -> intake.NewJob:
         """The row, origin session, live event and lane metadata of a new job."""
         from jobs.context import background_context
@@ -329,10 +407,12 @@ class Dispatcher:
         if ext.startswith(ORGDELEG_PREFIX):  # delegated: force_raw_prompt does not apply
             bg["external_id"] = ext
         now = time.time()
+        later = due_at is not None and due_at > now
+        status = "scheduled" if later else "queued"
         values = {
             "id": job_id,
             "skill": skill.name,
-            "status": "queued",
+            "status": status,
             "attempts": 0,
             "input": svc.box.seal(input_data),
             "context": svc.box.seal(bg),
@@ -352,6 +432,7 @@ class Dispatcher:
             "queued_at": now,
             "updated_at": now,
             "traceparent": telemetry.traceparent(),  # the workers' spans join this trace
+            "run_at": due_at,
         }
         session_key = (values["session_id"], role_id, ext)
         new_session = (
@@ -373,7 +454,7 @@ class Dispatcher:
         return intake.NewJob(
             values=values,
             session=origin_session,
-            event=job_event(svc, job_id, "queued", skill.name),
+            event=job_event(svc, job_id, status, skill.name),
             meta=limits.meta(
                 skill=skill.name,
                 org=values["org_id"],
@@ -384,14 +465,22 @@ class Dispatcher:
             generation=generation,
         )
 
-    def _receipt(self, job_id: str, ctx: dict[str, Any]) -> DispatchResult:
+    def _receipt(
+        self, job_id: str, ctx: dict[str, Any], due_at: float | None = None
+    ) -> DispatchResult:
         language = texts.language_of(self.services.settings, ctx)
-        return DispatchResult(
-            202,
-            {
-                "ok": True,
-                "async": True,
-                "message": texts.text("receipt", language),
-                "job_id": job_id,
-            },
-        )
+        body: dict[str, Any] = {
+            "ok": True,
+            "async": True,
+            "message": texts.text("receipt", language),
+            "job_id": job_id,
+        }
+        if due_at is not None:  # the receipt says when
+            when = delayed.iso(due_at)
+            body.update(
+                status="scheduled" if due_at > time.time() else "queued",
+                run_at=when,
+                run_at_epoch=due_at,
+                message=texts.text("receipt_scheduled", language, when=when),
+            )
+        return DispatchResult(202, body)

@@ -26,6 +26,7 @@ from jobs import phases, sendscope, telemetry, texts
 from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS, PRIORITY_INTERACTIVE
 from jobs.db import DB_UNAVAILABLE, db_unavailable
+from jobs.execution import subproc
 from jobs.execution.inprocess import RUN_TASKS, SKILL_ENDED
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT, JobRow
 from jobs.queue import broker, incidents, limits, lost, prefetch, store
@@ -37,6 +38,12 @@ if TYPE_CHECKING:
     from jobs.execution.executor import Executor
 
 log = logging.getLogger("skilljobs.worker")
+
+
+class ResultNotStored(RuntimeError):
+    """The skill's result could not be made storable (offload to a file failed)."""
+
+
 T = TypeVar("T")
 
 DB_ERRORS = DB_UNAVAILABLE
@@ -343,6 +350,7 @@ class JobRunner:
         input_data = svc.box.unseal(job.input or {})
         ctx = svc.box.unseal(job.context or {})
         self.scopes[job_id] = begin_run(svc.settings, job, ctx)
+        subproc.RUN_OWNER.set(job_id)  # its processes are killed at once if the lease is lost
         from delivery.notices import WorkingNotice
 
         working = WorkingNotice(svc, job, self._fence(job, token))
@@ -656,13 +664,10 @@ class JobRunner:
         workspace = job_workspace(self.svc.settings.resolved_workspace_root, job)
         try:
             result = offload(result, workspace, job.skill)
-        except Exception as exc:  # a full disk must not lose the outcome
-            log.warning("job %s: offload failed (%s); storing a summary", job.id, exc)
-            result = {
-                "ok": result.get("ok", True),
-                "error": result.get("error"),
-                "offload_error": str(exc),
-            }
+        except Exception as exc:
+            # never "succeeded" with a stub in place of the result (C24): the job ends
+            # failed with the reason, and the person is told
+            raise ResultNotStored(f"the result could not be stored: {exc}") from exc
         # Stored as is: the executor scrubbed the job's secret values from it, and result
         # fields are data, not secrets by name (C12).
         return result
@@ -754,6 +759,8 @@ class JobRunner:
         for job_id in list(self.held):
             if self.gate is not None and self.gate.refuse(job_id, prefetch.SUSPECT):
                 self.suspect.add(job_id)  # claimed ahead, not started: given back unstarted
+        # Before anything else: a peer may be running these jobs again already.
+        subproc.kill_owned(job_id for job_id, task in self.inner.items() if not task.done())
         for job_id, task in list(self.inner.items()):
             if not task.done():
                 log.warning(
@@ -823,6 +830,7 @@ class JobRunner:
                 self.lost.add(job_id)
                 task = self.inner.get(job_id)
                 if task and not task.done():
+                    subproc.kill_owned([job_id])  # now: the new owner may have started it
                     task.cancel()
                 elif self.gate is not None:
                     self.gate.refuse(job_id, prefetch.LOST)  # claimed ahead, not started

@@ -238,8 +238,10 @@ async def test_requires_env(ex: Executor, monkeypatch: pytest.MonkeyPatch) -> No
     assert out.log == ""  # never started
     ctx = dict(CTX, skill_configs={"needs_env": {"SJT_EXEC_TOKEN": "abcd"}})
     assert (await ex.run("needs_env", {}, ctx))["token_len"] == 4
+    # the worker's environment is never a skill's configuration
     monkeypatch.setenv("SJT_EXEC_TOKEN", "abcdefg")
-    assert (await ex.run("needs_env", {}, dict(CTX)))["token_len"] == 7
+    out = await ex.execute("needs_env", {}, dict(CTX))
+    assert out.result["needs_config"] == ["SJT_EXEC_TOKEN"]
 
 
 async def test_requires_bins(ex: Executor) -> None:
@@ -273,7 +275,9 @@ async def test_python_cli_protocol(ex: Executor, monkeypatch: pytest.MonkeyPatch
     assert r["total"] == 6 and r["dry_run"] is True and r["label"] == "a b"
     for k in ("db", "db_factory", "call_skill", "provider", "abort_signal", "_meta", "other_token"):
         assert k not in r["ctx_keys"], k
-    assert r["ctx"]["actor_key"] == "ou_9" and r["ctx"]["api_token"] == "t-1"
+    # the skill sees its own config; echoed back, a credential is masked in the result
+    assert r["ctx"]["actor_key"] == "ou_9" and "api_token" in r["ctx_keys"]
+    assert r["ctx"]["api_token"] == "••••••"
     assert r["ctx"]["workspace_dir"] == r["workspace"] == r["cwd"]
     assert r["skill_dir"] == str(FIXTURES / "cli_py")
     assert r["input"]["_subcommand"] == "sum"
