@@ -19,13 +19,13 @@ from jobs.db import once_more_if_disconnected
 from jobs.envelope import failure, offload_sync
 from jobs.execution.executor import Executor
 from jobs.execution.inputs import shape_problem
+from jobs.execution.syncfiles import confine_answer
 from jobs.models import new_id
 from jobs.queue import delayed, idempotency, intake, limits, store
 from jobs.queue.broker import job_event
 from jobs.services import Services
 from jobs.skill import Skill, SkillType
 from jobs.storable import TEXT_REPLACED, valid_text
-from jobs.syncfiles import confine_answer
 from jobs.textcheck import context_problem, text_problem
 
 log = logging.getLogger("skilljobs.dispatch")
