@@ -51,6 +51,7 @@ from jobs.storable import TEXT_REPLACED, valid_text
 log = logging.getLogger(__name__)
 
 TRANSIENT_EXC = (*DB_UNAVAILABLE, httpx.TimeoutException, httpx.NetworkError)
+TRACE_CAP = 8000  # characters of a raising skill's traceback (and its prints) kept
 SUBPROCESS_TYPES = frozenset(
     {
         ExecType.PYTHON_CLI,
@@ -66,7 +67,6 @@ WORKSPACE_MEMO = 4096
 ROLE_LLM_NAME = "@llm"  # where a role's own model binding is configured
 ROLE_LLM_TTL_SEC = 30.0
 ROLE_LLM_LOOKUP_SEC = 5.0
-TRACEBACK_TAIL = 16384  # characters of a traceback kept on the attempt
 RUNNER_DRAIN_SEC = 2.0  # a sandboxed runner's last message, read after the process ended
 
 
@@ -351,18 +351,26 @@ class Executor:
         except inprocess.Raised as wrapped:
             raised = wrapped.__cause__ or wrapped
             kind = _exc_name(raised)
-            printed = _raised_output(wrapped, raised)
             if isinstance(raised, ImportError) or (
                 isinstance(raised, RaisedInSandbox) and "builtins.ImportError" in raised.types
             ):  # undeclared dependency: no re-run fixes it
                 missing = envs.import_failure(found, f"{kind}: {raised}")
                 if missing is not None:
-                    return self._outcome(missing, t0, name=name, exception=kind, printed=printed)
+                    return self._outcome(missing, t0, name=name, exception=kind)
             transient = _is_transient(raised)
+            # the operator gets the traceback and what the skill printed (the attempt, the
+            # job's result); the person gets the exception's message (C26)
+            trace = _trace_of(raised)[-TRACE_CAP:]
+            stdout = wrapped.stdout if isinstance(wrapped, inprocess.Raised) else ""
+            message = str(raised).strip() or kind
+            log.warning("skill %s raised %s:\n%s", name, kind, trace)
             env = failure(
                 f"skill {name!r} raised {kind}: {raised}".rstrip(": "),
                 error_type="transient" if transient else None,
                 skill=name,
+                user_message=message[:600],
+                stdout_tail=stdout[-TRACE_CAP:].strip(),
+                stderr_tail=trace.strip(),
             )
             return self._outcome(
                 env,
@@ -370,7 +378,7 @@ class Executor:
                 name=name,
                 exception=kind,
                 transient=transient,
-                printed=printed,
+                printed=Printed(stdout, trace),
             )
         finally:
             WALL_DEADLINE.reset(deadline)
@@ -904,14 +912,11 @@ class RaisedInSandbox(Exception):
 _TRANSIENT_NAMES = frozenset(f"{c.__module__}.{c.__qualname__}" for c in TRANSIENT_EXC)
 
 
-def _raised_output(wrapped: BaseException, raised: BaseException) -> Printed:
-    """What a run that raised leaves on its attempt: what it printed, and the traceback."""
-    if wrapped.args and isinstance(wrapped.args[0], Printed):
-        return wrapped.args[0]
-    if raised is wrapped or raised.__traceback__ is None:
-        return Printed()
-    text = "".join(traceback.format_exception(raised))
-    return Printed(stderr=text[-TRACEBACK_TAIL:])
+def _trace_of(exc: BaseException) -> str:
+    """The traceback of what a skill raised (a sandboxed one's, as its runner reported it)."""
+    if isinstance(exc, RaisedInSandbox):
+        return exc.traceback
+    return "".join(traceback.format_exception(exc))
 
 
 def _exc_name(exc: BaseException) -> str:
@@ -1042,7 +1047,9 @@ def _runner_outcome(
             [str(t) for t in done.get("types") or []],
             tb,
         )
-        raise inprocess.Raised(Printed(printed, subproc.log_tail(tb.encode()))) from exc
+        wrapped = inprocess.Raised()
+        wrapped.stdout = printed
+        raise wrapped from exc
     if kind == "exit" and done is not None:
         code = done.get("code")
         exc_exit = SystemExit(code)
