@@ -33,7 +33,15 @@ async def trust(
         "worker_lease_sec": 5.0,
     }
     settings = make_settings(tmp_path, redis_url=redis_server_url, prefix=redis_prefix, **values)
-    for name in ("data_dir", "redis_url", "redis_prefix", "queue_name", "secret_key"):
+    exported = (
+        "data_dir",
+        "redis_url",
+        "redis_prefix",
+        "queue_name",
+        "secret_key",
+        "trusted_skills",
+    )
+    for name in exported:
         value = getattr(settings, name)
         value = value.get_secret_value() if hasattr(value, "get_secret_value") else value
         monkeypatch.setenv(f"SKILLJOBS_{name.upper()}", str(value))

@@ -26,12 +26,15 @@ ADMIN_AUTH = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 def _own_handlers() -> str:
-    """The in-process handlers of ``tests/job_skills``: the operator's own skills (trusted),
-    whose tests are about the worker itself (its pid, stalls, pauses, leases) and so need
-    them to run inside it. The folder's command-line skills stay untrusted (sandboxed)."""
+    """The in-process handlers of ``tests/job_skills`` and ``tests/trust_skills``: the
+    operator's own skills (trusted), whose tests are about the worker itself (its pid,
+    stalls, pauses, leases, its log, what delivery does with what a trusted skill returns)
+    and so need them to run inside it. The folders' command-line skills stay untrusted
+    (sandboxed)."""
     found = [
         str(d)
-        for d in sorted(JOB_SKILLS.iterdir())
+        for root in (JOB_SKILLS, TRUST_SKILLS)
+        for d in sorted(root.iterdir())
         if (d / "SKILL.md").is_file() and "\nexec:" not in (d / "SKILL.md").read_text()
     ]
     return os.pathsep.join(found)
