@@ -702,9 +702,7 @@ class Executor:
                 except sandbox.SandboxUnavailable as exc:
                     raise subproc.SetupError(str(exc)) from exc
                 finally:
-                    child.close()
-                    if prepared is not None:
-                        prepared.release()
+                    child.close()  # (the runner holds its end: EOF once it is gone)
                 if ws and quota and (used := sandbox.workspace_usage(ws)) > max(quota, before):
                     res.quota = (
                         f"the workspace holds {used / (1 << 20):.1f} MB after the run, over "
@@ -724,7 +722,10 @@ class Executor:
                 served.cancel()
                 with contextlib.suppress(BaseException):
                     await served
+            child.close()
             parent.close()
+            if prepared is not None:
+                prepared.release()
         return _runner_outcome(skill, done, res, printed)
 
     # --- subprocesses -----------------------------------------------------------------------

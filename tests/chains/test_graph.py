@@ -149,8 +149,9 @@ def skill_root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def svc(job_settings, skill_root):
+    # the graph's skills are the test's own (trusted): they log their calls beside it
     settings = job_settings.model_copy(
-        update={"skills_path": os.pathsep.join([str(JOB_SKILLS), str(skill_root)])}
+        update={"skills_path": os.pathsep.join([str(JOB_SKILLS), f"trusted={skill_root}"])}
     )
     s = await Services.open(settings)
     yield s
