@@ -43,8 +43,11 @@ _TEXT_FIELDS = ("message", "result", "text", "display_md", "summary")
 def outcome_text(name: str, status: str, final: Any, error: str | None, lang: str = "en") -> str:
     """The short, user-facing text for a chain outcome (never a stack trace), in ``lang``."""
     from delivery.render import render
+    from jobs.texts import localized_reason
     from jobs.texts import text as say
 
+    if error:
+        error = localized_reason(error.splitlines()[0] if status == FAILED else error, lang)
     if status == STOPPED_EMPTY:
         reason = error or say("chain_empty_reason", lang)
         return say("chain_empty", lang, name=name, reason=reason)

@@ -91,6 +91,119 @@ TEXTS: dict[str, dict[str, str]] = {
 }
 
 
+# --------------------------------------------------------------------------- our failure framings
+
+# The English framings our executor puts around a failure (``error`` of its envelopes), in
+# the other languages: ``(pattern, {lang: template})``; the template's ``{…}`` are the
+# pattern's named groups (the skill's own words, names, numbers — kept as they are).
+_Q = r"(?P<q>['\"])(?P<skill>.+?)(?P=q)"
+REASON_FORMS: list[tuple[re.Pattern[str], dict[str, str]]] = [
+    (
+        re.compile(r"skill ran over (?P<secs>[\d.]+) s and was stopped"),
+        {"zh": "运行超过 {secs} 秒，已被停止"},
+    ),
+    (
+        re.compile(rf"skill {_Q} raised (?P<exc>[\w.]+): (?P<msg>.+)", re.S),
+        {"zh": "运行时出错：{msg}"},
+    ),
+    (re.compile(rf"skill {_Q} raised (?P<exc>[\w.]+)"), {"zh": "运行时出错（{exc}）"}),
+    (
+        re.compile(rf"skill {_Q} exited with code (?P<code>-?\d+) \(no output\)"),
+        {"zh": "运行失败（退出码 {code}），没有输出"},
+    ),
+    (
+        re.compile(rf"skill {_Q} exited with code (?P<code>-?\d+): (?P<msg>.+)", re.S),
+        {"zh": "运行失败（退出码 {code}）：{msg}"},
+    ),
+    (
+        re.compile(rf"skill {_Q} was killed by signal (?P<sig>\d+) \(no output\)"),
+        {"zh": "运行被信号 {sig} 终止，没有输出"},
+    ),
+    (
+        re.compile(rf"skill {_Q} was killed by signal (?P<sig>\d+): (?P<msg>.+)", re.S),
+        {"zh": "运行被信号 {sig} 终止：{msg}"},
+    ),
+    (
+        re.compile(rf"skill {_Q} reported a failure \((?P<flag>[^)]*)\) without saying why"),
+        {"zh": "技能报告了失败，但没有说明原因"},
+    ),
+    (
+        re.compile(r"skill printed more than (?P<mb>\d+) MB on (?P<stream>\w+) and was stopped.*"),
+        {"zh": "输出超过 {mb} 兆字节，已被停止"},
+    ),
+    (
+        re.compile(rf"unknown skill {_Q}.*", re.S),
+        {"zh": "找不到这个技能"},
+    ),
+    (
+        re.compile(rf"skill {_Q} failed to load: .*", re.S),
+        {"zh": "技能加载失败，请检查它的配置"},
+    ),
+    (
+        re.compile(rf"skill {_Q} is a \w+ document, not code.*", re.S),
+        {"zh": "这个技能只是说明文档，没有可执行的代码"},
+    ),
+    (
+        re.compile(rf"skill {_Q} is not configured: .*", re.S),
+        {"zh": "尚未配置"},
+    ),
+    (
+        re.compile(
+            rf"skill {_Q} needs program\(s\) not installed on this host: (?P<bins>.+)", re.S
+        ),
+        {"zh": "运行所需的程序未安装：{bins}"},
+    ),
+    (
+        re.compile(rf"skill {_Q} (?:could not be run|cannot start|cannot be imported)\b.*", re.S),
+        {"zh": "无法启动"},
+    ),
+    (
+        re.compile(r"input field (?P<q>['\"])(?P<field>.+?)(?P=q) was refused: (?P<why>.+)", re.S),
+        {"zh": "输入字段 {field} 被拒绝：{why}"},
+    ),
+    (
+        re.compile(r"input for (?P<q>['\"])(?P<skill>.+?)(?P=q) must be a JSON object.*", re.S),
+        {"zh": "输入格式不对：需要一个键值对形式的对象"},
+    ),
+    (re.compile(r"the skill run failed"), {"zh": "运行失败"}),
+]
+
+
+#: a chain step's failure: ``step 2 (fetch, web_fetch): <reason>``
+_STEP = re.compile(
+    r"step (?P<n>\d+) \((?P<id>[^,()]+)(?:, (?P<skill>[^()]+))?\): (?:item (?P<item>\d+): )?"
+    r"(?P<inner>.+)",
+    re.S,
+)
+_STEP_FORM = {"zh": "第 {n} 步（{label}）：{reason}"}
+#: a chain step that returned nothing
+REASON_FORMS.append(
+    (
+        re.compile(r"step (?P<n>\d+) \((?P<label>[^()]+)\) returned nothing; chain stopped"),
+        {"zh": "第 {n} 步（{label}）没有返回任何内容，流程已停止"},
+    )
+)
+REASON_FORMS.append((re.compile(r"failed"), {"zh": "失败"}))
+
+
+def localized_reason(reason: str, lang: str = DEFAULT_LANGUAGE) -> str:
+    """``reason`` with our English framing of a failure said in ``lang`` (the skill's own
+    words inside it stay as the skill wrote them); English, or a reason that is not one of
+    ours, is returned as it is."""
+    if lang == DEFAULT_LANGUAGE:
+        return reason
+    step = _STEP.fullmatch(reason.strip())
+    if step is not None and lang in _STEP_FORM:  # a chain's step: its label, then its reason
+        inner = localized_reason(step.group("inner"), lang)
+        label = ", ".join(p for p in (step.group("id"), step.group("skill")) if p)
+        return _STEP_FORM[lang].format(n=step.group("n"), label=label, reason=inner)
+    for pattern, forms in REASON_FORMS:
+        m = pattern.fullmatch(reason.strip())
+        if m is not None and lang in forms:
+            return forms[lang].format(**{k: v for k, v in m.groupdict().items() if v is not None})
+    return reason
+
+
 def language(configured: str | None = None, locale: Any = None) -> str:
     """``zh`` or ``en``: the context ``locale`` when it names one, else the configured one."""
     for value in (locale, configured):
