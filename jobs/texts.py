@@ -79,6 +79,7 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "{name} 已取消，不会再有结果。",
     },
     "items": {"en": "{n} items", "zh": "{n} 项"},
+    "nothing": {"en": "none", "zh": "无"},
     "fields": {"en": "{n} fields", "zh": "{n} 个字段"},
     "more_lines": {"en": "… {n} more", "zh": "……另有 {n} 项"},
     "chain_empty": {
@@ -169,6 +170,48 @@ REASON_FORMS: list[tuple[re.Pattern[str], dict[str, str]]] = [
 ]
 
 
+#: why an input was refused (the ``{why}`` of "input field … was refused: …")
+REFUSAL_FORMS: list[tuple[re.Pattern[str], dict[str, str]]] = [
+    (
+        re.compile(
+            r"(?P<value>.+) is outside this job(?:'s workspace)? \(files must be .*\)", re.S
+        ),
+        {"zh": "{value} 不在本任务的工作区内（文件必须在工作区中，或是本次对话的附件）"},
+    ),
+    (
+        re.compile(r"nested deeper than (?P<n>\d+) levels"),
+        {"zh": "嵌套超过 {n} 层"},
+    ),
+    (
+        re.compile(r"input key (?P<key>.+?) cannot become a command-line flag.*", re.S),
+        {"zh": "输入键 {key} 不能作为命令行参数名（只能用字母、数字、_ 和 -，并以字母或 _ 开头）"},
+    ),
+    (
+        re.compile(r"the value (?P<value>.+?) of input (?P<key>.+?) would be read as a .*", re.S),
+        {"zh": "输入 {key} 的值 {value} 会被当作命令行选项（值不能以 - 加字母开头）"},
+    ),
+    (re.compile(r"input keys must be strings"), {"zh": "输入键必须是字符串"}),
+]
+REASON_FORMS.append(
+    (
+        re.compile(
+            r"input field (?P<q>['\"])(?P<field>.+?)(?P=q) names attachment (?P<ref>.+?), which "
+            r"this turn does not have \(attachments: (?P<known>.*)\)",
+            re.S,
+        ),
+        {"zh": "输入字段 {field} 引用的附件 {ref} 不在本次对话中（现有附件：{known}）"},
+    )
+)
+
+
+def _refusal(why: str, lang: str) -> str:
+    for pattern, forms in REFUSAL_FORMS:
+        m = pattern.fullmatch(why.strip())
+        if m is not None and lang in forms:
+            return forms[lang].format(**m.groupdict())
+    return why
+
+
 #: a chain step's failure: ``step 2 (fetch, web_fetch): <reason>``
 _STEP = re.compile(
     r"step (?P<n>\d+) \((?P<id>[^,()]+)(?:, (?P<skill>[^()]+))?\): (?:item (?P<item>\d+): )?"
@@ -200,7 +243,12 @@ def localized_reason(reason: str, lang: str = DEFAULT_LANGUAGE) -> str:
     for pattern, forms in REASON_FORMS:
         m = pattern.fullmatch(reason.strip())
         if m is not None and lang in forms:
-            return forms[lang].format(**{k: v for k, v in m.groupdict().items() if v is not None})
+            values = {k: v for k, v in m.groupdict().items() if v is not None}
+            if values.get("known") == "none":
+                values["known"] = text("nothing", lang)
+            if "why" in values:
+                values["why"] = _refusal(values["why"], lang)
+            return forms[lang].format(**values)
     return reason
 
 

@@ -11,7 +11,7 @@ from delivery.channels.limits import LINK_NOTES
 from delivery.render import failure_text
 from jobs.envelope import failure
 from jobs.execution.skill_output import exit_failure
-from jobs.texts import _STEP_FORM, REASON_FORMS, TEXTS, localized_reason, text
+from jobs.texts import _STEP_FORM, REASON_FORMS, REFUSAL_FORMS, TEXTS, localized_reason, text
 
 #: an ASCII word outside a ``{placeholder}``
 WORD = re.compile(r"[A-Za-z]{2,}")
@@ -22,6 +22,7 @@ def zh_templates() -> list[tuple[str, str]]:
     out = [(key, forms["zh"]) for key, forms in TEXTS.items()]
     out += [(f"link_note[{i}]", note) for i, note in enumerate(LINK_NOTES["zh"])]
     out += [(p.pattern, forms["zh"]) for p, forms in REASON_FORMS]
+    out += [(p.pattern, forms["zh"]) for p, forms in REFUSAL_FORMS]
     out += [("step", _STEP_FORM["zh"])]
     return out
 
@@ -74,8 +75,21 @@ def test_placeholders_are_the_same_in_both_languages() -> None:
             "抱歉，x 未能完成：运行所需的程序未安装：ffmpeg。",
         ),
         (
-            failure("input field 'path' was refused: 路径不在工作区内", skill="x"),
-            "抱歉，x 未能完成：输入字段 path 被拒绝：路径不在工作区内。",
+            failure(
+                "input field 'path' was refused: '/srv/a.txt' is outside this job's workspace "
+                "(files must be in the workspace or be an attachment of this conversation)",
+                skill="x",
+            ),
+            "抱歉，x 未能完成：输入字段 path 被拒绝：'/srv/a.txt' 不在本任务的工作区内"
+            "（文件必须在工作区中，或是本次对话的附件）。",
+        ),
+        (
+            failure(
+                "input field 'doc' names attachment 'att-9', which this turn does not have "
+                "(attachments: none)",
+                skill="x",
+            ),
+            "抱歉，x 未能完成：输入字段 doc 引用的附件 'att-9' 不在本次对话中（现有附件：无）。",
         ),
     ],
 )
