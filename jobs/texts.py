@@ -167,6 +167,42 @@ REASON_FORMS: list[tuple[re.Pattern[str], dict[str, str]]] = [
         {"zh": "输入格式不对：需要一个键值对形式的对象"},
     ),
     (re.compile(r"the skill run failed"), {"zh": "运行失败"}),
+    (
+        re.compile(rf"skill {_Q}: its dependency environment could not be built: .*", re.S),
+        {"zh": "技能的依赖环境无法构建"},
+    ),
+    (
+        re.compile(
+            rf"skill {_Q} needs the module (?P<mq>['\"])(?P<module>.+?)(?P=mq), which is not "
+            r"installed: .*",
+            re.S,
+        ),
+        {"zh": "缺少模块 {module}，它尚未安装"},
+    ),
+    (
+        re.compile(rf"skill {_Q} called sys\.exit\(\) instead of returning a result: .*", re.S),
+        {"zh": "技能提前退出，没有返回结果"},
+    ),
+    (
+        re.compile(r".+ answered HTTP (?P<status>\d+): \(empty body\)", re.S),
+        {"zh": "接口返回错误状态 {status}，内容为空"},
+    ),
+    (
+        re.compile(r".+ answered HTTP (?P<status>\d+): (?P<body>.*)", re.S),
+        {"zh": "接口返回错误状态 {status}：{body}"},
+    ),
+    (
+        re.compile(r".+ refused by the outbound policy: .*", re.S),
+        {"zh": "对外访问被安全策略拒绝"},
+    ),
+    (
+        re.compile(r".+ answered with more than (?P<mb>\d+) MB"),
+        {"zh": "接口返回的内容超过 {mb} 兆字节"},
+    ),
+    (
+        re.compile(rf"HTTP skill {_Q}: (?P<msg>.+)", re.S),
+        {"zh": "接口调用失败：{msg}"},
+    ),
 ]
 
 

@@ -91,6 +91,17 @@ def test_placeholders_are_the_same_in_both_languages() -> None:
             ),
             "抱歉，x 未能完成：输入字段 doc 引用的附件 'att-9' 不在本次对话中（现有附件：无）。",
         ),
+        (
+            failure("HTTP skill 'quotes' (GET https://q.example/v1): answered HTTP 503: busy"),
+            "抱歉，任务 未能完成：接口返回错误状态 503：busy。",
+        ),
+        (
+            failure(
+                "skill 'pdf' needs the module 'fitz', which is not installed: declare it",
+                skill="pdf",
+            ),
+            "抱歉，pdf 未能完成：缺少模块 fitz，它尚未安装。",
+        ),
     ],
 )
 def test_our_failure_framings_are_said_in_chinese(env: dict, expected: str) -> None:
