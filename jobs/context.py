@@ -467,21 +467,35 @@ def input_secrets(data: Any, depth: int = 0) -> list[str]:
     return found
 
 
-def mask_credentials(obj: Any, mask: str = "••••••", depth: int = 0) -> Any:
-    """``obj`` with the text values of credential-named fields masked, at any depth."""
+#: token-named fields that are not credentials: a skill hands them to the model to send back
+#: (seed ``001_…``: the confirmation of a destructive call; pagination), so a result keeps them
+PROTOCOL_TOKENS = frozenset(
+    "confirm_token page_token next_page_token next_token continuation_token sync_token".split()
+)
+
+
+def mask_credentials(
+    obj: Any, mask: str = "••••••", depth: int = 0, keep: frozenset[str] = frozenset()
+) -> Any:
+    """``obj`` with the text values of credential-named fields masked, at any depth; the
+    names in ``keep`` are left as they are."""
     if depth > 64:
         return obj
     if isinstance(obj, dict):
         return {
             k: (
                 mask
-                if isinstance(k, str) and is_credential_name(k) and isinstance(v, str) and v
-                else mask_credentials(v, mask, depth + 1)
+                if isinstance(k, str)
+                and k not in keep
+                and is_credential_name(k)
+                and isinstance(v, str)
+                and v
+                else mask_credentials(v, mask, depth + 1, keep)
             )
             for k, v in obj.items()
         }
     if isinstance(obj, list):
-        return [mask_credentials(v, mask, depth + 1) for v in obj]
+        return [mask_credentials(v, mask, depth + 1, keep) for v in obj]
     return obj
 
 

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import httpx
 
 from jobs.context import (
+    PROTOCOL_TOKENS,
     input_secrets,
     lookup_config,
     mask_credentials,
@@ -281,7 +282,7 @@ class Executor:
                 secrets.append(env["MYINC_LLM_KEY"])
         if secrets:
             _scrub_outcome(out, secrets)
-        out.result = mask_credentials(out.result)
+        out.result = mask_credentials(out.result, keep=PROTOCOL_TOKENS)
         # valid text at the boundary: a lone surrogate (a string cut inside an emoji,
         # undecodable bytes) becomes U+FFFD, and the result says where (C24)
         out.result, replaced = valid_text(out.result)
