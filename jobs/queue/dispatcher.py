@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from jobs import storable, telemetry, texts
 from jobs.catalog.validation import input_problem
+from jobs.context import background_context, channel_of, fixed_segment, flatten_configs
 from jobs.db import once_more_if_disconnected
 from jobs.envelope import failure, offload_sync
 from jobs.execution.executor import Executor
@@ -23,7 +25,7 @@ from jobs.models import new_id
 from jobs.queue import idempotency, intake, limits, store
 from jobs.queue.broker import job_event
 from jobs.services import Services
-from jobs.skill import Skill, SkillType
+from jobs.skill import Skill, SkillRegistry, SkillType
 
 log = logging.getLogger("skilljobs.dispatch")
 
@@ -50,6 +52,22 @@ def is_background(skill: Skill, channel: str, external_id: str) -> bool:
     return skill.is_async and (
         channel not in WEB_CHANNELS or external_id.startswith(ORGDELEG_PREFIX)
     )
+
+
+def external_id_of(external_id: str | None, context: Mapping[str, Any]) -> str:
+    """The session id a dispatch names: the argument, else the context's ``external_id``."""
+    return str(external_id if external_id is not None else context.get("external_id") or "")
+
+
+def runs_now(
+    registry: SkillRegistry, skill: str, context: Mapping[str, Any], external_id: str | None
+) -> bool:
+    """The one sync-or-background rule: ``skill`` (or ``<skill>__<sub>``) is a loadable
+    handler the dispatcher runs on the sync line. Refusals and background jobs are False."""
+    hit = registry.resolve(skill)
+    if hit is None or hit[0].error or hit[0].skill_type is not SkillType.HANDLER:
+        return False
+    return not is_background(hit[0], channel_of(context), external_id_of(external_id, context))
 
 
 def delivers_to_session(channel: str, external_id: str) -> bool:
@@ -127,18 +145,19 @@ class Dispatcher:
             return refusal(400, bad)
         input_data = dict(input or {})
         ctx = dict(context or {})
-        ext = str(external_id if external_id is not None else ctx.get("external_id") or "")
+        ext = external_id_of(external_id, ctx)
 
-        found = self.services.registry.get(skill)
-        if found is None and (fan := self.services.registry.fanned(skill)) is not None:
-            found, skill = fan[0], fan[0].name  # <skill>__<sub>: the skill + its subcommand
-            input_data["_subcommand"] = fan[1]
-        if found is None:
+        hit = self.services.registry.resolve(skill)
+        if hit is None:
             return refusal(
                 404,
                 f"unknown skill {skill!r}: no skill folder with that name is loaded",
                 skill=skill,
             )
+        found, sub = hit
+        if sub is not None:  # <skill>__<sub>: the skill + its subcommand
+            skill = found.name
+            input_data["_subcommand"] = sub
         if found.error:
             return refusal(
                 409,
@@ -162,8 +181,6 @@ class Dispatcher:
                 skill=skill,
                 need_param=problem.fields or True,
             )
-
-        from jobs.context import fixed_segment
 
         segment = fixed_segment(ctx)
         channel = segment["channel"]
@@ -199,7 +216,6 @@ class Dispatcher:
         self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any]
     ) -> DispatchResult:
         from jobs.catalog.configs import ConfigStore
-        from jobs.context import fixed_segment, flatten_configs
 
         runtime = dict(ctx)
         runtime.update(fixed_segment(ctx))
@@ -316,7 +332,6 @@ class Dispatcher:
         generation: int | None,
     ) -> intake.NewJob:
         """The row, origin session, live event and lane metadata of a new job."""
-        from jobs.context import background_context
 
         svc = self.services
         role_id = str(ctx.get("role_id") or "")
