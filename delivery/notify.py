@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from delivery.artifacts import ArtifactRefused, resolve_inside
-from delivery.pinned import Resolver, system_resolver
-from delivery.urlsafety import RefusedURL, check_ip, check_url
+from delivery.net.pinned import Resolver, system_resolver
+from delivery.net.urlsafety import RefusedURL, check_ip, check_url
 from jobs import sendscope
 from jobs.sendscope import SendScope
 

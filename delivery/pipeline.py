@@ -21,8 +21,8 @@ from typing import Any
 from sqlalchemy import delete
 
 from delivery.artifacts import ArtifactInfo, acollect, fill_local_path
-from delivery.fetch import SafeFetcher
 from delivery.materialize import materialize, mentions_urls
+from delivery.net.fetch import SafeFetcher
 from delivery.router import deliver_result, workspace_of
 from jobs import telemetry
 from jobs.envelope import is_failure, normalize

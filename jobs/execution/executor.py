@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
+from delivery.net.fetch import SafeFetcher
 from jobs import privileges
 from jobs.context import (
     lookup_config,
@@ -115,7 +116,7 @@ class Executor:
         self.box = box
         self._http = http
         self._own_http: httpx.AsyncClient | None = None
-        self._outbound: Any = None
+        self._outbound: SafeFetcher | None = None
         self._skill_engine: Any = None
         self._skill_user: privileges.SkillUser | bool | None = False  # False: not resolved
         self._opened: set[str] = set()
@@ -154,12 +155,10 @@ class Executor:
             self._own_http = httpx.AsyncClient(timeout=60.0)
         return self._own_http
 
-    def outbound(self) -> Any:
+    def outbound(self) -> SafeFetcher:
         """The client HTTP skills send through: the outbound policy (public https, or the
         hosts of ``SKILLJOBS_FETCH_ALLOW_HOSTS``), each connection to the address checked."""
         if self._outbound is None:
-            from delivery.fetch import SafeFetcher
-
             allow = self.settings.allow_hosts if self.settings is not None else []
             self._outbound = SafeFetcher(allow, timeout=60.0)
         return self._outbound
