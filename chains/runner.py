@@ -39,7 +39,7 @@ from jobs.runscope import begin as begin_scope
 
 if TYPE_CHECKING:
     from jobs.execution.executor import Executor
-    from jobs.queue.broker import WorkerContext
+    from jobs.queue.runner import WorkerContext
     from jobs.services import Services
 
 log = logging.getLogger("skilljobs.chains")

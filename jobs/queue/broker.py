@@ -28,7 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import Any
 
 from arq.connections import ArqRedis
 from arq.constants import (
@@ -56,26 +56,7 @@ from jobs.constants import (
 )
 from jobs.services import Services
 
-if TYPE_CHECKING:
-    from jobs.execution.executor import Executor
-    from jobs.queue.runner import JobRunner
-
 log = logging.getLogger("skilljobs.broker")
-
-
-class WorkerContext(TypedDict, total=False):
-    """What arq hands our job functions: the worker's wiring (set at start-up) and the
-    entry being run."""
-
-    services: Services
-    executor: Executor
-    worker_id: str
-    runner: JobRunner
-    redis: ArqRedis
-    job_id: str
-    job_try: int
-    score: int
-    priority: int
 
 
 # --- payloads ----------------------------------------------------------------------------
@@ -700,7 +681,6 @@ async def release(services: Services, arq_ids: Sequence[str]) -> int:
 
 __all__ = [
     "SerializationError",
-    "WorkerContext",
     "alive",
     "beat",
     "claim",

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import select
 
 from jobs import texts
+from jobs.finishing import Finisher
 from jobs.models import FAILED, Job
 from jobs.queue import broker, store
 from jobs.services import Services
@@ -46,11 +47,10 @@ async def _still_failed(services: Services, job_id: str, token: int) -> bool:
     return row is not None and tuple(row) == (FAILED, token, ERROR_TYPE)
 
 
-async def tell(services: Services, job_id: str) -> None:
-    """Tell the person and the operator that ``job_id`` was failed as lost. Never raises:
-    the job's record is written already; what could not be told is logged."""
-    from delivery.pipeline import postprocess
-
+async def tell(services: Services, job_id: str, finisher: Finisher) -> None:
+    """Tell the person and the operator that ``job_id`` was failed as lost, through the
+    worker's ``finisher``. Never raises: the job's record is written already; what could
+    not be told is logged."""
     try:
         job = await store.get_job(services.sessionmaker, job_id)
         if job is None or job.status != FAILED or job.error_type != ERROR_TYPE:
@@ -63,7 +63,7 @@ async def tell(services: Services, job_id: str) -> None:
         async def fence() -> bool:
             return await _still_failed(services, job.id, token)
 
-        await postprocess(services, job, notice(services.settings, job, ctx), fence=fence)
+        await finisher(services, job, notice(services.settings, job, ctx), fence=fence)
         log.warning("job %s: failed as lost (%s); its origin was told", job.id, job.error)
     except Exception as exc:
         log.warning("job %s: failed as lost, but telling its origin failed: %r", job_id, exc)

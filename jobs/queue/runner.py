@@ -17,8 +17,9 @@ import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
+from arq.connections import ArqRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -27,6 +28,7 @@ from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS, PRIORITY_INTERACTIVE
 from jobs.db import DB_UNAVAILABLE, db_unavailable
 from jobs.execution.inprocess import RUN_TASKS, SKILL_ENDED
+from jobs.finishing import Finished, Finisher
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT, JobRow
 from jobs.queue import broker, incidents, limits, lost, prefetch, store
 from jobs.queue.stall import StallWatch
@@ -40,6 +42,21 @@ log = logging.getLogger("skilljobs.worker")
 T = TypeVar("T")
 
 DB_ERRORS = DB_UNAVAILABLE
+
+
+class WorkerContext(TypedDict, total=False):
+    """What arq hands our job functions: the worker's wiring (set at start-up) and the
+    entry being run."""
+
+    services: Services
+    executor: Executor
+    worker_id: str
+    runner: JobRunner
+    redis: ArqRedis
+    job_id: str
+    job_try: int
+    score: int
+    priority: int
 
 
 def is_fault(exc: BaseException) -> bool:
@@ -96,12 +113,15 @@ class JobRunner:
         executor: Executor,
         worker_id: str,
         *,
+        finisher: Finisher,
         max_finishing: int = 200,
         linger: float = 0.01,
     ) -> None:
         self.svc = services
         self.executor = executor
         self.worker_id = worker_id
+        #: post-processes, delivers and records a finished job (``delivery.pipeline``)
+        self.finisher = finisher
         self.held: dict[str, int] = {}  # job id → lease token
         self.inner: dict[str, asyncio.Task[Any]] = {}  # job id → running executor task
         # job id → the in-process skill tasks of its run (jobs.execution.inprocess.RUN_TASKS)
@@ -419,7 +439,6 @@ class JobRunner:
         job_id = job.id
         status = outcome.status if outcome.status in (SUCCEEDED, FAILED, TIMED_OUT) else FAILED
         result = outcome.result
-        post: Any = None
         stage = "post-processing"
         try:
             await self._linger()
@@ -438,7 +457,7 @@ class JobRunner:
             )
             result = post.result
             stage = "record"
-            fetches = getattr(post, "fetches", None)
+            fetches = post.fetches
             await self._record(
                 job, token, status, result, outcome.error, outcome.error_type, fetches
             )
@@ -552,9 +571,7 @@ class JobRunner:
 
     async def _postprocess(
         self, job: JobRow, token: int, result: dict[str, Any], *, normalized: bool = False
-    ) -> Any:
-        from delivery.pipeline import postprocess
-
+    ) -> Finished:
         margin = self.certain_for / 3  # room for clock skew between hosts
 
         async def fence() -> bool:
@@ -568,7 +585,7 @@ class JobRunner:
             return await store.holds_lease(self.svc.sessionmaker, job.id, token)
 
         scope = self.scopes.get(job.id)
-        return await postprocess(
+        return await self.finisher(
             self.svc, job, result, fence=fence, scope=scope, normalized=normalized
         )
 
@@ -843,7 +860,7 @@ class JobRunner:
         """Tell the origins of jobs just failed as lost, beside the loops (a slow channel
         must not delay the next take-over)."""
         for job_id in job_ids:
-            task = asyncio.create_task(lost.tell(self.svc, job_id))
+            task = asyncio.create_task(lost.tell(self.svc, job_id, self.finisher))
             self.telling.add(task)
             task.add_done_callback(self.telling.discard)
 
