@@ -29,6 +29,7 @@ import httpx
 
 from delivery.net.fetch import SafeFetcher
 from jobs import privileges
+from jobs.catalog.configs import ConfigStore
 from jobs.context import (
     lookup_config,
     resolve_file_params,
@@ -36,14 +37,16 @@ from jobs.context import (
     secret_values,
     workspace_dir,
 )
-from jobs.crypto import redact
-from jobs.db import DB_UNAVAILABLE, LazySession
+from jobs.crypto import SecretBox, redact
+from jobs.db import DB_UNAVAILABLE, LazySession, Sessions
 from jobs.envelope import failure, is_failure, normalize
 from jobs.execution import compat, envs, inprocess, input_rules, inputs, subproc
 from jobs.execution.callskill import WALL_DEADLINE, bind_call_skill, within_caller
+from jobs.execution.provider import llm_env, llm_values, provider_from, role_llm_values
 from jobs.execution.skill_output import exit_failure
 from jobs.logs import register_secrets
-from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillType
+from jobs.settings import BUNDLED_SKILLS, Settings
+from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillRegistry, SkillType
 
 log = logging.getLogger(__name__)
 
@@ -101,15 +104,13 @@ class Executor:
     def __init__(
         self,
         *,
-        settings: Any,
-        registry: Any,
-        sessionmaker: Any,
-        box: Any,
+        settings: Settings | None,
+        registry: SkillRegistry,
+        sessionmaker: Sessions | None,
+        box: SecretBox | None,
         http: httpx.AsyncClient | None = None,
-        config_store: Any | None = None,
+        config_store: ConfigStore | None = None,
     ) -> None:
-        from jobs.execution.provider import llm_env, llm_values, provider_from
-
         self.settings = settings
         self.registry = registry
         self.sessionmaker = sessionmaker
@@ -123,8 +124,6 @@ class Executor:
         self._lent: dict[str, int] = {}  # workspace → runs as the skill user using it
         self._skill_sessions: Any = None
         if config_store is None and sessionmaker is not None and box is not None:
-            from jobs.catalog.configs import ConfigStore
-
             config_store = ConfigStore(sessionmaker, box)
         self.config_store = config_store
         self.llm_default = llm_values(settings) if settings is not None else {}
@@ -227,7 +226,6 @@ class Executor:
 
     async def _look_up_llm(self, role_id: str, now: float) -> tuple[Any, dict[str, str]]:
         assert self.config_store is not None
-        from jobs.execution.provider import llm_env, provider_from, role_llm_values
 
         try:
             async with asyncio.timeout(ROLE_LLM_LOOKUP_SEC):
@@ -678,6 +676,8 @@ class Executor:
 
     def _sandboxed(self, argv: list[str], cwd: str, skill_dir: str) -> list[str]:
         """``argv`` inside the configured sandbox (``SKILLJOBS_SANDBOX``), if any."""
+        if self.settings is None:
+            return argv
         mode = str(getattr(self.settings, "sandbox", "") or "").strip().lower()
         if mode in ("", "none"):
             return argv
@@ -763,7 +763,6 @@ def _is_bundled(skill: Skill) -> bool:
 def _bundled_path(path: str) -> bool:
     """Is this skill folder one of the bundled skills? (resolved once per folder: two
     ``realpath`` walks per run were a measurable share of a no-op job's cost)"""
-    from jobs.settings import BUNDLED_SKILLS
 
     try:
         return Path(path).resolve().is_relative_to(BUNDLED_SKILLS.resolve())
