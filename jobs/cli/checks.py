@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr, ValidationError
 
+from jobs.cli.envs import check_skill_envs
 from jobs.settings import Settings
 
 UPGRADE_FIX = "run `skilljobs db upgrade`"
@@ -655,8 +656,6 @@ async def run_checks(
         checks.append(await check_redis_auth(settings, timeout_sec))
         checks.append(await check_redis_persistence(settings, timeout_sec))
     checks.append(check_skills(settings))
-    from jobs.cli.envs import check_skill_envs  # dependency environments (skills prepare)
-
     checks.append(check_skill_envs(settings, ok, warn))
     checks.extend(check_channel(settings, c) for c in CHANNELS)
     checks += [

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
 if TYPE_CHECKING:
-    from jobs.cli.checks import Check
     from jobs.execution.envs import EnvManager, EnvSpec
     from jobs.skill import Skill
+
+C = TypeVar("C")  # a line of the doctor's report (``jobs.cli.checks.Check``)
 
 
 def manager(settings: Any) -> EnvManager:
@@ -229,8 +230,8 @@ def register(app: typer.Typer) -> None:
 
 
 def check_skill_envs(
-    settings: Any, ok: Callable[[str, str], Check], warn: Callable[[str, str, str], Check]
-) -> Check | None:
+    settings: Any, ok: Callable[[str, str], C], warn: Callable[[str, str, str], C]
+) -> C | None:
     """``doctor``: whether the skills' dependency environments are built (a missing one is
     built by the worker on first use, so it is a warning, not a failure). ``ok``/``warn``
     are the report's constructors (jobs.cli.checks)."""
