@@ -3,6 +3,7 @@ token caches and rate limits live in them)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import httpx
@@ -110,13 +111,23 @@ def shared_limits(settings: Settings, out: dict[str, Channel], redis: Any) -> No
             ch.lang = lang  # the language of the notes a link comes with
 
 
+# Services → its adapters; kept here, by their owner, for as long as the Services lives.
+_BUILT: weakref.WeakKeyDictionary[Services, dict[str, Channel]] = weakref.WeakKeyDictionary()
+
+
 def channels_for(services: Services) -> dict[str, Channel]:
     """The process's adapters, built once per ``Services`` (token caches live in them)."""
-    if services.channels is None:
-        services.channels = build_channels(
+    built = _BUILT.get(services)
+    if built is None:
+        built = _BUILT[services] = build_channels(
             services.settings,
             services.http,
             sessionmaker=services.sessionmaker,
             redis=services.redis,
         )
-    return dict(services.channels)
+    return dict(built)
+
+
+def use_channels(services: Services, channels: dict[str, Channel]) -> None:
+    """Send ``services``' deliveries through ``channels`` (adapters built by the caller)."""
+    _BUILT[services] = dict(channels)
