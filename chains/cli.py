@@ -14,7 +14,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs.cli import output
 from jobs.cli.common import fail, load_settings, with_services
+from jobs.cli.i18n import tr
 
 console = Console()
 schedules_app = typer.Typer(help="Cron-defined chains of skills.", no_args_is_help=True)
@@ -108,40 +110,133 @@ def add(file: Path = typer.Argument(..., help="Schedule file (YAML or JSON).")) 
     _with_services(go, redis=False)
 
 
+SCHEDULE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.suffix.lower() in SCHEDULE_SUFFIXES)
+        if not found:
+            fail(f"{path}: no schedule files (*.yaml, *.yml, *.json) in this folder")
+        return found
+    if not path.exists():
+        fail(f"{path}: no such file or folder")
+    return [path]
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 80 or not output.is_terminal() else text[:77] + "…"
+
+
+@schedules_app.command("apply")
+def apply_cmd(
+    path: Path = typer.Argument(..., help="A schedule file, or a folder of them."),
+    prune: bool = typer.Option(False, "--prune", help="Delete the stored schedules no file names."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only print what would change."),
+    as_json: bool = output.JSON_OPT,
+) -> None:
+    """Make the stored schedules match the files, by name: create, update what differs,
+    (with --prune) delete the rest. Running it again changes nothing."""
+    from chains import schedules
+
+    files = _files(path)
+    raw = [(f, _read_file(f)) for f in files]
+
+    async def go(svc: Any) -> list[dict[str, Any]]:
+        specs, bad = [], 0
+        for f, data in raw:
+            try:
+                specs.append(schedules.validate(data, svc.registry))
+            except schedules.ScheduleError as exc:
+                bad += 1
+                for problem in exc.problems:
+                    typer.secho(f"  - {f}: {problem}", fg=typer.colors.RED, err=True)
+        if bad:
+            fail(tr("{n} file(s) with problems; nothing changed", n=bad))
+        return await schedules.apply(svc, specs, prune=prune, dry_run=dry_run, actor="cli")
+
+    result = _with_services(go, redis=False)
+    if as_json:
+        output.print_json({"dry_run": dry_run, "items": result})
+        return
+    marks = {"create": "+", "update": "~", "unchanged": "=", "delete": "-"}
+    for item in result:
+        typer.echo(f"{marks[item['action']]} {item['name']} ({tr(item['action'])})")
+        for field, (old, new) in item["changes"].items():
+            typer.echo(f"    {field}: {_short(old)} -> {_short(new)}")
+    done = {"create": "{n} created", "update": "{n} updated", "unchanged": "{n} unchanged"}
+    done["delete"] = "{n} deleted"
+    counts = {a: sum(i["action"] == a for i in result) for a in marks}
+    summary = ", ".join(tr(done[a], n=n) for a, n in counts.items() if n)
+    typer.echo((tr("dry run: ") if dry_run else "") + (summary or tr("no schedules")))
+
+
+@schedules_app.command("delete")
+def delete_cmd(
+    schedule: str = typer.Argument(..., help="Schedule id or name."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Delete a schedule and its run history."""
+    from chains import schedules
+
+    ask = tr("Delete schedule {name} and its run history?", name=schedule)
+    if not yes and not typer.confirm(ask):
+        fail(tr("nothing done"))
+
+    async def go(svc: Any) -> Any:
+        return await schedules.delete(svc, schedule, actor="cli")
+
+    row = _with_services(go, redis=False)
+    typer.echo(tr("schedule {name} ({id}) deleted", name=row.name, id=row.id))
+
+
 @schedules_app.command("list")
 def list_cmd(
     upcoming: int = typer.Option(
         1, "--next", "-n", min=1, max=50, help="Upcoming fire times shown."
     ),
+    as_json: bool = output.JSON_OPT,
 ) -> None:
     """Every schedule with its next fire time(s) and last run."""
     from chains import schedules
 
-    async def go(svc: Any) -> None:
-        rows = await schedules.list_schedules(svc)
-        last = await schedules.last_runs(svc)
-        table = Table(title=f"{len(rows)} schedule(s)")
-        head = "next fire" if upcoming == 1 else f"next {upcoming} fires"
-        for col in ("id", "name", "cron", "timezone", "enabled", head, "last run", "steps"):
-            table.add_column(col, overflow="fold")
+    async def go(svc: Any) -> tuple[list[Any], dict[str, Any]]:
+        return await schedules.list_schedules(svc), await schedules.last_runs(svc)
+
+    rows, last = _with_services(go, redis=False)
+    if as_json:
+        items = []
         for r in rows:
+            item = schedules.to_dict(r, fires=upcoming)
             run = last.get(r.id)
-            last_text = f"{_status(run.status)} {_utc(run.fire_at)}" if run else "-"
-            table.add_row(
+            item["last_run"] = (
+                None
+                if run is None
+                else {"id": run.id, "status": run.status, "fire_at": run.fire_at}
+            )
+            items.append(item)
+        output.print_json({"items": items})
+        return
+    head = "next fire" if upcoming == 1 else f"next {upcoming} fires"
+    cols = ("id", "name", "cron", "timezone", "enabled", head, "last run", "steps")
+    table_rows = []
+    for r in rows:
+        run = last.get(r.id)
+        fires = [_local(t, r.timezone) for t in schedules.next_fires(r, upcoming)]
+        table_rows.append(
+            (
                 r.id,
                 r.name,
                 r.cron,
                 r.timezone,
-                "yes"
-                if r.enabled
-                else ("[red]paused[/red]" if r.paused_reason else "[dim]no[/dim]"),
-                "\n".join(_local(t, r.timezone) for t in schedules.next_fires(r, upcoming)) or "-",
-                last_text,
-                str(len(r.steps or [])),
+                "yes" if r.enabled else ("paused" if r.paused_reason else "no"),
+                ("\n" if output.is_terminal() else ", ").join(fires) or "-",
+                f"{run.status} {_utc(run.fire_at)}" if run else "-",
+                len(r.steps or []),
             )
-        console.print(table)
-
-    _with_services(go, redis=False)
+        )
+    output.table(cols, table_rows, title=f"{len(rows)} schedule(s)", wrap=(head,))
 
 
 NEXT_OPT = typer.Option(5, "--next", "-n", min=1, max=50, help="Upcoming fire times to show.")
@@ -149,7 +244,9 @@ NEXT_OPT = typer.Option(5, "--next", "-n", min=1, max=50, help="Upcoming fire ti
 
 @schedules_app.command("show")
 def show(
-    schedule: str = typer.Argument(..., help="Schedule id or name."), upcoming: int = NEXT_OPT
+    schedule: str = typer.Argument(..., help="Schedule id or name."),
+    upcoming: int = NEXT_OPT,
+    as_json: bool = output.JSON_OPT,
 ) -> None:
     """The schedule as stored (JSON), then its next fire times in its timezone and UTC."""
     from chains import schedules
@@ -160,6 +257,9 @@ def show(
             fail(f"no schedule {schedule!r}")
             return
         body = schedules.to_dict(row, fires=upcoming)
+        if as_json:
+            output.print_json(body)
+            return
         console.print_json(json.dumps(body, ensure_ascii=False, default=str))
         fires = schedules.next_fires(row, upcoming)
         if not fires:
@@ -264,6 +364,7 @@ def runs(
     schedule: str = typer.Argument(..., help="Schedule id or name."),
     limit: int = typer.Option(20, "--limit", "-n", min=1, max=500),
     run_id: str = typer.Option("", "--run", help="Show one run with its steps."),
+    as_json: bool = output.JSON_OPT,
 ) -> None:
     """Recent runs of a schedule, newest first."""
     from chains import schedules
@@ -273,24 +374,29 @@ def runs(
             got = await schedules.get_run(svc, run_id)
             if got is None:
                 fail(f"no chain run {run_id!r}")
-            _print_run(got)
+            if as_json:
+                output.print_json(got)
+            else:
+                _print_run(got)
             return
         items = await schedules.list_runs(svc, schedule, limit=limit)
-        table = Table(title=f"runs of {schedule} (newest first)")
-        for col in ("run", "trigger", "fire time", "status", "steps", "finished", "error"):
-            table.add_column(col, overflow="fold")
-        for r in items:
-            steps = " ".join(_status(s["status"]) for s in r["steps"]) or "-"
-            table.add_row(
+        if as_json:
+            output.print_json({"items": items})
+            return
+        cols = ("run", "trigger", "fire time", "status", "steps", "finished", "error")
+        rows = [
+            (
                 r["id"],
                 r["trigger"],
                 _utc(r["fire_at"]),
-                _status(r["status"]),
-                steps,
+                r["status"],
+                " ".join(s["status"] for s in r["steps"]) or "-",
                 _utc(r["finished_at"]),
-                (r["error"] or "")[:120],
+                r["error"] or "",
             )
-        console.print(table)
+            for r in items
+        ]
+        output.table(cols, rows, title=f"runs of {schedule} (newest first)", wrap=("error",))
 
     _with_services(go, redis=False)
 

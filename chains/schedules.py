@@ -426,6 +426,76 @@ async def update_schedule(
 update = update_schedule
 
 
+async def delete(target: Any, id_or_name: str, *, actor: str | None = None) -> Schedule:
+    """Delete a schedule and its run history (its running chain, if any, is not stopped:
+    it finishes on its own). Returns the row as it was."""
+    from sqlalchemy import delete as sa_delete
+
+    sm = sessions_of(target)
+    row = await _require(sm, id_or_name)
+    async with sm() as s:
+        await s.execute(sa_delete(Schedule).where(Schedule.id == row.id))
+        await s.commit()
+    await _audit(sm, "schedule.delete", row.id, actor, name=row.name)
+    return row
+
+
+# --- schedules as code: ``skilljobs schedules apply`` ------------------------------------
+
+
+def diff(old: ScheduleSpec, new: ScheduleSpec) -> dict[str, tuple[Any, Any]]:
+    """The schedule-file fields that differ: field → (stored, in the file)."""
+    a, b = old.model_dump(mode="json"), new.model_dump(mode="json")
+    if "enabled" not in new.model_fields_set:
+        b.pop("enabled")  # a file that does not say keeps the operator's enable/disable
+    return {k: (a.get(k), b.get(k)) for k in b if a.get(k) != b.get(k)}
+
+
+async def apply(
+    target: Any,
+    specs: list[ScheduleSpec],
+    *,
+    prune: bool = False,
+    dry_run: bool = False,
+    actor: str | None = None,
+) -> list[dict[str, Any]]:
+    """Make the stored schedules match ``specs`` by name: create the new ones, update the
+    changed ones (only the fields that differ), leave the same ones alone; with ``prune``
+    delete the stored ones not in ``specs``. Returns one entry per schedule touched or
+    compared: ``{"name", "action": create|update|unchanged|delete, "changes"}``."""
+    sm = sessions_of(target)
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ScheduleError([f"name: {n!r} is defined more than once" for n in dupes])
+    stored = {row.name: row for row in await list_schedules(sm)}
+    out: list[dict[str, Any]] = []
+    for spec in specs:
+        row = stored.get(spec.name)
+        if row is None:
+            out.append({"name": spec.name, "action": "create", "changes": {}})
+            if not dry_run:
+                await create(sm, spec, actor=actor)
+            continue
+        changes = diff(spec_of(row), spec)
+        if not changes:
+            out.append({"name": spec.name, "action": "unchanged", "changes": {}})
+            continue
+        out.append({"name": spec.name, "action": "update", "changes": changes})
+        if not dry_run:
+            new = spec.model_dump(mode="json")
+            await update_schedule(
+                sm, row.id, {k: new[k] for k in changes}, _registry(target), actor=actor
+            )
+    if prune:
+        for name, row in sorted(stored.items()):
+            if name not in set(names):
+                out.append({"name": name, "action": "delete", "changes": {}})
+                if not dry_run:
+                    await delete(sm, row.id, actor=actor)
+    return out
+
+
 # Run functions live in chains.runs; these names are part of this module's interface too.
 from chains.runs import (  # noqa: E402
     QUEUED,
@@ -443,8 +513,11 @@ __all__ = [
     "QUEUED",
     "ScheduleError",
     "ScheduleSpec",
+    "apply",
     "arq_job_id",
     "create",
+    "delete",
+    "diff",
     "enqueue_number",
     "enqueue_run",
     "get",

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Body, Query, Request
 from dashboard import queries
 from dashboard.api_jobs import actor_of, delivery_dict, services_of
 from dashboard.errors import ApiError
+from delivery.channels.registry import channels_for
 from delivery.ledger import action_for
 from jobs.models import OpsAction
 
@@ -97,6 +98,7 @@ async def bulk(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, 
             channel=str(flt["channel"]) if flt.get("channel") else None,
             job_id=job,
             limit=limit,
+            resendable_on=set(channels_for(svc)) if action == "resend" else None,
         )
     out: dict[str, Any] = {
         "action": action,

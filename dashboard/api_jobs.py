@@ -22,7 +22,7 @@ from jobs.crypto import ENC_TAG, REDACTED, redact
 from jobs.envelope import is_partial
 from jobs.links import file_link, file_link_key
 from jobs.models import Artifact, Delivery, Job, JobAttempt
-from jobs.queue import control, filters, limits
+from jobs.queue import control, filters, limits, pauses
 from jobs.queue.dispatcher import Dispatcher, runs_now
 from jobs.services import Services
 
@@ -283,6 +283,9 @@ async def get_job(job_id: str, request: Request) -> dict[str, Any]:
     out["artifacts"] = await asyncio.to_thread(signed_links, settings, job_id, out["artifacts"])
     # e.g. "limit org:o1": a queued job over a concurrency limit waits for a slot
     out["waiting_for"] = await limits.waiting_for(services_of(request), job)
+    # its skill is paused by an operator: a queued job waits for the resume
+    paused = await pauses.paused_skills(services_of(request), required=False)
+    out["paused"] = job.skill in paused
     return out
 
 
@@ -367,6 +370,12 @@ async def retry(job_id: str, request: Request) -> JSONResponse:
     return await _control(request, "retry_job", job_id)
 
 
+@router.delete("/jobs/{job_id}")
+async def delete_job(job_id: str, request: Request) -> JSONResponse:
+    """Delete a finished job (its attempts, files' records and deliveries); audited."""
+    return await _control(request, "delete_job", job_id)
+
+
 @router.post("/jobs/{job_id}/cancel")
 async def cancel(job_id: str, request: Request) -> JSONResponse:
     return await _control(request, "cancel_job", job_id)
@@ -379,10 +388,21 @@ async def requeue_failed(skill: str, request: Request) -> JSONResponse:
 
 @router.post("/jobs/bulk")
 async def bulk(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
-    """``{"action": "retry"|"cancel", "filter": {…the job list's filter…, incident},
+    """``{"action": "retry"|"cancel"|"delete", "ids": [job ids]}`` acts on the selected
+    jobs at once. ``{"action": …, "filter": {…the job list's filter…, incident},
     "dry_run": true, "limit": n}`` → how many jobs match, which (the oldest ``limit``,
     at most ``control.BULK_CAP``) were taken, and how many the action changed.
     ``dry_run`` defaults to true: acting takes an explicit ``false``."""
+    if "ids" in body:  # the rows an operator selected: no dry run, the ids are the count
+        ids = body["ids"]
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise ApiError(422, "ids must be a list of job ids")
+        try:
+            return await control.act_on_selection(
+                services_of(request), str(body.get("action")), ids, actor=actor_of(request)
+            )
+        except ValueError as exc:
+            raise ApiError(422, str(exc)) from exc
     raw_filter = body.get("filter") or {}
     dry_run = body.get("dry_run", True)
     limit = body.get("limit", control.BULK_CAP)

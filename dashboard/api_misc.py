@@ -22,6 +22,7 @@ from delivery.channels import web
 from jobs.catalog.configs import ConfigStore
 from jobs.constants import JOB_EVENTS
 from jobs.models import OpsAction
+from jobs.queue import broker, worker_control
 from jobs.queue.store import get_job
 from jobs.services import Services
 
@@ -166,10 +167,22 @@ async def queue(
 
 @router.get("/workers")
 async def workers(request: Request) -> dict[str, Any]:
+    """Workers, latest heartbeat first; a live one with its concurrency, processed and
+    failed counts, resident memory and version (from its heartbeat)."""
     now = time.time()
-    async with services_of(request).sessionmaker() as session:
+    svc = services_of(request)
+    async with svc.sessionmaker() as session:
         rows = await queries.list_workers(session)
-    return {"items": [worker_dict(w, now) for w in rows]}
+    try:
+        beats = await broker.heartbeats(svc, [w.id for w in rows])
+    except Exception:  # Redis down: the rows alone
+        beats = [{} for _ in rows]
+    return {
+        "items": [
+            {**worker_dict(w, now), **worker_control.vitals(b)}
+            for w, b in zip(rows, beats, strict=True)
+        ]
+    }
 
 
 # --- per-role skill configuration -----------------------------------------------------

@@ -109,6 +109,14 @@ async def patch_schedule(
     return safe(schedules.to_dict(row))
 
 
+@router.delete("/schedules/{schedule_id}")
+async def delete_schedule(schedule_id: str, request: Request) -> dict[str, Any]:
+    """Delete a schedule (by id or name) and its run history: ``{"deleted": id, "name"}``."""
+    svc = services_of(request)
+    row = await _call(schedules.delete, svc.sessionmaker, schedule_id, actor=actor_of(request))
+    return {"deleted": row.id, "name": row.name}
+
+
 @router.post("/schedules/{schedule_id}/run", status_code=202)
 async def run_schedule(schedule_id: str, request: Request) -> JSONResponse:
     """Start an on-demand run now: 202 ``{"run_id"}``."""

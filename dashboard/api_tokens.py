@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Path, Request
+from fastapi import APIRouter, Body, Path, Request, Response
 from pydantic import BaseModel, Field
 
 from dashboard import tokens
 from dashboard.api_jobs import actor_of, services_of
+from dashboard.auth import identity_of
+from dashboard.errors import ApiError
+from dashboard.guard import BROWSER_SESSION
 from jobs.models import OpsAction
 
 router = APIRouter(prefix="/api/v1")
@@ -43,3 +46,52 @@ async def session_token(
         )
         await s.commit()
     return {"token": token, "session_id": session_id, "expires_at": expires}
+
+
+@router.get("/session")
+async def browser_session_state(request: Request) -> dict[str, Any]:
+    """The caller's identity, whether the page's session cookie signed it in (then it can
+    sign out), and ``language``: SKILLJOBS_LANGUAGE when set (else the page follows the
+    browser's language)."""
+    ident = identity_of(request)
+    settings = request.app.state.settings
+    return {
+        "kind": ident.kind,
+        "actor": ident.actor,
+        "can_change": ident.can_change,
+        "browser_session": bool(request.scope.get(BROWSER_SESSION)),
+        "language": settings.language if "language" in settings.model_fields_set else None,
+    }
+
+
+@router.post("/session")
+async def browser_session(request: Request, response: Response) -> dict[str, Any]:
+    """Sign the page in for this browser session: called with ``Authorization: Bearer
+    <admin or read token>``, it sets an HttpOnly, SameSite=Strict cookie that every tab of
+    this browser sends (until the browser closes, 12 h at most, or the token changes), so
+    the token is typed once and never kept in page script storage."""
+    ident = identity_of(request)
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if ident.kind not in ("admin", "read") or scheme.lower() != "bearer" or not token.strip():
+        if request.scope.get(BROWSER_SESSION):
+            return {"kind": ident.kind, "actor": ident.actor, "can_change": ident.can_change}
+        raise ApiError(403, "sign in with the admin or read token (Authorization: Bearer …)")
+    key: tokens.TokenKey = request.app.state.token_key
+    value = tokens.issue_browser(key.get(), ident.kind, token.strip())
+    response.set_cookie(
+        tokens.COOKIE,
+        value,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
+    return {"kind": ident.kind, "actor": ident.actor, "can_change": ident.can_change}
+
+
+@router.delete("/session")
+async def end_browser_session(response: Response) -> dict[str, Any]:
+    """Sign the page out: the cookie is cleared."""
+    response.delete_cookie(tokens.COOKIE, path="/", httponly=True, samesite="strict")
+    return {"ok": True}

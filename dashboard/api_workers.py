@@ -51,6 +51,16 @@ async def resume(worker_id: str, request: Request) -> dict[str, Any]:
     return await _act(request, "resume", worker_id)
 
 
+@router.post("/workers/{worker_id}/forget")
+async def forget(worker_id: str, request: Request) -> dict[str, Any]:
+    """Remove a stopped (or long silent) worker from the list; audited."""
+    svc = services_of(request)
+    try:
+        return await worker_control.forget(svc, worker_id, actor=actor_of(request))
+    except worker_control.WorkerControlError as exc:
+        raise ApiError(exc.status_code, str(exc), "recoverable") from exc
+
+
 @router.post("/workers/{worker_id}/drain")
 async def drain(worker_id: str, request: Request) -> dict[str, Any]:
     """Stop taking jobs, finish the running ones, then exit; audited."""

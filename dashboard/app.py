@@ -26,6 +26,7 @@ from dashboard import (
     api_jobs,
     api_misc,
     api_schedules,
+    api_skills,
     api_stats,
     api_tokens,
     api_workers,
@@ -40,6 +41,7 @@ from dashboard.metrics import CONTENT_TYPE, Metrics
 from dashboard.queries import BadQuery
 from dashboard.sync_pool import SyncPool
 from dashboard.tokens import TokenKey
+from jobs import counters
 from jobs.db import db_unavailable
 from jobs.services import Services
 from jobs.settings import Settings
@@ -152,13 +154,15 @@ def create_app(
     app.include_router(api_audit.router, dependencies=[Depends(require_token)])
     app.include_router(api_deliveries.router, dependencies=[Depends(require_token)])
     app.include_router(api_workers.router, dependencies=[Depends(require_token)])
+    app.include_router(api_skills.router, dependencies=[Depends(require_token)])
 
     @app.get("/metrics", dependencies=[Depends(require_token)], include_in_schema=False)
     async def metrics(request: Request) -> Response:
         svc: Services = request.app.state.services
-        waits, parked = await asyncio.gather(
+        waits, parked, totals = await asyncio.gather(
             latency.ratelimit_waits(svc.redis, svc.settings.key),
             latency.ratelimit_parked(svc.redis, svc.settings.key),
+            counters.read(svc.redis, svc.settings),
         )
         body = await request.app.state.metrics.render(
             svc.sessionmaker,
@@ -166,6 +170,7 @@ def create_app(
             limits=svc.settings.limits,
             ratelimit_waits=waits,
             ratelimit_parked=parked,
+            totals=totals,
             pending_stale_after=float(svc.settings.delivery_pending_stale_sec),
         )
         return Response(body, media_type=CONTENT_TYPE)

@@ -23,7 +23,12 @@ from urllib.parse import parse_qsl, urlsplit
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dashboard.tokens import Identity, TokenKey, identify
+from dashboard.tokens import Identity, TokenKey, cookie_value, identify, verify_browser
+
+#: set in the scope when the caller was identified by the page's session cookie
+BROWSER_SESSION = "skilljobs.browser_session"
+#: where the page signs in and out (a read token may too: it changes no data)
+BROWSER_SESSION_PATH = "/api/v1/session"
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +264,14 @@ class Guard:
         if not supplied and is_stream(scope["path"]):
             query = scope.get("query_string", b"").decode("latin-1")
             supplied = dict(parse_qsl(query)).get("token", "")
+        if not supplied and b"cookie" in headers:
+            # the page's browser session (HttpOnly, SameSite=Strict: never sent cross-site)
+            cookie = cookie_value(headers[b"cookie"])
+            if cookie:
+                found = verify_browser(self.tokens.get(), self.settings, cookie)
+                if found is not None:
+                    scope[BROWSER_SESSION] = True
+                    return found
         key = self.tokens.get() if supplied.startswith("sjs1.") else None
         identity = identify(self.settings, key, supplied or None)
         if identity is None:
@@ -276,7 +289,7 @@ class Guard:
         if identity.kind == "admin":
             return
         if identity.kind == "read":
-            if method not in SAFE_METHODS:
+            if method not in SAFE_METHODS and path != BROWSER_SESSION_PATH:
                 raise Refusal(403, "this token can read but not change anything")
             return
         if method in SAFE_METHODS and session_path(path) == identity.session_id:

@@ -99,6 +99,7 @@ def live_families(snap: dict[str, Any]) -> Iterator[Metric]:
     yield age
     yield from _stall_metrics(snap.get("stalls", []))
     yield from _incident_metrics(snap.get("incidents", []))
+    yield from counter_families(snap.get("totals", {}))
     if "limits" in snap:  # SKILLJOBS_LIMITS is set
         yield from limit_metrics.families(snap["limits"])
     yield GaugeMetricFamily(
@@ -158,14 +159,34 @@ def window_families(snap: dict[str, Any]) -> Iterator[Metric]:
     for status, n in snap["chain_runs"]:
         cr.add_metric([status, window], n)
     yield cr
-    pruned = GaugeMetricFamily(
-        "skilljobs_pruned_total",
+    pruned = CounterMetricFamily(
+        "skilljobs_pruned",
         "Rows and files deleted by retention passes so far (recorded in the audit trail).",
         labels=["kind"],
     )
     for kind, n in sorted(snap.get("pruned", {}).items()):
         pruned.add_metric([kind], n)
     yield pruned
+
+
+def counter_families(totals: Mapping[str, list[tuple[list[str], int]]]) -> Iterator[Metric]:
+    """The monotonic counters workers keep in Redis (``jobs.counters``)."""
+    jobs = CounterMetricFamily(
+        "skilljobs_jobs",
+        "Background jobs that ended, per skill and final status (since Redis was created).",
+        labels=["skill", "status"],
+    )
+    for labels, n in totals.get("jobs", []):
+        jobs.add_metric(labels, n)
+    yield jobs
+    deliveries = CounterMetricFamily(
+        "skilljobs_deliveries",
+        "Deliveries that ended, per channel and outcome (sent, failed, unknown).",
+        labels=["channel", "status"],
+    )
+    for labels, n in totals.get("deliveries", []):
+        deliveries.add_metric(labels, n)
+    yield deliveries
 
 
 def _stall_metrics(stalls: list[tuple[str, int, float]]) -> Iterator[Metric]:
@@ -217,6 +238,7 @@ class Metrics:
         limits: Mapping[str, int] | None = None,
         ratelimit_waits: latency.Waits | None = None,
         ratelimit_parked: dict[str, int] | None = None,
+        totals: Mapping[str, list[tuple[list[str], int]]] | None = None,
         pending_stale_after: float = queries.PENDING_STALE_S,
     ) -> bytes:
         async def windowed() -> bytes:
@@ -242,6 +264,7 @@ class Metrics:
         snap["incidents"] = open_incidents
         snap["ratelimit_waits"] = ratelimit_waits or []
         snap["ratelimit_parked"] = ratelimit_parked or {}
+        snap["totals"] = totals or {}
         now_part = generate_latest(Families(live_families, snap))
         window_text: bytes = window_part.value
         return now_part + window_text

@@ -15,9 +15,10 @@ import base64
 import binascii
 import math
 from collections import defaultdict
+from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import and_, case, func, literal_column, or_, select
+from sqlalchemy import Text, and_, case, cast, func, literal_column, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from jobs.models import (
@@ -514,10 +515,18 @@ async def delivery_matches(
     channel: str | None = None,
     job_id: str | None = None,
     limit: int = 500,
+    resendable_on: Collection[str] | None = None,
 ) -> tuple[int, list[int]]:
     """How many deliveries the list's filter matches, and the ids of the oldest ``limit``
-    (what a bulk resend or dismiss takes)."""
+    (what a bulk resend or dismiss takes). ``resendable_on``: only those a resend can
+    send — with stored content, on one of these (configured) channels."""
     conds: list[Any] = [Delivery.status.in_(statuses)]
+    if resendable_on is not None:
+        conds += [
+            Delivery.content.is_not(None),
+            cast(Delivery.content, Text) != "null",
+            Delivery.channel.in_(list(resendable_on)),
+        ]
     if job_id:
         conds.append(Delivery.job_id == job_id)
     else:

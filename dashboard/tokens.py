@@ -115,6 +115,74 @@ def identify(settings: Settings, key: bytes | None, supplied: str | None) -> Ide
     return ADMIN if admin is None and read is None else None
 
 
+# --- the browser session: the page's HttpOnly cookie ------------------------------------
+
+#: the cookie ``POST /api/v1/session`` sets for the page (HttpOnly, SameSite=Strict, no
+#: Max-Age: it lasts while the browser runs), so every tab is signed in without the token
+#: living in page script storage
+COOKIE = "skilljobs_session"
+BROWSER_PREFIX = "sjb1."
+BROWSER_TTL_SEC = 12 * 3600
+_BROWSER = b"skilljobs/browser-session/v1"
+
+
+def _fingerprint(key: bytes, token: str) -> str:
+    """Binds a cookie to the token it was made from: a changed token ends the session."""
+    return _b64(hmac.new(key, b"fp:" + token.encode(), hashlib.sha256).digest()[:12])
+
+
+def _browser_sig(key: bytes, payload: str) -> str:
+    return _b64(hmac.new(key, _BROWSER + b"." + payload.encode(), hashlib.sha256).digest())
+
+
+def issue_browser(
+    key: bytes, kind: str, token: str, *, ttl_sec: int = BROWSER_TTL_SEC, now: float | None = None
+) -> str:
+    """The cookie value of a browser session for an ``admin`` or ``read`` token."""
+    expires = int((time.time() if now is None else now) + ttl_sec)
+    data = {"k": kind, "exp": expires, "fp": _fingerprint(key, token)}
+    payload = _b64(json.dumps(data, separators=(",", ":")).encode())
+    return f"{BROWSER_PREFIX}{payload}.{_browser_sig(key, payload)}"
+
+
+def verify_browser(
+    key: bytes, settings: Settings, value: str, *, now: float | None = None
+) -> Identity | None:
+    """The identity a browser-session cookie grants, or None (forged, expired, or made
+    from a token that is no longer the configured one)."""
+    if not value.startswith(BROWSER_PREFIX):
+        return None
+    payload, _, sig = value[len(BROWSER_PREFIX) :].partition(".")
+    if not sig or not hmac.compare_digest(sig.encode(), _browser_sig(key, payload).encode()):
+        return None
+    try:
+        data = json.loads(_unb64(payload))
+        kind, expires, fp = data["k"], data["exp"], data["fp"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(expires, int) or expires <= (time.time() if now is None else now):
+        return None
+    token = secret_of(settings.api_token if kind == "admin" else settings.api_read_token)
+    if kind not in ("admin", "read") or not token or not isinstance(fp, str):
+        return None
+    if not hmac.compare_digest(fp.encode(), _fingerprint(key, token).encode()):
+        return None
+    return ADMIN if kind == "admin" else READ
+
+
+def cookie_value(header: bytes) -> str | None:
+    """Our cookie's value in a ``Cookie`` request header."""
+    from http.cookies import CookieError, SimpleCookie
+
+    jar = SimpleCookie()
+    try:
+        jar.load(header.decode("latin-1"))
+    except CookieError:
+        return None
+    found = jar.get(COOKIE)
+    return found.value if found is not None else None
+
+
 class TokenKey:
     """The session-token key, derived on first use (the key file may not exist yet when
     the app is built)."""

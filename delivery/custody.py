@@ -14,6 +14,7 @@ Both are recorded in the audit trail (``ops_actions``) with who did it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -34,6 +35,7 @@ from delivery.ledger import (
     custody_dict,
     deliver_once,
 )
+from delivery.plan import SEALED_RESULT, plan
 from jobs.models import PENDING, Delivery, DeliveryStatus, OpsAction
 
 STATUSES = tuple(str(s) for s in DeliveryStatus)
@@ -152,7 +154,11 @@ def sender_for(
     services: Any, adapter: Channel, contact: str, content: dict[str, Any], kind: str
 ) -> Callable[[], Awaitable[str]]:
     """Send a stored delivery's content (``{"text"}`` or ``{"path", "caption"?}``, and
-    ``reply_to`` when it answers a message) again; files only from inside the workspaces."""
+    ``reply_to`` when it answers a message) again; files only from inside the workspaces.
+    A result held sealed because its channel was not configured is planned for ``adapter``
+    now and sent whole (text, then files)."""
+    if SEALED_RESULT in content:
+        return _held_result_sender(services, adapter, contact, content[SEALED_RESULT])
     text = content.get("text")
     reply = content.get("reply_to")
     if reply not in (None, "") and "#" not in contact:  # a reply travels in the contact
@@ -169,6 +175,44 @@ def sender_for(
                 raise DeliveryPermanentError(f"{Path(path).name} is outside the workspaces")
             return await adapter.send_media(kind, contact, path, content.get("caption"))
         return await adapter.send_text(contact, str(text or ""))
+
+    return send
+
+
+def _inside(path: str, root: Path) -> bool:
+    return Path(path).resolve().is_relative_to(root)
+
+
+def _held_result_sender(
+    services: Any, adapter: Channel, contact: str, sealed: Any
+) -> Callable[[], Awaitable[str]]:
+    root = Path(services.settings.resolved_workspace_root).resolve()
+
+    async def send() -> str:
+        try:
+            held = services.box.decrypt(sealed)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DeliveryPermanentError(f"the held result cannot be read: {exc}") from exc
+        items = plan(
+            held.get("result") or {},
+            held.get("artifacts") or [],
+            adapter,
+            skill=str(held.get("skill") or ""),
+            lang=str(held.get("lang") or "en"),
+        )
+        reply = held.get("reply_to")
+        to = f"{contact}#{reply}" if reply and "#" not in contact else contact
+        receipt = ""
+        for i, item in enumerate(items):
+            target = to if i == 0 else contact
+            if item.path is None:
+                got = await adapter.send_text(target, item.text or "")
+            elif not await asyncio.to_thread(_inside, item.path, root):
+                raise DeliveryPermanentError(f"{Path(item.path).name} is outside the workspaces")
+            else:
+                got = await adapter.send_media(item.kind, target, item.path, item.text)
+            receipt = receipt or str(got or "")
+        return receipt
 
     return send
 

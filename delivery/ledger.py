@@ -51,7 +51,7 @@ from delivery.errors import (
     DeliveryPermanentError,
     DeliveryTransientError,
 )
-from jobs import storable, telemetry
+from jobs import counters, storable, telemetry
 from jobs.db import db_unavailable
 from jobs.logs import SECRETS
 from jobs.models import PENDING, SENT, Delivery, DeliveryStatus, Worker
@@ -62,6 +62,8 @@ FAILED = DeliveryStatus.FAILED
 SENDING = DeliveryStatus.SENDING
 UNKNOWN = DeliveryStatus.UNKNOWN
 DISMISSED = DeliveryStatus.DISMISSED
+#: the outcomes the skilljobs_deliveries_total counters count (jobs.counters)
+_ENDED = frozenset({SENT, FAILED, UNKNOWN})
 UNKNOWN_DIED = "outcome unknown: the worker sending it stopped before recording the answer"
 #: characters of a stored item body (what a resend sends)
 CONTENT_CAP = 100_000
@@ -332,16 +334,29 @@ async def _finish(
     delay, deadline = 0.2, time.monotonic() + RECORD_PATIENCE
     while True:
         try:
-            async with sessionmaker() as s:
-                res = await s.execute(update(Delivery).where(*where).values(**values))
-                await s.commit()
-                return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+            return await _record(sessionmaker, where, values)
         except Exception as exc:
             if not db_unavailable(exc) or time.monotonic() > deadline:
                 raise
             log.warning("delivery %s: not recorded yet (%s), again in %.1fs", key[:12], exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+async def _record(sessionmaker: Sessions, where: list[Any], values: dict[str, Any]) -> bool:
+    """One try at the outcome's UPDATE; an ending outcome is counted (``jobs.counters``)
+    when the process's sessions carry the counters."""
+    async with sessionmaker() as s:
+        count = s.info.get(counters.SESSION_KEY) if values.get("status") in _ENDED else None
+        if count is None:
+            res = await s.execute(update(Delivery).where(*where).values(**values))
+            await s.commit()
+            return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+        stmt = update(Delivery).where(*where).values(**values).returning(Delivery.channel)
+        channels = list((await s.execute(stmt)).scalars())
+        await s.commit()
+    await count.deliveries((c, values["status"]) for c in channels)
+    return len(channels) == 1
 
 
 async def begin_send(sessionmaker: Sessions, key: str, owner: str, generation: int) -> bool:

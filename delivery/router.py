@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from delivery.channels.base import (
-    MARKDOWN_IMAGE,
     Channel,
     DeliveryPermanentError,
     DeliveryTransientError,
@@ -33,11 +32,10 @@ from delivery.ledger import (
     owner_id,
 )
 from delivery.outbox import Outbox, outbox_of
-from delivery.render import TEXT_CAP, directives, failure_text, render
+from delivery.plan import SEALED_RESULT, Item, field_of, plan
+from delivery.render import TEXT_CAP, directives, failure_text
 from jobs import telemetry
 from jobs.context import group_conversation, job_segment, results_dir
-from jobs.envelope import is_failure
-from jobs.media import media_kind
 from jobs.models import JobRow
 from jobs.texts import language_of
 
@@ -56,14 +54,6 @@ class Origin:
     @property
     def recipient(self) -> str:
         return f"{self.channel}:{self.contact}"
-
-
-@dataclass
-class Item:
-    kind: str  # text image video audio file
-    key: str  # ledger item: "text", "failure" or "<kind>:<path>"
-    path: str | None = None
-    text: str | None = None  # text item body, or the caption of a media item
 
 
 def origin_of(job: JobRow) -> Origin:
@@ -91,57 +81,6 @@ def workspace_of(settings: Any, job: JobRow) -> Path:
 
 
 _workspace = functools.lru_cache(maxsize=4096)(results_dir)
-
-
-def _field(a: Any, name: str) -> Any:
-    return a.get(name) if isinstance(a, dict) else getattr(a, name, None)
-
-
-def plan(
-    result: dict[str, Any],
-    artifacts: list[Any],
-    adapter: Channel,
-    *,
-    skill: str = "",
-    lang: str = "en",
-) -> list[Item]:
-    """What to send, in order, for one recipient on ``adapter``."""
-    if is_failure(result):
-        return [Item("text", "failure", text=failure_text(skill, result, lang))]
-    rich = isinstance(adapter, WebChannel)
-    limit = getattr(adapter, "text_limit", None)
-    md = getattr(adapter, "renders_markdown", False)  # the adapter converts it (richtext)
-    text = render(
-        result, skill=skill, lang=lang, rich=rich, markdown=md, limit=limit, fallback=False
-    )
-    media: list[Item] = []
-    seen: set[str] = set()
-    sources: set[str] = set()
-    for a in artifacts:
-        path = _field(a, "local_path")
-        if not path:
-            continue
-        real = str(Path(path).resolve())
-        source = _field(a, "source_url")
-        if real in seen or (source and source in sources):
-            continue  # one file (or one URL) is sent once
-        seen.add(real)
-        if source:
-            sources.add(source)
-        kind = media_kind(real, _field(a, "media"))
-        media.append(Item(kind, f"{kind}:{real}", path=real))
-    if text and adapter.converts_markdown_images and sources:
-        # an image that already goes out as a file must not come again from the text
-        text = MARKDOWN_IMAGE.sub(lambda m: "" if m.group(2) in sources else m.group(0), text)
-        text = text.strip()
-    if not media:
-        if not text:
-            text = render(result, skill=skill, lang=lang, rich=rich, markdown=md, limit=limit)
-        return [Item("text", "text", text=text)]
-    if text and adapter.supports_caption:
-        media[0].text = text
-        return media
-    return ([Item("text", "text", text=text)] if text else []) + media
 
 
 async def deliver_result(
@@ -189,6 +128,24 @@ async def deliver_result(
         async def refuse() -> None:
             raise DeliveryPermanentError(reason)
 
+        # Only the channel is missing: the result is kept (sealed) with the failed row, so
+        # a resend once the channel is configured sends what would have gone out.
+        content = None
+        if origin.error is None:
+            lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
+            held = {
+                "result": result,
+                "artifacts": [
+                    {k: field_of(a, k) for k in ("local_path", "media", "source_url")}
+                    for a in artifacts
+                ],
+                "skill": job.skill,
+                "lang": lang,
+                "reply_to": origin.reply_to,
+                "workspace": str(workspace or workspace_of(settings, job)),
+            }
+            content = {SEALED_RESULT: services.box.encrypt(held)}
+
         try:
             return [
                 _public(
@@ -198,6 +155,7 @@ async def deliver_result(
                         key=ledger_key(job.id, origin.recipient, "origin"),
                         kind="text",
                         item="origin",
+                        content=content,
                         **common,
                     )
                 )

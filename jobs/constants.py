@@ -24,3 +24,6 @@ CANCEL_CHANNEL = "cancel"  # pub/sub: job ids to cancel on whichever worker runs
 RATELIMIT_WAITS = "metrics:ratelimit-waits"  # hash channel → sends that waited for a token
 RATELIMIT_WAITED = "metrics:ratelimit-waited"  # hash channel → seconds those sends waited
 RATELIMIT_PARKED = "metrics:ratelimit-parked"  # hash channel → sends parked in the outbox
+# Monotonic counters for /metrics (hashes, one field per label set, kept as long as Redis is)
+JOBS_TOTAL = "metrics:jobs-total"  # "<skill>\t<status>" → jobs that ended so
+DELIVERIES_TOTAL = "metrics:deliveries-total"  # "<channel>\t<status>" → deliveries that ended so

@@ -10,6 +10,7 @@ from urllib.parse import unquote
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from jobs.counters import SESSION_KEY, Counters
 from jobs.crypto import SecretBox, load_or_create_key
 from jobs.db import create_engine, create_sessionmaker
 from jobs.settings import Settings
@@ -72,7 +73,12 @@ class Services:
 
     @classmethod
     async def open(
-        cls, settings: Settings, *, redis: bool = True, registry: SkillRegistry | None = None
+        cls,
+        settings: Settings,
+        *,
+        redis: bool = True,
+        registry: SkillRegistry | None = None,
+        redis_retries: int = 5,
     ) -> Services:
         """Connect to the database (and Redis unless ``redis=False``) and load the skills."""
         from jobs.catalog.loader import load_registry
@@ -91,8 +97,16 @@ class Services:
         )
         svc.open_read_replica()
         if redis:
-            svc.redis = await connect_redis(settings)
+            svc.redis = await connect_redis(settings, retries=redis_retries)
+            svc.count_outcomes()
         return svc
+
+    def count_outcomes(self) -> None:
+        """Sessions of this process carry the monotonic counters (``jobs.counters``), so the
+        delivery ledger counts each outcome it records."""
+        if self.redis is not None:
+            info = self.sessionmaker.kw.setdefault("info", {})
+            info[SESSION_KEY] = Counters(self.redis, self.settings)
 
     async def close(self) -> None:
         if self._executor is not None:
@@ -105,7 +119,7 @@ class Services:
             await self.read_engine.dispose()
 
 
-async def connect_redis(settings: Settings) -> ArqRedis:
+async def connect_redis(settings: Settings, *, retries: int = 5) -> ArqRedis:
     from arq.connections import create_pool
 
     url = settings.redis_url
@@ -120,7 +134,7 @@ async def connect_redis(settings: Settings) -> ArqRedis:
             "(only `skilljobs up` starts the embedded Redis)"
         )
     rs = redis_settings(url)
-    rs.conn_retries = 5
+    rs.conn_retries = retries
     return await create_pool(rs, default_queue_name=settings.queue_name)
 
 

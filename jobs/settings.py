@@ -24,6 +24,8 @@ class Settings(BaseSettings):
     )
 
     redis_url: str | None = None
+    # The port `skilljobs up` gives its bundled Redis (default: a free one).
+    embedded_redis_port: int | None = Field(default=None, ge=1, le=65535)
     database_url: str | None = None
     # PostgreSQL reached through PgBouncer in transaction mode (also detected on port 6432).
     database_pgbouncer: bool = False
@@ -163,6 +165,24 @@ class Settings(BaseSettings):
     @classmethod
     def _expand(cls, v: Any) -> Any:
         return Path(os.path.expanduser(str(v))) if v is not None else v
+
+    @field_validator("database_url", "database_read_url", mode="before")
+    @classmethod
+    def _async_driver(cls, v: Any) -> Any:
+        """``postgresql://`` (as every PostgreSQL tool writes it) and ``sqlite:///`` mean
+        the async drivers this service uses."""
+        if not isinstance(v, str) or not v.strip():
+            return None if isinstance(v, str) else v
+        v = v.strip()
+        for plain, driver in (
+            ("postgresql://", "postgresql+asyncpg://"),
+            ("postgres://", "postgresql+asyncpg://"),
+            ("postgresql+psycopg2://", "postgresql+asyncpg://"),
+            ("sqlite://", "sqlite+aiosqlite://"),
+        ):
+            if v.startswith(plain):
+                return driver + v.removeprefix(plain)
+        return v
 
     @field_validator("language", mode="before")
     @classmethod

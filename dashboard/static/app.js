@@ -5,12 +5,11 @@
 // #/chain-runs/<id>, …): back/forward and reload show the same thing again.
 "use strict";
 
-const TOKEN_KEY = "skilljobs.token";
 const TABS = ["overview", "jobs", "schedules", "deliveries", "incidents", "workers", "audit"];
 const JOB_FILTERS = ["q", "status", "skill", "channel", "role", "since", "until"];
 const FINISHED = ["succeeded", "failed", "timed_out", "cancelled"];
 const state = {
-  token: null,
+  me: null,
   canChange: true,
   page: "overview",
   id: null,
@@ -77,11 +76,20 @@ function fillRows(container, rows, emptyText, cols) {
 
 function pad2(n) { return String(n).padStart(2, "0"); }
 
+// The browser's time zone as it names it ("UTC", "GMT+8", "CET"), shown with every time.
+function zoneName(d) {
+  try {
+    const part = new Intl.DateTimeFormat("en", { timeZoneName: "short" }).formatToParts(d)
+      .find((p) => p.type === "timeZoneName");
+    return part ? part.value : "";
+  } catch (_) { return ""; }
+}
+
 function fmtTime(ts) {
   if (!ts) return "–";
   const d = new Date(ts * 1000);
   return `${d.getFullYear()}-${pad2(d.getMonth() + 1)}-${pad2(d.getDate())} ` +
-    `${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())}`;
+    `${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())} ${zoneName(d)}`.trim();
 }
 
 function fmtClock(ts) {
@@ -242,35 +250,46 @@ function formParams(form, names) {
 
 class Unauthorized extends Error {}
 
+// The token is sent once, to POST /api/v1/session, which answers with an HttpOnly,
+// SameSite=Strict cookie: every tab of this browser is signed in until it closes, and no
+// script on the page can read the token back.
 function takeTokenFromAddress() {
   const url = new URL(window.location.href);
   const token = url.searchParams.get("token");
-  if (token !== null) {
-    url.searchParams.delete("token");
-    // Drop it from the address bar (and history) at once.
-    history.replaceState(null, "", url.pathname + url.search + url.hash);
-    if (token) sessionStorage.setItem(TOKEN_KEY, token);
-  }
-  state.token = sessionStorage.getItem(TOKEN_KEY);
+  if (token === null) return null;
+  url.searchParams.delete("token");
+  // Drop it from the address bar (and history) at once.
+  history.replaceState(null, "", url.pathname + url.search + url.hash);
+  return token || null;
 }
 
-function authHeaders() {
-  return state.token ? { authorization: `Bearer ${state.token}` } : {};
+async function signIn(token) {
+  const resp = await fetch("/api/v1/session", {
+    method: "POST",
+    headers: { accept: "application/json", authorization: `Bearer ${token}`,
+      "x-requested-with": "skilljobs-dashboard" },
+  });
+  return resp.ok;
+}
+
+async function signOut() {
+  try {
+    await fetch("/api/v1/session", { method: "DELETE", headers: { "x-requested-with": "skilljobs-dashboard" } });
+  } catch (_) { /* signed out locally anyway */ }
 }
 
 async function api(path, options) {
   const opts = Object.assign({ method: "GET" }, options || {});
   // The custom header marks the page's own requests (the server refuses body-less
   // state-changing requests without it: a cross-site form cannot send one).
-  const headers = Object.assign({ accept: "application/json", "x-requested-with": "skilljobs-dashboard" },
-    authHeaders());
+  const headers = { accept: "application/json", "x-requested-with": "skilljobs-dashboard" };
   if (opts.json !== undefined) {
     headers["content-type"] = "application/json";
     opts.body = JSON.stringify(opts.json);
   }
   const resp = await fetch(path, { method: opts.method, headers, body: opts.body });
   if (resp.status === 401) {
-    showLogin("The token was not accepted.");
+    showLogin(t("The token was not accepted."));
     throw new Unauthorized("unauthorized");
   }
   let body = null;
@@ -294,21 +313,27 @@ function showLogin(message) {
   $("#login-token").focus();
 }
 
-async function start() {
+async function start(token) {
   $("#login").hidden = true;
+  if (token && !(await signIn(token))) {
+    showLogin(t("The token was not accepted."));
+    return;
+  }
   let me;
   try {
-    me = await api("/api/v1/me");
+    me = await api("/api/v1/session");
   } catch (err) {
     if (!(err instanceof Unauthorized)) showLogin(`Cannot reach the API: ${err.message}`);
     return;
   }
+  if (!state.languageChosen) { chooseLanguage(me.language); state.languageChosen = true; }
   state.canChange = Boolean(me.can_change);
   document.body.classList.toggle("read-only", !state.canChange);
   $("#who").hidden = state.canChange;
-  $("#who").textContent = state.canChange ? "" : `${me.actor}: read only`;
+  $("#who").textContent = state.canChange ? "" : `${me.actor}: ${t("read only")}`;
   $("#app").hidden = false;
-  $("#logout").hidden = !state.token;
+  $("#logout").hidden = !me.browser_session;
+  state.me = me;
   startEvents();
   route();
   clearInterval(state.timers.poll);
@@ -319,8 +344,7 @@ async function start() {
 
 function startEvents() {
   stopEvents();
-  const url = "/api/v1/events" + (state.token ? `?token=${encodeURIComponent(state.token)}` : "");
-  const source = new EventSource(url);
+  const source = new EventSource("/api/v1/events");
   state.events = source;
   source.addEventListener("open", () => { $("#live").className = "live on"; });
   source.addEventListener("error", () => { $("#live").className = "live off"; });
@@ -473,6 +497,7 @@ async function loadOverview() {
     el("td", {}, fmtMs(s.p50_ms)), el("td", {}, fmtMs(s.p95_ms)),
     el("td", {}, s.failed ? action("Requeue failed", () => requeueFailed(s.skill), { class: "small requeue action" }) : ""))),
   "no jobs in the last 24 hours", 9);
+  await loadSkillSwitches();
 
   const f = q.deliveries_failing;
   $("#deliveries-summary").textContent = f.total
@@ -485,8 +510,38 @@ async function loadOverview() {
   "no failed deliveries", 6);
 }
 
+// The pause switch of each loaded skill: paused, workers take none of its jobs (they
+// stay queued) until it is switched back on.
+async function loadSkillSwitches() {
+  await loadPaused();
+  const items = (state.skills || []).filter((x) => !x.error);
+  fillRows($("#skill-switches tbody"), items.map((x) => {
+    const paused = state.paused.has(x.name);
+    const box = el("input", { type: "checkbox", role: "switch", class: "action skill-switch",
+      "aria-label": `${x.name} ${t("paused")}`, checked: paused, disabled: !state.canChange });
+    box.addEventListener("change", () => pauseSkill(x.name, box.checked, box));
+    return el("tr", { dataset: { skill: x.name, paused: paused ? "yes" : "no" } },
+      el("td", {}, el("a", { href: address("jobs", null, new URLSearchParams({ skill: x.name })) }, x.name)),
+      el("td", {}, x.async ? t("yes") : t("no")),
+      el("td", {}, paused ? el("span", { class: "badge st-paused" }, t("paused")) : el("span", { class: "muted" }, "–")),
+      el("td", {}, el("label", { class: "switch" }, box, t("Pause"))));
+  }), t("no skills"), 4);
+}
+
+async function pauseSkill(skill, pause, box) {
+  if (pause && !window.confirm(t("Pause skill {skill}? Its queued jobs wait until it is resumed.", { skill }))) {
+    box.checked = false;
+    return;
+  }
+  try {
+    await api(`/api/v1/skills/${encodeURIComponent(skill)}/${pause ? "pause" : "resume"}`, { method: "POST" });
+    flash(t(pause ? "{skill}: paused" : "{skill}: resumed", { skill }));
+  } catch (err) { report(err); }
+  loadSkillSwitches().catch(report);
+}
+
 async function requeueFailed(skill) {
-  if (!window.confirm(`Requeue every failed job of ${skill}?`)) return;
+  if (!window.confirm(t("Requeue every failed job of {skill}?", { skill }))) return;
   try {
     const r = await api(`/api/v1/skills/${encodeURIComponent(skill)}/requeue-failed`, { method: "POST" });
     flash(r.message || "requeued");
@@ -553,17 +608,100 @@ async function loadJobsPage() {
   await jobsDone;
 }
 
+// The rows picked with their checkboxes (kept across refreshes of the list).
+const selection = new Set();
+// The column the list is sorted by (on this page of results), and its direction.
+const sorting = { key: null, dir: 1 };
+const SORT_KEYS = {
+  created: (j) => j.created_at || 0, id: (j) => j.id, skill: (j) => j.skill,
+  status: (j) => j.status, attempts: (j) => j.attempts, channel: (j) => j.origin.channel || "",
+  role: (j) => j.origin.role_id || "", took: (j) => j.duration_ms || 0, error: (j) => j.error || "",
+};
+
 function jobRow(j) {
   const href = address("jobs", j.id, jobFilterParams());
+  const paused = j.status === "queued" && state.paused && state.paused.has(j.skill);
+  const box = state.canChange ? el("input", {
+    type: "checkbox", class: "pick", "aria-label": `select ${j.id}`, checked: selection.has(j.id),
+  }) : null;
+  if (box) {
+    box.addEventListener("click", (e) => e.stopPropagation());
+    box.addEventListener("change", () => {
+      if (box.checked) selection.add(j.id); else selection.delete(j.id);
+      updateSelection();
+    });
+  }
   return el("tr", {
     dataset: { jobId: j.id }, class: j.id === state.detailId ? "selected" : "",
-    onclick: (e) => { if (e.target.tagName !== "A") navigate(href); } },
+    onclick: (e) => { if (e.target.tagName !== "A" && e.target.tagName !== "INPUT") navigate(href); } },
+  el("td", { class: "pick-cell" }, box),
   el("td", {}, fmtTime(j.created_at)),
   el("td", {}, el("a", { href, class: "mono" }, j.id.slice(0, 12))),
   el("td", {}, j.skill), el("td", { class: "status" }, statusBadge(j.status), ...phaseNote(j),
+    paused ? [" ", el("span", { class: "badge st-paused", title: t("this skill is paused") }, t("paused"))] : "",
     j.partial ? [" ", el("span", { class: "badge st-partial" }, "partial")] : ""),
   el("td", {}, j.attempts), el("td", {}, j.origin.channel || "–"),
-  el("td", {}, j.origin.role_id || "–"), el("td", {}, fmtMs(j.duration_ms)));
+  el("td", {}, j.origin.role_id || "–"), el("td", {}, fmtMs(j.duration_ms)),
+  el("td", { class: "error-cell", title: j.error || "" }, j.error ? String(j.error).slice(0, 140) : ""));
+}
+
+function sortedJobs(items) {
+  const key = SORT_KEYS[sorting.key];
+  if (!key) return items;
+  return [...items].sort((a, b) => {
+    const x = key(a), y = key(b);
+    return (x < y ? -1 : x > y ? 1 : 0) * sorting.dir;
+  });
+}
+
+function renderJobs() {
+  const items = sortedJobs(state.jobItems || []);
+  fillRows($("#jobs tbody"), items.map(jobRow), t("no jobs match"), 10);
+  for (const th of document.querySelectorAll("#jobs thead th[data-sort]")) {
+    const on = th.dataset.sort === sorting.key;
+    th.setAttribute("aria-sort", on ? (sorting.dir > 0 ? "ascending" : "descending") : "none");
+    th.classList.toggle("sorted", on);
+  }
+  const all = $("#pick-all");
+  if (all) all.checked = items.length > 0 && items.every((j) => selection.has(j.id));
+  updateSelection();
+}
+
+function sortBy(key) {
+  if (sorting.key === key) sorting.dir = -sorting.dir;
+  else { sorting.key = key; sorting.dir = key === "created" || key === "took" ? -1 : 1; }
+  renderJobs();
+}
+
+function updateSelection() {
+  const n = selection.size;
+  const bar = $("#selection");
+  if (!bar) return;
+  bar.hidden = n === 0 || !state.canChange;
+  $("#selection-count").textContent = t("{n} selected", { n });
+}
+
+async function actOnSelection(actionName) {
+  const ids = [...selection];
+  if (!ids.length) return;
+  const verbs = { retry: t("Retry"), cancel: t("Cancel"), delete: t("Delete") };
+  if (!window.confirm(t("{verb} {n} selected job(s)?", { verb: verbs[actionName], n: ids.length }))) return;
+  try {
+    const r = await api("/api/v1/jobs/bulk", { method: "POST", json: { action: actionName, ids } });
+    const refused = (r.refused || []).length;
+    flash(t("{verb}: {done} of {n} job(s)", { verb: verbs[actionName], done: r.affected, n: r.selected })
+      + (refused ? t(", {k} refused", { k: refused }) : ""));
+    selection.clear();
+  } catch (err) { report(err); }
+  loadJobs().catch(report);
+}
+
+async function loadPaused() {
+  try {
+    const skills = await api("/api/v1/skills");
+    state.paused = new Set(skills.paused || []);
+    state.skills = skills.items || [];
+  } catch (err) { if (!(err instanceof Unauthorized)) state.paused = new Set(); }
 }
 
 async function loadJobs() {
@@ -571,13 +709,14 @@ async function loadJobs() {
   params.set("limit", "50");
   const cursor = state.cursors[state.cursors.length - 1];
   if (cursor) params.set("cursor", cursor);
-  const page = await api(`/api/v1/jobs?${params}`);
+  const [page] = await Promise.all([api(`/api/v1/jobs?${params}`), loadPaused()]);
   state.nextCursor = page.next_cursor;
+  state.jobItems = page.items;
   rememberSkills(page.items.map((j) => j.skill));
-  fillRows($("#jobs tbody"), page.items.map(jobRow), "no jobs match", 8);
+  renderJobs();
   $("#page-newer").disabled = state.cursors.length <= 1;
   $("#page-older").disabled = !state.nextCursor;
-  $("#page-info").textContent = `page ${state.cursors.length}`;
+  $("#page-info").textContent = t("page {n}", { n: state.cursors.length });
 }
 
 // Bulk actions take the list's own filter (the API's bulk filter is the job list's), so
@@ -600,13 +739,13 @@ async function bulk(actionName) {
   try {
     const dry = await api("/api/v1/jobs/bulk", { method: "POST", json: { action: actionName, filter, dry_run: true } });
     const what = [...shown].map(([k, v]) => `${k}=${v}`).join(", ");
-    if (!dry.matched) { flash(`No job matches ${what}.`); return; }
+    if (!dry.matched) { flash(t("No job matches {what}.", { what })); return; }
     const verb = actionName === "retry" ? "Retry" : "Cancel";
     const capped = dry.capped ? ` The oldest ${dry.limit} are taken now; run it again for the rest.` : "";
-    if (!window.confirm(`${verb} ${dry.matched} job(s) matching ${what}?${capped}`)) return;
+    if (!window.confirm(t("{verb} {n} job(s) matching {what}?", { verb: t(verb), n: dry.matched, what }) + capped)) return;
     const r = await api("/api/v1/jobs/bulk", { method: "POST", json: { action: actionName, filter, dry_run: false } });
     const refused = (r.refused || []).length;
-    flash(`${verb}: ${r.affected} of ${r.matched} job(s)` + (refused ? `, ${refused} refused` : ""));
+    flash(t("{verb}: {done} of {n} job(s)", { verb: t(verb), done: r.affected, n: r.matched }) + (refused ? t(", {k} refused", { k: refused }) : ""));
   } catch (err) { report(err); }
   loadJobs().catch(report);
 }
@@ -634,10 +773,16 @@ async function openDetail(jobId) {
     else tr.classList.remove("selected");
   }
   const panel = $("#detail");
+  const wasHidden = panel.hidden;
   panel.hidden = false;
   panel.dataset.jobId = job.id;
   panel.dataset.status = job.status;
+  $("#act-delete").hidden = !FINISHED.includes(job.status);
+  // On a phone the detail comes first (CSS order); opening it shows its top.
+  if (wasHidden && window.matchMedia("(max-width: 900px)").matches) panel.scrollIntoView({ block: "start" });
   clear($("#detail-title")).append(job.skill, " ", statusBadge(job.status), ...phaseNote(job),
+    ...(job.paused && job.status === "queued"
+      ? [" ", el("span", { class: "badge st-paused", title: t("this skill is paused") }, t("paused"))] : []),
     ...(job.partial ? [" ", el("span", { class: "badge st-partial" }, "partial")] : []));
   $("#detail-link").setAttribute("href", address("jobs", job.id));
   $("#detail-link").textContent = `#/jobs/${job.id.slice(0, 8)}…`;
@@ -704,7 +849,7 @@ async function openDetail(jobId) {
 }
 
 async function fetchBlob(artifact) {
-  const resp = await fetch(artifact.download_url, { headers: authHeaders() });
+  const resp = await fetch(artifact.download_url);  // (the session cookie signs it)
   if (!resp.ok) {
     let reason = `HTTP ${resp.status}`;
     try { reason = (await resp.json()).error || reason; } catch (e) { /* not JSON */ }
@@ -742,9 +887,17 @@ async function download(artifact) {
 async function jobAction(actionName) {
   const job = state.detail;
   if (!job) return;
-  const verb = actionName === "retry" ? "Retry" : "Cancel";
-  if (!window.confirm(`${verb} job ${job.id} (${job.skill})?`)) return;
+  const verb = { retry: t("Retry"), cancel: t("Cancel"), delete: t("Delete") }[actionName];
+  if (!window.confirm(t("{verb} job {id} ({skill})?", { verb, id: job.id, skill: job.skill }))) return;
   try {
+    if (actionName === "delete") {
+      const r = await api(`/api/v1/jobs/${encodeURIComponent(job.id)}`, { method: "DELETE" });
+      flash(r.message || t("deleted"));
+      selection.delete(job.id);
+      navigate(address("jobs", null, jobFilterParams()));
+      loadJobs().catch(report);
+      return;
+    }
     const r = await api(`/api/v1/jobs/${encodeURIComponent(job.id)}/${actionName}`, { method: "POST" });
     flash(r.message || `${verb} done`);
   } catch (err) { report(err); }
@@ -761,11 +914,13 @@ async function loadSchedules() {
   el("td", {}, el("a", { href: address("schedules", s.id) }, s.name)),
   el("td", { class: "mono" }, s.cron), el("td", {}, s.timezone),
   el("td", {}, s.enabled ? "yes" : el("span", { title: s.paused_reason || "" }, s.paused_reason ? "paused" : "no")),
-  el("td", {}, s.enabled ? isoTime(s.next_fire_at) : "–"),
+  el("td", {}, s.enabled && s.next_fire_at ? zoned(s.next_fire_at, s.timezone) : "–"),
   el("td", {}, s.last_run ? [statusBadge(s.last_run.status), " ", isoTime(s.last_run.fire_at)] : "–"),
   el("td", { class: "nowrap" },
     action(s.enabled ? "Disable" : "Enable", () => toggleSchedule(s)), " ",
-    action("Run now", () => runSchedule(s))))),
+    action("Run now", () => runSchedule(s)), " ",
+    action(t("Edit"), () => editSchedule(s), { class: "small action edit" }), " ",
+    action(t("Delete"), () => deleteSchedule(s), { class: "small action danger delete" })))),
   "no schedules", 7);
   if (state.page === "schedules" && state.id) {
     const s = data.items.find((x) => x.id === state.id);
@@ -776,18 +931,70 @@ async function loadSchedules() {
   }
 }
 
+// The fields of a schedule file (what POST takes and PATCH changes), from its JSON.
+const SCHEDULE_FIELDS = ["name", "cron", "timezone", "identity", "deliver", "policy", "misfire",
+  "overlap", "alert", "steps", "enabled"];
+const SCHEDULE_EXAMPLE = {
+  name: "daily-report", cron: "0 9 * * 1-5", timezone: "Asia/Shanghai",
+  deliver: { target: "ops" }, steps: [{ skill: "sales_report", input: { region: "north" } }],
+};
+
+function editSchedule(s) {
+  const editor = $("#schedule-editor");
+  editor.hidden = false;
+  editor.dataset.scheduleId = s ? s.id : "";
+  $("#schedule-editor-title").textContent = s ? `${t("Edit")} ${s.name}` : t("New schedule");
+  const fields = s ? Object.fromEntries(SCHEDULE_FIELDS.filter((k) => s[k] !== null && s[k] !== undefined)
+    .map((k) => [k, s[k]])) : SCHEDULE_EXAMPLE;
+  $("#schedule-json").value = JSON.stringify(fields, null, 2);
+  $("#schedule-problems").textContent = "";
+  $("#schedule-json").focus();
+}
+
+async function saveSchedule(e) {
+  e.preventDefault();
+  const id = $("#schedule-editor").dataset.scheduleId;
+  let body;
+  try { body = JSON.parse($("#schedule-json").value); } catch (err) {
+    $("#schedule-problems").textContent = `JSON: ${err.message}`;
+    return;
+  }
+  try {
+    const saved = id
+      ? await api(`/api/v1/schedules/${encodeURIComponent(id)}`, { method: "PATCH", json: body })
+      : await api("/api/v1/schedules", { method: "POST", json: body });
+    $("#schedule-editor").hidden = true;
+    flash(t("{name}: saved", { name: saved.name }));
+  } catch (err) {
+    const problems = err.body && err.body.problems;
+    $("#schedule-problems").textContent = problems && problems.length ? problems.join("\n") : err.message;
+    return;
+  }
+  loadSchedules().catch(report);
+}
+
+async function deleteSchedule(s) {
+  if (!window.confirm(t("Delete schedule {name} and its run history?", { name: s.name }))) return;
+  try {
+    await api(`/api/v1/schedules/${encodeURIComponent(s.id)}`, { method: "DELETE" });
+    flash(t("{name}: deleted", { name: s.name }));
+    if (state.id === s.id) navigate("#/schedules");
+  } catch (err) { report(err); }
+  loadSchedules().catch(report);
+}
+
 async function toggleSchedule(s) {
   const verb = s.enabled ? "Disable" : "Enable";
-  if (!window.confirm(`${verb} schedule ${s.name}?`)) return;
+  if (!window.confirm(t("{verb} schedule {name}?", { verb: t(verb), name: s.name }))) return;
   try {
     await api(`/api/v1/schedules/${encodeURIComponent(s.id)}`, { method: "PATCH", json: { enabled: !s.enabled } });
-    flash(`${s.name}: ${verb.toLowerCase()}d`);
+    flash(`${s.name}: ${t(verb.toLowerCase() + "d")}`);
   } catch (err) { report(err); }
   loadSchedules().catch(report);
 }
 
 async function runSchedule(s) {
-  if (!window.confirm(`Run schedule ${s.name} now?`)) return;
+  if (!window.confirm(t("Run schedule {name} now?", { name: s.name }))) return;
   try {
     const r = await api(`/api/v1/schedules/${encodeURIComponent(s.id)}/run`, { method: "POST" });
     flash(`${s.name}: run ${r.run_id.slice(0, 8)} started`);
@@ -992,12 +1199,19 @@ async function loadIncidents() {
 async function ackIncident(i) {
   try {
     await api(`/api/v1/incidents/${encodeURIComponent(i.id)}/ack`, { method: "POST" });
-    flash(`incident of ${i.skill} acknowledged`);
+    flash(t("incident of {skill} acknowledged", { skill: i.skill }));
   } catch (err) { report(err); }
   loadIncidents().catch(report);
 }
 
 // --- workers -----------------------------------------------------------------------------
+
+function fmtBytes(n) {
+  if (n === null || n === undefined) return "–";
+  if (n < 1024 * 1024) return `${(n / 1024).toFixed(0)} KiB`;
+  if (n < 1024 * 1024 * 1024) return `${(n / 1024 / 1024).toFixed(0)} MiB`;
+  return `${(n / 1024 / 1024 / 1024).toFixed(2)} GiB`;
+}
 
 async function loadWorkers() {
   const [w, st] = await Promise.all([api("/api/v1/workers"), api("/api/v1/workers/state")]);
@@ -1006,34 +1220,44 @@ async function loadWorkers() {
   fillRows($("#workers tbody"), w.items.map((x) => {
     const f = flags.get(x.id) || {};
     const mode = f.draining ? "draining" : f.paused ? "paused" : "taking";
-    const acts = x.stopped_at ? "" : [
-      mode === "taking" ? action("Pause", () => workerAction(x, "pause"))
-        : action("Resume", () => workerAction(x, "resume")),
+    const acts = x.alive ? [
+      mode === "taking" ? action(t("Pause"), () => workerAction(x, "pause"))
+        : action(t("Resume"), () => workerAction(x, "resume")),
       " ",
-      mode === "draining" ? "" : action("Drain", () => workerAction(x, "drain")),
-    ];
+      mode === "draining" ? "" : action(t("Drain"), () => workerAction(x, "drain")),
+    ] : action(t("Forget"), () => workerAction(x, "forget"), { class: "small action forget" });
+    const counts = x.processed === null || x.processed === undefined ? "–"
+      : `${x.processed} / ${x.failed}`;
     return el("tr", { dataset: { workerId: x.id, paused: f.paused ? "yes" : "no", mode } },
       el("td", { class: "mono" }, x.id), el("td", {}, x.host), el("td", {}, x.pid),
-      el("td", {}, `${fmtTime(x.last_heartbeat)} (${fmtAge(now - x.last_heartbeat)} ago)`),
       el("td", {}, el("span", { class: x.alive ? "badge st-succeeded" : "badge st-failed" },
-        x.alive ? "alive" : (x.stopped_at ? "stopped" : "stale")),
-      mode !== "taking" && !x.stopped_at ? [" ", el("span", { class: "badge st-queued" }, mode)] : ""),
-      el("td", {}, x.running.length ? x.running.map((id) => [jobLink(id), " "]) : "–"),
+        t(x.alive ? "alive" : (x.stopped_at ? "stopped" : "stale"))),
+      mode !== "taking" && !x.stopped_at ? [" ", el("span", { class: "badge st-queued" }, t(mode))] : ""),
+      el("td", { class: "concurrency" }, x.concurrency ?? "–"),
+      el("td", { class: "running" }, x.running.length ? [`${x.running.length}: `, x.running.map((id) => [jobLink(id), " "])] : "0"),
+      el("td", { class: "counts", title: t("processed") + " / " + t("failed") }, counts),
+      el("td", { class: "rss" }, fmtBytes(x.rss_bytes)),
+      el("td", {}, fmtTime(x.started_at)),
+      el("td", {}, `${fmtTime(x.last_heartbeat)} (${fmtAge(now - x.last_heartbeat)})`),
+      el("td", { class: "version" }, x.version || "–"),
       el("td", { class: "actions" }, acts));
-  }), "no worker has reported yet", 7);
+  }), t("no worker has reported yet"), 12);
 }
 
 const WORKER_ASK = {
+  forget: "It is removed from this list (it has stopped).",
   pause: "It finishes what it runs and takes no new jobs until resumed.",
   drain: "It takes no new jobs, finishes what it runs, then exits.",
 };
-const WORKER_DONE = { pause: "paused", resume: "resumed", drain: "draining: it exits once its jobs finish" };
+const WORKER_DONE = {
+  pause: "paused", resume: "resumed", drain: "draining: it exits once its jobs finish", forget: "forgotten",
+};
 
 async function workerAction(w, name) {
-  if (WORKER_ASK[name] && !window.confirm(`${name[0].toUpperCase()}${name.slice(1)} worker ${w.id}? ${WORKER_ASK[name]}`)) return;
+  if (WORKER_ASK[name] && !window.confirm(t("{verb} worker {id}?", { verb: t(name[0].toUpperCase() + name.slice(1)), id: w.id }) + " " + t(WORKER_ASK[name]))) return;
   try {
     await api(`/api/v1/workers/${encodeURIComponent(w.id)}/${name}`, { method: "POST" });
-    flash(`${w.id}: ${WORKER_DONE[name]}`);
+    flash(`${w.id}: ${t(WORKER_DONE[name])}`);
   } catch (err) { report(err); }
   loadWorkers().catch(report);
 }
@@ -1077,19 +1301,18 @@ function wireFilterForm(form, page, names) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
-  takeTokenFromAddress();
+  const fromAddress = takeTokenFromAddress();
+  chooseLanguage(null);
+  $("#lang").addEventListener("change", (e) => { setLanguage(e.target.value, true); refreshCurrent(); });
   $("#login-form").addEventListener("submit", (e) => {
     e.preventDefault();
     const token = $("#login-token").value.trim();
     if (!token) return;
-    sessionStorage.setItem(TOKEN_KEY, token);
-    state.token = token;
     $("#login-token").value = "";
-    start();
+    start(token);
   });
-  $("#logout").addEventListener("click", () => {
-    sessionStorage.removeItem(TOKEN_KEY);
-    state.token = null;
+  $("#logout").addEventListener("click", async () => {
+    await signOut();
     showLogin("");
   });
   for (const b of document.querySelectorAll("#tabs button")) {
@@ -1125,9 +1348,26 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#detail-close").addEventListener("click", () => navigate(address("jobs", null, jobFilterParams())));
   $("#act-retry").addEventListener("click", () => jobAction("retry"));
   $("#act-cancel").addEventListener("click", () => jobAction("cancel"));
+  $("#act-delete").addEventListener("click", () => jobAction("delete"));
+  $("#schedule-new").addEventListener("click", () => editSchedule(null));
+  $("#schedule-form").addEventListener("submit", saveSchedule);
+  $("#schedule-cancel").addEventListener("click", () => { $("#schedule-editor").hidden = true; });
+  for (const th of document.querySelectorAll("#jobs thead th[data-sort]")) {
+    th.addEventListener("click", () => sortBy(th.dataset.sort));
+  }
+  $("#pick-all").addEventListener("change", (e) => {
+    for (const j of state.jobItems || []) {
+      if (e.target.checked) selection.add(j.id); else selection.delete(j.id);
+    }
+    renderJobs();
+  });
+  $("#sel-retry").addEventListener("click", () => actOnSelection("retry"));
+  $("#sel-cancel").addEventListener("click", () => actOnSelection("cancel"));
+  $("#sel-delete").addEventListener("click", () => actOnSelection("delete"));
+  $("#sel-clear").addEventListener("click", () => { selection.clear(); renderJobs(); });
   $("#bulk-retry").addEventListener("click", () => bulk("retry"));
   $("#bulk-cancel").addEventListener("click", () => bulk("cancel"));
   window.addEventListener("hashchange", () => { if (!$("#app").hidden) route(); });
   document.addEventListener("keydown", onKey);
-  start();
+  start(fromAddress);
 });

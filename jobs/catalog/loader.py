@@ -299,6 +299,26 @@ def _as_bool(value: Any) -> bool:
     return bool(value)
 
 
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0", ""}
+
+
+def _strict_bool(value: Any) -> bool | None:
+    """A YAML boolean, or a string/number that clearly says one; None for anything else
+    (``async: maybe`` must not silently mean false)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+    return None
+
+
 def _names(value: Any) -> list[str]:
     """``[X, Y]`` or ``[{name: X, required: true}]`` → required names."""
     out = []
@@ -698,7 +718,14 @@ def _read_flags(skill: Skill, fm: dict[str, Any]) -> None:
             f"cost-tier {tier!r} is not one of {', '.join(COST_TIERS)}; using 'low'"
         )
 
-    skill.is_async = _as_bool(fm.get("async", False))
+    is_async = _strict_bool(fm.get("async", False))
+    if is_async is None:
+        skill.error = (
+            f"async: {fm.get('async')!r} is not true or false (async: true runs the skill "
+            "as a background job; async: false answers in the chat turn)"
+        )
+        return
+    skill.is_async = is_async
     skill.force_raw_prompt = _as_bool(fm.get("force_raw_prompt", False))
     openclaw = _mapping(meta.get("openclaw"))
     _read_wall(skill, fm, openclaw)

@@ -26,8 +26,14 @@ def _main(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    debug: bool = typer.Option(
+        False, "--debug", help="Show the traceback when a command fails (SKILLJOBS_DEBUG=1)."
+    ),
 ) -> None:
     """Background jobs, chains and delivery for chat-platform skills."""
+    from jobs.cli.common import invocation
+
+    invocation.debug = debug
 
 
 db_app = typer.Typer(help="Database schema (alembic migrations).", no_args_is_help=True)
@@ -54,10 +60,7 @@ def db_upgrade(revision: str = typer.Argument("head")) -> None:
         finally:
             await engine.dispose()
 
-    try:
-        rev = run_async(_go)
-    except Exception as exc:
-        fail(f"migration failed: {exc}")
+    rev = run_async(_go)
     typer.echo(f"database at revision {rev}")
 
 

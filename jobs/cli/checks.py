@@ -25,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import SecretStr, ValidationError
 
 from jobs.cli.envs import check_skill_envs
+from jobs.cli.errors import mask_url
 from jobs.settings import Settings
 
 UPGRADE_FIX = "run `skilljobs db upgrade`"
@@ -98,20 +99,6 @@ def _value(settings: Settings, field: str) -> str:
     return "" if v is None else str(v).strip()
 
 
-def mask_url(url: str) -> str:
-    """``scheme://user:****@host/path``: the password replaced, the rest kept."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.hostname or ""
-        host = f"[{host}]" if ":" in host else host
-        port = f":{parts.port}" if parts.port else ""
-        return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:****@{host}{port}"))
-    except ValueError:
-        return url.split("://", 1)[0] + "://…"
-
-
 def is_sqlite(settings: Settings) -> bool:
     return settings.resolved_database_url.startswith("sqlite")
 
@@ -129,8 +116,10 @@ def is_loopback(host: str) -> bool:
 
 def check_settings(**overrides: Any) -> tuple[Settings | None, Check]:
     """Build the settings from the environment / ``.env`` (``overrides`` win)."""
+    from jobs.cli.state import apply_state
+
     try:
-        settings = Settings(**overrides)
+        settings = apply_state(Settings(**overrides))
     except ValidationError as exc:
         problems = "; ".join(
             f"{env_name(str(e['loc'][0])) if e['loc'] else 'settings'}: {e['msg']}"
@@ -212,7 +201,10 @@ def _db_display(settings: Settings) -> str:
 def _missing_sqlite_file(settings: Settings) -> bool:
     from sqlalchemy.engine import make_url
 
-    url = make_url(settings.resolved_database_url)
+    try:
+        url = make_url(settings.resolved_database_url)
+    except Exception:  # not a URL at all: check_database says so
+        return False
     if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
         return False
     return not Path(url.database).exists()
@@ -236,8 +228,8 @@ async def check_database(settings: Settings, timeout_sec: float = 5.0) -> Check:
         return fail(
             name,
             f"{shown}: {exc}",
-            "SKILLJOBS_DATABASE_URL must be an async SQLAlchemy URL: "
-            "postgresql+asyncpg://… or sqlite+aiosqlite:///…",
+            "SKILLJOBS_DATABASE_URL must be a PostgreSQL or SQLite URL: "
+            "postgresql://user:password@host:5432/name or sqlite:///path/to/file.db",
         )
     started = time.perf_counter()
     try:

@@ -40,25 +40,20 @@ async def _with_store(fn: Any) -> Any:
             settings.secret_key.get_secret_value() if settings.secret_key else None,
         )
         engine = create_engine(settings.resolved_database_url)
-    except Exception as exc:
-        fail(f"cannot open the configuration store: {exc}")
-        raise
+    except ValueError as exc:  # a secret key that is not one
+        fail(f"cannot open the configuration store: {exc}", code=2)
     try:
         return await fn(ConfigStore(create_sessionmaker(engine), SecretBox(key)))
+    except ValueError as exc:  # a value the store refuses
+        fail(str(exc))
     finally:
         await engine.dispose()
 
 
 def _run(fn: Any) -> Any:
-    try:
-        return run_async(lambda: _with_store(fn))
-    except typer.Exit:
-        raise
-    except ValueError as exc:
-        fail(str(exc))
-    except Exception as exc:  # database unreachable, schema missing, …
-        hint = " (run `skilljobs db upgrade` first?)" if "no such table" in str(exc) else ""
-        fail(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{hint}")
+    """Unreachable or unmigrated databases end the command as every command does
+    (``jobs.cli.common.fail_on``: the setting and the fix, exit 2)."""
+    return run_async(lambda: _with_store(fn))
 
 
 @config_app.command("set")
@@ -106,13 +101,15 @@ def config_list(
     if not rows:
         typer.echo(f"no configuration for role {role}" + (f" / {skill}" if skill else ""))
         return
-    from rich.console import Console
-    from rich.table import Table
+    from jobs.cli import output
 
-    table = Table("skill", "key", "value")
-    for s, k, v in rows:
-        table.add_row(s, k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
-    Console().print(table)
+    output.table(
+        ("skill", "key", "value"),
+        [
+            (s, k, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))
+            for s, k, v in rows
+        ],
+    )
 
 
 def register(app: typer.Typer) -> None:

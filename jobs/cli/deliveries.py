@@ -22,7 +22,7 @@ ACTOR = "cli"
 def _ts(value: float | None) -> str:
     if not value:
         return "-"
-    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @deliveries_app.command("list")
@@ -36,9 +36,6 @@ def list_cmd(
 ) -> None:
     """Deliveries newest first (by default every unknown and failed one, and every one
     pending past SKILLJOBS_DELIVERY_PENDING_STALE_SEC)."""
-    from rich.console import Console
-    from rich.table import Table
-
     from delivery.custody import list_deliveries
 
     settings = load_settings()
@@ -53,31 +50,35 @@ def list_cmd(
                 limit=limit,
                 stale_after=settings.delivery_pending_stale_sec,
             )
+        except ValueError as exc:  # an unknown status
+            fail(str(exc))
         finally:
             await svc.close()
 
-    try:
-        rows = run_async(_go)
-    except ValueError as exc:
-        fail(str(exc))
+    rows = run_async(_go)
     if as_json:
         typer.echo(json.dumps({"items": rows}, ensure_ascii=False, indent=2))
         return
-    table = Table("id", "status", "recipient", "kind", "job", "gen", "updated", "error / receipt")
+    from jobs.cli import output
+
+    cols = ("id", "status", "recipient", "kind", "job", "gen", "updated", "error / receipt")
+    out = []
     for r in rows:
         detail = r["error"] or (r["message_id"] and f"message {r['message_id']}") or ""
-        table.add_row(
-            str(r["id"]),
-            r["status"],
-            r["recipient"],
-            r["kind"],
-            r["job_id"] or r["chain_run_id"] or "-",
-            str(r["generation"]),
-            _ts(r["updated_at"]),
-            str(detail)[:80],
+        out.append(
+            (
+                r["id"],
+                r["status"],
+                r["recipient"],
+                r["kind"],
+                r["job_id"] or r["chain_run_id"] or "-",
+                r["generation"],
+                _ts(r["updated_at"]),
+                detail,
+            )
         )
-    Console().print(table)
-    if not rows:
+    output.table(cols, out, wrap=("error / receipt",))
+    if not rows and output.is_terminal():
         typer.echo("no deliveries match")
 
 

@@ -39,6 +39,13 @@ def doctor(
             checks += asyncio.run(run_checks(settings, host=host, timeout_sec=timeout))
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        except Exception as exc:  # a check that could not even run is a failed check
+            from jobs.cli.checks import fail
+
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            checks.append(
+                fail("checks", f"stopped: {type(exc).__name__}: {first}", "see the lines above")
+            )
     if as_json:
         typer.echo(json.dumps([c.as_dict() for c in checks], ensure_ascii=False, indent=2))
     else:

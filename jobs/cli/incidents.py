@@ -8,8 +8,8 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from jobs.cli import output
 from jobs.cli.common import fail, with_services
 
 console = Console()
@@ -18,7 +18,7 @@ console = Console()
 def _ts(value: float | None) -> str:
     if not value:
         return "-"
-    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 incidents_app = typer.Typer(help="Failures grouped by signature.", no_args_is_help=True)
@@ -29,6 +29,7 @@ def list_incidents(
     status: str = typer.Option("open", "--status", help="open, acked or all."),
     skill: str = typer.Option("", "--skill", help="Only incidents of this skill."),
     limit: int = typer.Option(50, "--limit", "-n", min=1, max=500),
+    as_json: bool = output.JSON_OPT,
 ) -> None:
     """Incidents, most recently seen first."""
 
@@ -41,21 +42,24 @@ def list_incidents(
             skill=skill or None,
             limit=limit,
         )
-        table = Table(title=f"incidents ({status})")
-        for col in ("id", "skill", "type", "count", "first seen", "last seen", "status", "error"):
-            table.add_column(col, overflow="fold")
-        for i in items:
-            table.add_row(
+        if as_json:
+            output.print_json({"items": items})
+            return
+        cols = ("id", "skill", "type", "count", "first seen", "last seen", "status", "error")
+        rows = [
+            (
                 i["id"],
                 i["skill"],
                 i["error_type"],
-                str(i["count"]),
+                i["count"],
                 _ts(i["first_seen"]),
                 _ts(i["last_seen"]),
                 i["status"],
-                i["pattern"][:120],
+                i["pattern"],
             )
-        console.print(table)
+            for i in items
+        ]
+        output.table(cols, rows, title=f"incidents ({status})", wrap=("error",))
 
     with_services(_go, redis=False)
 

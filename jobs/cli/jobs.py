@@ -16,7 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs import telemetry
+from jobs.cli import output
 from jobs.cli.common import fail, with_services
+from jobs.cli.output import print_json
 
 console = Console()
 jobs_app = typer.Typer(help="Look at and act on jobs.", no_args_is_help=True)
@@ -25,7 +27,7 @@ jobs_app = typer.Typer(help="Look at and act on jobs.", no_args_is_help=True)
 def _ts(value: float | None) -> str:
     if not value:
         return "-"
-    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _parse_json(raw: str, what: str) -> dict[str, Any]:
@@ -161,43 +163,84 @@ def list_jobs(
     until: str = typer.Option("", "--until", help="Created before: 2h, an ISO time."),
     q: str = typer.Option("", "--search", "-q", help="Id prefix, skill or error text, session."),
     limit: int = typer.Option(20, "--limit", "-n", min=1, max=1000),
+    as_json: bool = output.JSON_OPT,
 ) -> None:
     """Newest jobs first (the dashboard's filter: ``jobs retry|cancel`` take the same)."""
     filters = {"status": status, "skill": skill, "channel": channel, "role": role}
     filters |= {"error_type": error_type, "since": since, "until": until, "q": q}
     flt = _filter(filters)
 
+    paused: set[str] = set()
+
     async def _go(svc: Any) -> list[Any]:
         from sqlalchemy import select
 
         from jobs.models import Job
+        from jobs.queue import pauses
 
         async with svc.sessionmaker() as s:
             conds = await flt.conditions_in(s)
             q = select(Job).where(*conds).order_by(Job.created_at.desc()).limit(limit)
-            return list((await s.scalars(q)).all())
+            found = list((await s.scalars(q)).all())
+        paused.update(await pauses.paused_skills(svc, required=False))
+        return found
 
     rows = with_services(_go, redis=False)
-    table = Table()
-    for col in ("id", "skill", "status"):
-        table.add_column(col, no_wrap=True)
-    for col in ("attempts", "channel", "created", "duration"):
-        table.add_column(col)
-    table.add_column("error", overflow="ellipsis", max_width=60)
+    if as_json:
+        print_json({"items": [job_json(j) for j in rows]})
+        return
+    cols = ("id", "skill", "status", "attempts", "channel", "created", "duration", "error")
+    out = []
     for j in rows:
         dur = f"{j.duration_ms / 1000:.2f}s" if j.duration_ms else "-"
         phase = j.current_phase()  # running (preparing environment)
-        table.add_row(
-            j.id,
-            j.skill,
-            f"{j.status} ({phase['name']})" if phase else j.status,
-            str(j.attempts),
-            j.channel or "-",
-            _ts(j.created_at),
-            dur,
-            (j.error or "")[:60],
+        status = f"{j.status} ({phase['name']})" if phase else j.status
+        if j.status == "queued" and j.skill in paused:
+            status = "queued (paused)"
+        out.append(
+            (
+                j.id,
+                j.skill,
+                status,
+                j.attempts,
+                j.channel or "-",
+                _ts(j.created_at),
+                dur,
+                j.error or "",
+            )
         )
-    console.print(table)
+    output.table(cols, out, wrap=("error",))
+
+
+def job_json(job: Any) -> dict[str, Any]:
+    """A job as ``--json`` prints it (the API's field names; times are epoch seconds)."""
+    ctx = job.context if isinstance(job.context, dict) else {}
+    phase = job.current_phase()
+    return {
+        "id": job.id,
+        "skill": job.skill,
+        "status": job.status,
+        "phase": phase and phase["name"],
+        "attempts": job.attempts,
+        "priority": job.priority,
+        "created_at": job.created_at,
+        "queued_at": job.queued_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "duration_ms": job.duration_ms,
+        "error": job.error,
+        "error_type": job.error_type,
+        "chain_run_id": job.chain_run_id,
+        "origin": {
+            "channel": job.channel,
+            "session_id": job.session_id,
+            "external_id": job.external_id,
+            "actor_key": job.actor_key,
+            "role_id": job.role_id,
+            "org_id": job.org_id,
+            **{k: str(ctx[k]) for k in ("conversation_id", "message_id") if ctx.get(k)},
+        },
+    }
 
 
 def _filter(filters: dict[str, Any]) -> Any:
@@ -210,7 +253,7 @@ def _filter(filters: dict[str, Any]) -> Any:
 
 
 @jobs_app.command("show")
-def show_job(job_id: str) -> None:
+def show_job(job_id: str, as_json: bool = output.JSON_OPT) -> None:
     """One job: origin, timing, attempts (with the tails of what each run printed) and
     result (secrets redacted)."""
 
@@ -218,6 +261,7 @@ def show_job(job_id: str) -> None:
         from sqlalchemy import select
 
         from jobs.models import JobAttempt
+        from jobs.queue import pauses
         from jobs.queue.store import get_job
 
         job = await get_job(svc.sessionmaker, job_id)
@@ -231,7 +275,22 @@ def show_job(job_id: str) -> None:
                     .order_by(JobAttempt.number)
                 )
             ).all()
+        if as_json:
+            from dashboard import queries
+            from dashboard.api_jobs import job_dict
+
+            async with svc.sessionmaker() as s:
+                arts, dels = await queries.job_children(s, [job_id])
+            body = job_dict(job, arts.get(job_id, []), dels.get(job_id, []), attempts, svc.box)
+            body["paused"] = job.skill in await pauses.paused_skills(svc, required=False)
+            print_json(body)
+            return
         _print_job(svc, job)
+        if job.status == "queued" and job.skill in await pauses.paused_skills(svc, required=False):
+            console.print(
+                f"[yellow]paused[/]: skill {job.skill} is paused; the job waits until "
+                f"`skilljobs skills resume {job.skill}`"
+            )
         table = Table("#", "worker", "started", "finished", "outcome", "error")
         for a in attempts:
             table.add_row(
@@ -261,10 +320,11 @@ def _action(name: str, job_id: str) -> None:
     async def _go(svc: Any) -> Any:
         from jobs.queue import control
 
-        fn = control.retry_job if name == "retry" else control.cancel_job
+        fns = {"retry": control.retry_job, "cancel": control.cancel_job}
+        fn = fns.get(name, control.delete_job)
         return await fn(svc, job_id, actor="cli")
 
-    res = with_services(_go)
+    res = with_services(_go, redis=name != "delete")
     if not res.ok:
         fail(res.message)
     console.print(f"{job_id}: {res.message}")
@@ -384,6 +444,30 @@ def cancel(
     filters = {"status": status, "skill": skill, "channel": channel, "role": role}
     filters |= {"error_type": error_type, "since": since, "until": until, "q": search}
     _act("cancel", job_id, filters, dry_run, yes, limit)
+
+
+@jobs_app.command("delete")
+def delete(
+    job_id: str = typer.Argument(None, help="One job; or use filter options."),
+    status: str = typer.Option(
+        "", "--status", help="Comma list of finished statuses (default: all finished ones)."
+    ),
+    skill: str = SKILL_OPT,
+    channel: str = CHANNEL_OPT,
+    role: str = ROLE_OPT,
+    error_type: str = ERROR_TYPE_OPT,
+    since: str = SINCE_OPT,
+    until: str = UNTIL_OPT,
+    search: str = SEARCH_OPT,
+    dry_run: bool = DRY_RUN_OPT,
+    yes: bool = YES_OPT,
+    limit: int = LIMIT_OPT,
+) -> None:
+    """Delete a finished job (with its attempts and deliveries) — or every finished job a
+    filter matches. Audited; queued and running jobs are refused."""
+    filters = {"status": status, "skill": skill, "channel": channel, "role": role}
+    filters |= {"error_type": error_type, "since": since, "until": until, "q": search}
+    _act("delete", job_id, filters, dry_run, yes, limit)
 
 
 def register(app: typer.Typer) -> None:

@@ -29,12 +29,9 @@ def prune(
         finally:
             await engine.dispose()
 
-    try:
-        with typer.progressbar(length=1, label="pruning" if not dry_run else "counting") as bar:
-            counts = run_async(_go)
-            bar.update(1)
-    except Exception as exc:
-        fail(f"prune failed: {exc}")
+    with typer.progressbar(length=1, label="pruning" if not dry_run else "counting") as bar:
+        counts = run_async(_go)  # (a database that cannot be used: the setting and the fix)
+        bar.update(1)
     if counts is None:
         fail("another pruner is running; try again when it has finished")
     verb = "would delete" if dry_run else "deleted"

@@ -93,11 +93,19 @@ def up(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(int(os.environ.get("PORT", "8000")), "--port"),
     max_jobs: int = typer.Option(0, "--max-jobs"),
+    redis_port: int | None = typer.Option(
+        None,
+        "--redis-port",
+        min=1,
+        max=65535,
+        help="Port of the bundled Redis (default SKILLJOBS_EMBEDDED_REDIS_PORT, else a free one).",
+    ),
 ) -> None:
     """Everything in one process tree: embedded Redis and SQLite unless URLs are set,
     migrations, the demo schedule, the web app, and a worker with the scheduler (a child
-    process, started again if it exits)."""
-    settings = load_settings()
+    process, started again if it exits). Leaves ``state.json`` in the data dir, where every
+    other command finds this instance."""
+    settings = _settings_for_up()
     setup_logging(settings)
     telemetry.setup("skilljobs")
     private_files(settings)
@@ -107,7 +115,12 @@ def up(
 
         # A password even on loopback: any local account can reach a loopback port.
         password = redis_password(settings.data_dir / "redis.password")
-        embedded = EmbeddedRedis(settings.data_dir / "redis", persist=True, password=password)
+        embedded = EmbeddedRedis(
+            settings.data_dir / "redis",
+            port=redis_port or settings.embedded_redis_port,
+            persist=True,
+            password=password,
+        )
         try:
             url = embedded.start()
         except RuntimeError as exc:
@@ -144,6 +157,9 @@ def up(
             web_task = asyncio.create_task(server.serve())
             # The worker (and the scheduler) in a process of its own: a core of its own.
             worker_task = asyncio.create_task(worker.run())
+            from jobs.cli.state import write_state
+
+            write_state(settings, web_url=_base_url(host, port))
             _print_banner(settings, host, port, token, svc.registry)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -179,6 +195,29 @@ def up(
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+def _settings_for_up() -> Settings:
+    """``up`` starts an instance: it takes nothing from the state file of an earlier one
+    but what the environment leaves unset and still holds (database, skills path)."""
+    from jobs.cli.state import read_state, running
+
+    state = read_state(load_settings().data_dir)
+    if running(state) and state is not None and state.get("pid") != os.getpid():
+        fail(
+            f"`skilljobs up` already runs for this data dir (pid {state['pid']}, "
+            f"{state.get('web_url')}): stop it first, or use another SKILLJOBS_DATA_DIR"
+        )
+    settings = load_settings()
+    if "redis_url" not in Settings().model_fields_set:
+        settings.redis_url = None  # this instance starts its own embedded Redis
+    return settings
+
+
+def _base_url(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    return f"http://{shown}:{port}"
 
 
 def private_files(settings: Settings) -> None:
@@ -231,12 +270,13 @@ def check_bind(settings: Settings, host: str) -> None:
 
 
 async def _open(settings: Settings) -> Any:
+    from jobs.cli.common import fail_on
     from jobs.services import Services
 
     try:
         return await Services.open(settings)
     except Exception as exc:
-        fail(f"cannot start: {exc}")
+        fail_on(exc)
 
 
 def _web_server(svc: Any, host: str, port: int) -> Any:
@@ -272,10 +312,10 @@ async def install_demo_schedule(svc: Any) -> None:
 def _print_banner(
     settings: Settings, host: str, port: int, token: str, registry: Any = None
 ) -> None:
-    from jobs.cli.checks import mask_url
+    from jobs.cli.errors import mask_url
     from jobs.cli.skills import try_it
 
-    base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    base = _base_url(host, port)
     # The command as the user can paste it (`make run` starts `.venv/bin/skilljobs up`).
     argv0 = sys.argv[0] if sys.argv and sys.argv[0].endswith("skilljobs") else "skilljobs"
     exe = os.path.relpath(argv0) if os.path.isabs(argv0) else argv0

@@ -75,18 +75,17 @@ def list_skills(
 ) -> None:
     """Every skill folder found in SKILLJOBS_SKILLS_PATH, with its load status."""
     from jobs.catalog.loader import load_registry
-    from jobs.cli.common import load_settings
+    from jobs.cli.common import load_settings, run_async
+    from jobs.queue.pauses import peek
 
     settings = load_settings()
     registry = load_registry(settings.skill_dirs)
     envs = manager(settings)
+    paused = run_async(lambda: peek(settings))  # None: Redis not configured or not there
     if as_json:
-        typer.echo(
-            json.dumps(
-                {"items": [_row(s, envs) for s in registry], "problems": registry.problems},
-                indent=2,
-            )
-        )
+        items = [_row(s, envs) | {"paused": None if paused is None else s.name in paused}
+                 for s in registry]  # fmt: skip
+        typer.echo(json.dumps({"items": items, "problems": registry.problems}, indent=2))
         return
     probe = Console()
     # Piped output has no terminal width: keep rows on one line for grep/less.
@@ -104,6 +103,8 @@ def list_skills(
             status = "[green]loaded[/green]"
         if s.hint and not s.error:
             status += f" — {s.hint}"
+        if paused and s.name in paused:
+            status = f"[yellow]paused[/yellow] ({status})"
         name = f"{s.name} [dim](built-in)[/dim]" if s.builtin else s.name
         table.add_row(
             name,
@@ -168,6 +169,47 @@ def check(
     console.print(f"{n_err} error(s), {n_warn} warning(s)")
     if has_errors(findings):
         raise typer.Exit(1)
+
+
+def _pause_action(name: str, pause: bool) -> None:
+    from jobs.cli.common import fail, with_services
+
+    async def _go(svc: Any) -> dict[str, Any]:
+        from jobs.queue import pauses
+
+        try:
+            fn = pauses.pause if pause else pauses.resume
+            return await fn(svc, name, actor="cli")
+        except LookupError as exc:
+            fail(str(exc.args[0] if exc.args else exc))
+
+    done = with_services(_go)
+    from jobs.cli.i18n import tr
+
+    if pause:
+        typer.echo(
+            tr(
+                "{name}: paused — workers take none of its jobs (they stay queued) until "
+                "`skilljobs skills resume {name}`",
+                name=name,
+            )
+        )
+    else:
+        n = done.get("requeued", 0)
+        msg = "{name}: resumed — workers take its jobs again ({n} waiting put back)"
+        typer.echo(tr(msg, name=name, n=n))
+
+
+@skills_app.command("pause")
+def pause_skill(name: str = typer.Argument(..., help="Skill name.")) -> None:
+    """Stop workers claiming this skill's jobs: they stay queued (running ones finish)."""
+    _pause_action(name, True)
+
+
+@skills_app.command("resume")
+def resume_skill(name: str = typer.Argument(..., help="Skill name.")) -> None:
+    """Let workers claim this skill's jobs again, in the order they were queued."""
+    _pause_action(name, False)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from jobs.cli import output
 from jobs.cli.common import fail, with_services
 
 console = Console()
@@ -23,7 +23,7 @@ DONE = {
 
 
 @workers_app.command("list")
-def list_workers() -> None:
+def list_workers(as_json: bool = output.JSON_OPT) -> None:
     """Workers, latest heartbeat first: alive / stale / stopped, paused or draining."""
 
     async def _go(svc: Any) -> list[dict[str, Any]]:
@@ -35,14 +35,16 @@ def list_workers() -> None:
             fail(str(exc))
 
     items = with_services(_go)
-    table = Table("id", "host", "pid", "state", "flags", "running", "last heartbeat")
+    if as_json:
+        output.print_json({"items": items})
+        return
+    rows = []
     for w in items:
         flags = ", ".join(f for f in ("paused", "draining") if w[f]) or "-"
-        beat = datetime.fromtimestamp(w["last_heartbeat"], UTC).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(
-            w["id"], w["host"], str(w["pid"]), w["state"], flags, str(len(w["running"])), beat
-        )
-    console.print(table)
+        beat = datetime.fromtimestamp(w["last_heartbeat"], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        rows.append((w["id"], w["host"], w["pid"], w["state"], flags, len(w["running"]), beat))
+    cols = ("id", "host", "pid", "state", "flags", "running", "last heartbeat")
+    output.table(cols, rows)
 
 
 def _act(action: str, worker_id: str) -> None:

@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, cast
 
 from arq.connections import ArqRedis
 from arq.constants import (
@@ -44,16 +44,18 @@ from arq.jobs import SerializationError
 from arq.utils import timestamp_ms
 from redis.exceptions import NoScriptError
 
-from jobs import jsontext
+from jobs import counters, jsontext
 from jobs.constants import (
     CANCEL_CHANNEL,
     FN_RUN_CHAIN,
     JOB_EVENTS,
+    JOBS_TOTAL,
     PRIORITY_CHAIN,
     PRIORITY_INTERACTIVE,
     WAKE_CHANNEL,
     WORKER_HEARTBEAT,
 )
+from jobs.models import FINAL_STATUSES
 from jobs.services import Services
 
 log = logging.getLogger("skilljobs.broker")
@@ -290,6 +292,9 @@ if rec then
   if ok and type(d) == 'table' and type(d.sj) == 'table' and type(d.sj.l) == 'string' then
     redis.call('ZREM', KEYS[1] .. ':lane:' .. d.sj.l, ARGV[1])
   end
+  if ok and type(d) == 'table' and type(d.sj) == 'table' and type(d.sj.s) == 'string' then
+    redis.call('ZREM', KEYS[1] .. ':parked:' .. d.sj.s, ARGV[1])
+  end
 end
 return 1
 """
@@ -301,6 +306,59 @@ async def remove(services: Services, job_id: str) -> None:
     own)."""
     if services.redis is not None:
         await _script(services.redis, _REMOVE_LUA)(keys=[queue_name(services)], args=[job_id])
+
+
+# --- skills paused by an operator ---------------------------------------------------------
+
+_RESUME_LUA = (
+    _LANE_LUA
+    + """
+local Q = KEYS[1]
+redis.call('SREM', Q .. ':paused', ARGV[1])
+local parked = Q .. ':parked:' .. ARGV[1]
+local items = redis.call('ZRANGE', parked, 0, -1, 'WITHSCORES')
+local back = 0
+for i = 1, #items, 2 do
+  local id, score = items[i], items[i + 1]
+  local rec = redis.call('GET', '"""
+    + job_key_prefix
+    + """' .. id)
+  if rec then
+    local ok, d = pcall(cjson.decode, rec)
+    if ok and type(d) == 'table' and type(d.sj) == 'table' and type(d.sj.l) == 'string' then
+      redis.call('ZADD', Q, score, id)
+      redis.call('ZADD', Q .. ':lane:' .. d.sj.l, score, id)
+      add_lane(Q, d.sj.l)
+      back = back + 1
+    end
+  end
+end
+redis.call('DEL', parked)
+if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], '1') end
+return back
+"""
+)
+
+
+async def pause_skill(services: Services, skill: str) -> bool:
+    """Claims stop taking ``skill``'s entries (they wait, parked, until resumed): True when
+    it was not paused before."""
+    added = _redis(services).sadd(queue_name(services) + ":paused", skill)
+    return bool(await cast("Awaitable[int]", added))
+
+
+async def resume_skill(services: Services, skill: str) -> int:
+    """Claims take ``skill``'s entries again: its parked entries go back to their lanes in
+    their order, and idle workers are woken. Returns how many went back."""
+    script = _script(_redis(services), _RESUME_LUA)
+    wake = services.settings.key(WAKE_CHANNEL)
+    return int(await script(keys=[queue_name(services)], args=[skill, wake]))
+
+
+async def paused_skills(services: Services) -> set[str]:
+    members = _redis(services).smembers(queue_name(services) + ":paused")
+    found = await cast("Awaitable[set[Any]]", members)
+    return {v.decode() if isinstance(v, bytes) else str(v) for v in found}
 
 
 async def limit_usage(services: Services, keys: Sequence[str]) -> list[int]:
@@ -332,15 +390,29 @@ async def publish_job_event(services: Services, job_id: str, status: str, skill:
     if services.redis is None:
         return
     try:
-        await services.redis.publish(*job_event(services, job_id, status, skill))
+        await publish_events(services, [(job_id, status, skill)])
     except Exception as exc:  # pragma: no cover - Redis hiccup
         log.debug("job event not published: %s", exc)
 
 
+# events, then one HINCRBY of the jobs-total counters per job that ended (jobs.counters)
+_EVENTS_LUA = """
+local n = tonumber(ARGV[1])
+for i = 2, 2 * n, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
+for i = 2 * n + 2, #ARGV do redis.call('HINCRBY', KEYS[1], ARGV[i], 1) end
+return n
+"""
+
+
 async def publish_events(services: Services, events: Sequence[tuple[str, str, str]]) -> None:
-    """Many ``(job id, status, skill)`` events in one round trip."""
-    await publish_many(
-        _redis(services), [job_event(services, job_id, st, skill) for job_id, st, skill in events]
+    """Many ``(job id, status, skill)`` events in one round trip; the jobs that ended are
+    counted in the monotonic ``skilljobs_jobs_total`` counters."""
+    if not events:
+        return
+    messages = [part for e in events for part in job_event(services, *e)]
+    ended = [counters.field(skill, st) for _, st, skill in events if st in FINAL_STATUSES]
+    await _script(_redis(services), _EVENTS_LUA)(
+        keys=[services.settings.key(JOBS_TOTAL)], args=[len(events), *messages, *ended]
     )
 
 
@@ -375,6 +447,21 @@ async def beat(services: Services, worker_id: str, info: dict[str, Any], ttl: fl
         json.dumps(info),
         px=max(int(ttl * 1000), 1),
     )
+
+
+async def heartbeats(services: Services, worker_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """Per worker id, in order: what its last heartbeat key says ({} when it is gone)."""
+    if not worker_ids or services.redis is None:
+        return [{} for _ in worker_ids]
+    keys = [services.settings.key(WORKER_HEARTBEAT, wid) for wid in worker_ids]
+    out: list[dict[str, Any]] = []
+    for raw in await services.redis.mget(keys):
+        try:
+            found = json.loads(raw) if raw else {}
+        except ValueError:
+            found = {}
+        out.append(found if isinstance(found, dict) else {})
+    return out
 
 
 async def alive(services: Services, worker_ids: Sequence[str]) -> list[bool]:
@@ -444,6 +531,21 @@ local is_full = {}
 local tried = {}
 local FIELDS = {skill = 's', org = 'o', role = 'r', actor = 'a'}
 
+-- skills an operator paused: their entries leave the lanes for <queue>:parked:<skill>
+-- as a claim meets them (so they never block a lane) until the skill is resumed
+local PAUSED = Q .. ':paused'
+local any_paused = redis.call('SCARD', PAUSED) > 0
+local function paused_skill(rec)
+  if not any_paused or not rec then return nil end
+  local ok, d = pcall(cjson.decode, rec)
+  if not ok or type(d) ~= 'table' or type(d.sj) ~= 'table' then return nil end
+  local skill = d.sj.s
+  if type(skill) == 'string' and redis.call('SISMEMBER', PAUSED, skill) == 1 then
+    return skill
+  end
+  return nil
+end
+
 local function full(key, n)
   if is_full[key] then return true end
   local lk = Q .. ':limit:' .. key
@@ -503,7 +605,16 @@ local function serve(lane, prio, quota)
       if not tried[id] then
         tried[id] = true
         local rec = redis.call('GET', JK .. id)
-        local keys = slots(rec)
+        local parked = paused_skill(rec)
+        local keys = nil
+        if parked then
+          redis.call('ZREM', lk, id)
+          redis.call('ZREM', Q, id)
+          redis.call('ZADD', Q .. ':parked:' .. parked, due[i + 1], id)
+          claimed = true  -- (off the lane: not skipped)
+        else
+          keys = slots(rec)
+        end
         if keys then
           redis.call('ZREM', lk, id)
           claimed = true

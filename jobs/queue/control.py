@@ -133,11 +133,41 @@ async def requeue_failed(svc: Services, skill: str, *, actor: str = "") -> Actio
     return ActionResult(True, f"requeued {n} failed job{'s' if n != 1 else ''} of {skill}")
 
 
+async def delete_job(
+    svc: Services, job_id: str, *, actor: str = "", audit_refusal: bool = True
+) -> ActionResult:
+    """Delete a finished job with its attempts, files' records and deliveries (audited);
+    a queued or running one is refused (cancel it first)."""
+    gone = await store.delete_finished(svc.sessionmaker, job_id)
+    if gone is None:
+        found = await store.get_job(svc.sessionmaker, job_id)
+        if found is None:
+            res = ActionResult(False, f"no job {job_id}", 404, job_id=job_id)
+        else:
+            res = ActionResult(
+                False,
+                f"job {job_id} is {found.status}; only finished jobs can be deleted "
+                "(cancel it first)",
+                409,
+                job_id=job_id,
+                status=found.status,
+            )
+        return await _refused(svc, "delete", job_id, actor, res, audit_refusal)
+    skill, status = gone
+    await _audit(svc, "delete", job_id, actor, skill=skill, status=status)
+    return ActionResult(True, "deleted", job_id=job_id, status="deleted")
+
+
 # --- bulk actions by filter ---------------------------------------------------------------
 
 BULK_CAP = 10_000  # jobs one bulk action touches at most (run it again for the rest)
-BULK_ACTIONS = ("retry", "cancel")
-_DEFAULT_STATUS = {"retry": ("failed", "timed_out"), "cancel": ("queued", "running")}
+BULK_ACTIONS = ("retry", "cancel", "delete")
+_DEFAULT_STATUS = {
+    "retry": ("failed", "timed_out"),
+    "cancel": ("queued", "running"),
+    "delete": tuple(sorted(FINAL_STATUSES)),
+}
+_ACTIONS = {"retry": retry_job, "cancel": cancel_job, "delete": delete_job}
 SHOWN = 100  # job ids (and refusals) listed in an answer
 
 
@@ -217,7 +247,7 @@ async def bulk_action(
     }
     if dry_run:
         return out
-    fn = retry_job if action == "retry" else cancel_job
+    fn = _ACTIONS[action]
     for job_id in ids:
         res = await fn(svc, job_id, actor=actor, audit_refusal=False)
         if res.ok:
@@ -239,13 +269,51 @@ async def bulk_action(
     return out
 
 
+SELECTION_CAP = 500  # jobs a selection (ids picked by an operator) may hold
+
+
+async def act_on_selection(
+    svc: Services, action: str, job_ids: list[str], *, actor: str = ""
+) -> dict[str, Any]:
+    """Retry, cancel or delete the jobs an operator picked (the dashboard's per-row
+    selection): ``{"action", "selected", "affected", "job_ids", "refused"}``, audited as
+    one ``bulk.<action>`` entry besides each job's own."""
+    if action not in BULK_ACTIONS:
+        raise ValueError(f"unknown action {action!r}: one of {', '.join(BULK_ACTIONS)}")
+    ids = list(dict.fromkeys(str(j) for j in job_ids))
+    if not ids or len(ids) > SELECTION_CAP:
+        raise ValueError(f"select from 1 to {SELECTION_CAP} jobs")
+    out: dict[str, Any] = {"action": action, "selected": len(ids), "affected": 0}
+    out |= {"job_ids": ids[:SHOWN], "refused": []}
+    for job_id in ids:
+        res = await _ACTIONS[action](svc, job_id, actor=actor, audit_refusal=False)
+        if res.ok:
+            out["affected"] += 1
+        elif len(out["refused"]) < SHOWN:
+            out["refused"].append({"job_id": job_id, "error": res.message})
+    await _audit(
+        svc,
+        f"bulk.{action}",
+        "jobs",
+        actor,
+        selection=ids[:SHOWN],
+        taken=len(ids),
+        affected=out["affected"],
+        refused=len(ids) - out["affected"],
+        result="ok" if out["affected"] == len(ids) else "partial",
+    )
+    return out
+
+
 __all__ = [
     "BULK_ACTIONS",
     "BULK_CAP",
     "ActionResult",
     "JobFilter",
+    "act_on_selection",
     "bulk_action",
     "cancel_job",
+    "delete_job",
     "matching_jobs",
     "parse_time",
     "requeue_failed",

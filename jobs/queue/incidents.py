@@ -89,7 +89,9 @@ async def record_failure(
             # commit, so the samples' read-modify-write below cannot lose an update.
             row = (await s.execute(bump)).first()
             if row is not None:
-                samples = [*(row.sample_job_ids or []), job_id][-SAMPLES:]
+                # a job that fails again (a retry) is one sample, moved to the newest place
+                kept = [j for j in (row.sample_job_ids or []) if j != job_id]
+                samples = [*kept, job_id][-SAMPLES:]
                 await s.execute(
                     update(Incident).where(Incident.id == row.id).values(sample_job_ids=samples)
                 )
@@ -146,7 +148,8 @@ def to_dict(row: Incident) -> dict[str, Any]:
         "last_seen": row.last_seen,
         "first_seen_iso": _iso(row.first_seen),
         "last_seen_iso": _iso(row.last_seen),
-        "sample_job_ids": list(reversed(row.sample_job_ids or [])),  # newest first
+        # newest first, each job once (rows written before samples were de-duplicated)
+        "sample_job_ids": list(dict.fromkeys(reversed(row.sample_job_ids or []))),
         "acked_at": row.acked_at,
         "acked_by": row.acked_by,
     }

@@ -145,6 +145,11 @@ class JobRunner:
         # peer to presume it dead (see :meth:`resumed`); handed back, never recorded.
         self.suspect: set[str] = set()
         self.last_beat = time.time()  # the last heartbeat key written
+        # What the workers page shows of this process (in its heartbeat key).
+        self.started_at = time.time()
+        self.concurrency = 0  # skills run at once (set by build_worker)
+        self.processed = 0  # jobs this process recorded finished
+        self.failed = 0  # of those, failed or timed out
         # Group commit: the claims, outcomes and live events of concurrent jobs travel
         # together, one statement (or one Redis round trip) per batch.
         sm, s = services.sessionmaker, services.settings
@@ -618,7 +623,9 @@ class JobRunner:
             )
         if ok:
             self.event(job.id, status, job.skill)
+            self.processed += 1
             if status in (FAILED, TIMED_OUT):
+                self.failed += 1
                 await incidents.note_failure(
                     self.svc.sessionmaker, job.id, job.skill, error_type or status, error
                 )
@@ -751,6 +758,17 @@ class JobRunner:
         plus a second for scheduling jitter (a worker paused 5 s is not presumed dead)."""
         return 3 * self.svc.settings.worker_heartbeat_sec + 1.0
 
+    def vitals(self) -> dict[str, Any]:
+        """Concurrency, counts, memory, start time and version, for the workers page."""
+        return {
+            "concurrency": self.concurrency,
+            "processed": self.processed,
+            "failed": self.failed,
+            "rss_bytes": rss_bytes(),
+            "started_at": self.started_at,
+            "version": VERSION,
+        }
+
     async def heartbeat_once(self) -> None:
         s = self.svc.settings
         if self.svc.redis is not None:
@@ -766,6 +784,7 @@ class JobRunner:
                         "at": time.time(),
                         "stalls": self.stall.stalls if self.stall else 0,
                         "max_lag_s": round(self.stall.max_lag, 3) if self.stall else 0.0,
+                        **self.vitals(),
                     },
                     self.missing_after,
                 )
@@ -904,6 +923,29 @@ class JobRunner:
                 await self._enqueue(job_id, new)
                 n += 1
         return n
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("skilljobs")
+    except PackageNotFoundError:  # pragma: no cover - run from a bare checkout
+        return "unknown"
+
+
+VERSION = _version()
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux), else its peak."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -857,6 +857,21 @@ async def failed_job_ids(sm: Sessions, skill: str, limit: int = 10_000) -> list[
 # --- workers ----------------------------------------------------------------------------
 
 
+async def delete_finished(sm: Sessions, job_id: str) -> tuple[str, str] | None:
+    """Delete a finished job (its attempts, artifacts and deliveries go with it): its
+    ``(skill, status)``, or None when there is no such job or it has not finished."""
+    async with sm() as s:
+        row = (
+            await s.execute(
+                delete(Job)
+                .where(Job.id == job_id, Job.status.in_(FINAL_STATUSES))
+                .returning(Job.skill, Job.status)
+            )
+        ).first()
+        await s.commit()
+    return None if row is None else (str(row[0]), str(row[1]))
+
+
 async def worker_heartbeat(
     sm: Sessions,
     worker_id: str,

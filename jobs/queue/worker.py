@@ -423,6 +423,7 @@ def build_worker(
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     slots = max_jobs or settings.worker_max_jobs
     runner = JobRunner(services, executor, wid, finisher=postprocess, max_finishing=2 * slots)
+    runner.concurrency = slots
     ahead = settings.worker_prefetch_sec
     runner.gate = prefetch.StartGate(slots, ahead_sec=ahead, hold_sec=max(1.0, 10 * ahead))
     background: list[asyncio.Task[Any]] = []

@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 from jobs.constants import WORKER_DRAIN, WORKER_PAUSE
 from jobs.models import OpsAction, Worker
+from jobs.queue import broker
 from jobs.services import Services
 
 FLAG_TTL_S = 30 * 86400  # a flagged worker that never comes back leaves no key forever
@@ -65,14 +66,17 @@ async def list_workers(svc: Services, *, limit: int = 500) -> list[dict[str, Any
             )
         )
     flags = await states(svc, [w.id for w in rows])
+    beats = await broker.heartbeats(svc, [w.id for w in rows])
     now = time.time()
     return [
         {
             "id": w.id,
             "host": w.host,
             "pid": w.pid,
+            "started_at": w.started_at,
             "last_heartbeat": w.last_heartbeat,
             "running": list(w.running or []),
+            **vitals(beat),
             "state": "stopped"
             if w.stopped_at is not None
             else "alive"
@@ -80,8 +84,38 @@ async def list_workers(svc: Services, *, limit: int = 500) -> list[dict[str, Any
             else "stale",
             **flags[w.id],
         }
-        for w in rows
+        for w, beat in zip(rows, beats, strict=True)
     ]
+
+
+VITALS = ("concurrency", "processed", "failed", "rss_bytes", "version")
+
+
+def vitals(beat: dict[str, Any]) -> dict[str, Any]:
+    """What a live worker's heartbeat key says of it (None when the key is gone)."""
+    return {k: beat.get(k) for k in VITALS}
+
+
+async def forget(svc: Services, worker_id: str, *, actor: str) -> dict[str, Any]:
+    """Remove a worker that is no longer running from the list (audited); one whose
+    heartbeat is fresh is refused."""
+    async with svc.sessionmaker() as session:
+        worker = await session.get(Worker, worker_id)
+        if worker is None:
+            raise WorkerControlError(f"no worker {worker_id}", 404)
+        if worker.stopped_at is None and time.time() - worker.last_heartbeat <= ALIVE_S:
+            raise WorkerControlError(
+                f"worker {worker_id} is alive: drain it first, then forget it once stopped",
+                409,
+            )
+        await session.delete(worker)
+        session.add(OpsAction(action="worker.forget", target=worker_id[:255], actor=actor))
+        await session.commit()
+    if svc.redis is not None:
+        await svc.redis.delete(
+            svc.settings.key(WORKER_PAUSE, worker_id), svc.settings.key(WORKER_DRAIN, worker_id)
+        )
+    return {"ok": True, "id": worker_id, "forgotten": True}
 
 
 async def act(svc: Services, action: str, worker_id: str, *, actor: str) -> dict[str, Any]:

@@ -152,14 +152,18 @@ async def _scenario(
     await page.wait_for_selector("#app", state="visible")
     await ctx.close()
 
-    # ?token= once: used, then dropped from the address bar, kept for the tab only.
+    # ?token= once: used, then dropped from the address bar; the browser session is an
+    # HttpOnly cookie no page script can read, and nothing is kept in page storage.
     ctx = await browser.new_context(viewport={"width": 1440, "height": 960})
     page = await ctx.new_page()
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     await page.goto(f"{url}/?token={TOKEN}")
     await page.wait_for_selector("#app", state="visible")
     assert "token" not in page.url
-    assert await page.evaluate("sessionStorage.getItem('skilljobs.token')") == TOKEN
+    assert await page.evaluate("sessionStorage.length + localStorage.length") in (0, 1)
+    assert "skilljobs_session" not in await page.evaluate("document.cookie")
+    [cookie] = [c for c in await ctx.cookies() if c["name"] == "skilljobs_session"]
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["expires"] == -1
     await page.wait_for_selector("#live.on")
     await page.evaluate("window.__sameDocument = true")
     await page.click("#tabs button[data-tab=jobs]")

@@ -148,4 +148,4 @@ def test_cli_set_and_list(tmp_path, sqlite_url: str) -> None:  # type: ignore[no
     assert r.exit_code == 1 and "role_id must be a non-empty string" in r.output
     bad = dict(env, SKILLJOBS_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}")
     r = runner.invoke(app, ["config", "list", "r1"], env=bad)
-    assert r.exit_code == 1 and "db upgrade" in r.output
+    assert r.exit_code == 2 and "db upgrade" in r.output  # a database to migrate: exit 2

@@ -319,3 +319,13 @@ async def test_a_job_lost_three_times_is_an_incident_with_its_cause(svc: Service
         [shown] = (await client.get("/api/v1/incidents")).json()["items"]
     assert shown["id"] == inc["id"] and shown["error_type"] == "lost"
     assert "died or stalled" in shown["sample_error"]
+
+
+async def test_a_job_failing_again_is_one_sample(svc: Services) -> None:
+    sm = svc.sessionmaker
+    first = await incidents.record_failure(sm, "job-a", "s", "ValueError", "boom 1", now=100.0)
+    await incidents.record_failure(sm, "job-b", "s", "ValueError", "boom 2", now=101.0)
+    again = await incidents.record_failure(sm, "job-a", "s", "ValueError", "boom 3", now=102.0)
+    assert again == first
+    [inc] = await incidents.list_incidents(sm, skill="s")
+    assert inc["count"] == 3 and inc["sample_job_ids"] == ["job-a", "job-b"]
