@@ -24,6 +24,8 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import func, or_, select, update
 
 from chains.cron import fires_between, next_fire
+from chains.runs import arq_job_id, enqueue_run
+from delivery.notify import notify
 from jobs.models import ChainRun, ChainRunStatus, OpsAction, Schedule
 
 if TYPE_CHECKING:
@@ -163,7 +165,6 @@ async def busy_of(sm: Sessions, schedule_ids: list[str]) -> dict[str, Busy]:
 
 async def next_held(sm: Sessions, schedule_id: str) -> str | None:
     """Release the oldest held run of a schedule when none of its runs is going; its id."""
-    from chains.runs import arq_job_id
 
     async with sm() as s:
         going = (
@@ -206,7 +207,6 @@ async def next_held(sm: Sessions, schedule_id: str) -> str | None:
 
 async def release_held(services: Services, schedule_id: str) -> str | None:
     """Enqueue the next held run of the schedule, if its turn has come."""
-    from chains.runs import enqueue_run
 
     run_id = await next_held(services.sessionmaker, schedule_id)
     if run_id is not None:
@@ -306,7 +306,6 @@ async def _alert(
         await s.commit()
     if res.rowcount != 1:  # type: ignore[attr-defined]
         return
-    from delivery.notify import notify
 
     lines = [f"Schedule {row.name!r}: {streak} consecutive failed runs.", f"Last error: {error}"]
     if paused:

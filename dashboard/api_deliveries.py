@@ -12,6 +12,7 @@ from dashboard import queries
 from dashboard.api_jobs import actor_of, delivery_dict, services_of
 from dashboard.errors import ApiError
 from delivery.channels.registry import channels_for
+from delivery.custody import dismiss, resend
 from delivery.ledger import action_for
 from jobs.models import OpsAction
 
@@ -137,7 +138,6 @@ async def bulk(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, 
 async def _apply(
     svc: Any, action: str, ids: list[int], actor: str
 ) -> tuple[int, list[dict[str, Any]]]:
-    from delivery.custody import dismiss, resend
 
     done, refused = 0, list[dict[str, Any]]()
     for delivery_id in ids:
@@ -170,7 +170,6 @@ def _custody(d: Any) -> dict[str, Any]:
 @router.post("/deliveries/{delivery_id}/resend")
 async def resend_delivery(delivery_id: int, request: Request) -> dict[str, Any]:
     """Send an ``unknown``, ``failed`` or ``dismissed`` delivery again (a new generation)."""
-    from delivery.custody import resend
 
     out = await resend(services_of(request), delivery_id, actor=actor_of(request))
     if not out.ok:
@@ -181,7 +180,6 @@ async def resend_delivery(delivery_id: int, request: Request) -> dict[str, Any]:
 @router.post("/deliveries/{delivery_id}/dismiss")
 async def dismiss_delivery(delivery_id: int, request: Request) -> dict[str, Any]:
     """Close an ``unknown`` or ``failed`` delivery: it is never sent again."""
-    from delivery.custody import dismiss
 
     out = await dismiss(services_of(request).sessionmaker, delivery_id, actor=actor_of(request))
     if not out.ok:

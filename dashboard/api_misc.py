@@ -21,6 +21,7 @@ from dashboard.errors import ApiError
 from delivery.channels import web
 from jobs.catalog.configs import ConfigStore
 from jobs.constants import JOB_EVENTS
+from jobs.migrate import is_current
 from jobs.models import OpsAction
 from jobs.queue import broker, worker_control
 from jobs.queue.store import get_job
@@ -49,7 +50,6 @@ async def healthz() -> dict[str, Any]:
 @open_router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
     """Redis answers, the database answers, and its schema is at the current revision."""
-    from jobs.migrate import is_current
 
     svc: Services = request.app.state.services
     checks: dict[str, str] = {}

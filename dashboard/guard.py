@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dashboard.tokens import Identity, TokenKey, cookie_value, identify, verify_browser
+from jobs.models import OpsAction
 
 #: set in the scope when the caller was identified by the page's session cookie
 BROWSER_SESSION = "skilljobs.browser_session"
@@ -431,7 +432,6 @@ class Guard:
         svc = getattr(getattr(app, "state", None), "services", None)
         if svc is None:
             return
-        from jobs.models import OpsAction
 
         try:
             async with svc.sessionmaker() as s:

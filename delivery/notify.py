@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from delivery.artifacts import ArtifactRefused, resolve_inside
+from delivery.errors import DeliveryOutcomeUnknown, DeliveryPermanentError
+from delivery.ledger import deliver_once, ledger_key
 from delivery.net.pinned import Resolver, system_resolver
 from delivery.net.urlsafety import RefusedURL, check_ip, check_url
 from jobs import sendscope
@@ -210,8 +212,6 @@ async def _send_ledgered(
     paths: list[str],
     send_timeout: float,
 ) -> tuple[bool, str]:
-    from delivery.errors import DeliveryOutcomeUnknown, DeliveryPermanentError
-    from delivery.ledger import deliver_once, ledger_key
 
     recipient = f"notify:{mask_url(url)}"
 

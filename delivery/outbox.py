@@ -34,6 +34,7 @@ from sqlalchemy import select, update
 
 from delivery.channels.base import Channel
 from delivery.channels.limits import LimitedChannel, Target, credit, parse_target
+from delivery.custody import adapter_for, sender_for
 from delivery.ledger import (
     PARKED,
     SENDING,
@@ -447,7 +448,6 @@ class Outbox:
         ``wait`` None when the row is done with (sent, failed, or not parked any more),
         else the ms until it may be tried again; ``keep`` when nothing was tried and the
         row as read still stands."""
-        from delivery.custody import adapter_for, sender_for
 
         sm = self.svc.sessionmaker
         adapter = adapter_for(self.svc, row)
@@ -528,7 +528,6 @@ class Outbox:
         before sending them — a fault, a lost lease). A ``sending`` one of a dead claimant
         becomes ``unknown`` (repeated only where the platform drops repeats). Only rows of
         channels this outbox sends (rate-limited ones). How many were taken."""
-        from delivery.custody import adapter_for
 
         now = time.time()
         cutoff = now - self.sweep_every
@@ -607,7 +606,6 @@ class Outbox:
         a recent one is sent again under its key — delivered once whether or not the first
         request landed. Within :data:`DEDUP_REPEAT_SEC` of its first send (inside the
         platforms' de-duplication windows). How many were handed to the outbox."""
-        from delivery.custody import adapter_for
 
         now = time.time()
         cutoff = now - self.sweep_every

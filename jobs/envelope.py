@@ -25,6 +25,8 @@ from typing import Any
 
 import pydantic_core
 
+from jobs.context import workspace_dir
+
 log = logging.getLogger(__name__)
 
 OFFLOAD_THRESHOLD = 12_000
@@ -334,8 +336,6 @@ def offload_sync(settings: Any, env: Any, ctx: Mapping[str, Any], skill: str) ->
         return env
     workspace = ctx.get("workspace_dir")
     if not workspace and settings is not None:
-        from jobs.context import workspace_dir
-
         workspace = workspace_dir(
             settings.resolved_workspace_root,
             str(ctx.get("role_id") or ""),

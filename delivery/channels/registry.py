@@ -15,6 +15,8 @@ from delivery.channels.limits import LINK_NOTES, LimitedChannel, LinkFor
 from delivery.channels.telegram import TelegramChannel
 from delivery.channels.web import WebChannel
 from delivery.channels.wecom import WeComChannel
+from delivery.ratelimit import RateLimiter
+from jobs.links import file_link, file_link_key
 from jobs.services import Services
 from jobs.settings import Settings
 
@@ -79,8 +81,6 @@ def link_maker(settings: Settings) -> LinkFor | None:
         return None
     import os
 
-    from jobs.links import file_link, file_link_key
-
     key = file_link_key(settings)
     root = os.path.realpath(settings.resolved_workspace_root)
 
@@ -99,8 +99,6 @@ def shared_limits(settings: Settings, out: dict[str, Channel], redis: Any) -> No
     link_for = link_maker(settings)
     limiter = None
     if redis is not None:
-        from delivery.ratelimit import RateLimiter
-
         limiter = RateLimiter.from_settings(redis, settings)
     lang = settings.language if settings.language in LINK_NOTES else "en"
     for ch in out.values():

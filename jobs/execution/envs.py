@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from jobs import phases
+from jobs.catalog.loader import load_registry
 from jobs.execution import env_store
 from jobs.execution.env_specs import (
     BuildFailed,
@@ -423,7 +424,6 @@ def cleanup(
     """Remove the environments under the data dir that ``settings`` (or ``policy``) let go,
     never one in use (blocking: run it in a thread). The skills of the configured skill
     folders say which environments are still declared."""
-    from jobs.catalog.loader import load_registry
 
     wanted: set[str] | None
     try:

@@ -38,10 +38,11 @@ from jobs.context import (
     workspace_dir,
 )
 from jobs.crypto import SecretBox, redact
-from jobs.db import DB_UNAVAILABLE, LazySession, Sessions
+from jobs.db import DB_UNAVAILABLE, LazySession, Sessions, create_engine, create_sessionmaker
 from jobs.envelope import failure, is_failure, normalize
 from jobs.execution import compat, envs, inprocess, input_rules, inputs, subproc
 from jobs.execution.callskill import WALL_DEADLINE, bind_call_skill, within_caller
+from jobs.execution.http_skill import run_http
 from jobs.execution.provider import llm_env, llm_values, provider_from, role_llm_values
 from jobs.execution.skill_output import exit_failure
 from jobs.logs import register_secrets
@@ -490,8 +491,6 @@ class Executor:
         """Sessions on ``SKILLJOBS_SKILL_DATABASE_URL`` (default: ``<data dir>/skills.db``),
         the database skills get; created on first use."""
         if self._skill_sessions is None:
-            from jobs.db import create_engine, create_sessionmaker
-
             if self.settings is None:
                 return self.sessionmaker
             url = self.settings.resolved_skill_database_url
@@ -548,8 +547,6 @@ class Executor:
             if et in SUBPROCESS_TYPES:
                 return await self._subprocess(skill, input_data, rc, wall, llm)
             if et is ExecType.HTTP:
-                from jobs.execution.http_skill import run_http
-
                 coro = run_http(
                     skill, input_data, rc, self.http, wall=wall, fetcher=self.outbound()
                 )

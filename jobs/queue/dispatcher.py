@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs import storable, telemetry, texts
+from jobs.catalog.configs import ConfigStore
 from jobs.catalog.validation import input_problem
 from jobs.context import background_context, channel_of, fixed_segment, flatten_configs
 from jobs.db import once_more_if_disconnected
@@ -215,7 +216,6 @@ class Dispatcher:
     async def _run_now(
         self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any]
     ) -> DispatchResult:
-        from jobs.catalog.configs import ConfigStore
 
         runtime = dict(ctx)
         runtime.update(fixed_segment(ctx))

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from jobs.models import OpsAction
 from jobs.queue import broker
-from jobs.services import Services
+from jobs.services import Services, connect_redis
 from jobs.settings import Settings
 
 
@@ -71,8 +71,6 @@ async def peek(settings: Settings) -> set[str] | None:
     """The paused skills read over a short-lived connection; None when Redis is not
     configured or does not answer within 2 s."""
     import asyncio
-
-    from jobs.services import connect_redis
 
     if not settings.redis_url:
         return None

@@ -26,7 +26,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from jobs import phases, sendscope, telemetry, texts
 from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS, PRIORITY_INTERACTIVE
+from jobs.context import job_workspace
 from jobs.db import DB_UNAVAILABLE, db_unavailable
+from jobs.envelope import offload
 from jobs.execution.inprocess import RUN_TASKS, SKILL_ENDED
 from jobs.finishing import Finished, Finisher
 from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT, JobRow
@@ -635,8 +637,6 @@ class JobRunner:
     def _for_storage(self, job: JobRow, result: dict[str, Any] | None) -> dict[str, Any] | None:
         if result is None:
             return None
-        from jobs.context import job_workspace
-        from jobs.envelope import offload
 
         workspace = job_workspace(self.svc.settings.resolved_workspace_root, job)
         try:
