@@ -26,6 +26,7 @@ from pydantic import SecretStr, ValidationError
 
 from jobs.cli.envs import check_skill_envs
 from jobs.cli.errors import mask_url
+from jobs.cli.state import apply_state
 from jobs.settings import Settings
 
 UPGRADE_FIX = "run `skilljobs db upgrade`"
@@ -116,7 +117,6 @@ def is_loopback(host: str) -> bool:
 
 def check_settings(**overrides: Any) -> tuple[Settings | None, Check]:
     """Build the settings from the environment / ``.env`` (``overrides`` win)."""
-    from jobs.cli.state import apply_state
 
     try:
         settings = apply_state(Settings(**overrides))

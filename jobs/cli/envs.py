@@ -10,6 +10,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
+from jobs.cli.common import fail, load_settings
+from jobs.execution.env_store import Policy, remove
+from jobs.skill import FANOUT_SEP, MAX_FANOUT
+
 if TYPE_CHECKING:
     from jobs.execution.envs import EnvManager, EnvSpec
     from jobs.skill import Skill
@@ -40,7 +44,6 @@ def env_state(skill: Skill, envs: EnvManager | None) -> str:
 
 def fanout_names(skill: Skill) -> list[str]:
     """The tool names a skill's ``cli_commands`` fan out as: ``<skill>__<sub>``."""
-    from jobs.skill import FANOUT_SEP, MAX_FANOUT
 
     if not skill.runnable or not 1 <= len(skill.cli_commands) <= MAX_FANOUT:
         return []
@@ -68,8 +71,6 @@ def prepare(
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from jobs.catalog.loader import load_registry
-    from jobs.cli.common import fail, load_settings
-    from jobs.execution.env_store import remove
     from jobs.execution.envs import BuildFailed, spec_for
 
     settings = load_settings()
@@ -157,7 +158,6 @@ def list_envs(
     from rich.table import Table
 
     from jobs.catalog.loader import load_registry
-    from jobs.cli.common import load_settings
     from jobs.execution import env_store
     from jobs.execution.envs import declared
 
@@ -203,8 +203,6 @@ def prune_envs(
     job uses."""
     from dataclasses import replace
 
-    from jobs.cli.common import load_settings
-    from jobs.execution.env_store import Policy
     from jobs.execution.envs import cleanup
 
     settings = load_settings()

@@ -15,7 +15,11 @@ from typing import Any
 import typer
 
 from jobs import telemetry
-from jobs.cli.common import fail, load_settings, run_async
+from jobs.cli.common import fail, fail_on, load_settings, run_async
+from jobs.cli.embedded import EmbeddedRedis, redis_password, write_private
+from jobs.cli.errors import mask_url
+from jobs.cli.state import read_state, running, write_state
+from jobs.cli.supervise import WorkerProcess
 from jobs.logs import setup_logging
 from jobs.settings import Settings
 
@@ -111,8 +115,6 @@ def up(
     private_files(settings)
     embedded = None
     if not settings.redis_url:
-        from jobs.cli.embedded import EmbeddedRedis, redis_password, write_private
-
         # A password even on loopback: any local account can reach a loopback port.
         password = redis_password(settings.data_dir / "redis.password")
         embedded = EmbeddedRedis(
@@ -140,7 +142,6 @@ def up(
     check_bind(settings, host)
 
     async def _go() -> None:
-        from jobs.cli.supervise import WorkerProcess
         from jobs.db import create_engine
         from jobs.migrate import upgrade
 
@@ -157,7 +158,6 @@ def up(
             web_task = asyncio.create_task(server.serve())
             # The worker (and the scheduler) in a process of its own: a core of its own.
             worker_task = asyncio.create_task(worker.run())
-            from jobs.cli.state import write_state
 
             write_state(settings, web_url=_base_url(host, port))
             _print_banner(settings, host, port, token, svc.registry)
@@ -200,7 +200,6 @@ def up(
 def _settings_for_up() -> Settings:
     """``up`` starts an instance: it takes nothing from the state file of an earlier one
     but what the environment leaves unset and still holds (database, skills path)."""
-    from jobs.cli.state import read_state, running
 
     state = read_state(load_settings().data_dir)
     if running(state) and state is not None and state.get("pid") != os.getpid():
@@ -270,7 +269,6 @@ def check_bind(settings: Settings, host: str) -> None:
 
 
 async def _open(settings: Settings) -> Any:
-    from jobs.cli.common import fail_on
     from jobs.services import Services
 
     try:
@@ -312,7 +310,6 @@ async def install_demo_schedule(svc: Any) -> None:
 def _print_banner(
     settings: Settings, host: str, port: int, token: str, registry: Any = None
 ) -> None:
-    from jobs.cli.errors import mask_url
     from jobs.cli.skills import try_it
 
     base = _base_url(host, port)
