@@ -26,6 +26,7 @@ from sqlalchemy import func, or_, select, update
 from chains.cron import fires_between, next_fire
 from chains.runs import arq_job_id, enqueue_run
 from delivery.notify import notify
+from jobs.db import rowcount
 from jobs.models import ChainRun, ChainRunStatus, OpsAction, Schedule
 
 if TYPE_CHECKING:
@@ -202,7 +203,7 @@ async def next_held(sm: Sessions, schedule_id: str) -> str | None:
             .values(arq_job_id=arq_job_id(run_id, 0))
         )
         await s.commit()
-    return run_id if res.rowcount == 1 else None  # type: ignore[attr-defined]
+    return run_id if rowcount(res) == 1 else None
 
 
 async def release_held(services: Services, schedule_id: str) -> str | None:
@@ -271,7 +272,7 @@ async def _pause(sm: Sessions, row: Schedule, streak: int, error: str | None) ->
             .where(Schedule.id == row.id, Schedule.enabled.is_(True))
             .values(enabled=False, paused_reason=reason[:2000], updated_at=now)
         )
-        if res.rowcount != 1:  # type: ignore[attr-defined]
+        if rowcount(res) != 1:
             await s.rollback()
             return None  # already disabled
         s.add(
@@ -304,7 +305,7 @@ async def _alert(
             .values(alerted_at=now)
         )
         await s.commit()
-    if res.rowcount != 1:  # type: ignore[attr-defined]
+    if rowcount(res) != 1:
         return
 
     lines = [f"Schedule {row.name!r}: {streak} consecutive failed runs.", f"Last error: {error}"]

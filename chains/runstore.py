@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import case, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from jobs import storable
+from jobs.db import Sessions, rowcount
 from jobs.models import ChainRun, ChainStep, StepStatus
-
-Sessions = async_sessionmaker[AsyncSession]
 
 # Run and step statuses share these names (jobs.models: ChainRunStatus, StepStatus).
 PENDING, RUNNING, SUCCEEDED, FAILED = (
@@ -90,7 +89,7 @@ async def take_lease(
                 lost_runs=ChainRun.lost_runs + case((ChainRun.status == RUNNING, 1), else_=0),
             )
         )
-        if res.rowcount != 1:  # type: ignore[attr-defined]
+        if rowcount(res) != 1:
             await s.rollback()
             return None
         token, lost = (
@@ -129,7 +128,7 @@ async def hand_back(sm: Sessions, lease: Lease) -> int | None:
             )
         )
         await s.commit()
-    return n if res.rowcount == 1 else None  # type: ignore[attr-defined]
+    return n if rowcount(res) == 1 else None
 
 
 async def stale_owners(sm: Sessions, before: float, *, exclude: str) -> list[str]:
@@ -186,7 +185,7 @@ async def take_over(sm: Sessions, owners: set[str], before: float) -> list[tuple
                 .values(lease_owner=None, lease_expires_at=0.0, arq_job_id=arq_job_id(run_id, n))
             )
             await s.commit()
-        if res.rowcount == 1:  # type: ignore[attr-defined]
+        if rowcount(res) == 1:
             out.append((run_id, n))
     return out
 
@@ -200,7 +199,7 @@ async def _fence(s: AsyncSession, lease: Lease, lease_sec: float | None = None) 
         .where(ChainRun.id == lease.run_id, ChainRun.lease_token == lease.token)
         .values(**values)
     )
-    if res.rowcount != 1:  # type: ignore[attr-defined]
+    if rowcount(res) != 1:
         await s.rollback()
         raise LeaseLost(f"chain run {lease.run_id}: lease taken over")
 

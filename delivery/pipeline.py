@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,12 @@ from delivery.materialize import materialize, mentions_urls
 from delivery.net.fetch import SafeFetcher
 from delivery.router import deliver_result, workspace_of
 from jobs import telemetry
+from jobs.db import Fence
 from jobs.envelope import is_failure, normalize
 from jobs.models import Artifact, JobRow
 from jobs.runscope import RunScope
 
 log = logging.getLogger(__name__)
-
-Fence = Callable[[], Awaitable[bool]]
 
 
 @dataclass

@@ -10,7 +10,6 @@ dispatch context's ``conversation_id``, answering its ``message_id``), else at t
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,10 +35,9 @@ from delivery.plan import SEALED_RESULT, Item, field_of, plan
 from delivery.render import TEXT_CAP, directives, failure_text
 from jobs import telemetry
 from jobs.context import group_conversation, job_segment, results_dir
+from jobs.db import Fence
 from jobs.models import JobRow
 from jobs.texts import language_of
-
-Fence = Callable[[], Awaitable[bool]]
 
 __all__ = ["TEXT_CAP", "Item", "Origin", "deliver_result", "failure_text", "origin_of", "plan"]
 
