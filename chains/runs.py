@@ -14,7 +14,7 @@ from chains import runstore as rs
 from chains.runstore import arq_job_id, enqueue_number
 from jobs.constants import FN_RUN_CHAIN
 from jobs.crypto import redact
-from jobs.db import sessions_of
+from jobs.db import Sessions, sessions_of
 from jobs.models import ChainRun, ChainRunStatus, ChainStep, OpsAction, Schedule
 from jobs.queue import broker
 from jobs.queue.broker import enqueue
@@ -27,7 +27,7 @@ log = logging.getLogger("skilljobs.chains")
 QUEUED = ChainRunStatus.QUEUED
 
 
-async def _require(sm: Any, id_or_name: str) -> Schedule:
+async def _require(sm: Sessions, id_or_name: str) -> Schedule:
     async with sm() as s:
         row: Schedule | None = await s.get(Schedule, id_or_name)
         if row is None:

@@ -15,6 +15,7 @@ from delivery.channels.registry import channels_for
 from delivery.custody import dismiss, resend
 from delivery.ledger import action_for
 from jobs.models import OpsAction
+from jobs.services import Services
 
 router = APIRouter(prefix="/api/v1")
 
@@ -136,7 +137,7 @@ async def bulk(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, 
 
 
 async def _apply(
-    svc: Any, action: str, ids: list[int], actor: str
+    svc: Services, action: str, ids: list[int], actor: str
 ) -> tuple[int, list[dict[str, Any]]]:
 
     done, refused = 0, list[dict[str, Any]]()

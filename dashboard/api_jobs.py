@@ -25,6 +25,7 @@ from jobs.models import Artifact, Delivery, Job, JobAttempt
 from jobs.queue import control, filters, limits, pauses
 from jobs.queue.dispatcher import Dispatcher, runs_now
 from jobs.services import Services
+from jobs.settings import Settings
 
 router = APIRouter(prefix="/api/v1")
 
@@ -293,7 +294,7 @@ ARTIFACT_LINK_TTL_S = 86400  # a link from the job detail, to paste into a ticke
 
 
 def signed_links(
-    settings: Any, job_id: str, artifacts: list[dict[str, Any]]
+    settings: Settings, job_id: str, artifacts: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """Each artifact with ``link``: a signed ``/files/<token>`` address valid for a day
     (no API token needed: the signature is the authorization), or None when its file is

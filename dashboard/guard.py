@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dashboard.tokens import Identity, TokenKey, cookie_value, identify, verify_browser
 from jobs.models import OpsAction
+from jobs.settings import Settings
 
 #: set in the scope when the caller was identified by the page's session cookie
 BROWSER_SESSION = "skilljobs.browser_session"
@@ -216,7 +217,7 @@ class Failures:
 class Guard:
     """See the module docstring. ``settings`` is read on each request (tests change it)."""
 
-    def __init__(self, app: ASGIApp, settings: Any, tokens: TokenKey) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, tokens: TokenKey) -> None:
         self.app = app
         self.settings = settings
         self.tokens = tokens

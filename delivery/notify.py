@@ -29,6 +29,7 @@ from delivery.ledger import deliver_once, ledger_key
 from delivery.net.pinned import Resolver, system_resolver
 from delivery.net.urlsafety import RefusedURL, check_ip, check_url
 from jobs import sendscope
+from jobs.db import Sessions
 from jobs.sendscope import SendScope
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ async def _send_one(
 
 
 async def _send_ledgered(
-    sessionmaker: Any,
+    sessionmaker: Sessions,
     scope: SendScope,
     item: str,
     url: str,
@@ -247,7 +248,7 @@ async def notify(
     attach: Any = None,
     send_timeout: float = DEFAULT_TIMEOUT,
     resolver: Resolver = system_resolver,
-    sessionmaker: Any = None,
+    sessionmaker: Sessions | None = None,
 ) -> dict[str, Any]:
     """Send ``message`` to every URL of ``target`` (an alias or an allow-listed bare URL),
     with ``attach`` taken only from inside ``workspace`` (``None``: no attachments).
@@ -272,7 +273,7 @@ async def notify(
     scoped = sendscope.next_call(f"notify:{digest}") if sessionmaker is not None else None
 
     async def send(u: str) -> tuple[bool, str]:
-        if scoped is None:
+        if scoped is None or sessionmaker is None:
             return await _send_one(u, body, title or "", paths, send_timeout)
         scope, seq = scoped
         return await _send_ledgered(

@@ -28,7 +28,8 @@ import functools
 import logging
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, cast
 
 from sqlalchemy import select, update
 
@@ -46,7 +47,9 @@ from delivery.ledger import (
     owner_id,
     send_claimed,
 )
+from jobs.db import rowcount
 from jobs.models import PENDING, Delivery, Job, JobStatus, Worker
+from jobs.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +257,9 @@ class _Hold:
 class Outbox:
     """The parked deliveries of one deployment, drained by every worker that runs one."""
 
-    def __init__(self, services: Any, worker_id: str) -> None:
+    def __init__(self, services: Services, worker_id: str) -> None:
+        if services.redis is None:
+            raise RuntimeError("the outbox needs Redis (its queues and locks live there)")
         self.svc = services
         self.redis = services.redis
         self.owner = owner_id(worker_id, 0)
@@ -389,7 +394,7 @@ class Outbox:
         try:
             while not self.stopping:
                 if head is None:
-                    raw = await self.redis.lindex(q, 0)
+                    raw = await cast("Awaitable[bytes | None]", self.redis.lindex(q, 0))
                     if raw is None:
                         left = self.script("pop")(keys=[q, self.due_key], args=["", recipient])
                         if not int(await left):
@@ -594,7 +599,7 @@ class Outbox:
                     .values(updated_at=cutoff - 1 if values["status"] == PENDING else now, **values)
                 )
                 await s.commit()
-            if res.rowcount == 1 and values["status"] == PENDING:
+            if rowcount(res) == 1 and values["status"] == PENDING:
                 taken += 1
         if taken:
             log.warning("outbox: %s deliveries of gone claimants taken over", taken)
@@ -647,7 +652,7 @@ class Outbox:
                     )
                 )
                 await s.commit()
-            taken += int(res.rowcount == 1)
+            taken += int(rowcount(res) == 1)
         if taken:
             log.info(
                 "outbox: %s unknown deliveries repeated where the platform de-duplicates", taken
@@ -709,7 +714,7 @@ class Outbox:
         return found
 
 
-def outbox_of(services: Any) -> Outbox | None:
+def outbox_of(services: Services) -> Outbox | None:
     """The outbox this process drains (a worker's), or None: then sends wait in place."""
     ob = getattr(services, "outbox", None)
     return ob if isinstance(ob, Outbox) else None

@@ -24,10 +24,11 @@ from delivery.materialize import materialize, mentions_urls
 from delivery.net.fetch import SafeFetcher
 from delivery.router import deliver_result, workspace_of
 from jobs import telemetry
-from jobs.db import Fence
+from jobs.db import Fence, Sessions
 from jobs.envelope import is_failure, normalize
 from jobs.models import Artifact, JobRow
 from jobs.runscope import RunScope
+from jobs.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,9 @@ class PostResult:
     problems: list[dict[str, Any]] = field(default_factory=list)
 
 
-async def store_artifacts(sessionmaker: Any, job_id: str, artifacts: list[ArtifactInfo]) -> None:
+async def store_artifacts(
+    sessionmaker: Sessions, job_id: str, artifacts: list[ArtifactInfo]
+) -> None:
     """The job's artifact rows, replaced as a whole (a re-run records its own set once)."""
     async with sessionmaker() as s:
         await s.execute(delete(Artifact).where(Artifact.job_id == job_id))
@@ -63,7 +66,7 @@ async def store_artifacts(sessionmaker: Any, job_id: str, artifacts: list[Artifa
 
 
 async def postprocess(
-    services: Any,
+    services: Services,
     job: JobRow,
     result: Any,
     *,

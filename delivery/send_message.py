@@ -36,6 +36,7 @@ from delivery.channels.limits import parse_target
 from delivery.ledger import deliver_once, ledger_key
 from delivery.render import strip_directives
 from jobs import sendscope
+from jobs.db import Sessions
 from jobs.media import media_kind
 from jobs.models import ChatSession
 from jobs.sendscope import SendScope
@@ -89,7 +90,7 @@ class Sender:
 
 
 async def _web_refusals(
-    sessionmaker: Any, sender: Sender, recipients: list[tuple[str, str]]
+    sessionmaker: Sessions | None, sender: Sender, recipients: list[tuple[str, str]]
 ) -> dict[tuple[str, str], str]:
     """Web recipients whose session does not belong to the sender's role and org."""
     wanted = {c for ch, c in recipients if ch in WEB and c != sender.session_id}
@@ -237,7 +238,7 @@ def content_digest(text: str, paths: list[str]) -> str:
 
 
 async def send_ledgered(
-    sessionmaker: Any,
+    sessionmaker: Sessions,
     scope: SendScope,
     call: str,
     adapter: Channel,
@@ -319,7 +320,7 @@ async def send_message(
     workspace: Path | None = None,
     backoff: float = 1.0,
     sender: Sender | None = None,
-    sessionmaker: Any = None,
+    sessionmaker: Sessions | None = None,
 ) -> dict[str, Any]:
     """Send ``text`` and ``attachments`` (only from inside ``workspace``) to every recipient
     in ``to``; a ``sender`` (a skill) is held to the recipient rules above.
@@ -363,7 +364,7 @@ async def send_message(
             )
             return target, why, queued
         try:
-            if scoped is not None:
+            if scoped is not None and sessionmaker is not None:
                 scope, seq = scoped
                 call = f"send_message:{seq}:{digest}"
                 queued = await send_ledgered(

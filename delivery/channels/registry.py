@@ -16,6 +16,7 @@ from delivery.channels.telegram import TelegramChannel
 from delivery.channels.web import WebChannel
 from delivery.channels.wecom import WeComChannel
 from delivery.ratelimit import RateLimiter
+from jobs.db import Sessions
 from jobs.links import file_link, file_link_key
 from jobs.services import Services
 from jobs.settings import Settings
@@ -25,7 +26,7 @@ def build_channels(
     settings: Settings,
     http: httpx.AsyncClient,
     *,
-    sessionmaker: Any = None,
+    sessionmaker: Sessions | None = None,
     redis: Any = None,
 ) -> dict[str, Channel]:
     """The configured adapters by channel name. ``web`` (and its alias ``web_admin``) is

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
 
@@ -16,12 +16,13 @@ from jobs.skill import FANOUT_SEP, MAX_FANOUT
 
 if TYPE_CHECKING:
     from jobs.execution.envs import EnvManager, EnvSpec
+    from jobs.settings import Settings
     from jobs.skill import Skill
 
 C = TypeVar("C")  # a line of the doctor's report (``jobs.cli.checks.Check``)
 
 
-def manager(settings: Any) -> EnvManager:
+def manager(settings: Settings) -> EnvManager:
     from jobs.execution.envs import EnvManager
 
     return EnvManager.from_settings(settings)
@@ -228,7 +229,7 @@ def register(app: typer.Typer) -> None:
 
 
 def check_skill_envs(
-    settings: Any, ok: Callable[[str, str], C], warn: Callable[[str, str, str], C]
+    settings: Settings, ok: Callable[[str, str], C], warn: Callable[[str, str, str], C]
 ) -> C | None:
     """``doctor``: whether the skills' dependency environments are built (a missing one is
     built by the worker on first use, so it is a warning, not a failure). ``ok``/``warn``

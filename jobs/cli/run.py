@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobs.services import Services
+
 import asyncio
 import contextlib
 import logging
@@ -277,7 +282,7 @@ async def _open(settings: Settings) -> Any:
         fail_on(exc)
 
 
-def _web_server(svc: Any, host: str, port: int) -> Any:
+def _web_server(svc: Services, host: str, port: int) -> Any:
     from dashboard.app import create_app
     from dashboard.server import server_for
     from jobs.queue import heap
@@ -290,12 +295,12 @@ def _web_server(svc: Any, host: str, port: int) -> Any:
     return server_for(svc.settings, host, port, app=app)
 
 
-async def _serve_web(svc: Any, host: str, port: int) -> None:
+async def _serve_web(svc: Services, host: str, port: int) -> None:
     # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown).
     await _web_server(svc, host, port).serve()
 
 
-async def install_demo_schedule(svc: Any) -> None:
+async def install_demo_schedule(svc: Services) -> None:
     """Add the bundled demo schedule once (it stays under the operator's control after)."""
     try:
         from chains.demo import install_demo

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobs.services import Services
+
 import json
 from pathlib import Path
 from typing import Any
@@ -173,7 +178,7 @@ def check(
 
 def _pause_action(name: str, pause: bool) -> None:
 
-    async def _go(svc: Any) -> dict[str, Any]:
+    async def _go(svc: Services) -> dict[str, Any]:
         from jobs.queue import pauses
 
         try:

@@ -33,7 +33,7 @@ import types
 from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from jobs import phases
 from jobs.catalog.loader import load_registry
@@ -49,6 +49,7 @@ from jobs.execution.env_specs import (
     spec_for,
 )
 from jobs.execution.env_store import INFO, READY, Lease, Policy, PruneReport
+from jobs.settings import Settings
 from jobs.skill import Skill
 
 __all__ = [  # what a skill declares comes from env_specs, re-exported here
@@ -227,7 +228,7 @@ class EnvManager:
         self._hook: Path | None = None
 
     @classmethod
-    def from_settings(cls, settings: Any) -> EnvManager:
+    def from_settings(cls, settings: Settings | None) -> EnvManager:
         if settings is None:
             import tempfile
 
@@ -415,7 +416,7 @@ def declared(skills: Iterable[Skill]) -> set[str]:
 
 
 def cleanup(
-    settings: Any,
+    settings: Settings,
     *,
     dry_run: bool = False,
     policy: Policy | None = None,

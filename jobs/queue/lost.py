@@ -19,13 +19,14 @@ from jobs.finishing import Finisher
 from jobs.models import FAILED, Job
 from jobs.queue import broker, store
 from jobs.services import Services
+from jobs.settings import Settings
 
 log = logging.getLogger("skilljobs.worker")
 
 ERROR_TYPE = "lost"
 
 
-def notice(settings: Any, job: Job, ctx: dict[str, Any] | None) -> dict[str, Any]:
+def notice(settings: Settings, job: Job, ctx: dict[str, Any] | None) -> dict[str, Any]:
     """The failure envelope delivered to the person (their language), never stored."""
     lang = texts.language_of(settings, ctx)
     return {
