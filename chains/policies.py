@@ -26,8 +26,9 @@ from sqlalchemy import func, or_, select, update
 from chains.cron import fires_between, next_fire
 from chains.runs import arq_job_id, enqueue_run
 from delivery.notify import notify
+from jobs import audit
 from jobs.db import rowcount
-from jobs.models import ChainRun, ChainRunStatus, OpsAction, Schedule
+from jobs.models import ChainRun, ChainRunStatus, Schedule
 
 if TYPE_CHECKING:
     from jobs.db import Sessions
@@ -275,10 +276,8 @@ async def _pause(sm: Sessions, row: Schedule, streak: int, error: str | None) ->
         if rowcount(res) != 1:
             await s.rollback()
             return None  # already disabled
-        s.add(
-            OpsAction(
-                action="schedule.pause", target=row.id, actor="policy", details={"reason": reason}
-            )
+        audit.record(
+            s, action="schedule.pause", target=row.id, actor="policy", details={"reason": reason}
         )
         await s.commit()
     log.warning("schedule %s (%s) %s", row.id, row.name, reason)

@@ -16,8 +16,9 @@ from sqlalchemy.exc import IntegrityError
 
 from chains.cron import CronError, next_fire, parse
 from chains.refs import StepRefs, static_errors
+from jobs import audit
 from jobs.db import Sessions, sessions_of
-from jobs.models import OpsAction, Schedule
+from jobs.models import Schedule
 from jobs.skill import SkillRegistry, SkillType
 
 if TYPE_CHECKING:
@@ -217,7 +218,7 @@ def _registry(target: Any) -> SkillRegistry | None:
 
 async def _audit(sm: Sessions, action: str, target: str, actor: str | None, **details: Any) -> None:
     async with sm() as s:
-        s.add(OpsAction(action=action, target=target, actor=actor or "", details=details))
+        audit.record(s, action=action, target=target, actor=actor, details=details)
         await s.commit()
 
 

@@ -14,7 +14,7 @@ from dashboard.errors import ApiError
 from delivery.channels.registry import channels_for
 from delivery.custody import dismiss, resend
 from delivery.ledger import action_for
-from jobs.models import OpsAction
+from jobs import audit
 from jobs.services import Services
 
 router = APIRouter(prefix="/api/v1")
@@ -118,19 +118,18 @@ async def bulk(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, 
     actor = actor_of(request)
     out["affected"], out["refused"] = await _apply(svc, str(action), ids, actor)
     async with svc.sessionmaker() as s:
-        s.add(
-            OpsAction(
-                action=f"bulk.{action}",
-                target="deliveries",
-                actor=actor,
-                details={
-                    "filter": flt,
-                    "matched": matched,
-                    "taken": len(ids),
-                    "affected": out["affected"],
-                    "result": "ok" if out["affected"] == len(ids) else "partial",
-                },
-            )
+        audit.record(
+            s,
+            action=f"bulk.{action}",
+            target="deliveries",
+            actor=actor,
+            details={
+                "filter": flt,
+                "matched": matched,
+                "taken": len(ids),
+                "affected": out["affected"],
+                "result": "ok" if out["affected"] == len(ids) else "partial",
+            },
         )
         await s.commit()
     return out

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dashboard.tokens import Identity, TokenKey, cookie_value, identify, verify_browser
-from jobs.models import OpsAction
+from jobs import audit
 from jobs.settings import Settings
 
 #: set in the scope when the caller was identified by the page's session cookie
@@ -436,13 +436,12 @@ class Guard:
 
         try:
             async with svc.sessionmaker() as s:
-                s.add(
-                    OpsAction(
-                        action="refused",
-                        target=f"{method} {path}"[:255],
-                        actor=identity.actor[:128],
-                        details={"kind": identity.kind},
-                    )
+                audit.record(
+                    s,
+                    action="refused",
+                    target=f"{method} {path}"[:255],
+                    actor=identity.actor[:128],
+                    details={"kind": identity.kind},
                 )
                 await s.commit()
         except Exception as exc:  # the refusal stands whether or not it was recorded

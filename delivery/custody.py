@@ -36,8 +36,9 @@ from delivery.ledger import (
     deliver_once,
 )
 from delivery.plan import SEALED_RESULT, plan
+from jobs import audit
 from jobs.db import Sessions, rowcount
-from jobs.models import PENDING, Delivery, DeliveryStatus, OpsAction
+from jobs.models import PENDING, Delivery, DeliveryStatus
 from jobs.services import Services
 
 STATUSES = tuple(str(s) for s in DeliveryStatus)
@@ -99,13 +100,12 @@ async def _audit(
     sessionmaker: Sessions, action: str, row: Delivery, actor: str, **details: Any
 ) -> None:
     async with sessionmaker() as s:
-        s.add(
-            OpsAction(
-                action=action,
-                target=str(row.id),
-                actor=actor or "",
-                details={"recipient": row.recipient, "job_id": row.job_id, **details},
-            )
+        audit.record(
+            s,
+            action=action,
+            target=str(row.id),
+            actor=actor or "",
+            details={"recipient": row.recipient, "job_id": row.job_id, **details},
         )
         await s.commit()
 

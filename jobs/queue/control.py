@@ -9,8 +9,9 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from jobs import audit
 from jobs.constants import FN_RUN_JOB
-from jobs.models import FINAL_STATUSES, Job, OpsAction
+from jobs.models import FINAL_STATUSES, Job
 from jobs.queue import incidents, store
 from jobs.queue.broker import enqueue, publish_cancel, publish_job_event, remove
 from jobs.queue.filters import JobFilter, parse_time
@@ -40,7 +41,7 @@ class ActionResult:
 
 async def _audit(svc: Services, action: str, target: str, actor: str, **details: Any) -> None:
     async with svc.sessionmaker() as s:
-        s.add(OpsAction(action=action, target=target, actor=actor or "", details=details))
+        audit.record(s, action=action, target=target, actor=actor, details=details)
         await s.commit()
 
 

@@ -18,8 +18,9 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from jobs import audit
 from jobs.db import Sessions, engine_of, rowcount
-from jobs.models import Incident, OpsAction, new_id
+from jobs.models import Incident, new_id
 
 log = logging.getLogger("skilljobs.incidents")
 
@@ -186,7 +187,7 @@ async def ack(
         )
         if rowcount(res) != 1:
             raise LookupError(f"no incident {incident_id!r}")
-        s.add(OpsAction(action="incident.ack", target=incident_id, actor=actor))
+        audit.record(s, action="incident.ack", target=incident_id, actor=actor)
         await s.commit()
         row = await s.get(Incident, incident_id)
     assert row is not None

@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import Any, cast
 
-from jobs.models import OpsAction
+from jobs import audit
 from jobs.queue import broker
 from jobs.services import Services, connect_redis
 from jobs.settings import Settings
@@ -20,7 +20,7 @@ class UnknownSkill(LookupError):
 
 async def _audit(svc: Services, action: str, skill: str, actor: str, **details: Any) -> None:
     async with svc.sessionmaker() as s:
-        s.add(OpsAction(action=action, target=skill[:255], actor=actor or "", details=details))
+        audit.record(s, action=action, target=skill, actor=actor, details=details)
         await s.commit()
 
 
