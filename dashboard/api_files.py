@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse
 from sqlalchemy import select
 
 from dashboard.errors import ApiError
-from jobs.links import FILE_KIND, LinkError, file_link_key, verify
+from jobs.links import FILE_KIND, LinkError, file_link_key, file_path, verify
 from jobs.media import guess_mime
 from jobs.models import Artifact
 from jobs.services import Services
@@ -58,11 +58,12 @@ async def download(token: str, request: Request) -> FileResponse:
 def _check(settings: Settings, token: str) -> tuple[dict[str, Any], Path]:
     """The link's claims and its file, which must still be a file inside the workspace
     root under the very path that was signed (file reads: run in a thread)."""
+    key = file_link_key(settings)
     try:
-        claims = verify(file_link_key(settings), token, FILE_KIND)
+        claims = verify(key, token, FILE_KIND)
     except LinkError as exc:
         raise ApiError(403, str(exc)) from exc
-    path = claims.get("p")
+    path = file_path(key, claims)
     if not isinstance(path, str) or not path:
         raise ApiError(403, "this link is not for this use")
     root = Path(os.path.realpath(settings.resolved_workspace_root))

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote_to_bytes, urlsplit
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -42,6 +42,8 @@ MB = 1024 * 1024
 INT_MAX = 2**63 - 1
 BODY_TIMEOUT_S = 30.0
 MAX_DEPTH = 64
+DISPATCH_INPUT = frozenset({"input"})
+MAX_ID_CHARS = 255
 
 OPEN_EXACT = frozenset({"/", "/healthz", "/readyz", "/favicon.ico"})
 OPEN_PREFIXES = ("/static/", "/files/")
@@ -194,6 +196,63 @@ def check_numbers(path: str, query: str) -> None:
     for name, value in parse_qsl(query, keep_blank_values=True):
         if len(value) > 18 and _too_big(value.strip()):
             raise Refusal(400, f"{name}: number out of range (at most 2^63-1)")
+
+
+def _text_of(raw: bytes, what: str) -> str:
+    """``raw`` (percent-encoded) as text; Refusal (400) for NUL or bytes that are not UTF-8."""
+    data = unquote_to_bytes(raw.replace(b"+", b" "))
+    if b"\x00" in data:
+        raise Refusal(400, f"{what} contains a NUL character")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refusal(400, f"{what} is not valid UTF-8 (byte {exc.start})") from exc
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        raise Refusal(400, f"{what} contains invalid Unicode (a lone surrogate)")
+    return text
+
+
+def check_text(scope: Scope, headers: dict[bytes, bytes]) -> None:
+    """NUL and invalid Unicode in the path, the query or a header are a 400 naming where
+    (they cannot be stored, and would otherwise surface as a server error)."""
+    raw_path = scope.get("raw_path") or str(scope.get("path", "")).encode("utf-8", "replace")
+    path = _text_of(raw_path.split(b"?", 1)[0], "the path")
+    if path.startswith("/api/"):
+        for i, seg in enumerate(path.split("/")):
+            if len(seg) > MAX_ID_CHARS:  # no id is longer than its column
+                raise Refusal(400, f"path segment {i} is longer than {MAX_ID_CHARS} characters")
+    query = scope.get("query_string") or b""
+    for pair in query.split(b"&"):
+        if not pair:
+            continue
+        name, _, value = pair.partition(b"=")
+        label = _text_of(name, "a query parameter name")
+        _text_of(value, f"query parameter {label[:40]!r}")
+    for name, value in headers.items():
+        if b"\x00" in value:
+            raise Refusal(400, f"header {name.decode('latin-1')[:40]!r} contains a NUL character")
+
+
+def check_json_text(value: Any, where: str = "", skip: frozenset[str] = frozenset()) -> None:
+    """Refuse (400, naming the field) a JSON body holding NUL or a lone surrogate in a key
+    or a text value; the top-level fields in ``skip`` are judged later (a dispatch's
+    ``input`` has its invalid text replaced, not refused)."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, str):
+            if "\x00" in v:
+                raise Refusal(400, f"{at or 'body'}: contains a NUL character")
+            if any("\ud800" <= c <= "\udfff" for c in v):
+                raise Refusal(400, f"{at or 'body'}: contains invalid Unicode (a lone surrogate)")
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                name = f"{at}.{k}" if at else str(k)
+                stack.append((k, f"{name} (key)"))
+                if not (at == "" and k in skip):
+                    stack.append((x, name))
+        elif isinstance(v, list):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
 
 
 class Failures:
@@ -350,6 +409,7 @@ class Guard:
                 raise
         elif method not in SAFE_METHODS:
             self.check_origin(method, headers, host)
+        check_text(scope, headers)
         check_numbers(path, scope.get("query_string", b"").decode("latin-1"))
         return await self.capped(scope, headers, receive)
 
@@ -395,6 +455,8 @@ class Guard:
         if body:
             value = parse_json(body)
             if value is not NOT_PARSED:
+                skip = DISPATCH_INPUT if scope["path"] == "/api/v1/dispatch" else frozenset()
+                check_json_text(value, skip=skip)
                 scope[PARSED_BODY] = value
         replayed = False
 

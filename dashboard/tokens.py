@@ -101,18 +101,20 @@ def secret_of(value: object) -> str | None:
 def identify(settings: Settings, key: bytes | None, supplied: str | None) -> Identity | None:
     """The caller's identity from a presented token; ``None`` when it grants nothing.
 
-    Without an operator token (loopback-only mode) a caller presenting nothing is admin."""
+    A caller presenting nothing is nobody, on loopback too: any local process (a skill
+    included) can reach a loopback port, so being local proves nothing. ``skilljobs web``
+    and ``up`` always run with an admin token (generated when none is configured)."""
     admin = secret_of(settings.api_token)
     read = secret_of(settings.api_read_token)
     if not supplied:
-        return ADMIN if admin is None else None
+        return None
     if _equal(supplied, admin):
         return ADMIN
     if _equal(supplied, read):
         return READ
     if key is not None and supplied.startswith(PREFIX):
         return verify(key, supplied)
-    return ADMIN if admin is None and read is None else None
+    return None
 
 
 # --- the browser session: the page's HttpOnly cookie ------------------------------------

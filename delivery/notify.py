@@ -92,11 +92,27 @@ def _resolve(settings: Settings, target: Any) -> tuple[list[tuple[str, bool]], s
     if target in aliases:
         if not aliases[target]:
             return [], f"notify target {target!r} has no URLs configured"
-        return [(u, False) for u in aliases[target]], None
+        return [(u, False) for a in aliases[target] for u in split_urls(a)], None
     if _URL_RE.match(target):
-        return [(target, True)], None
+        return [(u, True) for u in split_urls(target)], None
     known = ", ".join(sorted(aliases)) or "none configured"
-    return [], f"unknown notify target {target!r} (aliases: {known}; or give an Apprise URL)"
+    return [], f"unknown notify target {shown(target)!r} (aliases: {known}; or give an Apprise URL)"
+
+
+def shown(target: str) -> str:
+    """A target as it may be shown: any URL in it masked (credentials never echoed)."""
+    if "://" not in target:
+        return target
+    return ", ".join(mask_url(u) for u in split_urls(target))
+
+
+def split_urls(text: str) -> list[str]:
+    """The URLs Apprise itself would find in ``text`` (it splits on commas, spaces and
+    more): each one is vetted on its own, so a second URL cannot ride along unvetted."""
+    from apprise.utils.parse import parse_urls
+
+    found = [u for u in parse_urls(text) if isinstance(u, str) and u.strip()]  # type: ignore[no-untyped-call]
+    return found or [text]
 
 
 def bare_url_allowed(url: str, allow: list[str]) -> bool:
@@ -184,6 +200,8 @@ def _send_blocking(url: str, body: str, title: str, paths: list[str]) -> tuple[b
     ap = apprise.Apprise()
     if not ap.add(url):
         return False, "not a valid Apprise URL (unknown scheme or missing parts)"
+    if len(ap) != 1:  # vetted as one URL: never send to more than that one
+        return False, "not a single Apprise URL"
     attach = apprise.AppriseAttachment(paths) if paths else None
     if attach is not None and len(attach) != len(paths):
         return False, "an attachment could not be read"
@@ -253,13 +271,15 @@ async def notify(
     """Send ``message`` to every URL of ``target`` (an alias or an allow-listed bare URL),
     with ``attach`` taken only from inside ``workspace`` (``None``: no attachments).
 
+    ``target`` is split the way Apprise splits it (commas, spaces, …) and every URL is
+    vetted; when any one is refused, nothing is sent.
+
     Returns ``{"ok", "sent": [masked url…], "failed": [{"target", "error"}…], "message"}``
     with ``ok = bool(sent) and not failed``.
     """
-    label = target if isinstance(target, str) and not _URL_RE.match(target) else None
     urls, err = _resolve(settings, target)
     if err:
-        return _result([], [{"target": str(label or mask_url(str(target))), "error": err}])
+        return _result([], [{"target": shown(str(target)), "error": err}])
     body = message if isinstance(message, str) else ("" if message is None else str(message))
     paths, err = _check_attachments(attach, workspace)
     if not err and not body.strip() and not paths:
@@ -267,6 +287,14 @@ async def notify(
     if err:
         return _result([], [{"target": mask_url(u), "error": err} for u, _ in urls])
     allowed, failed = await _vet(settings, urls, resolver)
+    if failed:  # one refused URL refuses the call: nothing is sent to the others either
+        refused = {f["target"] for f in failed}
+        failed += [
+            {"target": mask_url(u), "error": "not sent: another target of this call was refused"}
+            for u in allowed
+            if mask_url(u) not in refused
+        ]
+        return _result([], failed)
     # a skill's notification inside a job's run is ledgered (jobs.sendscope): a re-run of
     # the job does not notify again
     digest = hashlib.sha256("\x1f".join([body, title or "", *paths]).encode()).hexdigest()[:32]

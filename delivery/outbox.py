@@ -133,6 +133,12 @@ def _ms() -> int:
     return int(time.time() * 1000)
 
 
+def _queue_of(row: Delivery) -> str:
+    """The chat a parked row is queued under: its ledger recipient (a reply's ``#anchor``
+    travels in the row's content, so one queue per chat)."""
+    return str(row.recipient).partition("#")[0]
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -402,6 +408,18 @@ class Outbox:
                             return
                         continue
                     head = await self._load(int(_text(raw)))
+                    if head is not None and _queue_of(head) != recipient:
+                        # Redis decides nothing about recipients: the ledger row does. A row
+                        # under another chat's key is not sent from here (the sweep puts it
+                        # back under its own recipient).
+                        log.warning(
+                            "outbox: delivery %s is queued under %r but its ledger row is "
+                            "for %r; not sent from this queue",
+                            head.id,
+                            recipient,
+                            head.recipient,
+                        )
+                        head = None
                     if head is None:  # recorded meanwhile: sent, failed, unknown, dismissed
                         await self.script("pop")(
                             keys=[q, self.due_key], args=[_text(raw), recipient]
@@ -459,7 +477,7 @@ class Outbox:
         if not isinstance(adapter, LimitedChannel):
             log.warning("outbox: channel %r is not configured here; leaving it", row.channel)
             return 5000, False
-        contact = recipient.partition(":")[2]
+        contact = _queue_of(row).partition(":")[2]  # the ledger's, never the queue key's
         target = parse_target(contact)
         if adapter.limiter is not None:
             # the last answer here said when the chat's next token is due: no need to ask

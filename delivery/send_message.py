@@ -19,6 +19,7 @@ import asyncio
 import fnmatch
 import hashlib
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -310,6 +311,21 @@ async def send_ledgered(
     return queued
 
 
+async def _screen(
+    sessionmaker: Any,
+    sender: Sender,
+    recipients: list[tuple[str, str]],
+    failed: list[dict[str, str]],
+) -> list[tuple[str, str]]:
+    """The recipients ``sender`` may reach; each other one is a failed entry with why."""
+    refused = await _web_refusals(sessionmaker, sender, recipients)
+    for ch, c in recipients:
+        why = sender.reason_refused(ch, c) or refused.get((ch, c))
+        if why:
+            failed.append({"target": f"{ch}:{c}", "error": why})
+    return [r for r in recipients if f"{r[0]}:{r[1]}" not in {f["target"] for f in failed}]
+
+
 async def send_message(
     channels: dict[str, Channel],
     *,
@@ -321,23 +337,21 @@ async def send_message(
     backoff: float = 1.0,
     sender: Sender | None = None,
     sessionmaker: Sessions | None = None,
+    wait: bool = False,
 ) -> dict[str, Any]:
     """Send ``text`` and ``attachments`` (only from inside ``workspace``) to every recipient
     in ``to``; a ``sender`` (a skill) is held to the recipient rules above.
+
+    ``wait``: a recipient whose message the rate limiter parked in the outbox is waited for
+    (within what is left of the run's wall clock) and then answered as ``sent`` (or
+    ``failed``); one still parked when time is up stays under ``queued``.
 
     Returns ``{"ok", "sent": ["<channel>:<contact>"…], "failed": [{"target", "error"}…],
     "message"}`` with ``ok = bool(sent) and not failed``.
     """
     recipients, failed = parse_recipients(to, channel)
     if sender is not None:
-        refused = await _web_refusals(sessionmaker, sender, recipients)
-        for ch, c in recipients:
-            why = sender.reason_refused(ch, c) or refused.get((ch, c))
-            if why:
-                failed.append({"target": f"{ch}:{c}", "error": why})
-        recipients = [
-            r for r in recipients if f"{r[0]}:{r[1]}" not in {f["target"] for f in failed}
-        ]
+        recipients = await _screen(sessionmaker, sender, recipients, failed)
     body = text if isinstance(text, str) else ("" if text is None else str(text))
     paths, err = _attachment_paths(attachments, workspace)
     if err is None and not body.strip() and not paths:
@@ -389,7 +403,60 @@ async def send_message(
             sent.append(target)
     if not recipients and not failed:
         failed.append({"target": str(to), "error": "no recipient given"})
+    if wait and waiting and sessionmaker is not None:
+        waiting = await _wait_parked(sessionmaker, waiting, sent, failed)
     return _result(sent, failed, waiting)
+
+
+WAIT_POLL_S = 0.1
+WAIT_DEFAULT_S = 60.0  # outside a run (no wall clock): how long ``wait`` waits at most
+WAIT_MARGIN_S = 1.0  # left of the run's wall clock for the skill to answer
+
+
+async def _wait_parked(
+    sessionmaker: Any,
+    waiting: list[dict[str, Any]],
+    sent: list[str],
+    failed: list[dict[str, str]],
+) -> list[dict[str, Any]]:
+    """Wait until the parked deliveries of ``waiting`` are recorded (the outbox sends them),
+    at most until the run's wall clock is nearly over; a recipient all of whose parts went
+    out joins ``sent``, one with a failed part joins ``failed``. The still-parked rest."""
+    from sqlalchemy import select
+
+    from jobs.execution.callskill import WALL_DEADLINE
+    from jobs.models import Delivery
+
+    deadline = WALL_DEADLINE.get()
+    end = deadline - WAIT_MARGIN_S if deadline is not None else time.monotonic() + WAIT_DEFAULT_S
+    ids = {i for w in waiting for i in w["delivery_ids"]}
+    status: dict[int, tuple[str, str | None]] = {}
+    while True:
+        async with sessionmaker() as s:
+            rows = (
+                await s.execute(
+                    select(Delivery.id, Delivery.status, Delivery.error).where(
+                        Delivery.id.in_(list(ids))
+                    )
+                )
+            ).all()
+        status = {int(r[0]): (str(r[1]), r[2]) for r in rows}
+        if all(status.get(i, ("", None))[0] not in ("pending", "sending") for i in ids):
+            break
+        if time.monotonic() + WAIT_POLL_S > end:
+            break
+        await asyncio.sleep(WAIT_POLL_S)
+    still: list[dict[str, Any]] = []
+    for w in waiting:
+        states = [status.get(i, ("pending", None)) for i in w["delivery_ids"]]
+        if all(st == "sent" for st, _ in states):
+            sent.append(w["target"])
+        elif any(st in ("pending", "sending") for st, _ in states):
+            still.append(w)
+        else:
+            why = next((e or st for st, e in states if st != "sent"), "not sent")
+            failed.append({"target": w["target"], "error": f"{why}"})
+    return still
 
 
 def _result(

@@ -419,6 +419,60 @@ def secret_values(ctx: Mapping[str, Any], skill: str) -> list[str]:
     return sorted(found, key=lambda v: (-len(v), v))
 
 
+_CREDENTIAL_WORDS = frozenset(
+    "password passwd passphrase secret token authorization auth credential credentials "
+    "apikey cookie".split()
+)
+_KEY_KINDS = frozenset("api access private secret app client license signing encryption".split())
+_CAMEL_SPLIT = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def is_credential_name(key: str) -> bool:
+    """A key that names a credential for certain (``api_key``, ``password``,
+    ``Authorization``, ``accessToken``), not merely one containing "key" (``keywords``)."""
+    words = _CAMEL_SPLIT.sub("_", key).replace("-", "_").lower().split("_")
+    if any(w in _CREDENTIAL_WORDS for w in words):
+        return True
+    return len(words) > 1 and words[-1] in ("key", "keys") and words[-2] in _KEY_KINDS
+
+
+def input_secrets(data: Any, depth: int = 0) -> list[str]:
+    """The values of credential-named fields of an input (``api_key``, ``password``,
+    ``Authorization``…), at any depth: what a skill echoing its input must not hand back."""
+    found: list[str] = []
+    if depth > 32:
+        return found
+    if isinstance(data, Mapping):
+        for key, value in data.items():
+            if isinstance(key, str) and is_credential_name(key) and isinstance(value, str):
+                if len(value) >= MIN_SCRUB_LEN:
+                    found.append(value)
+            elif isinstance(value, Mapping | list):
+                found += input_secrets(value, depth + 1)
+    elif isinstance(data, list):
+        for value in data:
+            found += input_secrets(value, depth + 1)
+    return found
+
+
+def mask_credentials(obj: Any, mask: str = "••••••", depth: int = 0) -> Any:
+    """``obj`` with the text values of credential-named fields masked, at any depth."""
+    if depth > 64:
+        return obj
+    if isinstance(obj, dict):
+        return {
+            k: (
+                mask
+                if isinstance(k, str) and is_credential_name(k) and isinstance(v, str) and v
+                else mask_credentials(v, mask, depth + 1)
+            )
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list):
+        return [mask_credentials(v, mask, depth + 1) for v in obj]
+    return obj
+
+
 def scrub(obj: Any, secrets: list[str], mask: str = "••••••") -> Any:
     """``obj`` with every occurrence of the given secret values replaced by ``mask``."""
     if isinstance(obj, str):

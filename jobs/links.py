@@ -72,12 +72,35 @@ def file_link_key(settings: Settings) -> bytes:
     return derive_key(load_or_create_key(settings.data_dir, configured), "file-link")
 
 
+def _path_box(key: bytes) -> Any:
+    from cryptography.fernet import Fernet
+
+    return Fernet(base64.urlsafe_b64encode(derive_key(key, "file-path")))
+
+
 def file_link(key: bytes, job_id: str | None, path: str, ttl_sec: float) -> str:
-    """``/files/<token>`` for one delivered file (``job_id`` names the artifact's job)."""
-    claims: dict[str, Any] = {"p": path}
+    """``/files/<token>`` for one delivered file (``job_id`` names the artifact's job).
+
+    The link's readable part holds an opaque id (the path, encrypted), never the server's
+    path: whoever holds a link learns nothing about where the file lives."""
+    opaque = _path_box(key).encrypt(path.encode("utf-8")).decode("ascii")
+    claims: dict[str, Any] = {"f": opaque}
     if job_id:
         claims["j"] = job_id
     return FILE_ROUTE + sign(key, FILE_KIND, claims, ttl_sec)
+
+
+def file_path(key: bytes, claims: dict[str, Any]) -> str | None:
+    """The path a verified file link's opaque id stands for (None: not a file link)."""
+    opaque = claims.get("f")
+    if not isinstance(opaque, str) or not opaque:
+        return None
+    from cryptography.fernet import InvalidToken
+
+    try:
+        return str(_path_box(key).decrypt(opaque.encode("ascii")).decode("utf-8"))
+    except (InvalidToken, ValueError, UnicodeError):
+        return None
 
 
 def _mac(key: bytes, payload: str) -> bytes:

@@ -87,6 +87,39 @@ def _clean(value: Any, notes: Notes, depth: int = 0) -> Any:
     return _clean_str(str(value), notes)
 
 
+#: the result field naming where invalid text was replaced by U+FFFD (C24)
+TEXT_REPLACED = "text_replaced"
+_INVALID = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(value: Any, where: str = "", depth: int = 0) -> tuple[Any, list[str]]:
+    """``value`` with lone surrogates (a string cut inside an emoji, undecodable bytes)
+    replaced by U+FFFD, and where that was done (at most 20 places named)."""
+    if isinstance(value, str):
+        if _INVALID.search(value) is None:
+            return value, []
+        return _INVALID.sub("\ufffd", value), [where or "value"]
+    if depth > 200 or not isinstance(value, dict | list):
+        return value, []
+    places: list[str] = []
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            if isinstance(k, str) and _INVALID.search(k):
+                k = _INVALID.sub("\ufffd", k)
+                places.append(f"{where}.{k}" if where else k)
+            fixed, found = valid_text(v, f"{where}.{k}" if where else str(k), depth + 1)
+            out[k] = fixed
+            places += found
+        return (out if places else value), places[:20]
+    items = []
+    for i, v in enumerate(value):
+        fixed, found = valid_text(v, f"{where}[{i}]", depth + 1)
+        items.append(fixed)
+        places += found
+    return (items if places else value), places[:20]
+
+
 def text(value: str | None, notes: Notes | None = None, *, cap: int = TEXT_CAP) -> str | None:
     """``value`` fit for a text column: escaped and capped to ``cap`` characters."""
     if value is None:

@@ -86,7 +86,10 @@ def web(
     setup_logging(settings)
     telemetry.setup("skilljobs-web")
     private_files(settings)
-    check_bind(settings, host)
+    check_bind(settings, host)  # a public address needs a token the operator chose
+    if not settings.api_token:
+        admin_token(settings)
+        typer.echo(f"API token (admin): {settings.data_dir / 'api_token'}", err=True)
 
     async def _go() -> None:
         svc = await _open(settings)
@@ -135,15 +138,7 @@ def up(
             raise
         settings.redis_url = url
         write_private(embedded_url_file(settings), url)  # it holds the password
-    token = (
-        settings.api_token.get_secret_value()
-        if settings.api_token
-        else ensure_local_token(settings)
-    )
-    if not settings.api_token:
-        from pydantic import SecretStr
-
-        settings.api_token = SecretStr(token)
+    token = admin_token(settings)
     check_bind(settings, host)
 
     async def _go() -> None:
@@ -249,6 +244,18 @@ def private_files(settings: Settings) -> None:
 def embedded_url_file(settings: Settings) -> Path:
     """Where `skilljobs up` leaves its embedded Redis URL for other commands to find."""
     return settings.data_dir / "redis" / "url"
+
+
+def admin_token(settings: Settings) -> str:
+    """The admin token the web app runs with: the configured one, else the one kept
+    (0600) in the data dir, generated on first use. There is no tokenless admin."""
+    if settings.api_token and settings.api_token.get_secret_value():
+        return settings.api_token.get_secret_value()
+    from pydantic import SecretStr
+
+    token = ensure_local_token(settings)
+    settings.api_token = SecretStr(token)
+    return token
 
 
 def ensure_local_token(settings: Settings) -> str:

@@ -31,7 +31,9 @@ from delivery.net.fetch import SafeFetcher
 from jobs import privileges
 from jobs.catalog.configs import ConfigStore
 from jobs.context import (
+    input_secrets,
     lookup_config,
+    mask_credentials,
     resolve_file_params,
     scrub,
     secret_values,
@@ -48,6 +50,7 @@ from jobs.execution.skill_output import exit_failure
 from jobs.logs import register_secrets
 from jobs.settings import BUNDLED_SKILLS, Settings
 from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillRegistry, SkillType
+from jobs.storable import TEXT_REPLACED, valid_text
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +263,9 @@ class Executor:
         t0 = time.perf_counter()
         name = skill if isinstance(skill, str) else getattr(skill, "name", None) or repr(skill)
         secrets = secret_values(ctx, name) if isinstance(ctx, Mapping) else []
+        # a credential given in the input (api_key, password, Authorization) and echoed
+        # back by the skill is masked in the result as it is in the stored input
+        secrets += input_secrets(input_data)
         # Every line (chat, background, chains): the run's secret configs join the log
         # filter before the skill can log anything.
         register_secrets(secrets)
@@ -276,6 +282,15 @@ class Executor:
                 secrets.append(env["MYINC_LLM_KEY"])
         if secrets:
             _scrub_outcome(out, secrets)
+        out.result = mask_credentials(out.result)
+        # valid text at the boundary: a lone surrogate (a string cut inside an emoji,
+        # undecodable bytes) becomes U+FFFD, and the result says where (C24)
+        out.result, replaced = valid_text(out.result)
+        if replaced:
+            out.result = {**out.result, TEXT_REPLACED: replaced}
+        if out.error:
+            out.error = str(valid_text(out.error)[0])
+            log.info("skill %s: invalid text replaced by U+FFFD in %s", name, replaced)
         if out.status != "succeeded":
             log_outcome(name, out)
         return out
@@ -551,6 +566,16 @@ class Executor:
                     skill, input_data, rc, self.http, wall=wall, fetcher=self.outbound()
                 )
                 return await inprocess.with_wall(coro, wall), Printed()
+        except subproc.ArgumentRefused as exc:
+            return failure(
+                f"input field {exc.field!r} was refused: {exc.reason}",
+                error_type="recoverable",
+                need_param=[exc.field],
+                field=exc.field,
+                skill=skill.name,
+            ), Printed()
+        except inputs.Refused as exc:
+            return inputs.refusal(exc, skill.name), Printed()
         except subproc.SetupError as exc:
             return failure(
                 f"skill {skill.name!r} cannot start: {exc}",
@@ -598,7 +623,24 @@ class Executor:
             skill = replace(skill, exec_type=ExecType.PYTHON_CLI)
         ws = str(rc.get("workspace_dir") or "")
         skill_dir = subproc.skill_dir(skill)
-        argv = subproc.build_command(skill, input_data, workspace=ws, skill_dir=skill_dir)
+        conf = inputs.Confinement(ws or None, _attachments(rc))
+        schema = skill.input_schema
+
+        def check(key: str, value: str, kind: str) -> None:
+            # C21: what the program reads as a path is confined, whatever the key's spelling
+            # (file_path, filePath, file-path, an abbreviation argparse expands: "--fil");
+            # a path-shaped positional is a path
+            mode = inputs.mode_of(key, schema, flag=True)
+            if mode == "any" and kind == "positional":
+                mode = "media"
+            if mode == "strong" and not inputs.looks_like_url(value):
+                conf.check(key, value)
+            elif mode == "media" and inputs.looks_like_path(value):
+                conf.check(key, value)
+
+        argv = subproc.build_command(
+            skill, input_data, workspace=ws, skill_dir=skill_dir, check=check
+        )
         env = subproc.build_env(
             skill, rc, input_data, workspace=ws, llm_env=llm, passthrough=self.env_passthrough
         )

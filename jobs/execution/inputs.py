@@ -8,9 +8,10 @@ Which values are file-like:
 
 * a property the skill's schema marks with ``format: path`` / ``format: file`` (or
   ``x-file: true``);
-* a field whose name says so: ``path``, ``file``, ``filename``, ``local_path``, ``attach``,
-  ``attachments``, ``paths``, ``files``, ``dir``, ``directory`` and names ending in
-  ``_path``, ``_file``, ``_paths``, ``_files``, ``_dir``;
+* a field whose name says so, however it is spelled (``file_path``, ``filePath``,
+  ``file-path`` are one name): ``path``, ``file``, ``filename``, ``local_path``, ``attach``,
+  ``attachments``, ``paths``, ``files``, ``dir``, ``directory``, names ending in
+  ``_path``, ``_file``, ``_paths``, ``_files``, ``_dir`` and names with one of those words;
 * a conventional media field (``input``, ``output``, ``src``, ``dst``, ``image``, ``video``,
   ``audio``, …) whose value looks like a path (one line, absolute, ``~/`` or containing a
   ``..`` segment).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -84,9 +86,21 @@ class Refused(ValueError):
         self.field, self.value, self.reason = field, value, reason
 
 
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def canonical(key: str) -> str:
+    """``filePath``, ``file-path``, ``FILE_PATH`` → ``file_path``: one spelling for the
+    name rules, since a CLI renders ``file_path`` and ``file-path`` as the same flag."""
+    return _CAMEL.sub("_", key).replace("-", "_").lower()
+
+
 def _is_strong(key: str) -> bool:
-    k = key.lower()
-    return k in STRONG_NAMES or k.endswith(STRONG_SUFFIXES)
+    k = canonical(key)
+    if k in STRONG_NAMES or k.endswith(STRONG_SUFFIXES):
+        return True
+    # inputFile, sourcePaths, file_name: any word of the name that says "file"
+    return any(w in STRONG_NAMES for w in k.split("_"))
 
 
 def _schema_paths(schema: Any) -> frozenset[str]:
@@ -188,7 +202,33 @@ def _walk(conf: Confinement, field: str, value: Any, mode: str, depth: int) -> N
 def _mode(key: str, schema_paths: frozenset[str]) -> str:
     if key in schema_paths or _is_strong(key):
         return "strong"
-    return "media" if key.lower() in MEDIA_NAMES else "any"
+    return "media" if canonical(key) in MEDIA_NAMES else "any"
+
+
+_FLAG_FILE_NAMES = (*STRONG_NAMES, "file_path", "input_file", "output_file", "file_name")
+
+
+def mode_of(key: str, schema: Any = None, *, flag: bool = False) -> str:
+    """How the value of input ``key`` is judged: "strong" (always a path), "media" (a
+    path when it looks like one) or "any" (data). ``flag``: the key becomes a command-line
+    flag, and a prefix of a file flag's name (``fil``, ``file-p``) is read as that flag by
+    argparse, so it is judged as one."""
+    mode = _mode(key, _schema_paths(schema))
+    if mode == "any" and flag:
+        k = canonical(key)
+        if k and any(name.startswith(k) for name in _FLAG_FILE_NAMES):
+            return "strong"
+    return mode
+
+
+def looks_like_url(value: str) -> bool:
+    """Not a path at all: empty, a URL, ``data:``, multi-line or with NUL."""
+    return _not_a_path(value)
+
+
+def looks_like_path(value: str) -> bool:
+    """A one-line value that names a file: absolute, ``~``-relative or with ``..``."""
+    return not _not_a_path(value) and _looks_like_path(value)
 
 
 def confine(

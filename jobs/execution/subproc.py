@@ -18,7 +18,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,9 @@ __all__ = [
     "ERROR_TAIL",
     "LOG_CAP",
     "OUTPUT_CAP",
+    "ArgumentRefused",
     "SetupError",
+    "build_args",
     "build_command",
     "build_env",
     "decode",
@@ -125,8 +127,44 @@ def skill_dir(skill: Skill) -> str:
     return str(Path(skill.path).resolve())
 
 
+_FLAG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
+_OPTION_LIKE = re.compile(r"-+[A-Za-z_]")  # "--file=/x", "-f": read as an option, not a value
+
+# Checks one rendered value: (input key, the argv item as the program will see it,
+# "positional" for an x-cli-positional value | "flag" for a flag's value or list item);
+# raises to refuse. The executor passes its file confinement.
+ArgCheck = Callable[[str, str, str], None]
+
+
+class ArgumentRefused(ValueError):
+    """An input key or value cannot go on the command line as given (recoverable: the
+    model can rename the key or pass the value another way); ``field`` names the key."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
+
+
 def _flag(key: str) -> str:
+    if not _FLAG_NAME.match(key):
+        raise ArgumentRefused(
+            key,
+            f"input key {key!r} cannot become a command-line flag: a flag name is letters, "
+            "digits, '_' and '-' starting with a letter or '_' (no '=', no leading '-', "
+            "no spaces)",
+        )
     return "--" + key.replace("_", "-")
+
+
+def _value(key: str, v: str) -> str:
+    """A list item or positional value the program would read as an option is refused."""
+    if _OPTION_LIKE.match(v):
+        raise ArgumentRefused(
+            key,
+            f"the value {v[:40]!r} of input {key!r} would be read as a command-line option; "
+            "values may not start with '-' followed by a letter",
+        )
+    return v
 
 
 def _scalar(v: Any) -> str:
@@ -137,35 +175,63 @@ def _scalar(v: Any) -> str:
     return str(v)
 
 
-def build_args(
-    skill: Skill, input_data: Mapping[str, Any], *, workspace: str = "", skill_dir: str = ""
-) -> list[str]:
-    """Input → argv: ``_subcommand`` first (cli_commands), ``x-cli-positional`` properties
-    next, then ``True → --flag``, False/None omitted, lists expanded, dicts as JSON,
-    ``key_name → --key-name``; ``{baseDir}`` / ``{workspace}`` placeholders filled."""
-    args: list[str] = []
-    data = dict(input_data)
-    sub = data.pop("_subcommand", None)
-    if skill.cli_commands:
-        if sub in (None, ""):
-            raise SetupError(
-                f"this skill needs a subcommand: input._subcommand must be one of {skill.cli_commands}"
-            )
-        if str(sub) not in skill.cli_commands:
-            raise SetupError(f"unknown subcommand {sub!r}; expected one of {skill.cli_commands}")
-        args.append(str(sub))
+def _subcommand(skill: Skill, sub: Any) -> list[str]:
+    if not skill.cli_commands:
+        return []
+    if sub in (None, ""):
+        raise SetupError(
+            f"this skill needs a subcommand: input._subcommand must be one of {skill.cli_commands}"
+        )
+    if str(sub) not in skill.cli_commands:
+        raise SetupError(f"unknown subcommand {sub!r}; expected one of {skill.cli_commands}")
+    return [str(sub)]
+
+
+def _properties(skill: Skill, sub: Any) -> dict[str, Any]:
     schema = skill.input_schema or {}
     sub_schemas = getattr(skill, "cli_command_schemas", None) or {}
     if sub not in (None, "") and isinstance(sub_schemas.get(str(sub)), dict):
         schema = sub_schemas[str(sub)]
-    props = schema.get("properties") or {} if isinstance(schema, dict) else {}
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    return props if isinstance(props, dict) else {}
+
+
+def build_args(
+    skill: Skill,
+    input_data: Mapping[str, Any],
+    *,
+    workspace: str = "",
+    skill_dir: str = "",
+    check: ArgCheck | None = None,
+) -> list[str]:
+    """Input → argv: ``_subcommand`` first (cli_commands), ``x-cli-positional`` properties
+    next, then ``True → --flag``, False/None omitted, lists expanded, dicts as JSON,
+    ``key_name → --key-name``; ``{baseDir}`` / ``{workspace}`` placeholders filled.
+
+    Checked as rendered (SPEC C21): flag names only from identifier keys, list items and
+    positionals never option-shaped, and ``check`` sees every rendered value with its key
+    (ArgumentRefused / the check's own exception refuse the run)."""
+    data = dict(input_data)
+    sub = data.pop("_subcommand", None)
+    args = _subcommand(skill, sub)
+    props = _properties(skill, sub)
     positional = [k for k, p in props.items() if isinstance(p, dict) and p.get("x-cli-positional")]
+    values: list[tuple[str, int, str]] = []  # (key, index in args, kind) of each value
+
+    def add(key: str, v: Any, *, item: bool, kind: str = "flag") -> None:
+        text = _scalar(v)
+        values.append((key, len(args), kind))
+        args.append(_value(key, text) if item else text)
+
     for key in positional:
         v = data.pop(key, None)
         if v is None:
             continue
-        args.extend(_scalar(x) for x in v) if isinstance(v, list) else args.append(_scalar(v))
+        for x in v if isinstance(v, list) else [v]:
+            add(key, x, item=True, kind="positional")
     for key, v in data.items():
+        if not isinstance(key, str):
+            raise ArgumentRefused(str(key), "input keys must be strings")
         if key.startswith("_") or v is None or v is False:
             continue
         if v is True:
@@ -173,19 +239,29 @@ def build_args(
         elif isinstance(v, list):
             if v:
                 args.append(_flag(key))
-                args.extend(_scalar(x) for x in v)
+                for x in v:
+                    add(key, x, item=True)
         else:
-            args.extend((_flag(key), _scalar(v)))
+            args.append(_flag(key))
+            add(key, v, item=False)
     if workspace or skill_dir:
         args = [_placeholders(a, workspace=workspace, skill_dir=skill_dir) for a in args]
+    if check is not None:
+        for key, i, kind in values:
+            check(key, args[i], kind)
     return args
 
 
 def build_command(
-    skill: Skill, input_data: Mapping[str, Any], *, workspace: str, skill_dir: str
+    skill: Skill,
+    input_data: Mapping[str, Any],
+    *,
+    workspace: str,
+    skill_dir: str,
+    check: ArgCheck | None = None,
 ) -> list[str]:
     prefix = interpreter(skill)
-    args = build_args(skill, input_data, workspace=workspace, skill_dir=skill_dir)
+    args = build_args(skill, input_data, workspace=workspace, skill_dir=skill_dir, check=check)
     if skill.exec_type is ExecType.INLINE_SHELL:
         # the command is shell source: every value put into it is quoted
         command = _placeholders(

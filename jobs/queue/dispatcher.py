@@ -22,11 +22,14 @@ from jobs.db import once_more_if_disconnected
 from jobs.envelope import failure, offload_sync
 from jobs.execution.executor import Executor
 from jobs.execution.inputs import shape_problem
+from jobs.execution.syncfiles import confine_answer
 from jobs.models import new_id
 from jobs.queue import idempotency, intake, limits, store
 from jobs.queue.broker import job_event
 from jobs.services import Services
 from jobs.skill import Skill, SkillRegistry, SkillType
+from jobs.storable import TEXT_REPLACED, valid_text
+from jobs.textcheck import context_problem, text_problem
 
 log = logging.getLogger("skilljobs.dispatch")
 
@@ -80,6 +83,28 @@ def refusal(
     status_code: int, error: str, error_type: str = "recoverable", **extra: Any
 ) -> DispatchResult:
     return DispatchResult(status_code, failure(error, error_type=error_type, **extra))
+
+
+def _typed(
+    skill: str, ctx: dict[str, Any], external_id: Any, idempotency_key: Any
+) -> DispatchResult | None:
+    """Context ids typed and every identity field storable text on both databases: else
+    400 (NUL, invalid Unicode) or 422 (wrong type, too long), naming the field."""
+    if (problem := context_problem(ctx)) is not None:
+        text = str(problem)
+        status = 400 if "NUL" in text or "Unicode" in text else 422
+        return refusal(status, text, skill=skill, field=problem.field)
+    for given, where in ((external_id, "external_id"), (idempotency_key, "idempotency_key")):
+        if isinstance(given, str) and (bad := text_problem(given)) is not None:
+            return refusal(400, f"{where} {bad}", field=where)
+    return None
+
+
+def _noted(answer: DispatchResult, replaced: list[str]) -> DispatchResult:
+    """The answer naming where the input's invalid text was replaced by U+FFFD."""
+    if replaced and isinstance(answer.body, dict):
+        answer.body = {**answer.body, TEXT_REPLACED: [f"input.{p}" for p in replaced]}
+    return answer
 
 
 def _too_big(values: dict[str, Any], skill: str) -> DispatchResult | None:
@@ -140,6 +165,12 @@ class Dispatcher:
         for value, where in ((input, "input"), (context, "context")):
             if (bad := shape_problem(value, where)) is not None:
                 return refusal(400, f"{where} refused: {bad}", skill=skill)
+        context = dict(context or {})
+        if (refused := _typed(skill, context, external_id, idempotency_key)) is not None:
+            return refused
+        # a lone surrogate in the input (a string cut inside an emoji) becomes U+FFFD; the
+        # receipt says where (C24)
+        input, replaced = valid_text(input or {})
         if idempotency_key is not None and (bad := idempotency.key_problem(idempotency_key)):
             return refusal(400, bad)
         if priority is not None and (bad := limits.priority_problem(priority)):
@@ -203,13 +234,15 @@ class Dispatcher:
                     skill=skill,
                 )
             queued = self._enqueue(found, input_data, ctx, ext, idempotency_key, priority, segment)
-            return await telemetry.traced(
+            answer = await telemetry.traced(
                 "skilljobs.dispatch", queued, attrs=_span_attrs(found, True), outcome=_answered
             )
-        sync = self._run_now(found, input_data, ctx)
-        return await telemetry.traced(
-            "skilljobs.dispatch", sync, attrs=_span_attrs(found, False), outcome=_answered
-        )
+        else:
+            sync = self._run_now(found, input_data, ctx)
+            answer = await telemetry.traced(
+                "skilljobs.dispatch", sync, attrs=_span_attrs(found, False), outcome=_answered
+            )
+        return _noted(answer, replaced)
 
     # --- sync line ----------------------------------------------------------------------
 
@@ -220,6 +253,11 @@ class Dispatcher:
         runtime = dict(ctx)
         runtime.update(fixed_segment(ctx))
         runtime.setdefault("chat_mode", True)
+        # the run's own workspace, as a background job's: the session's, else (third-party
+        # channels) one per recipient — two people never share one (C1)
+        workspace = runtime.get("workspace_dir") or self._sync_workspace(runtime)
+        if workspace:
+            runtime["workspace_dir"] = workspace
         role_id = str(ctx.get("role_id") or "")
         if role_id:
             configs = await ConfigStore(self.services.sessionmaker, self.services.box).get(
@@ -228,9 +266,29 @@ class Dispatcher:
             for k, v in flatten_configs(skill.name, configs).items():
                 runtime.setdefault(k, v)
         result = await self.executor.run(skill, input_data, runtime)
+        # files the answer names: only inside the run's workspace or attachments (C5)
+        result = confine_answer(
+            result, runtime.get("workspace_dir"), runtime.get("attachments") or ()
+        )
         # The sync answer of a large result is the offload receipt, as in the background (C4).
         settings = self.services.settings
         return DispatchResult(200, offload_sync(settings, result, runtime, skill.name))
+
+    def _sync_workspace(self, runtime: dict[str, Any]) -> str | None:
+        from types import SimpleNamespace
+
+        from jobs.context import job_workspace
+
+        who = SimpleNamespace(
+            role_id=str(runtime.get("role_id") or ""),
+            session_id=str(runtime.get("session_id") or ""),
+            channel=str(runtime.get("channel") or ""),
+            actor_key=str(runtime.get("actor_key") or ""),
+            external_id=str(runtime.get("external_id") or ""),
+        )
+        root = self.services.settings.resolved_workspace_root
+        ws = job_workspace(root, who)
+        return str(ws) if ws is not None else None
 
     # --- background line ----------------------------------------------------------------
 
@@ -250,7 +308,10 @@ class Dispatcher:
         # The key is claimed in the batch that records the job (one transaction); when it
         # exists already, it is looked up and, if it may be taken over, claimed on its own.
         key: tuple[str, str, float] | None = None
+        shown = idempotency_key  # the caller's key, as named in answers
         if idempotency_key is not None:
+            # the same key from another caller is another job (C23): stored scoped
+            idempotency_key = idempotency.scoped(idempotency_key, ctx)
             digest = idempotency.request_hash(skill.name, input_data)
             key = (idempotency_key, digest, time.time())
         for _ in range(STALE_TRIES):
@@ -281,7 +342,7 @@ class Dispatcher:
                 if claimed.conflict:
                     return refusal(
                         409,
-                        f"idempotency_key {idempotency_key!r} was used for another request "
+                        f"idempotency_key {shown!r} was used for another request "
                         f"(job {claimed.job_id}) with a different skill or input",
                         job_id=claimed.job_id,
                     )

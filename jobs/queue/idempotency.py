@@ -1,7 +1,8 @@
 """Idempotent dispatch: a chat layer that retries a dispatch (timeout, reconnect) gets the
 same receipt, never a second job.
 
-A key is claimed by inserting its row (the primary key makes concurrent claims race to one
+Keys are scoped to the caller (:func:`scoped`): org, role, channel and actor (or web
+session) — the same key from another caller is another request. A key is claimed by inserting its row (the primary key makes concurrent claims race to one
 winner, on PostgreSQL and SQLite alike) in the transaction that records its job
 (:func:`jobs.queue.store.record_jobs`), so a new key costs no statement of its own; when it
 is already taken, :func:`claim` finds out what it stands for. A later dispatch with
@@ -42,6 +43,18 @@ def request_hash(skill: str, input_data: dict[str, Any]) -> str:
     """The identity of a request under a key: the skill and its input."""
     raw = json.dumps([skill, input_data], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(raw.encode()).hexdigest()
+
+
+SCOPE_FIELDS = ("org_id", "role_id", "channel", "actor_key", "session_id")
+
+
+def scoped(key: str, ctx: dict[str, Any]) -> str:
+    """The key as stored: bound to its caller (organization, role, channel and the actor —
+    its ``actor_key``, or the chat session for web callers). The same key sent by another
+    caller names another request, so it can neither reach nor block a stranger's job."""
+    parts = [str(ctx.get(name) or "") for name in SCOPE_FIELDS]
+    raw = "\x1f".join([*parts, key])
+    return "k1:" + hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def key_problem(key: object) -> str | None:

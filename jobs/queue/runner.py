@@ -41,6 +41,12 @@ if TYPE_CHECKING:
     from jobs.execution.executor import Executor
 
 log = logging.getLogger("skilljobs.worker")
+
+
+class ResultNotStored(RuntimeError):
+    """The skill's result could not be made storable (offload to a file failed)."""
+
+
 T = TypeVar("T")
 
 DB_ERRORS = DB_UNAVAILABLE
@@ -641,13 +647,10 @@ class JobRunner:
         workspace = job_workspace(self.svc.settings.resolved_workspace_root, job)
         try:
             result = offload(result, workspace, job.skill)
-        except Exception as exc:  # a full disk must not lose the outcome
-            log.warning("job %s: offload failed (%s); storing a summary", job.id, exc)
-            result = {
-                "ok": result.get("ok", True),
-                "error": result.get("error"),
-                "offload_error": str(exc),
-            }
+        except Exception as exc:
+            # never "succeeded" with a stub in place of the result (C24): the job ends
+            # failed with the reason, and the person is told
+            raise ResultNotStored(f"the result could not be stored: {exc}") from exc
         # Stored as is: the executor scrubbed the job's secret values from it, and result
         # fields are data, not secrets by name (C12).
         return result

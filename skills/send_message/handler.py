@@ -44,6 +44,7 @@ async def execute(input_data: dict[str, Any], ctx: dict[str, Any]) -> dict[str, 
                 workspace=Path(workspace) if workspace else None,
                 sender=sender,
                 sessionmaker=sessionmaker,
+                wait=data.get("wait") is True,
             )
     finally:
         if redis is not None:

@@ -23,7 +23,7 @@ from jobs.models import ChainRun, Delivery
 from tests.fakes.sink import FakeFiles
 from tests.helpers.chains import chain_workspace, close_services, make_services, write_skill
 from tests.helpers.net import PNG
-from tests.helpers.settings import make_settings
+from tests.helpers.settings import ADMIN_AUTH, make_settings
 
 CHART = """
 import pathlib
@@ -101,6 +101,7 @@ async def test_chain_goes_through_the_pipeline(
             async with httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=create_app(settings, services=svc)),
                 base_url="http://127.0.0.1",
+                headers=ADMIN_AUTH,
             ) as client:
                 page = (await client.get(f"/api/v1/chain-runs/{run_id}")).json()
             async with svc.sessionmaker() as s:

@@ -14,7 +14,7 @@ from chains.runner import run_chain
 from dashboard.app import create_app
 from jobs.execution.executor import Executor
 from tests.helpers.chains import FAIL, close_services, make_services, write_skill
-from tests.helpers.settings import make_settings
+from tests.helpers.settings import ADMIN_AUTH, make_settings
 
 TOKEN_SKILL = """
 import uuid
@@ -76,7 +76,9 @@ async def test_rerun_from_step_2_reuses_step_1s_recorded_output(env) -> None:  #
 
     app = create_app(svc.settings, services=svc)
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://127.0.0.1",
+        headers=ADMIN_AUTH,
     ) as client:
         res = await client.post(f"/api/v1/chain-runs/{source}/rerun", json={"from_step": 1})
         assert res.status_code == 202, res.text

@@ -45,8 +45,10 @@ async def _audit(services: Services) -> list[tuple[str, str, str]]:
 async def open_app(
     tmp_path: Path, redis_server_url: str, redis_prefix: str, sqlite_url: str
 ) -> AsyncIterator[Any]:
-    """The app in tokenless loopback mode (everything open to local callers)."""
-    svc = await make_services(tmp_path, sqlite_url, redis_server_url, redis_prefix, None)
+    """The app built with no token configured: nothing is open, loopback included."""
+    svc = await make_services(
+        tmp_path, sqlite_url, redis_server_url, redis_prefix, None, api_token=None
+    )
     yield create_app(svc.settings, services=svc)
     await svc.http.aclose()
     await svc.engine.dispose()
@@ -65,9 +67,32 @@ async def test_foreign_host_is_refused_in_every_mode(client: httpx.AsyncClient, 
                 assert "SKILLJOBS_ALLOWED_HOSTS" in resp.json()["error"]
             # Health checks stay open (probes use the pod address).
             assert (await c.get("/healthz")).status_code == 200
-        for host in ("localhost:8000", "127.0.0.1:8000", "[::1]:8000", "app.localhost"):
-            async with _client(app, host, authorization=f"Bearer {TOKEN}") as c:
-                assert (await c.get("/api/v1/jobs")).status_code == 200, host
+    for host in ("localhost:8000", "127.0.0.1:8000", "[::1]:8000", "app.localhost"):
+        async with _client(client._transport.app, host, authorization=f"Bearer {TOKEN}") as c:  # type: ignore[attr-defined]
+            assert (await c.get("/api/v1/jobs")).status_code == 200, host
+
+
+async def test_no_token_is_nobody_on_loopback_too(
+    client: httpx.AsyncClient, open_app, services
+) -> None:
+    """No tokenless admin: without a configured token nothing is open, and with only the
+    read-only token a caller presenting nothing gets 401, not admin."""
+    for host in ("127.0.0.1", "localhost", "[::1]"):
+        async with _client(open_app, host) as c:
+            for path in ("/api/v1/jobs", "/api/v1/queue", "/metrics"):
+                assert (await c.get(path)).status_code == 401, (host, path)
+            put = await c.put("/api/v1/roles/r1/skills/demo/config", json={"a": 1})
+            assert put.status_code == 401
+    services.settings.api_read_token = SecretStr(READ_TOKEN)
+    app = client._transport.app  # type: ignore[attr-defined]
+    async with _client(app) as c:
+        assert (await c.get("/api/v1/jobs")).status_code == 401
+        put = await c.put("/api/v1/roles/r1/skills/demo/config", json={"a": 1})
+        assert put.status_code == 401
+    async with _client(app, authorization=f"Bearer {READ_TOKEN}") as c:
+        assert (await c.get("/api/v1/jobs")).status_code == 200
+        put = await c.put("/api/v1/roles/r1/skills/demo/config", json={"a": 1})
+        assert put.status_code == 403
 
 
 @pytest.mark.slow
@@ -92,12 +117,13 @@ async def test_cross_site_writes_are_refused_without_a_token(open_app, services)
         assert foreign.status_code == 403 and "cross-origin" in foreign.json()["error"]
         site = await c.post(job, headers={"x-requested-with": "x", "sec-fetch-site": "cross-site"})
         assert site.status_code == 403
-        # The page's own requests: JSON or the custom header, same origin.
-        assert (await c.post(job, json={})).status_code == 404
+        # The page's own requests (JSON or the custom header, same origin) pass this check
+        # and then need a token like any other caller.
+        assert (await c.post(job, json={})).status_code == 401
         same = await c.post(
             job, headers={"x-requested-with": "skilljobs-dashboard", "origin": "http://127.0.0.1"}
         )
-        assert same.status_code == 404
+        assert same.status_code == 401
         # Reads from a foreign origin are refused too.
         assert (await c.get("/api/v1/jobs", headers={"origin": "null"})).status_code == 403
 

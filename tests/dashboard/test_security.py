@@ -53,22 +53,24 @@ async def test_token_required_everywhere_but_health(client: httpx.AsyncClient) -
     assert (await client.get("/metrics")).status_code == 200
 
 
-async def test_without_a_token_everything_is_open_on_loopback(
+async def test_without_a_token_nothing_is_open_on_loopback(
     tmp_path: Path, redis_server_url: str, redis_prefix: str, sqlite_url: str
 ) -> None:
     from tests.helpers.dashboard import make_services
 
-    svc = await make_services(tmp_path, sqlite_url, redis_server_url, redis_prefix, None)
+    svc = await make_services(
+        tmp_path, sqlite_url, redis_server_url, redis_prefix, None, api_token=None
+    )
     app = create_app(svc.settings, services=svc)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://localhost"
     ) as c:
-        assert (await c.get("/api/v1/jobs")).status_code == 200
+        assert (await c.get("/api/v1/jobs")).status_code == 401
     await svc.engine.dispose()
 
 
 def test_serve_refuses_public_bind_without_token(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path, redis_url=None, prefix="x")
+    settings = make_settings(tmp_path, redis_url=None, prefix="x", api_token=None)
     for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
         assert is_loopback(host)
         check_bind(settings, host)
@@ -287,3 +289,26 @@ async def test_failed_delivery_error_is_listed_verbatim(
     )
     q = (await client.get("/api/v1/queue")).json()
     assert q["deliveries_failing"]["latest"][0]["error"] == "<i>chat not found</i>"
+
+
+@pytest.mark.slow
+def test_web_without_a_configured_token_generates_one(
+    tmp_path: Path, sqlite_url: str, redis_server_url: str, redis_prefix: str
+) -> None:
+    """`skilljobs web` with no token configured is not open: it keeps a generated admin
+    token (0600) in the data dir, and a loopback caller without it gets 401."""
+    import stat
+
+    from tests.helpers.web import WebProcess
+
+    env = {"SKILLJOBS_API_TOKEN": ""}
+    with WebProcess(tmp_path, sqlite_url, redis_server_url, redis_prefix, env=env) as proc:
+        path = tmp_path / "data" / "api_token"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        token = path.read_text().strip()
+        assert len(token) >= 32
+        with proc.client() as c:
+            assert c.get("/api/v1/jobs").status_code == 401
+            assert c.get("/api/v1/jobs", headers={"x-real-ip": "127.0.0.1"}).status_code == 401
+            auth = {"authorization": f"Bearer {token}"}
+            assert c.get("/api/v1/jobs", headers=auth).status_code == 200

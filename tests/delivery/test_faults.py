@@ -21,6 +21,7 @@ from jobs.models import Delivery, Job, Worker
 from jobs.queue.dispatcher import Dispatcher
 from jobs.queue.worker import build_worker
 from jobs.services import Services
+from tests.helpers.settings import ADMIN_AUTH
 
 pytestmark = pytest.mark.integration
 
@@ -333,7 +334,7 @@ async def test_stuck_pending_deliveries_show_in_the_default_views(
     await asyncio.sleep(0.6)
     app = create_app(svc.settings, services=svc)
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1", headers=ADMIN_AUTH
     ) as c:
         items = (await c.get("/api/v1/deliveries")).json()["items"]
         by_status = {d["status"]: d for d in items}

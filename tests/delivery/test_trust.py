@@ -24,7 +24,7 @@ import pytest
 from delivery.artifacts import BACKFILL_MAX_FILES, CAP_REASON, collect
 from delivery.channels.web import ensure_session, list_messages
 from jobs.context import job_segment, job_workspace, recipient_segment
-from jobs.links import FILE_KIND, LinkError, file_link_key, sign, verify
+from jobs.links import FILE_KIND, LinkError, file_link, file_link_key, sign, verify
 from jobs.queue import store
 from jobs.queue.dispatcher import Dispatcher
 from jobs.runscope import begin
@@ -545,10 +545,13 @@ async def test_file_links_of_web_messages(trust) -> None:
         tampered = token[:-3] + ("AAA" if not token.endswith("AAA") else "BBB")
         assert (await c.get("/files/" + tampered)).status_code == 403
         # a token for b.csv's path but a.csv's job: not that job's artifact
-        other = sign(key, FILE_KIND, {"j": claims["j"], "p": att_b["local_path"]}, 60)
-        assert (await c.get("/files/" + other)).status_code == 404
-        outside = sign(key, FILE_KIND, {"p": "/etc/passwd"}, 60)
-        assert (await c.get("/files/" + outside)).status_code == 404
+        other = file_link(key, claims["j"], att_b["local_path"], 60)
+        assert (await c.get(other)).status_code == 404
+        outside = file_link(key, None, "/etc/passwd", 60)
+        assert (await c.get(outside)).status_code == 404
+        # a path in the readable part is not honoured: the link carries an opaque id
+        bare = sign(key, FILE_KIND, {"j": claims["j"], "p": att_a["local_path"]}, 60)
+        assert (await c.get("/files/" + bare)).status_code == 403
         assert (await c.get(att_b["url"])).content == b"b.csv\n"
 
 

@@ -19,6 +19,12 @@ MARKET_SKILLS = TESTS / "market_skills"
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
+# Every app under test has an admin token, as `skilljobs web` always does (no tokenless
+# admin): clients of the API send ADMIN_AUTH.
+ADMIN_TOKEN = "test-admin-token-6a0c1d9e4b7f2a5c8e3d6b9f"
+ADMIN_AUTH = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
 def make_settings(tmp_path: Path, *, redis_url: str | None, prefix: str, **kw: object) -> Settings:
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
@@ -28,6 +34,7 @@ def make_settings(tmp_path: Path, *, redis_url: str | None, prefix: str, **kw: o
         "redis_prefix": prefix,
         "queue_name": f"{prefix}:queue",
         "secret_key": "t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q=",
+        "api_token": ADMIN_TOKEN,
     }
     values.update(kw)
     return Settings(_env_file=None, **values)  # type: ignore[call-arg]

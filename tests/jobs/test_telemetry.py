@@ -28,7 +28,7 @@ from jobs.models import Job
 from jobs.queue.dispatcher import Dispatcher
 from jobs.services import Services
 from tests.helpers.jobs import dispatch, drain, job_and_attempts
-from tests.helpers.settings import FAKE_SKILLS, JOB_SKILLS, ROOT, make_settings
+from tests.helpers.settings import ADMIN_AUTH, FAKE_SKILLS, JOB_SKILLS, ROOT, make_settings
 
 TG_CTX = {"channel": "telegram", "actor_key": "1001", "role_id": "r1", "session_id": "s-t"}
 
@@ -317,7 +317,9 @@ async def test_a_dispatch_over_http_continues_the_callers_trace(
     caller_trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     app = create_app(svc.settings, services=svc)
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://127.0.0.1",
+        headers=ADMIN_AUTH,
     ) as client:
         res = await client.post(
             "/api/v1/dispatch",
@@ -335,7 +337,9 @@ async def test_a_dispatch_over_http_continues_the_callers_trace(
     assert _parent_id(run) == root.context.span_id
     # the job's detail names its trace, to look it up in the tracing backend
     app_client = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://127.0.0.1",
+        headers=ADMIN_AUTH,
     )
     async with app_client as client:
         detail = (await client.get(f"/api/v1/jobs/{res.json()['job_id']}")).json()

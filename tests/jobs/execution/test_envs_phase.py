@@ -25,7 +25,7 @@ from jobs.queue.dispatcher import Dispatcher
 from jobs.queue.worker import build_worker
 from jobs.services import Services
 from tests.helpers.jobs import wait_status
-from tests.helpers.settings import MARKET_SKILLS, make_settings
+from tests.helpers.settings import ADMIN_AUTH, MARKET_SKILLS, make_settings
 
 MARKET = MARKET_SKILLS
 CTX = {"channel": "web", "role_id": "r1", "org_id": "o1", "session_id": "sess-1"}
@@ -111,7 +111,9 @@ async def test_job_shows_preparing_environment(svc: Services) -> None:
     assert spec is not None
     envs = EnvManager.from_settings(svc.settings)
     app = create_app(svc.settings, services=svc)
-    api = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1")
+    api = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1", headers=ADMIN_AUTH
+    )
     answer = await Dispatcher(svc).dispatch(
         "pep723_media", {"prompt": "A Red Fox"}, CTX, "orgdeleg:acme"
     )
@@ -177,6 +179,8 @@ async def test_phase_is_fenced_and_not_carried_to_a_later_attempt(svc: Services)
 async def api_get(svc: Services, path: str) -> httpx.Response:
     app = create_app(svc.settings, services=svc)
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://127.0.0.1",
+        headers=ADMIN_AUTH,
     ) as api:
         return await api.get(path)

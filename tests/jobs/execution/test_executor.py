@@ -273,7 +273,9 @@ async def test_python_cli_protocol(ex: Executor, monkeypatch: pytest.MonkeyPatch
     assert r["total"] == 6 and r["dry_run"] is True and r["label"] == "a b"
     for k in ("db", "db_factory", "call_skill", "provider", "abort_signal", "_meta", "other_token"):
         assert k not in r["ctx_keys"], k
-    assert r["ctx"]["actor_key"] == "ou_9" and r["ctx"]["api_token"] == "t-1"
+    # the skill sees its own config; echoed back, a credential is masked in the result
+    assert r["ctx"]["actor_key"] == "ou_9" and "api_token" in r["ctx_keys"]
+    assert r["ctx"]["api_token"] == "••••••"
     assert r["ctx"]["workspace_dir"] == r["workspace"] == r["cwd"]
     assert r["skill_dir"] == str(FIXTURES / "cli_py")
     assert r["input"]["_subcommand"] == "sum"

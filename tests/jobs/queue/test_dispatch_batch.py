@@ -399,12 +399,12 @@ async def test_idempotency_key_is_claimed_in_the_batch(services, monkeypatch):
     assert {r.status_code for r in fresh} == {202} and separate == []
     async with services.sessionmaker() as s:
         for i, res in enumerate(fresh):
-            row = await s.get(DispatchKey, f"b-{i}")
+            row = await s.get(DispatchKey, idempotency.scoped(f"b-{i}", CTX))
             assert row is not None and row.job_id == res.body["job_id"]
     again = await Dispatcher(services).dispatch("bg_sleep", {}, CTX, idempotency_key="b-3")
     assert again.status_code == 202 and again.body["job_id"] == fresh[3].body["job_id"]
     clash = await Dispatcher(services).dispatch("bg_sleep", {"x": 1}, CTX, idempotency_key="b-4")
     assert clash.status_code == 409 and clash.body["job_id"] == fresh[4].body["job_id"]
-    assert separate == ["b-3", "b-4"]
+    assert separate == [idempotency.scoped("b-3", CTX), idempotency.scoped("b-4", CTX)]
     assert len(await _rows(services)) == 10
     assert len(await _queued_ids(services)) == 10

@@ -12,6 +12,7 @@ from jobs import storable
 from jobs.models import Job
 from jobs.services import Services
 from tests.helpers.jobs import TG
+from tests.helpers.settings import ADMIN_AUTH
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ def _client(services: Services) -> httpx.AsyncClient:
     app = create_app(services.settings, services=services)
     # (the app's answer to an unexpected error is what is tested, not the error itself)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1")
+    return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", headers=ADMIN_AUTH)
 
 
 async def test_input_over_the_storable_limit_is_a_413(services: Services) -> None:

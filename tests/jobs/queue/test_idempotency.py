@@ -18,7 +18,7 @@ from jobs.queue import idempotency
 from jobs.queue.dispatcher import Dispatcher
 from jobs.queue.prune import prune
 from tests.helpers.jobs import TG
-from tests.helpers.settings import ROOT
+from tests.helpers.settings import ADMIN_AUTH, ROOT
 
 
 async def _jobs(services) -> int:  # type: ignore[no-untyped-def]
@@ -65,26 +65,28 @@ async def test_key_past_its_window_makes_a_new_job(services) -> None:  # type: i
     d = Dispatcher(services)
     first = await d.dispatch("bg_sleep", {"seconds": 0.01}, TG, idempotency_key="k-old")
     async with services.sessionmaker() as s:
-        row = await s.get(DispatchKey, "k-old")
+        row = await s.get(DispatchKey, idempotency.scoped("k-old", TG))
         row.created_at -= idempotency.WINDOW_SEC + 60
         await s.commit()
     later = await d.dispatch("bg_sleep", {"seconds": 0.01}, TG, idempotency_key="k-old")
     assert later.status_code == 202 and later.body["job_id"] != first.body["job_id"]
     # the pruner forgets keys past their window
     async with services.sessionmaker() as s:
-        row = await s.get(DispatchKey, "k-old")
+        row = await s.get(DispatchKey, idempotency.scoped("k-old", TG))
         row.created_at -= idempotency.WINDOW_SEC + 60
         await s.commit()
     await prune(services.sessionmaker, services.settings)
     async with services.sessionmaker() as s:
-        assert await s.get(DispatchKey, "k-old") is None
+        assert await s.get(DispatchKey, idempotency.scoped("k-old", TG)) is None
 
 
 @pytest.mark.slow
 async def test_http_header_and_body_key(services) -> None:  # type: ignore[no-untyped-def]
     app = create_app(services.settings, services=services)
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://127.0.0.1",
+        headers=ADMIN_AUTH,
     ) as c:
         body = {"skill": "bg_sleep", "input": {"seconds": 0.01}, "context": TG}
         a = await c.post("/api/v1/dispatch", json=body, headers={"Idempotency-Key": "h-1"})

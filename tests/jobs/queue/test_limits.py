@@ -22,7 +22,7 @@ from jobs.queue import broker, limits, store
 from jobs.queue.dispatcher import Dispatcher
 from jobs.services import Services
 from tests.helpers.jobs import wait_status
-from tests.helpers.settings import JOB_SKILLS, make_settings
+from tests.helpers.settings import ADMIN_AUTH, JOB_SKILLS, make_settings
 from tests.helpers.workers import WorkerProcess
 
 # --- pure logic ----------------------------------------------------------------------------
@@ -347,7 +347,9 @@ async def test_http_priority_and_waiting_for(wsvc):
     app = create_app(wsvc.settings, services=wsvc)
     body = {"skill": "bg_sleep", "input": {"seconds": 0.01}, "context": _ctx("o1", "fan")}
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://127.0.0.1",
+        headers=ADMIN_AUTH,
     ) as c:
         bad = await c.post("/api/v1/dispatch", json={**body, "priority": 10})
         assert bad.status_code == 422

@@ -20,7 +20,7 @@ from jobs.execution.inprocess import RUN_TASKS, with_wall
 from jobs.models import Worker
 from jobs.queue.stall import StallWatch
 from jobs.services import Services
-from tests.helpers.settings import JOB_SKILLS, make_settings
+from tests.helpers.settings import ADMIN_AUTH, JOB_SKILLS, make_settings
 from tests.helpers.workers import WorkerProcess
 
 pytestmark = pytest.mark.slow
@@ -77,7 +77,9 @@ async def test_a_stalled_worker_is_counted_and_shown_in_metrics(
 
         app = create_app(settings, services=svc)
         async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1"
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://127.0.0.1",
+            headers=ADMIN_AUTH,
         ) as client:
             resp = await client.get("/metrics")
         assert resp.status_code == 200
