@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from jobs import storable
 from jobs.db import Sessions, rowcount
-from jobs.models import ChainRun, ChainStep, StepStatus
+from jobs.models import ChainRun, ChainRunStatus, ChainStep, StepStatus
 
 # Run and step statuses share these names (jobs.models: ChainRunStatus, StepStatus).
 PENDING, RUNNING, SUCCEEDED, FAILED = (
@@ -73,7 +73,7 @@ async def take_lease(
             update(ChainRun)
             .where(
                 ChainRun.id == run_id,
-                ChainRun.status.in_(("queued", RUNNING)),
+                ChainRun.status.in_((ChainRunStatus.QUEUED, ChainRunStatus.RUNNING)),
                 or_(
                     ChainRun.lease_expires_at.is_(None),
                     ChainRun.lease_expires_at < now,
@@ -82,11 +82,12 @@ async def take_lease(
                 *latest,
             )
             .values(
-                status=RUNNING,
+                status=ChainRunStatus.RUNNING,
                 lease_owner=owner,
                 lease_token=ChainRun.lease_token + 1,
                 lease_expires_at=now + lease_sec,
-                lost_runs=ChainRun.lost_runs + case((ChainRun.status == RUNNING, 1), else_=0),
+                lost_runs=ChainRun.lost_runs
+                + case((ChainRun.status == ChainRunStatus.RUNNING, 1), else_=0),
             )
         )
         if rowcount(res) != 1:
@@ -118,10 +119,10 @@ async def hand_back(sm: Sessions, lease: Lease) -> int | None:
             .where(
                 ChainRun.id == lease.run_id,
                 ChainRun.lease_token == lease.token,
-                ChainRun.status == RUNNING,
+                ChainRun.status == ChainRunStatus.RUNNING,
             )
             .values(
-                status="queued",
+                status=ChainRunStatus.QUEUED,
                 lease_owner=None,
                 lease_expires_at=None,
                 arq_job_id=arq_job_id(lease.run_id, n),
@@ -138,7 +139,7 @@ async def stale_owners(sm: Sessions, before: float, *, exclude: str) -> list[str
         rows = await s.scalars(
             select(ChainRun.lease_owner)
             .where(
-                ChainRun.status == RUNNING,
+                ChainRun.status == ChainRunStatus.RUNNING,
                 ChainRun.lease_expires_at < before,
                 ChainRun.lease_owner.is_not(None),
                 ChainRun.lease_owner != exclude,
@@ -158,7 +159,7 @@ async def take_over(sm: Sessions, owners: set[str], before: float) -> list[tuple
         rows = (
             await s.execute(
                 select(ChainRun.id, ChainRun.lease_token, ChainRun.arq_job_id).where(
-                    ChainRun.status == RUNNING,
+                    ChainRun.status == ChainRunStatus.RUNNING,
                     ChainRun.lease_owner.in_(sorted(owners)),
                     ChainRun.lease_expires_at < before,
                 )
@@ -176,7 +177,7 @@ async def take_over(sm: Sessions, owners: set[str], before: float) -> list[tuple
                 .where(
                     ChainRun.id == run_id,
                     ChainRun.lease_token == token,
-                    ChainRun.status == RUNNING,
+                    ChainRun.status == ChainRunStatus.RUNNING,
                     ChainRun.lease_owner.in_(sorted(owners)),
                     ChainRun.lease_expires_at < before,
                     same_enqueue,

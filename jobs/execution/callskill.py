@@ -22,6 +22,7 @@ from jobs.catalog.configs import ConfigStore
 from jobs.context import CALL_PASS_KEYS, fixed_segment, flatten_configs
 from jobs.crypto import is_secret_key
 from jobs.envelope import is_failure
+from jobs.models import JobStatus
 from jobs.skill import Skill, SkillRegistry
 
 log = logging.getLogger(__name__)
@@ -237,7 +238,7 @@ async def _call(
     child.update(fixed_segment(child))  # the whole fixed segment, typed empties (C11)
     outcome = await executor.execute_nested(callee, data, child, depth=depth + 1)
     env = outcome.result
-    if is_failure(env) or outcome.status != "succeeded":
+    if is_failure(env) or outcome.status != JobStatus.SUCCEEDED:
         reason = env.get("error") or env.get("msg") or f"skill {name!r} reported a failure"
         return {"ok": False, "error": str(reason), "skill": name, "output": env}
     return env

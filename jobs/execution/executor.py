@@ -48,6 +48,7 @@ from jobs.execution.http_skill import run_http
 from jobs.execution.provider import llm_env, llm_values, provider_from, role_llm_values
 from jobs.execution.skill_output import exit_failure
 from jobs.logs import register_secrets
+from jobs.models import JobStatus
 from jobs.settings import BUNDLED_SKILLS, Settings
 from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillRegistry, SkillType
 from jobs.storable import TEXT_REPLACED, valid_text
@@ -83,7 +84,7 @@ class Printed(NamedTuple):
 @dataclass
 class Outcome:
     result: dict[str, Any]  # normalized envelope; failures have ok False + error
-    status: str  # "succeeded" | "failed" | "timed_out"
+    status: JobStatus  # SUCCEEDED, FAILED or TIMED_OUT
     error: str | None
     error_type: str | None
     exception: str | None  # exception class name when the skill raised
@@ -291,7 +292,7 @@ class Executor:
         if out.error:
             out.error = str(valid_text(out.error)[0])
             log.info("skill %s: invalid text replaced by U+FFFD in %s", name, replaced)
-        if out.status != "succeeded":
+        if out.status != JobStatus.SUCCEEDED:
             log_outcome(name, out)
         return out
 
@@ -344,7 +345,7 @@ class Executor:
                 timed_out=True,
             )
             printed = Printed(expired.stdout, expired.log)
-            return self._outcome(env, t0, name=name, status="timed_out", printed=printed)
+            return self._outcome(env, t0, name=name, status=JobStatus.TIMED_OUT, printed=printed)
         except inprocess.Raised as wrapped:
             raised = wrapped.__cause__ or wrapped
             if isinstance(raised, ImportError):  # undeclared dependency: no re-run fixes it
@@ -443,14 +444,14 @@ class Executor:
         t0: float,
         *,
         name: str,
-        status: str | None = None,
+        status: JobStatus | None = None,
         exception: str | None = None,
         transient: bool = False,
         printed: Printed = Printed(),
     ) -> Outcome:
         failed = is_failure(env)
         if status is None:
-            status = "failed" if failed else "succeeded"
+            status = JobStatus.FAILED if failed else JobStatus.SUCCEEDED
         outcome = Outcome(
             result=env,
             status=status,

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from jobs import audit
 from jobs.constants import FN_RUN_JOB
-from jobs.models import FINAL_STATUSES, Job
+from jobs.models import CANCELLED, FAILED, FINAL_STATUSES, QUEUED, RUNNING, TIMED_OUT, Job
 from jobs.queue import incidents, store
 from jobs.queue.broker import enqueue, publish_cancel, publish_job_event, remove
 from jobs.queue.filters import JobFilter, parse_time
@@ -64,15 +64,15 @@ async def cancel_job(
     if job is not None:
         if job.arq_job_id:
             await remove(svc, job.arq_job_id)
-        await publish_job_event(svc, job_id, "cancelled", job.skill)
-        await _audit(svc, "cancel", job_id, actor, was="queued")
-        return ActionResult(True, "cancelled before it started", job_id=job_id, status="cancelled")
+        await publish_job_event(svc, job_id, CANCELLED, job.skill)
+        await _audit(svc, "cancel", job_id, actor, was=QUEUED)
+        return ActionResult(True, "cancelled before it started", job_id=job_id, status=CANCELLED)
     job = await store.request_cancel(svc.sessionmaker, job_id)
     if job is not None:
         await publish_cancel(svc, job_id)
-        await _audit(svc, "cancel", job_id, actor, was="running")
+        await _audit(svc, "cancel", job_id, actor, was=RUNNING)
         return ActionResult(
-            True, "stopping: its worker cancels it now", job_id=job_id, status="running"
+            True, "stopping: its worker cancels it now", job_id=job_id, status=RUNNING
         )
     found = await store.get_job(svc.sessionmaker, job_id)
     if found is None:
@@ -111,9 +111,9 @@ async def retry_job(
     await enqueue(
         svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token), meta=job_meta(job)
     )
-    await publish_job_event(svc, job_id, "queued", job.skill)
+    await publish_job_event(svc, job_id, QUEUED, job.skill)
     await _audit(svc, "retry", job_id, actor)
-    return ActionResult(True, "queued again as a new attempt", job_id=job_id, status="queued")
+    return ActionResult(True, "queued again as a new attempt", job_id=job_id, status=QUEUED)
 
 
 async def requeue_failed(svc: Services, skill: str, *, actor: str = "") -> ActionResult:
@@ -128,7 +128,7 @@ async def requeue_failed(svc: Services, skill: str, *, actor: str = "") -> Actio
         await enqueue(
             svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token), meta=job_meta(job)
         )
-        await publish_job_event(svc, job_id, "queued", job.skill)
+        await publish_job_event(svc, job_id, QUEUED, job.skill)
         n += 1
     await _audit(svc, "requeue_failed", skill, actor, count=n)
     return ActionResult(True, f"requeued {n} failed job{'s' if n != 1 else ''} of {skill}")
@@ -164,8 +164,8 @@ async def delete_job(
 BULK_CAP = 10_000  # jobs one bulk action touches at most (run it again for the rest)
 BULK_ACTIONS = ("retry", "cancel", "delete")
 _DEFAULT_STATUS = {
-    "retry": ("failed", "timed_out"),
-    "cancel": ("queued", "running"),
+    "retry": (FAILED, TIMED_OUT),
+    "cancel": (QUEUED, RUNNING),
     "delete": tuple(sorted(FINAL_STATUSES)),
 }
 _ACTIONS = {"retry": retry_job, "cancel": cancel_job, "delete": delete_job}

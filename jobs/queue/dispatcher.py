@@ -23,7 +23,7 @@ from jobs.envelope import failure, offload_sync
 from jobs.execution.executor import Executor
 from jobs.execution.inputs import shape_problem
 from jobs.execution.syncfiles import confine_answer
-from jobs.models import new_id
+from jobs.models import QUEUED, new_id
 from jobs.queue import idempotency, intake, limits, store
 from jobs.queue.broker import job_event
 from jobs.services import Services
@@ -403,7 +403,7 @@ class Dispatcher:
         values = {
             "id": job_id,
             "skill": skill.name,
-            "status": "queued",
+            "status": QUEUED,
             "attempts": 0,
             "input": svc.box.seal(input_data),
             "context": svc.box.seal(bg),
@@ -444,7 +444,7 @@ class Dispatcher:
         return intake.NewJob(
             values=values,
             session=origin_session,
-            event=job_event(svc, job_id, "queued", skill.name),
+            event=job_event(svc, job_id, QUEUED, skill.name),
             meta=limits.meta(
                 skill=skill.name,
                 org=values["org_id"],

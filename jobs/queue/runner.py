@@ -31,7 +31,7 @@ from jobs.db import DB_UNAVAILABLE, db_unavailable
 from jobs.envelope import offload
 from jobs.execution.inprocess import RUN_TASKS, SKILL_ENDED
 from jobs.finishing import Finished, Finisher
-from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT, JobRow
+from jobs.models import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT, JobRow
 from jobs.queue import broker, incidents, limits, lost, prefetch, store
 from jobs.queue.stall import StallWatch
 from jobs.runscope import RunScope, begin_run
@@ -383,7 +383,7 @@ class JobRunner:
         task = asyncio.create_task(sendscope.run_in(job_id, owner, run, svc.outbox))
         self.inner[job_id] = task
         # Published while the skill starts, not before: the event is for people watching.
-        self.event(job_id, "running", job.skill)
+        self.event(job_id, RUNNING, job.skill)
         try:
             outcome = await task
         except asyncio.CancelledError:
@@ -437,7 +437,7 @@ class JobRunner:
                 )
                 if new is not None:
                     await self._enqueue(job_id, new, defer=delay, job=job)
-                    self.event(job_id, "queued", job.skill)
+                    self.event(job_id, QUEUED, job.skill)
                     return "retrying"
                 return "lost"
 
@@ -670,14 +670,14 @@ class JobRunner:
         if new is not None:
             with contextlib.suppress(Exception):
                 await self._enqueue(job.id, new, job=job)
-                self.event(job.id, "queued", job.skill)
+                self.event(job.id, QUEUED, job.skill)
 
     def _phase_reporter(self, job: JobRow, token: int) -> phases.Reporter:
         """Records what the run does before its skill runs, on the row (fenced) and live."""
 
         async def report(name: str | None, detail: str) -> None:
             await store.set_phase(self.svc.sessionmaker, job.id, token, name, detail)
-            self.event(job.id, "running", job.skill)
+            self.event(job.id, RUNNING, job.skill)
 
         return report
 

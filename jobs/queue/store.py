@@ -35,6 +35,8 @@ from jobs.models import (
     FINAL_STATUSES,
     QUEUED,
     RUNNING,
+    SUCCEEDED,
+    TIMED_OUT,
     ChatSession,
     DispatchKey,
     Job,
@@ -762,7 +764,7 @@ async def recent_failures(
                 .limit(2)
             )
         ).all()
-    return sum(1 for (o,) in rows if o != "succeeded")
+    return sum(1 for (o,) in rows if o != SUCCEEDED)
 
 
 async def get_job(sm: Sessions, job_id: str) -> Job | None:
@@ -846,7 +848,7 @@ async def failed_job_ids(sm: Sessions, skill: str, limit: int = 10_000) -> list[
     async with sm() as s:
         rows = await s.scalars(
             select(Job.id)
-            .where(Job.skill == skill, Job.status.in_((FAILED, "timed_out")))
+            .where(Job.skill == skill, Job.status.in_((FAILED, TIMED_OUT)))
             .order_by(Job.created_at)
             .limit(limit)
         )
