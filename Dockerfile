@@ -54,6 +54,11 @@ ENV PATH=/opt/venv/bin:$PATH \
     SKILLJOBS_DATA_DIR=/data \
     SKILLJOBS_WORKSPACE_ROOT=/data/workspaces
 
+# The sandbox of untrusted skills: bubblewrap, and slirp4netns for their network.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends bubblewrap slirp4netns \
+ && rm -rf /var/lib/apt/lists/*
+
 # A fixed non-root uid/gid, so volume ownership is predictable across hosts. The data
 # directories exist in the image, owned by that user: a named volume mounted there starts
 # with that ownership.

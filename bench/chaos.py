@@ -398,7 +398,9 @@ class Run:
             SKILLJOBS_REDIS_URL=self.redis.url,
             SKILLJOBS_REDIS_PREFIX="chaos",
             SKILLJOBS_QUEUE_NAME="chaos:queue",
-            SKILLJOBS_SKILLS_PATH=str(skills),
+            # trusted: the harness's own skills write the execution ledger outside their
+            # workspace, which a sandboxed skill cannot (nor ever should)
+            SKILLJOBS_SKILLS_PATH=f"trusted={skills}",
             SKILLJOBS_DATA_DIR=str(self.root / "data"),
             SKILLJOBS_SECRET_KEY=SECRET,
             SKILLJOBS_API_TOKEN=TOKEN,
@@ -968,7 +970,7 @@ async def main(run: Run, results: Path | None, keep: bool = False) -> int:
             redis_url=run.redis.url,
             redis_prefix="chaos",
             queue_name="chaos:queue",
-            skills_path=str(skills),
+            skills_path=f"trusted={skills}",
             data_dir=run.root / "data",
             secret_key=SecretStr(SECRET),
         )

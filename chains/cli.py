@@ -233,7 +233,7 @@ def list_cmd(
             (
                 r.id,
                 r.name,
-                r.cron,
+                r.cron or f"at {(r.options or {}).get('at')}",  # a one-shot schedule
                 r.timezone,
                 "yes" if r.enabled else ("paused" if r.paused_reason else "no"),
                 ("\n" if output.is_terminal() else ", ").join(fires) or "-",

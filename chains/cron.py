@@ -12,12 +12,21 @@ IANA timezone, with well-defined behaviour across daylight-saving changes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo
 
-__all__ = ["CronError", "CronExpr", "fires_between", "latest_fire", "next_fire", "parse"]
+__all__ = [
+    "NEVER",
+    "CronError",
+    "CronExpr",
+    "fires_between",
+    "latest_fire",
+    "next_fire",
+    "parse",
+]
 
 _FIELDS = (
     ("minute", 0, 59),
@@ -52,6 +61,10 @@ class CronExpr:
     weekdays: frozenset[int]  # 0 = Sunday … 6 = Saturday
     dom_restricted: bool
     dow_restricted: bool
+    #: seconds every fire time is moved by (a schedule's ``jitter``; ``"<cron> ~<s>"``)
+    offset: float = 0.0
+    #: a one-shot schedule's only fire time (``at:<epoch>``); the fields are then unused
+    at: float | None = None
 
     def day_matches(self, day: datetime) -> bool:
         dom = day.day in self.days
@@ -105,11 +118,33 @@ def _field(text: str, pos: int) -> set[int]:
     return out
 
 
+#: the fire time after a one-shot schedule's only one
+NEVER = math.inf
+
+
 @lru_cache(maxsize=4096)
 def parse(expr: str) -> CronExpr:
-    """Parse a five-field expression; raises :class:`CronError` naming the bad field."""
+    """Parse a five-field expression; raises :class:`CronError` naming the bad field.
+
+    Two forms the schedule store writes (``chains.timing``) are read too: ``at:<epoch>``
+    (one fire time) and ``"<five fields> ~<seconds>"`` (every fire time moved by the
+    schedule's jitter offset)."""
     if not isinstance(expr, str):
         raise CronError("cron expression must be a string")
+    if expr.startswith("at:"):
+        try:
+            at = float(expr[3:])
+        except ValueError:
+            raise CronError(f"one-shot time {expr!r} is not epoch seconds") from None
+        empty: frozenset[int] = frozenset()
+        return CronExpr(expr, empty, empty, empty, empty, empty, False, False, at=at)
+    if "~" in expr:
+        base, _, off = expr.rpartition("~")
+        try:
+            offset = float(off)
+        except ValueError:
+            raise CronError(f"cron offset in {expr!r} is not a number of seconds") from None
+        return replace(parse(base.strip()), source=expr, offset=offset)
     parts = expr.split()
     if len(parts) != 5:
         raise CronError(
@@ -190,6 +225,11 @@ def _instant(local: datetime, tz: ZoneInfo) -> float:
 def next_fire(expr: str | CronExpr, tz: ZoneInfo, after: float) -> float:
     """The first fire instant (epoch seconds) strictly later than ``after``."""
     cron = parse(expr) if isinstance(expr, str) else expr
+    if cron.at is not None:
+        return cron.at if cron.at > after else NEVER
+    if cron.offset:
+        base = replace(cron, offset=0.0)
+        return next_fire(base, tz, after - cron.offset) + cron.offset
     local = datetime.fromtimestamp(after, tz).replace(tzinfo=None, second=0, microsecond=0)
     # If ``after`` is in the second pass of a repeated hour, the naive times around it
     # map to earlier instants (first occurrences) and are skipped by the check below.

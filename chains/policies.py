@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,8 @@ def default_grace(cron: str, tz: ZoneInfo, at: float) -> float:
     """Half the period around ``at``, bounded to 2 min … 2 h."""
     first = next_fire(cron, tz, at)
     period = next_fire(cron, tz, first) - first
+    if not math.isfinite(period):  # a one-shot schedule: no period to take half of
+        return GRACE_MAX
     return min(max(period / 2, GRACE_MIN), GRACE_MAX)
 
 

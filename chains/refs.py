@@ -28,11 +28,14 @@ __all__ = [
     "UnresolvedReference",
     "find_references",
     "resolve_input",
+    "resolve_reference",
     "static_errors",
 ]
 
 _SEG = r"(?:\.[A-Za-z0-9_\-]+|\[\d+\])"
-REF_RE = re.compile(rf"\$(?:steps\.(?P<step>[A-Za-z0-9_\-]+)|(?P<prev>prev)\b)(?P<path>{_SEG}*)")
+REF_RE = re.compile(
+    rf"\$(?:steps\.(?P<step>[A-Za-z0-9_\-]+)|(?P<prev>prev)\b|(?P<item>item)\b)(?P<path>{_SEG}*)"
+)
 PLACEHOLDER_RE = re.compile(rf"\{{(?P<name>[A-Za-z_][A-Za-z0-9_\-]*{_SEG}*)\}}")
 _TOKEN_RE = re.compile(f"{REF_RE.pattern}|{PLACEHOLDER_RE.pattern}")
 _LEFTOVER_STEPS = "$steps."
@@ -55,6 +58,17 @@ class StepRefs:
     input: Mapping[str, Any]
     template: Mapping[str, Any]
     passthrough: bool = False
+    #: the ids of the steps it waits for (None: the step before it, as in a line)
+    needs: tuple[str, ...] | None = None
+    #: ``$steps.<id>.<path>``: a list the step runs once per item of (``$item`` in it)
+    for_each: str | None = None
+
+
+class _NoItem:
+    """No ``$item`` here (the step has no ``for_each``)."""
+
+
+NO_ITEM: Any = _NoItem()
 
 
 def _segments(path: str) -> list[str]:
@@ -88,27 +102,46 @@ def _text(value: Any) -> str:
 
 
 class _Resolver:
-    def __init__(self, index: int, ids: Sequence[str], outputs: Sequence[Any]) -> None:
+    """References of step ``index``: to the steps in ``allowed`` (the earlier ones in a
+    line, the ones it waits for — directly or not — in a graph), ``$prev`` to ``prev``, and
+    ``$item`` to the item of a ``for_each`` step."""
+
+    def __init__(
+        self,
+        index: int,
+        ids: Sequence[str],
+        outputs: Sequence[Any] | Mapping[int, Any],
+        *,
+        allowed: frozenset[int] | None = None,
+        prev: int | None = None,
+        item: Any = NO_ITEM,
+    ) -> None:
         self.index = index
         self.ids = list(ids)
-        self.outputs = outputs
+        self.outputs = outputs if isinstance(outputs, Mapping) else dict(enumerate(outputs))
+        self.allowed = frozenset(range(index)) if allowed is None else allowed
+        self.prev = (index - 1 if index > 0 else None) if allowed is None else prev
+        self.item = item
 
     def target(self, m: re.Match[str]) -> int:
         ref = m.group(0)
         if m.group("prev"):
-            if self.index == 0:
-                raise UnresolvedReference(ref, "the first step has no previous step")
-            return self.index - 1
+            if self.prev is None:
+                raise UnresolvedReference(ref, "no single previous step (use $steps.<id>)")
+            return self.prev
         name = m.group("step")
-        if name in self.ids[: self.index]:
-            return self.ids.index(name)
-        if name.isdigit() and int(name) < self.index:
-            return int(name)
+        pos = self.ids.index(name) if name in self.ids else int(name) if name.isdigit() else -1
+        if pos in self.allowed:
+            return pos
         raise UnresolvedReference(ref, f"no earlier step {name!r}")
 
     def lookup(self, m: re.Match[str]) -> Any:
+        if m.group("item"):
+            if self.item is NO_ITEM:
+                raise UnresolvedReference(m.group(0), "$item is only set in a for_each step")
+            return _walk(self.item, _segments(m.group("path")), m.group(0))
         pos = self.target(m)
-        if pos >= len(self.outputs):
+        if pos not in self.outputs:
             raise UnresolvedReference(m.group(0), f"step {self.ids[pos]!r} has no output")
         return _walk(self.outputs[pos], _segments(m.group("path")), m.group(0))
 
@@ -163,30 +196,57 @@ def _check_literal(text: str) -> str:
     return text
 
 
-def resolve_input(index: int, steps: Sequence[StepRefs], outputs: Sequence[Any]) -> dict[str, Any]:
-    """The input for ``steps[index]`` given the outputs of the steps before it.
+def resolve_input(
+    index: int,
+    steps: Sequence[StepRefs],
+    outputs: Sequence[Any] | Mapping[int, Any],
+    *,
+    allowed: frozenset[int] | None = None,
+    prev_step: int | None = None,
+    item: Any = NO_ITEM,
+) -> dict[str, Any]:
+    """The input for ``steps[index]`` given the outputs of the steps before it (a list in
+    step order, or step index → output). In a graph, ``allowed`` are the steps it may
+    refer to and ``prev_step`` its single need (``$prev``, ``passthrough``, ``template``);
+    ``item``: the item of a ``for_each`` step (``$item``, and ``{field}`` placeholders).
 
     Precedence: explicit ``input`` > ``template`` > ``passthrough``.
     Raises :class:`UnresolvedReference` when anything does not resolve.
     """
     step = steps[index]
-    resolver = _Resolver(index, [s.id for s in steps], outputs)
-    prev = outputs[index - 1] if index > 0 and len(outputs) >= index else None
+    resolver = _Resolver(
+        index, [s.id for s in steps], outputs, allowed=allowed, prev=prev_step, item=item
+    )
+    prev = resolver.outputs.get(resolver.prev) if resolver.prev is not None else None
     explicit = resolver.value(dict(step.input))
     data: dict[str, Any] = {}
     if step.passthrough:
-        if index == 0:
-            raise UnresolvedReference("passthrough", "the first step has no previous step")
+        if resolver.prev is None:
+            raise UnresolvedReference("passthrough", "the step has no single previous step")
         if isinstance(prev, Mapping):
             data.update(prev)
         elif prev is not None:
             data["result"] = prev
     if step.template:
-        sources = [s for s in (prev, explicit) if s is not None]
+        first = [] if item is NO_ITEM else [item]
+        sources = [s for s in (*first, prev, explicit) if s is not None]
         for key, value in step.template.items():
             data[key] = resolver.value(value, sources)
     data.update(explicit)
     return data
+
+
+def resolve_reference(
+    text: str,
+    index: int,
+    steps: Sequence[StepRefs],
+    outputs: Mapping[int, Any],
+    *,
+    allowed: frozenset[int],
+) -> Any:
+    """The value one reference (a ``for_each``) stands for, for step ``index``."""
+    resolver = _Resolver(index, [s.id for s in steps], outputs, allowed=allowed)
+    return resolver.value(text)
 
 
 def find_references(value: Any) -> Iterator[re.Match[str]]:
@@ -201,40 +261,70 @@ def find_references(value: Any) -> Iterator[re.Match[str]]:
             yield from find_references(v)
 
 
-def static_errors(steps: Sequence[StepRefs]) -> list[str]:
-    """Creation-time checks: references to unknown or later steps, ``$prev`` or
-    ``passthrough`` on the first step. Each message names the step and the reference."""
+def static_errors(
+    steps: Sequence[StepRefs],
+    allowed: Sequence[frozenset[int]] | None = None,
+    prev: Sequence[int | None] | None = None,
+) -> list[str]:
+    """Creation-time checks: references to unknown or later steps (in a graph, ``allowed``:
+    to steps it does not wait for), ``$prev`` or ``passthrough`` without a previous step,
+    ``$item`` outside a ``for_each`` step. Each message names the step and the reference."""
     errors: list[str] = []
     ids = [s.id for s in steps]
+    single = "" if prev is None else "single "
     for i, step in enumerate(steps):
         label = f"step {i} ({step.id})"
-        if step.passthrough and i == 0:
-            errors.append(f"{label}: passthrough needs a previous step")
+        mine = frozenset(range(i)) if allowed is None else allowed[i]
+        before = (i - 1 if i > 0 else None) if prev is None else prev[i]
+        if step.passthrough and before is None:
+            errors.append(f"{label}: passthrough needs a {single}previous step")
         for m in find_references([dict(step.input), dict(step.template)]):
-            ref = m.group(0)
-            if m.group("prev"):
-                if i == 0:
-                    errors.append(f"{label}: {ref} refers to a previous step; there is none")
-                continue
-            name = m.group("step")
-            if name in ids:
-                pos = ids.index(name)
-            elif name.isdigit():
-                pos = int(name)
-                if pos >= len(steps):
-                    errors.append(f"{label}: {ref} refers to unknown step {name!r}")
-                    continue
-            else:
-                errors.append(f"{label}: {ref} refers to unknown step {name!r}")
-                continue
-            if pos >= i:
-                which = "itself" if pos == i else f"later step {ids[pos]!r}"
-                errors.append(f"{label}: {ref} refers to {which}; only earlier steps can be used")
+            problem = _reference_problem(m, i, step, ids, mine, before, graph=allowed is not None)
+            if problem:
+                errors.append(f"{label}: {problem}")
         for text in _strings([dict(step.input), dict(step.template)]):
             stripped = REF_RE.sub("", text)
             if _LEFTOVER_STEPS in stripped:
                 errors.append(f"{label}: malformed reference in {text!r}")
     return errors
+
+
+def _reference_problem(
+    m: re.Match[str],
+    i: int,
+    step: StepRefs,
+    ids: Sequence[str],
+    mine: frozenset[int],
+    before: int | None,
+    *,
+    graph: bool,
+) -> str | None:
+    ref = m.group(0)
+    if m.group("item"):
+        return None if step.for_each is not None else f"{ref} is only set in a for_each step"
+    if m.group("prev"):
+        if before is not None:
+            return None
+        if graph:
+            return f"{ref} refers to a single previous step; there is none (use $steps.<id>)"
+        return f"{ref} refers to a previous step; there is none"
+    name = m.group("step")
+    if name in ids:
+        pos = ids.index(name)
+    elif name.isdigit() and int(name) < len(ids):
+        pos = int(name)
+    else:
+        return f"{ref} refers to unknown step {name!r}"
+    if pos == i:
+        return f"{ref} refers to itself; only earlier steps can be used"
+    if pos in mine:
+        return None
+    if not graph:
+        return f"{ref} refers to later step {ids[pos]!r}; only earlier steps can be used"
+    return (
+        f"{ref} refers to step {ids[pos]!r}, which it does not wait for: add {ids[pos]!r} "
+        "to its needs"
+    )
 
 
 def _strings(value: Any) -> Iterator[str]:

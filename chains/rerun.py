@@ -1,7 +1,8 @@
 """Re-running a chain run from a step: a new run whose earlier steps are the recorded ones.
 
-The new run starts with copies of the source run's step records before ``from_step``
-(status ``succeeded``, their stored outputs); the runner skips succeeded steps and feeds
+The new run starts with copies of the source run's step records before ``from_step`` (in a
+graph: of every succeeded step that does not wait for ``from_step``) (status ``succeeded``,
+their stored outputs); the runner skips succeeded steps and feeds
 their outputs to later references, so those steps do not run again. Its fire key is
 ``rerun:<source run id>:<uuid>`` and its fire time the source's (the steps see the same
 ``triggered_at``).
@@ -64,7 +65,22 @@ async def rerun_from(
     spec = spec_of(schedule)
     step_ids = [r.id for r in spec.step_refs()]
     idx = step_index(from_step, step_ids)
-    for i in range(idx):
+    graph = spec.graph()
+    # a line: the steps before it; a graph: the steps it waits for must have succeeded, and
+    # every step that does not wait for it keeps its output when it has one
+    if graph.is_graph:
+        again = graph.descendants(idx) | {idx}
+        required = sorted(graph.ancestors(idx))
+        kept = [
+            i
+            for i in range(len(step_ids))
+            if i not in again
+            and (st := recorded.get(i)) is not None
+            and st.status == StepStatus.SUCCEEDED
+        ]
+    else:
+        required = kept = list(range(idx))
+    for i in required:
         st = recorded.get(i)
         if st is None or st.status != StepStatus.SUCCEEDED:
             state = st.status if st else "not recorded"
@@ -94,7 +110,7 @@ async def rerun_from(
             )
         )
         await s.flush()
-        for i in range(idx):
+        for i in kept:
             st = recorded[i]
             s.add(
                 ChainStep(

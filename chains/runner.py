@@ -8,7 +8,8 @@
   after its worker died skips the steps that already succeeded and feeds their stored
   outputs to later references.
 * A step whose output is empty stops the chain (``stopped_empty``; later steps
-  ``skipped``); a failed step fails the run with that step's error; a reference that does
+  ``skipped``) — empty by the guard or by the schedule's or step's ``empty_when``
+  (``chains.emptiness``); with ``quiet_when_empty`` such a run sends nothing. A failed step fails the run with that step's error; a reference that does
   not resolve fails the step ``non_retriable`` before it runs.
 """
 
@@ -23,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 from chains import policies
 from chains import runstore as rs
 from chains.deliver import deliver_outcome, deliver_step_files, workspace_of_spec
-from chains.guard import is_empty_output
+from chains.emptiness import Rule, is_empty
+from chains.emptiness import parse as parse_rules
+from chains.graphrun import GraphRun
 from chains.refs import UnresolvedReference, resolve_input
 from chains.runs import enqueue_run
 from chains.schedules import ScheduleSpec, spec_of
@@ -201,6 +204,9 @@ class _ChainRun:
         )
         if self.lease.lost >= MAX_RUNS:
             return await self._fail_lost(records)
+        graph = spec.graph()
+        if graph.is_graph:  # needs / for_each: chains.graphrun
+            return await GraphRun(self, refs, records, graph).run()
         outputs: list[Any] = []
         for i, step in enumerate(spec.steps):
             rec = records[i]
@@ -235,13 +241,14 @@ class _ChainRun:
             env = await telemetry.traced(
                 "skilljobs.chain_step", executing, attrs=_step(i, refs[i].id, step.skill)
             )
-            if scope is not None and (is_failure(env) or is_empty_output(env)):
+            empty = not is_failure(env) and is_empty(env, self._empty_rules(step))
+            if scope is not None and (is_failure(env) or empty):
                 scope.close()
             if is_failure(env):
                 error = f"step {i} ({refs[i].id}, {step.skill}): {env.get('error') or 'failed'}"
                 await self._record(i, rs.FAILED, data, env, error, started=started)
                 return await self._close_after(i, rs.FAILED, error)
-            if is_empty_output(env):
+            if empty:
                 note = f"step {i} ({refs[i].id}, {step.skill}) returned nothing; chain stopped"
                 await self._record(i, rs.STOPPED_EMPTY, data, env, None, started=started)
                 return await self._close_after(i, rs.STOPPED_EMPTY, note)
@@ -265,6 +272,10 @@ class _ChainRun:
 
         ws = workspace_of_spec(self.svc, self.spec)
         return begin_scope(ws, f"{self.lease.run_id}:{i}") if ws is not None else None
+
+    def _empty_rules(self, step: Any) -> list[Rule]:
+        """The schedule's ``empty_when`` and the step's (validated when they were stored)."""
+        return parse_rules(self.spec.empty_when) + parse_rules(step.empty_when)
 
     def _each_step(self) -> bool:
         return bool((self.spec.deliver or {}).get("each_step"))
@@ -292,19 +303,25 @@ class _ChainRun:
             at = i
         return await self._close_after(at, rs.FAILED, reason)
 
-    async def _execute(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
+    async def _execute(
+        self, skill: str, data: dict[str, Any], ctx: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Run ``skill`` (transient failures again, up to the run cap). ``ctx``: a context
+        built by :meth:`_context` already (the items of a for_each step share one)."""
         runs = 0
         while True:
             runs += 1
-            env = await self._execute_once(skill, data)
+            env = await self._execute_once(skill, data, ctx)
             transient = is_failure(env) and env.get("error_type") == "transient"
             if not transient or is_non_retriable(env) or runs >= MAX_RUNS:
                 return env
             log.info("chain run %s: %s failed transiently (run %s)", self.lease.run_id, skill, runs)
             await asyncio.sleep(TRANSIENT_BACKOFF_SEC * 2 ** (runs - 1))
 
-    async def _execute_once(self, skill: str, data: dict[str, Any]) -> dict[str, Any]:
-        ctx = await self._context(skill)
+    async def _execute_once(
+        self, skill: str, data: dict[str, Any], shared: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        ctx = dict(shared) if shared is not None else await self._context(skill)
         wall = self.spec.policy.wall_sec
         task = asyncio.ensure_future(self.executor.run(skill, data, ctx, policy_wall_sec=wall))
         lost = asyncio.ensure_future(self.lost.wait())
@@ -377,7 +394,12 @@ class _ChainRun:
 
     async def _close(self, status: str, error: str | None, final: Any) -> str:
         result: dict[str, Any] = {"output": rs.cap_output(final)} if final is not None else {}
-        if self.spec.deliver:
+        if status == rs.STOPPED_EMPTY and self.spec.quiet_when_empty:
+            # nothing to say: no delivery at all (the run's record says why)
+            result["delivery"] = "quiet"
+            if self.final_scope is not None:
+                self.final_scope.close()
+        elif self.spec.deliver:
             sent = await deliver_outcome(
                 self.svc,
                 self.lease,

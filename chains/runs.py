@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 
 from chains import runstore as rs
+from chains.graph import ITEM_BASE, item_of
 from chains.runstore import arq_job_id, enqueue_number
 from jobs import audit
 from jobs.constants import FN_RUN_CHAIN
@@ -109,8 +110,30 @@ def _step_dict(step: ChainStep) -> dict[str, Any]:
     }
 
 
-def run_dict(run: ChainRun, steps: list[ChainStep]) -> dict[str, Any]:
-    """Chain run JSON (SPEC §10)."""
+def run_dict(
+    run: ChainRun, steps: list[ChainStep], spec: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Chain run JSON (SPEC §10). The item runs of ``for_each`` steps are counted in their
+    step's ``items`` (``?items`` of the API lists them); ``spec``: the schedule's steps, for
+    each step's ``needs`` and ``for_each`` (the graph the dashboard draws)."""
+    own = [s for s in steps if s.idx < ITEM_BASE]
+    counts: dict[int, dict[str, int]] = {}
+    for s in steps:
+        found = item_of(s.idx)
+        if found is not None:
+            per = counts.setdefault(found[0], {"total": 0})
+            per["total"] += 1
+            per[s.status] = per.get(s.status, 0) + 1
+    shape = {st.get("id"): st for st in (spec or {}).get("steps") or [] if isinstance(st, dict)}
+    out_steps = []
+    for s in sorted(own, key=lambda x: x.idx):
+        d = _step_dict(s)
+        declared = shape.get(s.step_id) or {}
+        d["needs"] = declared.get("needs")
+        d["for_each"] = declared.get("for_each")
+        if s.idx in counts:
+            d["items"] = counts[s.idx]
+        out_steps.append(d)
     return {
         "id": run.id,
         "schedule_id": run.schedule_id,
@@ -123,7 +146,7 @@ def run_dict(run: ChainRun, steps: list[ChainStep]) -> dict[str, Any]:
         "finished_at": run.finished_at,
         "error": run.error,
         "result": run.result,
-        "steps": [_step_dict(s) for s in sorted(steps, key=lambda x: x.idx)],
+        "steps": out_steps,
     }
 
 
@@ -150,15 +173,25 @@ async def list_runs(target: Any, schedule_id: str, *, limit: int = 50) -> list[d
     return [run_dict(r, steps[r.id]) for r in runs]
 
 
-async def get_run(target: Any, run_id: str) -> dict[str, Any] | None:
-    """Chain run JSON, or None."""
+async def get_run(target: Any, run_id: str, *, items: bool = False) -> dict[str, Any] | None:
+    """Chain run JSON, or None. ``items``: also ``"items"``, every item run of its
+    ``for_each`` steps (``{"id", "step", "item", "status", "input", "output", "error"…}``)."""
     async with sessions_of(target)() as s:
         run = await s.get(ChainRun, run_id)
         if run is None:
             return None
         q = select(ChainStep).where(ChainStep.run_id == run_id)
         steps = list((await s.execute(q)).scalars())
-    return run_dict(run, steps)
+        schedule = await s.get(Schedule, run.schedule_id)
+    spec = {"steps": schedule.steps} if schedule is not None else None
+    out = run_dict(run, steps, spec)
+    if items:
+        rows = sorted((st for st in steps if st.idx >= ITEM_BASE), key=lambda x: x.idx)
+        out["items"] = [
+            {**_step_dict(st), "step": (item_of(st.idx) or (0, 0))[0], "item": st.idx % ITEM_BASE}
+            for st in rows
+        ]
+    return out
 
 
 async def last_runs(target: Any) -> dict[str, ChainRun]:

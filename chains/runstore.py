@@ -12,9 +12,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, or_, select, update
+from sqlalchemy import bindparam, case, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from chains.graph import ITEM_BASE
 from jobs import storable
 from jobs.db import Sessions, rowcount
 from jobs.models import ChainRun, ChainRunStatus, ChainStep, StepStatus
@@ -230,6 +231,41 @@ async def ensure_steps(sm: Sessions, lease: Lease, steps: list[tuple[str, str]])
     return [have[i] for i in sorted(have)]
 
 
+async def ensure_items(
+    sm: Sessions, lease: Lease, idx: list[int], step_id: str, skill: str
+) -> dict[int, ChainStep]:
+    """The item rows ``idx`` of a for_each step (``chains.graph.item_idx``), creating the
+    missing ones as ``pending`` (``<step_id>[<item>]``): row index → row."""
+    async with sm() as s:
+        await _fence(s, lease)
+        have = {
+            st.idx: st
+            for st in (
+                await s.execute(
+                    select(ChainStep).where(
+                        ChainStep.run_id == lease.run_id,
+                        ChainStep.idx >= min(idx, default=0),
+                        ChainStep.idx <= max(idx, default=0),
+                    )
+                )
+            ).scalars()
+        }
+        new = [
+            ChainStep(
+                run_id=lease.run_id,
+                idx=i,
+                step_id=f"{step_id}[{i % ITEM_BASE}]",
+                skill=skill,
+            )
+            for i in idx
+            if i not in have
+        ]
+        s.add_all(new)
+        await s.commit()
+        have.update({row.idx: row for row in new})
+    return have
+
+
 def _storable_values(values: dict[str, Any]) -> dict[str, Any]:
     """Step and run values fit for their columns (``jobs.storable``): texts escaped and
     capped, JSON values escaped and JSON-typed."""
@@ -253,6 +289,28 @@ async def set_step(sm: Sessions, lease: Lease, idx: int, **values: Any) -> None:
             .where(ChainStep.run_id == lease.run_id, ChainStep.idx == idx)
             .values(**values)
         )
+        await s.commit()
+
+
+async def set_steps(sm: Sessions, lease: Lease, rows: list[tuple[int, dict[str, Any]]]) -> None:
+    """:func:`set_step` for many rows (for_each items) in one fenced transaction; every row
+    sets the same columns."""
+    if not rows:
+        return
+    names = sorted(rows[0][1])
+    params = [
+        {"b_idx": idx, **{f"b_{k}": v for k, v in _storable_values(values).items()}}
+        for idx, values in rows
+    ]
+    table: Any = ChainStep.__table__  # Core: an executemany UPDATE keyed by idx, not by id
+    stmt = (
+        update(table)
+        .where(table.c.run_id == lease.run_id, table.c.idx == bindparam("b_idx"))
+        .values({k: bindparam(f"b_{k}", type_=table.c[k].type) for k in names})
+    )
+    async with sm() as s:
+        await _fence(s, lease)
+        await s.execute(stmt, params)
         await s.commit()
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from chains import policies
 from chains.cron import CronError, next_fire
 from chains.policies import Busy, Fire
 from chains.runs import QUEUED, arq_job_id, enqueue_number, enqueue_run
+from chains.timing import expr_of
 from jobs.constants import FN_RUN_CHAIN
 from jobs.db import rowcount
 from jobs.models import ChainRun, ChainRunStatus, Schedule
@@ -134,6 +136,7 @@ class Scheduler:
                 Schedule.next_fire_at,
                 Schedule.misfire,
                 Schedule.overlap,
+                Schedule.options,
             )
             .where(Schedule.enabled.is_(True), Schedule.next_fire_at <= now)
             .order_by(Schedule.next_fire_at)
@@ -141,19 +144,22 @@ class Scheduler:
         )
 
     @staticmethod
-    def _plan(row: Any, now: float, busy: Busy) -> tuple[list[Fire], float]:
-        """(what each due fire time becomes, next fire time after now)."""
+    def _plan(row: Any, now: float, busy: Busy) -> tuple[list[Fire], float | None]:
+        """(what each due fire time becomes, next fire time after now: None when a one-shot
+        schedule has fired)."""
         tz = ZoneInfo(row.timezone)
         old = row.next_fire_at
-        grace = policies.grace_of(row.misfire, row.cron, tz, old)
+        expr = expr_of(row.cron, row.options)  # its cron moved by its jitter, or its `at`
+        grace = policies.grace_of(row.misfire, expr, tz, old)
         cap = policies.MISSED_ROWS_CAP + policies.CATCH_UP_CAP
-        fires = policies.due_fires(row.cron, tz, old, now, cap) or [old]
+        fires = policies.due_fires(expr, tz, old, now, cap) or [old]
         plan = policies.plan_fires(
             fires, now, misfire=row.misfire, overlap=row.overlap, grace=grace, busy=busy
         )
         if fires[0] > old:
             log.info("schedule %s: fire times before %s not recorded (downtime)", row.id, fires[0])
-        return plan, next_fire(row.cron, tz, now)
+        nxt = next_fire(expr, tz, now)
+        return plan, nxt if math.isfinite(nxt) else None
 
     async def _claim_batch(self, now: float) -> list[str]:
         """PostgreSQL: one transaction claims the whole due batch. ``FOR UPDATE SKIP
@@ -166,7 +172,7 @@ class Scheduler:
                 return []
             busy = await policies.busy_of(self.sm, [row.id for row in due])
             plans: dict[str, list[Fire]] = {}
-            advance: list[tuple[str, float, float, float]] = []
+            advance: list[tuple[str, float, float | None, float]] = []
             for row in due:
                 try:
                     plan, new_next = self._plan(row, now, busy.get(row.id, Busy()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import uuid
@@ -14,11 +15,23 @@ from sqlalchemy import select
 from sqlalchemy import update as sa_update
 from sqlalchemy.exc import IntegrityError
 
+from chains import emptiness
 from chains.cron import CronError, next_fire, parse
+from chains.graph import (
+    DEFAULT_MAX_ITEMS,
+    DEFAULT_PARALLEL,
+    MAX_ITEMS_CAP,
+    MAX_PARALLEL,
+    Graph,
+    GraphError,
+)
+from chains.graph import build as build_graph
 from chains.refs import StepRefs, static_errors
+from chains.timing import MAX_JITTER_S, expr_of, jitter_offset, next_time
 from jobs import audit
 from jobs.db import Sessions, sessions_of
 from jobs.models import Schedule
+from jobs.queue.delayed import WhenError, parse_duration, parse_instant
 from jobs.skill import SkillRegistry, SkillType
 
 if TYPE_CHECKING:
@@ -44,6 +57,14 @@ class StepSpec(BaseModel):
     input: dict[str, Any] = Field(default_factory=dict)
     template: dict[str, Any] = Field(default_factory=dict)
     passthrough: bool = False
+    #: what counts as an empty result of this step (``chains.emptiness``), besides the guard
+    empty_when: str | list[str] | None = None
+    #: the steps it waits for (``chains.graph``); none given anywhere: a line
+    needs: list[str] | None = None
+    #: ``"$steps.<id>.<path>"``: run once per item of that list (``$item``); output: the list
+    for_each: str | None = None
+    #: items a for_each step runs at most (more: the step fails, nothing runs)
+    max_items: int = Field(default=DEFAULT_MAX_ITEMS, ge=1, le=MAX_ITEMS_CAP)
 
 
 class Policy(BaseModel):
@@ -51,6 +72,8 @@ class Policy(BaseModel):
 
     chat_mode: bool = False
     wall_sec: float | None = Field(default=None, gt=0)
+    #: steps (and for_each items) of a graph running at once
+    max_parallel: int = Field(default=DEFAULT_PARALLEL, ge=1, le=MAX_PARALLEL)
     pause_after_failures: int | None = Field(default=None, ge=1)
 
     @field_validator("chat_mode")
@@ -88,7 +111,16 @@ class ScheduleSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=255)
-    cron: str
+    cron: str | None = None
+    #: a one-shot schedule instead of ``cron``: ISO 8601 (in ``timezone`` without an offset)
+    #: or epoch seconds (``chains.timing``)
+    at: str | float | None = None
+    #: fire times moved by a fixed offset within this (``30s``, ``5m``), per schedule
+    jitter: str | float | None = None
+    #: a run that stops empty ends ``stopped_empty`` without a delivery
+    quiet_when_empty: bool = False
+    #: what counts as an empty result of every step (``chains.emptiness``)
+    empty_when: str | list[str] | None = None
     timezone: str = "UTC"
     identity: dict[str, Any] = Field(default_factory=dict)
     deliver: dict[str, Any] | None = None
@@ -105,12 +137,58 @@ class ScheduleSpec(BaseModel):
 
     def step_refs(self) -> list[StepRefs]:
         return [
-            StepRefs(s.id or str(i), s.input, s.template, s.passthrough)
+            StepRefs(
+                s.id or str(i),
+                s.input,
+                s.template,
+                s.passthrough,
+                tuple(s.needs) if s.needs is not None else None,
+                s.for_each,
+            )
             for i, s in enumerate(self.steps)
         ]
 
+    def graph(self) -> Graph:
+        """Which steps wait for which (raises :class:`chains.graph.GraphError`)."""
+        refs = self.step_refs()
+        return build_graph(
+            [r.id for r in refs], [s.needs for s in self.steps], [s.for_each for s in self.steps]
+        )
+
     def file_fields(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude={"enabled"})
+        out = self.model_dump(mode="json", exclude={"enabled"})
+        # a step stores the graph and emptiness fields only when it uses them
+        for step in out["steps"]:
+            for key in ("needs", "for_each", "empty_when"):
+                if step.get(key) is None:
+                    step.pop(key, None)
+            if step.get("max_items") == DEFAULT_MAX_ITEMS and step.get("for_each") is None:
+                step.pop("max_items", None)
+        return out
+
+    def options(self) -> dict[str, Any]:
+        """The ``options`` column: the timing and emptiness fields, with what the scheduler
+        needs of them computed (the one-shot time, the jitter offset)."""
+        opts: dict[str, Any] = {}
+        if self.at is not None:
+            opts["at"] = self.at
+            opts["at_epoch"] = parse_instant(self.at, self.timezone)
+        if self.jitter is not None:
+            opts["jitter"] = self.jitter
+            opts["jitter_offset_s"] = jitter_offset(self.name, parse_duration(self.jitter))
+        if self.quiet_when_empty:
+            opts["quiet_when_empty"] = True
+        if self.empty_when is not None:
+            opts["empty_when"] = self.empty_when
+        return opts
+
+    @property
+    def timing(self) -> str:
+        """The ``chains.cron`` expression it fires by."""
+        return expr_of(self.cron or "", self.options())
+
+    def first_fire(self, now: float) -> float | None:
+        return next_time(self.cron or "", self.options(), self.timezone, now)
 
 
 def _pydantic_problems(exc: ValidationError) -> list[str]:
@@ -150,7 +228,7 @@ def validate(data: Any, registry: SkillRegistry | None) -> ScheduleSpec:
         raise ScheduleError(_pydantic_problems(exc)) from None
 
     problems = [*_header_problems(spec), *_step_problems(spec, registry)]
-    problems.extend(static_errors(spec.step_refs()))
+    problems.extend(_reference_problems(spec))
     if problems:
         raise ScheduleError(problems)
     return spec
@@ -159,10 +237,14 @@ def validate(data: Any, registry: SkillRegistry | None) -> ScheduleSpec:
 def _header_problems(spec: ScheduleSpec) -> list[str]:
     """Cron, time zone, identity and recipient of a schedule."""
     problems: list[str] = []
-    try:
-        parse(spec.cron)
-    except CronError as exc:
-        problems.append(f"cron: {exc}")
+    if (spec.cron is None) == (spec.at is None):
+        problems.append("cron: give cron (five fields) or at (one time), one of them")
+    elif spec.cron is not None:
+        try:
+            parse(spec.cron)
+        except CronError as exc:
+            problems.append(f"cron: {exc}")
+    problems.extend(_option_problems(spec))
     try:
         ZoneInfo(spec.timezone)
     except (ZoneInfoNotFoundError, ValueError):
@@ -178,6 +260,54 @@ def _header_problems(spec: ScheduleSpec) -> list[str]:
             problems.append("deliver: needs a recipient: `to`, `target` or `session_id`")
         elif len(given) > 1:
             problems.append(f"deliver: give one recipient, not {' and '.join(given)}")
+    return problems
+
+
+def _reference_problems(spec: ScheduleSpec) -> list[str]:
+    """References (to earlier steps in a line, to the steps it waits for in a graph), and
+    the graph itself: needs that are unknown or form a cycle, for_each values."""
+    refs = spec.step_refs()
+    if len({r.id for r in refs}) != len(refs):
+        return static_errors(refs)  # duplicate ids: named by the step checks
+    try:
+        graph = spec.graph()
+    except GraphError as exc:
+        return exc.problems
+    if not graph.is_graph:
+        return static_errors(refs)
+    problems = static_errors(
+        refs,
+        [graph.ancestors(i) for i in range(len(refs))],
+        [graph.prev(i) for i in range(len(refs))],
+    )
+    if spec.deliver and spec.deliver.get("each_step"):
+        problems.append("deliver.each_step: applies to chains that are a line (no needs)")
+    return problems
+
+
+def _option_problems(spec: ScheduleSpec) -> list[str]:
+    """``at``, ``jitter`` and the ``empty_when`` rules of the schedule and its steps."""
+    problems: list[str] = []
+    if spec.at is not None:
+        try:
+            parse_instant(spec.at, spec.timezone)
+        except WhenError as exc:
+            problems.append(f"at: {str(exc).replace('run_at', 'at')}")
+    if spec.jitter is not None:
+        try:
+            if parse_duration(spec.jitter) > MAX_JITTER_S:
+                problems.append(f"jitter: at most {MAX_JITTER_S:g} seconds")
+            elif spec.at is not None:
+                problems.append("jitter: applies to cron schedules, not to a one-shot `at`")
+        except WhenError as exc:
+            problems.append(f"jitter: {exc}")
+    rules = [("empty_when", spec.empty_when)]
+    rules += [(f"steps.{i}.empty_when", st.empty_when) for i, st in enumerate(spec.steps)]
+    for where, rule in rules:
+        try:
+            emptiness.parse(rule)
+        except emptiness.RuleError as exc:
+            problems.append(f"{where}: {exc}")
     return problems
 
 
@@ -236,12 +366,16 @@ def next_fires(schedule: Schedule, n: int = NEXT_FIRES) -> list[float]:
     if not schedule.enabled or schedule.next_fire_at is None or n < 1:
         return []
     try:
-        tz, cron = ZoneInfo(schedule.timezone), parse(schedule.cron)
+        tz = ZoneInfo(schedule.timezone)
+        cron = parse(expr_of(schedule.cron, schedule.options))
     except (CronError, ValueError, KeyError):
         return [schedule.next_fire_at]  # stored before a check that refuses it now
     out = [schedule.next_fire_at]
     while len(out) < min(n, MAX_NEXT_FIRES):
-        out.append(next_fire(cron, tz, out[-1]))
+        nxt = next_fire(cron, tz, out[-1])
+        if not math.isfinite(nxt):
+            break  # a one-shot schedule
+        out.append(nxt)
     return out
 
 
@@ -251,7 +385,8 @@ def to_dict(schedule: Schedule, *, fires: int = NEXT_FIRES) -> dict[str, Any]:
     return {
         "id": schedule.id,
         "name": schedule.name,
-        "cron": schedule.cron,
+        "cron": schedule.cron or None,
+        **_file_options(schedule.options),
         "timezone": schedule.timezone,
         "identity": schedule.identity or {},
         "deliver": schedule.deliver,
@@ -270,12 +405,24 @@ def to_dict(schedule: Schedule, *, fires: int = NEXT_FIRES) -> dict[str, Any]:
     }
 
 
+def _file_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """The schedule-file fields kept in the ``options`` column."""
+    opts = options or {}
+    return {
+        "at": opts.get("at"),
+        "jitter": opts.get("jitter"),
+        "quiet_when_empty": bool(opts.get("quiet_when_empty")),
+        "empty_when": opts.get("empty_when"),
+    }
+
+
 def spec_of(schedule: Schedule) -> ScheduleSpec:
     """The stored schedule as a spec (already validated when it was stored)."""
     return ScheduleSpec.model_validate(
         {
             "name": schedule.name,
-            "cron": schedule.cron,
+            "cron": schedule.cron or None,
+            **{k: v for k, v in _file_options(schedule.options).items() if v is not None},
             "timezone": schedule.timezone,
             "identity": schedule.identity or {},
             "deliver": schedule.deliver,
@@ -302,11 +449,13 @@ async def create(
     if not isinstance(spec, ScheduleSpec):
         spec = validate(spec, _registry(target))
     now = time.time() if now is None else now
+    _refuse_past(spec, now)
     fields = spec.file_fields()
     row = Schedule(
         id=uuid.uuid4().hex,
         name=spec.name,
-        cron=spec.cron,
+        cron=spec.cron or "",
+        options=spec.options() or None,
         timezone=spec.timezone,
         identity=fields["identity"],
         steps=fields["steps"],
@@ -316,7 +465,7 @@ async def create(
         alert=fields["alert"],
         deliver=fields["deliver"],
         enabled=spec.enabled,
-        next_fire_at=next_fire(spec.cron, spec.tz, now),
+        next_fire_at=spec.first_fire(now),
         created_at=now,
         updated_at=now,
     )
@@ -329,6 +478,11 @@ async def create(
     if actor is not None:
         await _audit(sm, "schedule.create", row.id, actor, name=row.name)
     return row
+
+
+def _refuse_past(spec: ScheduleSpec, now: float) -> None:
+    if spec.at is not None and spec.first_fire(now) is None:
+        raise ScheduleError([f"at: {spec.at!r} has passed; a one-shot schedule needs a later time"])
 
 
 async def list_schedules(target: Any) -> list[Schedule]:
@@ -369,7 +523,7 @@ async def set_enabled(
     now = time.time() if now is None else now
     values: dict[str, Any] = {"enabled": enabled, "updated_at": now}
     if enabled and not row.enabled:
-        values["next_fire_at"] = next_fire(row.cron, ZoneInfo(row.timezone), now)
+        values["next_fire_at"] = next_time(row.cron, row.options, row.timezone, now)
         values["paused_reason"] = None
     async with sm() as s:
         await s.execute(sa_update(Schedule).where(Schedule.id == row.id).values(**values))
@@ -397,7 +551,8 @@ async def update_schedule(
     fields = spec.file_fields()
     values: dict[str, Any] = {
         "name": spec.name,
-        "cron": spec.cron,
+        "cron": spec.cron or "",
+        "options": spec.options() or None,
         "timezone": spec.timezone,
         "identity": fields["identity"],
         "steps": fields["steps"],
@@ -409,9 +564,14 @@ async def update_schedule(
         "enabled": spec.enabled,
         "updated_at": now,
     }
-    timing_changed = (spec.cron, spec.timezone) != (row.cron, row.timezone)
+    timing_changed = (spec.timing, spec.timezone) != (
+        expr_of(row.cron, row.options),
+        row.timezone,
+    )
+    if timing_changed:
+        _refuse_past(spec, now)
     if timing_changed or (spec.enabled and not row.enabled):
-        values["next_fire_at"] = next_fire(spec.cron, spec.tz, now)
+        values["next_fire_at"] = spec.first_fire(now)
     if spec.enabled and not row.enabled:
         values["paused_reason"] = None
     async with sm() as s:

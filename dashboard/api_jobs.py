@@ -22,7 +22,7 @@ from jobs.crypto import ENC_TAG, REDACTED, redact
 from jobs.envelope import is_partial
 from jobs.links import file_link, file_link_key
 from jobs.models import Artifact, Delivery, Job, JobAttempt
-from jobs.queue import control, filters, limits, pauses
+from jobs.queue import control, filters, pauses, rates
 from jobs.queue.dispatcher import Dispatcher, runs_now
 from jobs.services import Services
 from jobs.settings import Settings
@@ -135,6 +135,7 @@ def job_dict(
         "phase_since": phase and phase["since"],
         "attempts": job.attempts,
         "created_at": job.created_at,
+        "run_at": job.run_at,  # a delayed job's time (``scheduled`` until then)
         "queued_at": job.queued_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
@@ -180,6 +181,9 @@ class DispatchBody(BaseModel):
     external_id: str | None = None
     idempotency_key: str | None = Field(default=None, max_length=255)
     priority: int | None = Field(default=None, ge=0, le=9)  # 0 first, 9 last
+    # later: ISO 8601 or epoch seconds / seconds from now (or "10m"); jobs.queue.delayed
+    run_at: float | str | None = None
+    delay_s: float | str | None = None
 
 
 @router.post("/dispatch")
@@ -206,7 +210,10 @@ async def _dispatch(
     key = body.idempotency_key or headers.get("idempotency-key") or None
     svc: Services = state.services
     pool: SyncPool | None = getattr(state, "sync_pool", None)
-    if pool is not None and runs_now(svc.registry, body.skill, body.context, body.external_id):
+    later = body.run_at is not None or body.delay_s is not None
+    if pool is not None and runs_now(
+        svc.registry, body.skill, body.context, body.external_id, deferred=later
+    ):
         # The sync line runs in an executor process: a CPU-bound skill cannot stall us.
         size = headers.get("content-length", "")
         running = pool.dispatch(
@@ -230,6 +237,8 @@ async def _dispatch(
         external_id=body.external_id,
         idempotency_key=key,
         priority=body.priority,
+        run_at=body.run_at,
+        delay_s=body.delay_s,
     )
     return answer.status_code, answer.body
 
@@ -283,7 +292,8 @@ async def get_job(job_id: str, request: Request) -> dict[str, Any]:
     settings = services_of(request).settings
     out["artifacts"] = await asyncio.to_thread(signed_links, settings, job_id, out["artifacts"])
     # e.g. "limit org:o1": a queued job over a concurrency limit waits for a slot
-    out["waiting_for"] = await limits.waiting_for(services_of(request), job)
+    # a full concurrency limit or an empty start-rate bucket (jobs.queue.rates)
+    out["waiting_for"] = await rates.waiting_for(services_of(request), job)
     # its skill is paused by an operator: a queued job waits for the resume
     paused = await pauses.paused_skills(services_of(request), required=False)
     out["paused"] = job.skill in paused

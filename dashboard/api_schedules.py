@@ -138,10 +138,11 @@ async def schedule_runs(
 
 
 @router.get("/chain-runs/{run_id}")
-async def chain_run(run_id: str, request: Request) -> Any:
+async def chain_run(run_id: str, request: Request, items: bool = False) -> Any:
+    """A chain run; ``?items=true`` also lists the item runs of its ``for_each`` steps."""
 
     sm = services_of(request).sessionmaker
-    run = await _call(schedules.get_run, sm, run_id)
+    run = await _call(schedules.get_run, sm, run_id, items=items)
     if run is None:
         raise not_found(f"chain run {run_id}")
     # like a job's detail: the files its outcome carried and every delivery, with custody

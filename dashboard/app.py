@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import generate_latest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -24,6 +25,7 @@ from dashboard import (
     api_files,
     api_incidents,
     api_jobs,
+    api_limits,
     api_misc,
     api_schedules,
     api_skills,
@@ -31,18 +33,20 @@ from dashboard import (
     api_tokens,
     api_workers,
     latency,
+    limit_metrics,
     shared,
 )
 from dashboard.auth import AuthError, require_token
 from dashboard.dispatch_lane import DispatchLane
 from dashboard.errors import ApiError, envelope
 from dashboard.guard import Guard
-from dashboard.metrics import CONTENT_TYPE, Metrics
+from dashboard.metrics import CONTENT_TYPE, Families, Metrics
 from dashboard.queries import BadQuery
 from dashboard.sync_pool import SyncPool
 from dashboard.tokens import TokenKey
 from jobs import counters
 from jobs.db import db_unavailable
+from jobs.queue import rates
 from jobs.services import Services
 from jobs.settings import Settings
 
@@ -148,6 +152,7 @@ def create_app(
     app.include_router(api_jobs.router, dependencies=[Depends(require_token)])
     app.include_router(api_schedules.router, dependencies=[Depends(require_token)])
     app.include_router(api_incidents.router, dependencies=[Depends(require_token)])
+    app.include_router(api_limits.router, dependencies=[Depends(require_token)])
     app.include_router(api_misc.router, dependencies=[Depends(require_token)])
     app.include_router(api_tokens.router, dependencies=[Depends(require_token)])
     app.include_router(api_stats.router, dependencies=[Depends(require_token)])
@@ -164,15 +169,18 @@ def create_app(
             latency.ratelimit_parked(svc.redis, svc.settings.key),
             counters.read(svc.redis, svc.settings),
         )
+        items = await rates.items(svc)  # settings + run-time limits
+        concurrency = {i["key"]: i["concurrency"] for i in items if i["concurrency"]}
         body = await request.app.state.metrics.render(
             svc.sessionmaker,
             request.app.state.aggregates,
-            limits=svc.settings.limits,
+            limits=concurrency,
             ratelimit_waits=waits,
             ratelimit_parked=parked,
             totals=totals,
             pending_stale_after=float(svc.settings.delivery_pending_stale_sec),
         )
+        body += generate_latest(Families(limit_metrics.rate_families, {"items": items}))
         return Response(body, media_type=CONTENT_TYPE)
 
     @app.get("/", include_in_schema=False)

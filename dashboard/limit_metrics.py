@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import func, select
@@ -104,3 +105,27 @@ def families(usage: list[KeyUsage]) -> Iterator[Metric]:
         "Limited keys whose slots are all taken.",
         value=sum(1 for u in usage if u.running >= u.slots),
     )
+
+
+def rate_families(snap: dict[str, Any]) -> Iterator[Metric]:
+    """Start-rate limits (``/api/v1/limits``, ``snap["items"]``): the rate allowed and
+    the tokens left."""
+    items: list[dict[str, Any]] = snap["items"]
+    rate = GaugeMetricFamily(
+        "skilljobs_limit_rate_per_second",
+        "Runs of the key allowed to start per second (a start-rate limit).",
+        labels=["limit"],
+    )
+    tokens = GaugeMetricFamily(
+        "skilljobs_limit_rate_tokens",
+        "Starts the key's token bucket allows right now.",
+        labels=["limit"],
+    )
+    for item in items:
+        if item["rate_per_s"] is None:
+            continue
+        rate.add_metric([item["key"]], item["rate_per_s"])
+        if item["tokens"] is not None:
+            tokens.add_metric([item["key"]], item["tokens"])
+    yield rate
+    yield tokens

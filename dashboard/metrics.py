@@ -55,6 +55,7 @@ def live_families(snap: dict[str, Any]) -> Iterator[Metric]:
     )
     g.add_metric(["queued"], depth["queued"])
     g.add_metric(["running"], depth["running"])
+    g.add_metric(["scheduled"], depth.get("scheduled", 0))  # delayed jobs not yet due
     yield g
     yield GaugeMetricFamily(
         "skilljobs_oldest_queued_age_seconds",

@@ -26,6 +26,7 @@ from jobs.models import (
     FAILED,
     QUEUED,
     RUNNING,
+    SCHEDULED,
     SUCCEEDED,
     TIMED_OUT,
     Artifact,
@@ -407,6 +408,10 @@ async def metrics_live(
 ) -> dict[str, Any]:
     """What ``/metrics`` reads at every scrape (queued and running jobs, workers)."""
     snap: dict[str, Any] = {"depth": await queue_depth(session, now, stale_after)}
+    # delayed jobs waiting for their time (the partial index of migration 0018)
+    snap["depth"]["scheduled"] = int(
+        await session.scalar(select(func.count()).where(Job.status == SCHEDULED)) or 0
+    )
     snap["live"] = await live_counts(session)
     workers = (
         await session.execute(

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.media import HEAD_BYTES, MEDIA_KINDS, file_digest, media_of, sniff, sniff_bytes
+from jobs import nofollow
+from jobs.media import HEAD_BYTES, MEDIA_KINDS, media_of, sniff_bytes, sniff_head, stream_digest
 from jobs.runscope import RunChanges
 
 log = logging.getLogger(__name__)
@@ -293,18 +294,26 @@ async def acollect(
 
 
 def _describe(real: Path, declared: _Declared) -> ArtifactInfo:
-    with open(real, "rb") as fh:
-        magic = sniff_bytes(fh.read(HEAD_BYTES), real.name)
-    if magic is not None:
-        media, mime = media_of(magic), magic
-    else:  # the bytes say nothing: a declared kind wins over header hint and extension
-        media, mime = sniff(real, declared.mime)
-        media = declared.kind or media
-    size = real.stat().st_size
-    if declared.sha256 and declared.size == size:
-        digest = declared.sha256  # hashed while it was downloaded
-    else:
-        size, digest = file_digest(real)
+    """Sniffed and hashed from one descriptor opened with no symlink followed: a file
+    swapped for a symlink after it was vetted is refused, never read through."""
+    try:
+        fd = nofollow.open_real(real)
+    except nofollow.Refused as exc:
+        raise ArtifactRefused(str(exc)) from exc
+    with os.fdopen(fd, "rb") as fh:
+        head = fh.read(HEAD_BYTES)
+        magic = sniff_bytes(head, real.name)
+        if magic is not None:
+            media, mime = media_of(magic), magic
+        else:  # the bytes say nothing: a declared kind wins over header hint and extension
+            media, mime = sniff_head(head, real, declared.mime)
+            media = declared.kind or media
+        size = os.fstat(fh.fileno()).st_size
+        if declared.sha256 and declared.size == size:
+            digest = declared.sha256  # hashed while it was downloaded
+        else:
+            fh.seek(0)
+            size, digest = stream_digest(fh)
     return ArtifactInfo(real.name, str(real), media, mime, size, digest, declared.source_url)
 
 

@@ -20,6 +20,7 @@ from delivery.channels.base import (
     DeliveryTransientError,
     with_retries,
 )
+from delivery.channels.limits import parse_target
 from delivery.channels.registry import channels_for
 from delivery.channels.web import WEB_CHANNELS, WebChannel, attachment_dict
 from delivery.channels.web_store import Outgoing
@@ -69,7 +70,11 @@ def origin_of(job: JobRow) -> Origin:
     group = group_conversation({**ctx, "actor_key": job.actor_key})
     if group:
         reply = str(ctx.get("message_id") or "").strip() or None
-        return Origin(channel, f"chat:{group}", reply_to=reply)
+        # a forum topic / thread: the result goes back into it (delivery.channels.limits)
+        thread = str(ctx.get("message_thread_id") or ctx.get("thread_id") or "").strip()
+        thread = thread.replace("/", "").replace("#", "")
+        contact = f"chat:{group}/{thread}" if thread else f"chat:{group}"
+        return Origin(channel, contact, reply_to=reply)
     if not job.actor_key:
         return Origin(channel, "", f"no {channel} recipient: the job has no actor_key")
     return Origin(channel, job.actor_key)
@@ -171,6 +176,8 @@ async def deliver_result(
     lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
     items = plan(result, artifacts, adapter, skill=job.skill, lang=lang)
     reply = _apply_directives(result, job, adapter, items) or origin.reply_to
+    # in a thread reached by replying, every item is a reply (else only the first)
+    every = adapter.thread_by_reply and parse_target(origin.contact).thread is not None
     try:
         if isinstance(adapter, WebChannel):
             web = _deliver_web(adapter, origin, items, workspace, common, job.id)
@@ -186,7 +193,7 @@ async def deliver_result(
                     workspace,
                     common,
                     job.id,
-                    reply_to=reply if i == 0 else None,
+                    reply_to=reply if i == 0 or every else None,
                     outbox=outbox,
                 )
             )

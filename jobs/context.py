@@ -87,7 +87,15 @@ CALL_PASS_KEYS: tuple[str, ...] = CALL_PASS_BASE + ACTOR_KEYS + EXTRA_KEYS
 # Where in the chat platform a request came from, beyond the person: the conversation
 # (a group chat or thread id), its kind when the chat layer says it, and the message that
 # asked. A background job keeps them, so its result goes back to that conversation.
-ORIGIN_KEYS: tuple[str, ...] = ("conversation_id", "conversation_type", "message_id")
+# ``message_thread_id``: the Telegram forum topic (or a Feishu thread, ``thread_id``) the
+# request came from: the result is posted in that topic, not the group's general thread.
+ORIGIN_KEYS: tuple[str, ...] = (
+    "conversation_id",
+    "conversation_type",
+    "message_id",
+    "message_thread_id",
+    "thread_id",
+)
 
 # Platform keys: never taken from configs, never treated as secrets by name.
 PLATFORM_KEYS: frozenset[str] = frozenset(
@@ -214,8 +222,15 @@ def _present(v: Any) -> bool:
     return v is not None and str(v).strip() != ""
 
 
+RESERVED_PREFIX = "SKILLJOBS_"  # the worker's own settings: never a skill's config
+
+
 def lookup_config(ctx: Mapping[str, Any], skill: str, key: str, default: Any = None) -> Any:
-    """A config value by the §5.1 order, then ``os.environ``; ``default`` when missing."""
+    """A config value by the §5.1 order — the skill's own configuration only, never the
+    worker's environment; ``default`` when missing. ``SKILLJOBS_*`` names are never a
+    skill's configuration (the worker's own settings)."""
+    if key.strip().upper().startswith(RESERVED_PREFIX):
+        return default
     names = [config_key(key)]
     lower = names[0].lower()
     if lower != names[0]:
@@ -233,10 +248,6 @@ def lookup_config(ctx: Mapping[str, Any], skill: str, key: str, default: Any = N
             v = layer.get(name) if isinstance(layer, Mapping) else None
             if _present(v) and not (layer is ctx and name in VOCABULARY):
                 return v
-    for name in names:
-        v = os.environ.get(name)
-        if _present(v):
-            return v
     return default
 
 

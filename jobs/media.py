@@ -19,6 +19,7 @@ import re
 import unicodedata
 from email.message import Message
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 MEDIA_KINDS = ("image", "video", "audio", "file")
@@ -210,6 +211,13 @@ def sniff(path: str | os.PathLike[str], mime_hint: str | None = None) -> tuple[s
     """``(media, mime)`` of a file: magic bytes, then ``mime_hint``, then the extension."""
     with open(path, "rb") as fh:
         head = fh.read(HEAD_BYTES)
+    return sniff_head(head, path, mime_hint)
+
+
+def sniff_head(
+    head: bytes, path: str | os.PathLike[str], mime_hint: str | None = None
+) -> tuple[str, str]:
+    """:func:`sniff` of a file whose first bytes were read already."""
     mime = sniff_bytes(head, str(path))
     if mime is None:
         hint = mime_from_header(mime_hint)
@@ -222,12 +230,17 @@ def sniff(path: str | os.PathLike[str], mime_hint: str | None = None) -> tuple[s
 
 def file_digest(path: str | os.PathLike[str], chunk: int = 1024 * 1024) -> tuple[int, str]:
     """``(size, sha256 hex)`` read in chunks, never the whole file at once."""
+    with open(path, "rb") as fh:
+        return stream_digest(fh, chunk)
+
+
+def stream_digest(fh: Any, chunk: int = 1024 * 1024) -> tuple[int, str]:
+    """``(size, sha256 hex)`` of an open binary file, from where it stands."""
     digest = hashlib.sha256()
     size = 0
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            size += len(block)
-            digest.update(block)
+    while block := fh.read(chunk):
+        size += len(block)
+        digest.update(block)
     return size, digest.hexdigest()
 
 

@@ -48,6 +48,7 @@ class Base(DeclarativeBase):
 
 
 class JobStatus(StrEnum):
+    SCHEDULED = "scheduled"  # waits for its ``run_at`` (a delayed or one-shot job)
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -84,6 +85,7 @@ class StepStatus(StrEnum):
     SKIPPED = "skipped"
 
 
+SCHEDULED = JobStatus.SCHEDULED
 QUEUED, RUNNING, SUCCEEDED, FAILED, TIMED_OUT, CANCELLED = (
     JobStatus.QUEUED,
     JobStatus.RUNNING,
@@ -173,6 +175,13 @@ class Job(Base):
             postgresql_where=text("finished_at IS NOT NULL"),
             sqlite_where=text("finished_at IS NOT NULL"),
         ),
+        # only the delayed jobs still waiting for their time (migration 0018): the promoter
+        Index(
+            "ix_jobs_scheduled_run_at",
+            "run_at",
+            postgresql_where=text("status = 'scheduled'"),
+            sqlite_where=text("status = 'scheduled'"),
+        ),
         Index(
             "ix_jobs_lease_expires_at",
             "lease_expires_at",
@@ -222,6 +231,8 @@ class Job(Base):
     phase: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
     created_at: Mapped[float] = mapped_column(Float, default=now)
+    #: when a delayed job is due (``scheduled`` until then; jobs.queue.delayed)
+    run_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     queued_at: Mapped[float] = mapped_column(Float, default=now)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -388,6 +399,8 @@ class Schedule(Base):
     overlap: Mapped[str | None] = mapped_column(String(16), nullable=True)
     alert: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     paused_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: schedule-file fields ``at``, ``jitter``, ``quiet_when_empty``, ``empty_when``
+    options: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     alerted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[float] = mapped_column(Float, default=now)
     updated_at: Mapped[float] = mapped_column(Float, default=now)
@@ -479,6 +492,19 @@ class Worker(Base):
     # and the longest block seen, in seconds.
     stalls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     longest_stall_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+
+
+class JobLimit(Base):
+    """A start-rate and/or concurrency limit set at run time (``PUT /api/v1/limits/{key}``);
+    it overrides ``SKILLJOBS_LIMITS`` for its key (jobs.queue.ratelimits)."""
+
+    __tablename__ = "job_limits"
+
+    key: Mapped[str] = mapped_column(String(160), primary_key=True)
+    rate: Mapped[str | None] = mapped_column(String(32), nullable=True)  # "2/10s"
+    concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float, default=now)
+    updated_by: Mapped[str] = mapped_column(String(128), default="", server_default="")
 
 
 class OpsAction(Base):

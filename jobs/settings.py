@@ -14,6 +14,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # The skills shipped in the package (the checkout's skills/ folder, or the installed copy).
 BUNDLED_SKILLS = Path(str(files("jobs.bundled_skills")))
+TRUSTED_MARK = "trusted="  # SKILLJOBS_SKILLS_PATH=bundled:trusted=/srv/own-skills
+
+
+def _skills_dir(entry: str) -> Path:
+    return BUNDLED_SKILLS if entry == "bundled" else Path(entry).expanduser()
 
 
 class Settings(BaseSettings):
@@ -126,6 +131,11 @@ class Settings(BaseSettings):
     worker_nice: int = Field(default=0, ge=0, le=19)
     worker_grace_sec: float = 30.0
     reconcile_interval_sec: float = 10.0
+    # Delayed jobs (run_at / delay_s): how often each worker's promoter looks for new ones;
+    # it wakes at the earliest time it knows of, so a job starts within this of its time.
+    delayed_poll_sec: float = Field(default=0.5, gt=0, le=60)
+    # Start-rate and concurrency limits set at run time: how often workers read them.
+    limits_refresh_sec: float = Field(default=1.0, gt=0, le=300)
     reconcile_stale_sec: float = 15.0  # a queued job missing from Redis this long is re-enqueued
     retry_backoff_sec: float = 1.0  # transient re-runs wait 1×, then 4× this
     scheduler_interval_sec: float = 1.0
@@ -145,8 +155,21 @@ class Settings(BaseSettings):
     # Isolation of skills from the worker.
     skill_env_passthrough: str = ""  # comma list of worker variables subprocess skills see
     skill_database_url: str | None = None  # the business database behind db_factory
-    skill_user: str | None = None  # unprivileged user for subprocess skills (root workers)
-    sandbox: str = ""  # "bwrap": subprocess skills see the system read-only
+    # The sandbox of untrusted skills (jobs.execution.sandbox): "bwrap" (default) or "none"
+    # (the operator trusts every skill: they run as the worker). Trusted: the bundled
+    # skills, entries of SKILLJOBS_SKILLS_PATH written ``trusted=<dir>``, and the folders
+    # of SKILLJOBS_TRUSTED_SKILLS (os.pathsep list).
+    sandbox: str = "bwrap"
+    trusted_skills: str = ""
+    sandbox_network: str = "slirp4netns"  # or "none": no network at all
+    # Limits of one sandboxed run (0: none): memory (data segment), CPU time, processes,
+    # largest file, the private /tmp, and the workspace's size when the run ends.
+    sandbox_memory_mb: int = Field(default=2048, ge=0)
+    sandbox_cpu_sec: int = Field(default=3600, ge=0)
+    sandbox_nproc: int = Field(default=512, ge=0)
+    sandbox_fsize_mb: int = Field(default=1024, ge=0)
+    sandbox_tmp_mb: int = Field(default=256, ge=0)
+    sandbox_workspace_mb: int = Field(default=2048, ge=0)
     # Dependency environments of skills (PEP 723, requirements.txt, package-lock.json) live
     # under <data_dir>/envs; one build may take at most this long.
     skill_env_timeout_sec: float = Field(default=600.0, gt=0)
@@ -257,12 +280,21 @@ class Settings(BaseSettings):
     def skill_dirs(self) -> list[Path]:
         if not self.skills_path:
             return [BUNDLED_SKILLS]
-        # ``bundled`` names the skills shipped with the package, wherever it is installed.
-        return [
-            BUNDLED_SKILLS if p == "bundled" else Path(p).expanduser()
-            for p in self.skills_path.split(os.pathsep)
-            if p
-        ]
+        # ``bundled`` names the skills shipped with the package, wherever it is installed;
+        # ``trusted=<dir>`` a folder whose skills run without the sandbox.
+        return [_skills_dir(p.removeprefix(TRUSTED_MARK)) for p in self._path_entries()]
+
+    def _path_entries(self) -> list[str]:
+        return [p for p in (self.skills_path or "").split(os.pathsep) if p]
+
+    @property
+    def trusted_skill_dirs(self) -> list[Path]:
+        """Folders whose skills the operator trusts: the bundled ones, ``trusted=`` entries
+        of the skills path and SKILLJOBS_TRUSTED_SKILLS."""
+        marked = [p.removeprefix(TRUSTED_MARK) for p in self._path_entries()]
+        marked = [p for p, raw in zip(marked, self._path_entries(), strict=True) if raw != p]
+        listed = [p for p in self.trusted_skills.split(os.pathsep) if p.strip()]
+        return [BUNDLED_SKILLS, *(_skills_dir(p.strip()) for p in [*marked, *listed])]
 
     @property
     def allow_hosts(self) -> list[str]:

@@ -25,6 +25,10 @@ TEXTS: dict[str, dict[str, str]] = {
         ),
         "zh": "这个任务需要一些时间，已在后台运行。完成后结果会发送到这个对话。",
     },
+    "receipt_scheduled": {
+        "en": "Scheduled: it will run at {when}; the result will be sent to this chat.",
+        "zh": "已安排：将在 {when} 运行，结果会发送到这个对话。",
+    },
     "finished": {"en": "{name} finished.", "zh": "{name} 已完成。"},
     "the_task": {"en": "The task", "zh": "任务"},
     "partial": {

@@ -222,7 +222,7 @@ const LOADERS = {
   "chain-runs": () => loadChainRun(state.id),
   deliveries: () => loadDeliveries(),
   incidents: () => loadIncidents(),
-  workers: () => loadWorkers(),
+  workers: () => Promise.all([loadWorkers(), loadLimits()]),
   audit: () => loadAudit(),
 };
 
@@ -795,6 +795,7 @@ async function openDetail(jobId) {
     ["role / org", `${job.origin.role_id || "–"} / ${job.origin.org_id || "–"}`],
     ["external id", job.origin.external_id], ["wall clock", `${job.wall_sec} s`],
   ];
+  if (job.run_at) fields.splice(3, 0, ["runs at", fmtTime(job.run_at)]); // a delayed job
   if (job.error_type) fields.push(["error type", job.error_type]);
   const trace = job.context && (job.context.trace_id || job.context.request_id);
   if (trace) fields.push(["trace id", trace]);
@@ -1054,6 +1055,7 @@ async function loadChainRun(runId) {
     ["error", run.error || "–"]]) {
     dl.append(el("dt", {}, k), el("dd", {}, v || "–"));
   }
+  drawGraph($("#chain-graph"), run.steps);
   const done = !["running", "queued"].includes(run.status);
   fillRows($("#chain-steps"), run.steps.map((st, i) => el("li", { class: "step", dataset: { step: st.id, status: st.status } },
     el("div", { class: "step-head" }, statusBadge(st.status), " ", el("strong", {}, st.id), ` (${st.skill})`,
@@ -1071,6 +1073,51 @@ async function loadChainRun(runId) {
     el("td", {}, d.recipient), el("td", {}, d.kind), el("td", {}, statusBadge(d.status)),
     el("td", {}, d.tries), el("td", {}, d.error || "–"),
     el("td", { class: "nowrap" }, deliveryActions(d, () => loadChainRun(run.id))))), "none", 6);
+}
+
+// The graph of a run whose schedule has needs / for_each: a column per depth, an edge per
+// need, each node in its state (items done / all for a for_each step).
+function drawGraph(box, steps) {
+  clear(box);
+  const graph = steps.some((s) => s.needs || s.for_each);
+  box.hidden = !graph;
+  if (!graph) return;
+  const explicit = steps.some((s) => s.needs);
+  const index = new Map(steps.map((s, i) => [s.id, i]));
+  const deps = steps.map((s, i) => (explicit ? (s.needs || []).map((n) => index.get(n)).filter((j) => j !== undefined)
+    : (i > 0 ? [i - 1] : [])));
+  const depth = [];
+  const depthOf = (i) => {
+    if (depth[i] === undefined) depth[i] = deps[i].length ? 1 + Math.max(...deps[i].map(depthOf)) : 0;
+    return depth[i];
+  };
+  const columns = [];
+  steps.forEach((_, i) => { (columns[depthOf(i)] = columns[depthOf(i)] || []).push(i); });
+  const W = 170, H = 44, GX = 60, GY = 16;
+  const pos = [];
+  columns.forEach((col, c) => col.forEach((i, r) => { pos[i] = { x: 10 + c * (W + GX), y: 10 + r * (H + GY) }; }));
+  const width = 20 + columns.length * (W + GX) - GX;
+  const height = 20 + Math.max(...columns.map((c) => c.length)) * (H + GY) - GY;
+  const root = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
+    "aria-label": "graph of the chain run" });
+  steps.forEach((_, i) => deps[i].forEach((j) => {
+    const a = pos[j], b = pos[i];
+    const x1 = a.x + W, y1 = a.y + H / 2, x2 = b.x, y2 = b.y + H / 2;
+    root.append(svg("path", { class: "edge", d: `M${x1},${y1} C${x1 + GX / 2},${y1} ${x2 - GX / 2},${y2} ${x2},${y2}`,
+      "data-from": steps[j].id, "data-to": steps[i].id }));
+  }));
+  steps.forEach((s, i) => {
+    const p = pos[i];
+    const items = s.items ? ` · ${s.items.succeeded || 0}/${s.items.total} items` : (s.for_each ? " · for each" : "");
+    const node = svg("g", { class: `node st-${s.status}`, transform: `translate(${p.x},${p.y})`,
+      "data-step": s.id, "data-status": s.status },
+    svg("title", {}, `${s.id} (${s.skill}): ${s.status}${s.error ? ` — ${s.error}` : ""}`),
+    svg("rect", { width: W, height: H }),
+    svg("text", { x: 8, y: 18 }, s.id.length > 22 ? `${s.id.slice(0, 21)}…` : s.id),
+    svg("text", { x: 8, y: 34, class: "sub" }, `${s.status}${items}`));
+    root.append(node);
+  });
+  box.append(root);
 }
 
 async function rerun(run, step, index) {
@@ -1244,6 +1291,35 @@ async function loadWorkers() {
   }), t("no worker has reported yet"), 12);
 }
 
+async function loadLimits() {
+  const got = await api("/api/v1/limits");
+  fillRows($("#limits tbody"), got.items.map((x) => el("tr", { dataset: { limitKey: x.key } },
+    el("td", { class: "mono" }, x.key),
+    el("td", {}, x.rate || "–"),
+    el("td", {}, x.tokens === null || x.tokens === undefined ? "–" : x.tokens.toFixed(2)),
+    el("td", {}, x.concurrency ? String(x.concurrency) : "–"),
+    el("td", {}, x.running === null || x.running === undefined ? "–" : String(x.running)),
+    el("td", {}, x.source === "runtime" ? `set by ${x.updated_by || "?"}` : "SKILLJOBS_LIMITS"),
+    el("td", { class: "actions" }, x.source === "runtime"
+      ? action("Unset", () => limitAction(x.key, null)) : ""),
+  )), "no limits", 7);
+}
+
+async function limitAction(key, body) {
+  const path = `/api/v1/limits/${encodeURIComponent(key)}`;
+  try {
+    if (body === null) {
+      if (!window.confirm(`Remove the run-time limit of ${key}?`)) return;
+      await api(path, { method: "DELETE" });
+      flash(`${key}: run-time limit removed`);
+    } else {
+      await api(path, { method: "PUT", json: body });
+      flash(`${key}: limit set`);
+    }
+  } catch (err) { report(err); }
+  loadLimits().catch(report);
+}
+
 const WORKER_ASK = {
   forget: "It is removed from this list (it has stopped).",
   pause: "It finishes what it runs and takes no new jobs until resumed.",
@@ -1330,6 +1406,14 @@ document.addEventListener("DOMContentLoaded", () => {
   wireFilterForm($("#deliveries-filter"), "deliveries", ["status", "channel"]);
   wireFilterForm($("#incidents-filter"), "incidents", ["status"]);
   wireFilterForm($("#audit-filter"), "audit", ["actor", "action", "target"]);
+  $("#limit-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const f = e.target.elements;
+    const body = {};
+    if (f.rate.value.trim()) body.rate = f.rate.value.trim();
+    if (f.concurrency.value.trim()) body.concurrency = Number(f.concurrency.value.trim());
+    limitAction(f.key.value.trim(), body);
+  });
   $("#audit-older").addEventListener("click", () => {
     if (!state.auditNext) return;
     const p = formParams($("#audit-filter"), ["actor", "action", "target"]);

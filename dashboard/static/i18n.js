@@ -88,6 +88,12 @@ const ZH = {
   "It finishes what it runs and takes no new jobs until resumed.": "它会完成正在运行的任务，恢复前不再领取新任务。",
   "It takes no new jobs, finishes what it runs, then exits.": "它不再领取新任务，完成正在运行的任务后退出。",
   "resumed": "已恢复", "draining: it exits once its jobs finish": "排空中：任务完成后退出",
+  // limits, delayed jobs, chain graphs
+  "Limits": "限额",
+  "Start rates and concurrency per skill, org or role, shared by all workers. A job over a limit waits, queued.":
+    "按技能、组织或角色设置的启动速率与并发上限，所有工作进程共享。超出限额的任务保持排队等待。",
+  "key": "键", "rate": "速率", "concurrency": "并发", "tokens now": "当前令牌", "from": "来源",
+  "Set": "设置", "Unset": "取消", "no limits": "没有限额", "scheduled": "已安排", "runs at": "运行时间",
 };
 const DICTS = { zh: ZH };
 

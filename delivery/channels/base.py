@@ -20,6 +20,7 @@ from delivery.errors import (
     DeliveryPermanentError,
     DeliveryTransientError,
 )
+from jobs import nofollow
 
 
 class SendKey:
@@ -41,10 +42,14 @@ SEND_KEY: contextvars.ContextVar[SendKey | None] = contextvars.ContextVar("send_
 
 
 def read_file(path: str | Path) -> bytes:
-    """The bytes of a local attachment, or a permanent error naming the problem."""
+    """The bytes of a local attachment, or a permanent error naming the problem. The path
+    was vetted as a real path inside a workspace: it is opened with no symlink followed, so
+    one swapped in since is refused, not read through."""
     p = Path(path)
     try:
-        return p.read_bytes()
+        return nofollow.read_real(p)
+    except nofollow.Refused as exc:
+        raise DeliveryPermanentError(f"not sent: {exc}") from exc
     except FileNotFoundError as exc:
         raise DeliveryPermanentError(f"file not found: {p.name}") from exc
     except IsADirectoryError as exc:
@@ -251,6 +256,9 @@ class Channel:
     name = ""
     #: the text can ride along with a media item
     supports_caption = False
+    #: a thread is reached by replying to a message in it (Feishu ``reply_in_thread``):
+    #: every message of a result sent there is such a reply, not only the first
+    thread_by_reply = False
     #: ``![alt](url)`` in text is turned into media by this adapter
     converts_markdown_images = False
     #: the platform drops a repeated send itself (Feishu ``uuid``, WeCom duplicate check),

@@ -40,6 +40,7 @@ from delivery.channels.limits import (
     LimitedChannel,
     LinkFor,
     Target,
+    after_first,
     rule,
     split_text,
 )
@@ -112,6 +113,7 @@ class FeishuChannel(LimitedChannel):
     name = "feishu"
     dedups = True  # ``uuid`` (the ledger key): a repeat within an hour is not sent again
     supports_caption = False
+    thread_by_reply = True
     TEXT_LIMIT = TEXT_BYTES
     RULES = {
         "image": rule(10, "jpg jpeg png webp gif bmp ico tif tiff heic"),
@@ -189,11 +191,13 @@ class FeishuChannel(LimitedChannel):
             # send, the same again when the send is repeated (a new upload's key differs)
             body["uuid"] = hashlib.sha256(key.next().encode()).hexdigest()[:50]
         if target.reply_to:
+            # in a thread: the reply goes into it (reply_in_thread, docs/channels.md)
+            answer = {**body, "reply_in_thread": True} if target.thread else body
             try:
                 data = await self._call(
                     f"/open-apis/im/v1/messages/{target.reply_to}/reply",
                     "feishu reply message",
-                    json=body,
+                    json=answer,
                 )
                 return str(data.get("message_id", ""))
             except DeliveryPermanentError:
@@ -228,7 +232,7 @@ class FeishuChannel(LimitedChannel):
             log.warning("feishu: the card was refused (%s); sent as plain text", exc)
         first = ""
         for i, plain in enumerate(split_text(text.plain, TEXT_BYTES, _escaped)):
-            place = target if i == 0 else replace(target, reply_to=None)
+            place = target if i == 0 else after_first(target)
             mid = await self._send(place, "text", {"text": plain})
             first = first or mid
         return first

@@ -198,16 +198,32 @@ class Target:
     id: str
     chat: bool = False
     reply_to: str | None = None
+    #: the topic / thread of the group conversation (Telegram ``message_thread_id``, a
+    #: Feishu thread): every message of the send goes there
+    thread: str | None = None
+
+
+#: ``chat:<id>/<thread>``: a group conversation's topic or thread
+THREAD_MARK = "/"
+
+
+def after_first(target: Target) -> Target:
+    """Where the messages after a send's first one go: the same place, no longer as a reply
+    — except in a thread that is reached by replying (Feishu), where they keep the reply."""
+    return target if target.thread else replace(target, reply_to=None)
 
 
 def parse_target(contact: str, reply_to: str | None = None) -> Target:
-    """``"chat:<id>#<message id>"`` → ``Target(id, chat=True, reply_to=…)``; an explicit
-    ``reply_to`` wins over the ``#`` suffix."""
+    """``"chat:<id>/<thread>#<message id>"`` → ``Target(id, chat=True, reply_to=…,
+    thread=…)``; an explicit ``reply_to`` wins over the ``#`` suffix."""
     place, _, anchor = contact.strip().partition("#")
     chat = place[:5].lower() == "chat:"
+    thread = None
     if chat:
         place = place[5:]
-    return Target(place.strip(), chat, reply_to or anchor.strip() or None)
+        place, _, found = place.partition(THREAD_MARK)
+        thread = found.strip() or None
+    return Target(place.strip(), chat, reply_to or anchor.strip() or None, thread)
 
 
 #: a token already taken for the next request of one send (``(channel, chat id)``): the
@@ -302,7 +318,7 @@ class LimitedChannel(Channel):
         target = parse_target(contact, reply_to)
         if caption and not self.supports_caption:
             await self._text(target, caption)  # the text is never lost with the file
-            caption, target = None, replace(target, reply_to=None)
+            caption, target = None, after_first(target)
         size = file_size(path)
         notes: list[str] = []
         current: str | None = kind if kind in self.RULES else "file"

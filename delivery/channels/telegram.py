@@ -197,6 +197,8 @@ class TelegramChannel(LimitedChannel):
 
     def _fields(self, target: Target, *, multipart: bool) -> dict[str, Any]:
         fields: dict[str, Any] = {"chat_id": target.id}
+        if target.thread and target.thread.isdigit():  # a forum topic: post in it
+            fields["message_thread_id"] = target.thread if multipart else int(target.thread)
         if target.reply_to and target.reply_to.lstrip("-").isdigit():
             reply = {"message_id": int(target.reply_to), "allow_sending_without_reply": True}
             fields["reply_parameters"] = json.dumps(reply) if multipart else reply

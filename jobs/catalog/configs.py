@@ -51,6 +51,11 @@ def _check_key(key: Any) -> str:
         raise ValueError(f"config key {key!r} is empty")
     if len(k) > MAX_ID:
         raise ValueError(f"config key {k[:20]!r}… is longer than {MAX_ID} characters")
+    if k.upper().startswith("SKILLJOBS_"):
+        raise ValueError(
+            f"config key {k!r}: SKILLJOBS_* names are the worker's own settings and are "
+            "never handed to a skill; give the skill its own credential under another name"
+        )
     return k
 
 

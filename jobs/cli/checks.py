@@ -480,6 +480,69 @@ def check_skills(settings: Settings) -> Check:
     return ok(name, f"{len(registry)} skill(s) loaded")
 
 
+def check_sandbox(settings: Settings) -> Check:
+    """Whether untrusted skills can run in the sandbox here, and which skills are trusted."""
+    from jobs.execution import sandbox
+
+    name = "sandbox"
+    mode = sandbox.sandbox_mode(settings)
+    trusted_dirs = ", ".join(str(d) for d in settings.trusted_skill_dirs[1:]) or "none"
+    if mode == "none":
+        return warn(
+            name,
+            "SKILLJOBS_SANDBOX=none: every skill runs as the worker, with its files and network",
+            "unset SKILLJOBS_SANDBOX to run untrusted skills in bubblewrap",
+        )
+    if mode != "bwrap":
+        return fail(name, f"SKILLJOBS_SANDBOX={mode!r} is not known", "use bwrap (the default)")
+    try:
+        box = sandbox.Sandbox.from_settings(settings)
+    except sandbox.SandboxUnavailable as exc:
+        return fail(name, str(exc), "fix SKILLJOBS_SANDBOX_NETWORK")
+    problem = box.problem()
+    where = " (in a container)" if in_container() else ""
+    if problem is not None:
+        return fail(
+            name,
+            f"untrusted skills are refused{where}: {problem}",
+            "install bubblewrap and slirp4netns, allow user namespaces, or mark trusted skill "
+            "folders (SKILLJOBS_SKILLS_PATH=bundled:trusted=/srv/own-skills)",
+        )
+    counts = _trust_counts(settings)
+    if "in-process" in counts:
+        return warn(
+            name,
+            f"bubblewrap works{where}; {counts}",
+            "mark their folders trusted (SKILLJOBS_SKILLS_PATH=trusted=<dir>) or ship them "
+            "as command-line scripts; `skilljobs skills check` names them",
+        )
+    return ok(
+        name,
+        f"bubblewrap works{where}; network: {box.network}; {counts}; trusted paths: "
+        f"bundled, {trusted_dirs}",
+    )
+
+
+def in_container() -> bool:
+    return os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv")
+
+
+def _trust_counts(settings: Settings) -> str:
+    from jobs.execution import sandbox
+
+    try:
+        from jobs.catalog.loader import load_registry
+
+        registry = load_registry(settings.skill_dirs)
+    except Exception:
+        return "skills not loaded"
+    modes = [sandbox.run_mode(s, settings)[0] for s in registry]
+    text = f"{modes.count('sandboxed')} skill(s) sandboxed, {modes.count('trusted')} trusted"
+    if n := modes.count("in-process"):
+        text += f", {n} in-process handler(s) of untrusted paths running in the worker"
+    return text
+
+
 def check_channel(settings: Settings, channel: str) -> Check:
     """All of a channel's credentials, or none; its API bases must be http(s) URLs."""
     required, bases = CHANNELS[channel]
@@ -648,6 +711,7 @@ async def run_checks(
         checks.append(await check_redis_auth(settings, timeout_sec))
         checks.append(await check_redis_persistence(settings, timeout_sec))
     checks.append(check_skills(settings))
+    checks.append(check_sandbox(settings))
     checks.append(check_skill_envs(settings, ok, warn))
     checks.extend(check_channel(settings, c) for c in CHANNELS)
     checks += [

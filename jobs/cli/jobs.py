@@ -68,9 +68,28 @@ def dispatch(
     priority: int | None = typer.Option(
         None, "--priority", min=0, max=9, help="Queue priority: 0 first, 9 last (default 3)."
     ),
+    at: str = typer.Option(
+        "", "--at", help="Run later, at 18:00 (next one), an ISO time or epoch seconds."
+    ),
+    tz: str = typer.Option("", "--tz", help="Time zone of --at (e.g. Asia/Shanghai)."),
+    in_: str = typer.Option("", "--in", help="Run later, after 10m, 1h30m, 45s ..."),
 ) -> None:
     """Call a skill the way the chat layer does: a receipt for background jobs, the result otherwise."""
+    from jobs.queue import delayed
+
     data = _parse_json(input, "--input")
+    run_at: float | None = None
+    try:
+        if at and in_:
+            fail("give --at or --in, not both")
+        if tz:
+            delayed.zone(tz)
+        if at:
+            run_at = delayed.clock_time(at, tz or None, time.time())
+        elif in_:
+            run_at = time.time() + delayed.parse_duration(in_)
+    except delayed.WhenError as exc:
+        fail(str(exc))
     context = {
         "channel": channel,
         "session_id": session,
@@ -88,7 +107,13 @@ def dispatch(
         from jobs.queue.dispatcher import Dispatcher
 
         res = await Dispatcher(svc).dispatch(
-            skill, data, context, external_id or None, idempotency_key or None, priority=priority
+            skill,
+            data,
+            context,
+            external_id or None,
+            idempotency_key or None,
+            priority=priority,
+            run_at=run_at,
         )
         console.print_json(json.dumps(res.body, ensure_ascii=False, default=str))
         if res.status_code >= 400:

@@ -46,7 +46,24 @@ def _row(skill: Skill, envs: Any = None) -> dict[str, object]:
         "error": skill.error,
         "warnings": list(skill.warnings),
         "env": env_state(skill, envs),
+        **run_as(skill),
         "tools": fanout_names(skill),
+    }
+
+
+def run_as(skill: Skill, settings: Any = None) -> dict[str, object]:
+    """How the skill runs: ``sandboxed``, ``trusted`` or ``in-process``, why, and the host variables the
+    operator hands it (SKILLJOBS_SKILL_ENV_PASSTHROUGH)."""
+    from jobs.cli.common import load_settings
+    from jobs.execution.sandbox import run_mode
+    from jobs.execution.subproc import passthrough_for
+
+    settings = settings or load_settings()
+    mode, why = run_mode(skill, settings)
+    return {
+        "sandbox": mode,
+        "sandbox_reason": why,
+        "host_env": list(passthrough_for(settings.skill_env_passthrough, skill.name)),
     }
 
 
@@ -148,7 +165,8 @@ def check(
         roots = [directory]
     else:
         roots = load_settings().skill_dirs
-    envs = manager(load_settings())
+    settings = load_settings()
+    envs = manager(settings)
     console = Console(highlight=False)
     findings: list[Finding] = []
     for root in roots:
@@ -163,6 +181,14 @@ def check(
             skill = skill_at(root / name if (root / name).is_dir() else root)
             if skill is not None and env_state(skill, envs) != "-":
                 console.print(f"    env: {env_state(skill, envs)}")
+            if skill is not None:
+                how = run_as(skill, settings)
+                console.print(f"    runs: {how['sandbox']} ({how['sandbox_reason']})")
+                host = how["host_env"]
+                if isinstance(host, list) and host:
+                    console.print(
+                        f"    host variables: {', '.join(host)} (SKILLJOBS_SKILL_ENV_PASSTHROUGH)"
+                    )
             for f in mine:
                 color = "red" if f.level == "error" else "yellow"
                 console.print(f"    [{color}]{f.level}:[/{color}] {f.message}", soft_wrap=True)

@@ -27,10 +27,12 @@ import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
+import threading
 import time
 import types
-from collections.abc import Iterable, Iterator, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -49,6 +51,7 @@ from jobs.execution.env_specs import (
     spec_for,
 )
 from jobs.execution.env_store import INFO, READY, Lease, Policy, PruneReport
+from jobs.execution.sandbox import Plan, Sandbox, SandboxUnavailable, sandbox_mode, trust
 from jobs.settings import Settings
 from jobs.skill import Skill
 
@@ -72,6 +75,7 @@ __all__ = [  # what a skill declares comes from env_specs, re-exported here
 log = logging.getLogger(__name__)
 
 CREATE_VENV = "creating the virtual environment"
+BUILD_TMP_MB = 2048  # the private /tmp of a sandboxed build (its download cache is there)
 PREPARING = "preparing environment"  # the job's phase while its environment is built
 DEFAULT_TIMEOUT_SEC = 600.0
 MAX_KEY_LINE = 300
@@ -172,6 +176,79 @@ def _build_environ() -> dict[str, str]:
     return env
 
 
+# What a sandboxed build is told of the deployment: where the package index is and how to
+# reach it, nothing else. uv reads neither pip.conf nor PIP_* variables, so the pip names
+# are handed to it under its own (UV_INDEX_URL, UV_FIND_LINKS…) as well.
+INDEX_NAMES = (
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_FIND_LINKS",
+    "PIP_TRUSTED_HOST",
+    "PIP_CERT",
+    "PIP_DEFAULT_TIMEOUT",
+    "UV_INDEX_URL",
+    "UV_EXTRA_INDEX_URL",
+    "UV_DEFAULT_INDEX",
+    "UV_INDEX",
+    "UV_FIND_LINKS",
+    "UV_NATIVE_TLS",
+    "UV_HTTP_TIMEOUT",
+    "NPM_CONFIG_REGISTRY",
+    "npm_config_registry",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+)
+UV_FROM_PIP = {
+    "PIP_INDEX_URL": "UV_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL": "UV_EXTRA_INDEX_URL",
+    "PIP_FIND_LINKS": "UV_FIND_LINKS",
+}
+
+
+def sandboxed_build_environ(source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a sandboxed build: built from nothing but the index and proxy
+    settings (``source``: the worker's environment)."""
+    src = os.environ if source is None else source
+    env = {k: src[k] for k in INDEX_NAMES if src.get(k)}
+    for pip_name, uv_name in UV_FROM_PIP.items():
+        if pip_name in env and uv_name not in env:
+            env[uv_name] = (
+                env[pip_name].replace(" ", "\n") if uv_name == "UV_INDEX" else env[pip_name]
+            )
+    env.update(
+        PATH=src.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        LANG="C.UTF-8",
+        HOME="/tmp",
+        TMPDIR="/tmp",
+        UV_CACHE_DIR="/tmp/uv-cache",  # per build: one build cannot poison another's cache
+        UV_LINK_MODE="copy",
+        npm_config_cache="/tmp/npm-cache",
+        UV_NO_PROGRESS="1",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        NO_COLOR="1",
+    )
+    return env
+
+
+def _local_sources(env: Mapping[str, str]) -> list[str]:
+    """Local folders a build reads packages from (find-links, CA files): bound read-only."""
+    out: list[str] = []
+    for name in ("PIP_FIND_LINKS", "UV_FIND_LINKS", "SSL_CERT_FILE", "SSL_CERT_DIR", "PIP_CERT"):
+        for part in env.get(name, "").split():
+            path = part.removeprefix("file://")
+            if path.startswith("/") and os.path.exists(path):
+                out.append(path)
+    return out
+
+
 def key_line(output: str) -> str:
     """The line of a uv / pip / npm error output that says what went wrong."""
     lines = [ln.strip(" ×╰─▶│|\t") for ln in output.splitlines()]
@@ -219,11 +296,16 @@ class EnvManager:
         *,
         timeout: float = DEFAULT_TIMEOUT_SEC,
         uv: str | Literal[False] | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.root = Path(root)
         self.timeout = timeout
         # None: look it up; False: never use uv (venv + pip)
         self.uv = find_uv() if uv is None else (uv or None)
+        # builds of untrusted skills run in this sandbox (None: as the worker)
+        self.sandbox = sandbox
+        self.settings: Settings | None = None
+        self._local = threading.local()  # what the build running in this thread may do
         self._ready: set[Path] = set()
         self._hook: Path | None = None
 
@@ -234,7 +316,13 @@ class EnvManager:
 
             return cls(Path(tempfile.gettempdir()) / "skilljobs-envs")
         timeout = float(getattr(settings, "skill_env_timeout_sec", DEFAULT_TIMEOUT_SEC))
-        return cls(Path(settings.data_dir).resolve() / "envs", timeout=timeout)
+        box = None
+        if sandbox_mode(settings) != "none":
+            with contextlib.suppress(SandboxUnavailable):
+                box = Sandbox.from_settings(settings)
+        made = cls(Path(settings.data_dir).resolve() / "envs", timeout=timeout, sandbox=box)
+        made.settings = settings
+        return made
 
     def path_of(self, spec: EnvSpec) -> Path:
         return self.root / spec.dirname
@@ -306,15 +394,21 @@ class EnvManager:
         log.info("skill %s: %s (%s)", skill.name, PREPARING, spec.source)
         t0 = time.monotonic()
         await phases.report(PREPARING, spec.source)
+        sandboxed = not trust(skill.path, self.settings)[0]
+        folder = str(skill.path)
         try:
-            await asyncio.to_thread(self.build, spec)
+            await asyncio.to_thread(self.build, spec, source_dir=folder, sandboxed=sandboxed)
         finally:
             await phases.report(None, "")
         log.info("skill %s: environment ready in %.1f s", skill.name, time.monotonic() - t0)
 
-    def build(self, spec: EnvSpec) -> Path:
-        """Build the environment unless another process did meanwhile (blocking)."""
+    def build(self, spec: EnvSpec, *, source_dir: str = "", sandboxed: bool = True) -> Path:
+        """Build the environment unless another process did meanwhile (blocking).
+        ``sandboxed``: in the sandbox, writing only the environment's folder and reading
+        only the system, the interpreter and ``source_dir`` (the skill's folder). An
+        untrusted build whose sandbox cannot start is refused."""
         path = self.path_of(spec)
+        self._local.building = (sandboxed, os.path.realpath(source_dir) if source_dir else "")
         with _file_lock(self.root / f"{spec.dirname}.lock", self.timeout):
             if (path / READY).is_file():
                 self._ready.add(path)
@@ -337,20 +431,22 @@ class EnvManager:
         return path
 
     def _step(self, argv: list[str], spec: EnvSpec, *, cwd: Path | None, what: str) -> None:
-        import subprocess
-
+        sandboxed, source_dir = getattr(self._local, "building", (False, ""))
         try:
-            res = subprocess.run(
-                argv,
-                cwd=cwd,
-                env=_build_environ(),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=self.timeout,
-                check=False,
-            )
+            if sandboxed:
+                res = self._sandboxed_step(argv, spec, cwd=cwd, source_dir=source_dir)
+            else:
+                res = subprocess.run(
+                    argv,
+                    cwd=cwd,
+                    env=_build_environ(),
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    text=True,
+                    errors="replace",
+                    timeout=self.timeout,
+                    check=False,
+                )
         except subprocess.TimeoutExpired:
             raise BuildFailed(f"{what} did not finish within {self.timeout:g} s") from None
         except OSError as exc:
@@ -364,6 +460,28 @@ class EnvManager:
                 package=package,
                 key_line=line,
             )
+
+    def _sandboxed_step(
+        self, argv: list[str], spec: EnvSpec, *, cwd: Path | None, source_dir: str
+    ) -> subprocess.CompletedProcess[str]:
+        if self.sandbox is None:
+            self.sandbox = Sandbox()  # the defaults: built without settings
+        box = self.sandbox
+        problem = box.problem()
+        if problem is not None:
+            raise BuildFailed(
+                f"the skill is not trusted and its build sandbox cannot start: {problem}"
+            )
+        env = sandboxed_build_environ()
+        path = str(self.path_of(spec))
+        ro = [source_dir, *_local_sources(env)]
+        if self.uv:
+            ro.append(os.path.dirname(os.path.realpath(self.uv)))
+        plan = Plan(cwd=str(cwd or path), ro=ro, rw=[path], tmp_mb=BUILD_TMP_MB)
+        try:
+            return box.run_sync(argv, plan, env=env, timeout=self.timeout)
+        except SandboxUnavailable as exc:
+            raise BuildFailed(str(exc)) from exc
 
     def _build_python(self, spec: EnvSpec, path: Path) -> None:
         reqs = path / "requirements.in"

@@ -15,9 +15,7 @@ import errno
 import functools
 import json
 import logging
-import os
 import shutil
-import stat
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -28,7 +26,6 @@ from typing import Any, NamedTuple
 import httpx
 
 from delivery.net.fetch import SafeFetcher
-from jobs import privileges
 from jobs.catalog.configs import ConfigStore
 from jobs.context import (
     input_secrets,
@@ -42,7 +39,7 @@ from jobs.context import (
 from jobs.crypto import SecretBox, redact
 from jobs.db import DB_UNAVAILABLE, LazySession, Sessions, create_engine, create_sessionmaker
 from jobs.envelope import failure, is_failure, normalize
-from jobs.execution import compat, envs, inprocess, input_rules, inputs, subproc
+from jobs.execution import compat, envs, inprocess, input_rules, inputs, sandbox, subproc
 from jobs.execution.callskill import WALL_DEADLINE, bind_call_skill, within_caller
 from jobs.execution.http_skill import run_http
 from jobs.execution.provider import llm_env, llm_values, provider_from, role_llm_values
@@ -124,9 +121,7 @@ class Executor:
         self._own_http: httpx.AsyncClient | None = None
         self._outbound: SafeFetcher | None = None
         self._skill_engine: Any = None
-        self._skill_user: privileges.SkillUser | bool | None = False  # False: not resolved
-        self._opened: set[str] = set()
-        self._lent: dict[str, int] = {}  # workspace → runs as the skill user using it
+        self._sandbox: sandbox.Sandbox | None = None
         self._skill_sessions: Any = None
         if config_store is None and sessionmaker is not None and box is not None:
             config_store = ConfigStore(sessionmaker, box)
@@ -140,7 +135,7 @@ class Executor:
         self._role_llm_pending: dict[str, asyncio.Future[tuple[Any, dict[str, str]]]] = {}
         self._role_providers: list[Any] = []
         self.workspace_root = settings.resolved_workspace_root if settings is not None else None
-        self.env_passthrough = subproc.parse_names(getattr(settings, "skill_env_passthrough", ""))
+        self.env_passthrough = str(getattr(settings, "skill_env_passthrough", "") or "")
         self.envs = envs.EnvManager.from_settings(settings)  # PEP 723 / requirements / npm
         # Handler files and workspaces are re-checked at most this often (seconds): an
         # edited handler is picked up, a deleted workspace re-created, without a stat per run.
@@ -412,7 +407,7 @@ class Executor:
         if missing:
             return failure(
                 f"skill {name!r} is not configured: {', '.join(missing)} missing (set with "
-                f"`skilljobs config set ROLE {name} {missing[0]} VALUE` or the environment)",
+                f"`skilljobs config set ROLE {name} {missing[0]} VALUE`)",
                 error_type="config",
                 needs_config=missing,
                 skill=name,
@@ -643,14 +638,19 @@ class Executor:
             skill, input_data, workspace=ws, skill_dir=skill_dir, check=check
         )
         env = subproc.build_env(
-            skill, rc, input_data, workspace=ws, llm_env=llm, passthrough=self.env_passthrough
+            skill,
+            rc,
+            input_data,
+            workspace=ws,
+            llm_env=llm,
+            passthrough=subproc.passthrough_for(self.env_passthrough, skill.name),
         )
         prepared = await self.envs.prepare(skill)  # built on first use, held while it runs
         if prepared is not None:
             argv = prepared.apply(argv, env)
         timeout = min(self.subprocess_timeout(skill, wall), wall)
         try:
-            res = await self._launch(argv, env, ws, skill_dir, timeout)
+            res = await self._launch(skill, argv, env, ws, prepared, timeout)
         except OSError as exc:
             if exc.errno == errno.E2BIG:
                 sizes = {k: len(env[k]) for k in ("SKILL_INPUT", "SKILL_CONTEXT")}
@@ -675,6 +675,8 @@ class Executor:
                 skill=skill.name,
                 non_retriable=True,
             ), printed
+        if res.quota:
+            return failure(res.quota, skill=skill.name, non_retriable=True), printed
         code = res.returncode if res.returncode is not None else -9
         if code != 0:
             missing = envs.import_failure(skill, subproc.decode(res.stderr[-subproc.ERROR_TAIL :]))
@@ -683,92 +685,69 @@ class Executor:
 
     async def _launch(
         self,
+        skill: Skill,
         argv: list[str],
         env: dict[str, str],
         ws: str,
-        skill_dir: str,
+        prepared: envs.Prepared | None,
         timeout: float,  # noqa: ASYNC109 - handed to run_process, which kills the group
     ) -> subproc.ProcessResult:
-        """Start the skill process: as the skill user when the worker is root (its
-        workspace handed over, a private temp dir), else as the worker."""
-        user = self.skill_user()
-        if user is not None and ws:
-            self._open_parents(ws)
-        env_dir = env.get("VIRTUAL_ENV") or os.path.dirname(
-            env.get("NODE_PATH", "").split(os.pathsep)[0]
-        )
-        if user is not None and not privileges.usable(
-            user, argv[0], skill_dir, ws, env_dir=env_dir
-        ):
-            user = None
-        if user is None:
-            with _run_dir(ws) as cwd:
-                argv = self._sandboxed(argv, cwd, skill_dir)
+        """Start the skill process: inside the sandbox unless its folder is trusted (then as
+        the worker). Either way it dies with the worker. An untrusted skill whose sandbox
+        cannot start is refused, never run as the worker."""
+        trusted, _why = sandbox.trust(skill.path, self.settings)
+        with _run_dir(ws) as cwd:
+            if trusted:
                 return await subproc.run_process(argv, env=env, cwd=cwd, timeout=timeout)
-        await self._lend(ws, user)
-        try:
-            with privileges.private_tmp(user) as tmp:
-                env = {**env, "TMPDIR": tmp}
-                argv = self._sandboxed(argv, ws, skill_dir)
-                return await subproc.run_process(argv, env=env, cwd=ws, timeout=timeout, user=user)
-        finally:
-            await asyncio.shield(self._take_back(ws))
-
-    def _sandboxed(self, argv: list[str], cwd: str, skill_dir: str) -> list[str]:
-        """``argv`` inside the configured sandbox (``SKILLJOBS_SANDBOX``), if any."""
-        if self.settings is None:
-            return argv
-        mode = str(getattr(self.settings, "sandbox", "") or "").strip().lower()
-        if mode in ("", "none"):
-            return argv
-        if mode != "bwrap":
-            raise subproc.SetupError(f"SKILLJOBS_SANDBOX={mode!r} is not known (use bwrap)")
-        data = Path(self.settings.data_dir).resolve()
-        hide = [str(data), str(self.workspace_root or "")]
-        return subproc.bwrap_argv(
-            argv, cwd=cwd, skill_dir=skill_dir, hide=hide, show=[str(data / "envs")]
-        )
-
-    async def _lend(self, ws: str, user: privileges.SkillUser) -> None:
-        """The workspace belongs to the skill user while at least one run uses it."""
-        self._lent[ws] = self._lent.get(ws, 0) + 1
-        if self._lent[ws] == 1:
-            await asyncio.to_thread(privileges.hand_over, ws, user.uid, user.gid)
-
-    async def _take_back(self, ws: str) -> None:
-        self._lent[ws] -= 1
-        if self._lent[ws] == 0:
-            del self._lent[ws]
-            await asyncio.to_thread(privileges.hand_over, ws, os.getuid(), os.getgid())
-
-    def skill_user(self) -> privileges.SkillUser | None:
-        """Who subprocess skills run as (None: the worker's own user), resolved once."""
-        if self._skill_user is False:
-            configured = getattr(self.settings, "skill_user", None)
+            box = self.sandbox()
+            problem = box.problem()
+            if problem is not None:
+                raise subproc.SetupError(
+                    f"it is not trusted and its sandbox cannot start: {problem}"
+                )
+            ro = [subproc.skill_dir(skill)]
+            if prepared is not None:
+                ro.append(str(prepared.path))
+                if prepared.esm_hook is not None:
+                    ro.append(str(prepared.esm_hook))
+            plan = sandbox.Plan(cwd=cwd, ro=ro, rw=[cwd], tmp_mb=box.limits.tmp_mb)
+            env = {**env, "TMPDIR": "/tmp"}
+            quota = box.limits.workspace_mb << 20
+            before = sandbox.workspace_usage(ws) if ws and quota else 0
             try:
-                self._skill_user = privileges.resolve_skill_user(configured)
-            except ValueError as exc:
-                log.error("subprocess skills run as the worker's user: %s", exc)
-                self._skill_user = None
-        return self._skill_user  # type: ignore[return-value]
+                res = await subproc.run_process(
+                    argv,
+                    env=env,
+                    cwd=cwd,
+                    timeout=timeout,
+                    sandbox=box,
+                    plan=plan,
+                    limits=box.limits.rlimits(),
+                )
+            except sandbox.SandboxUnavailable as exc:
+                raise subproc.SetupError(str(exc)) from exc
+            # over the quota by what this run wrote (one that was over already keeps running)
+            if ws and quota and (used := sandbox.workspace_usage(ws)) > max(quota, before):
+                res.quota = (
+                    f"the workspace holds {used / (1 << 20):.1f} MB after the run, over its "
+                    f"quota of {quota >> 20} MB (SKILLJOBS_SANDBOX_WORKSPACE_MB): remove files "
+                    "the skill no longer needs"
+                )
+            return res
 
-    def _open_parents(self, ws: str) -> None:
-        """Let other users traverse (not list) the directories above a workspace inside the
-        workspace root — and the data dir when the root is in it — so that the skill user
-        reaches its own workspace. Files there stay 0600."""
-        if self.workspace_root is None or ws in self._opened:
-            return
-        root = Path(self.workspace_root)
-        dirs = [p for p in Path(ws).parents if p == root or root in p.parents]
-        data = getattr(self.settings, "data_dir", None)
-        if data is not None and root.parent == Path(data).resolve():
-            dirs.append(root.parent)
-        for d in dirs:
-            with contextlib.suppress(OSError):
-                d.chmod(stat.S_IMODE(d.stat().st_mode) | 0o111)
-        if len(self._opened) >= WORKSPACE_MEMO:
-            self._opened.clear()
-        self._opened.add(ws)
+    def sandbox(self) -> sandbox.Sandbox:
+        """The sandbox of untrusted skills (built once; refuses an unknown mode)."""
+        mode = sandbox.sandbox_mode(self.settings)
+        if mode not in ("bwrap", "none"):
+            raise subproc.SetupError(
+                f"SKILLJOBS_SANDBOX={mode!r} is not known (use bwrap, or none to trust every skill)"
+            )
+        if self._sandbox is None:
+            try:
+                self._sandbox = sandbox.Sandbox.from_settings(self.settings)
+            except sandbox.SandboxUnavailable as exc:
+                raise subproc.SetupError(str(exc)) from exc
+        return self._sandbox
 
     @staticmethod
     def subprocess_timeout(skill: Skill, wall: float) -> float:

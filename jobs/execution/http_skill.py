@@ -15,8 +15,8 @@ The TOML (flat, or under a ``[request]`` table)::
     [response]
     path = "data.items"                  # optional: return only this part of the JSON
 
-``{name}`` placeholders are filled from the skill's configs (§5.1 order, then the
-environment), then the input, then ``{workspace}`` / ``{baseDir}``: configs win, so an input
+``{name}`` placeholders are filled from the skill's configs (§5.1 order; never the worker's
+environment, never a ``SKILLJOBS_*`` name: a missing one is ``needs_config``), then the input, then ``{workspace}`` / ``{baseDir}``: configs win, so an input
 can never replace a configured base URL or token. The scheme, host, port and path prefix of
 the URL (everything before the first placeholder the input fills) come only from the TOML
 and the configs; input values are quoted into the rest. The request goes through the
@@ -44,7 +44,7 @@ import httpx
 
 from delivery.net.fetch import FetchError
 from delivery.net.urlsafety import RefusedURL
-from jobs.context import lookup_config
+from jobs.context import RESERVED_PREFIX, lookup_config
 from jobs.envelope import failure
 from jobs.execution.subproc import OUTPUT_CAP
 from jobs.media import media_kind
@@ -56,7 +56,9 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 class TemplateError(ValueError):
-    pass
+    def __init__(self, message: str, *, missing: str | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing  # the configuration value the template lacks
 
 
 def load_spec(path: Path) -> dict[str, Any]:
@@ -91,6 +93,12 @@ class _Filler:
         v = lookup_config(self.ctx, self.skill.name, name)
         if v is not None:
             return v, False
+        if name.upper().startswith(RESERVED_PREFIX):
+            raise TemplateError(
+                f"the request template needs {{{name}}}: SKILLJOBS_* names are the worker's "
+                "own settings and are never handed to a skill",
+                missing=name,
+            )
         if name in self.input and self.input[name] is not None:
             self.used.add(name)
             return self.input[name], True
@@ -99,7 +107,8 @@ class _Filler:
         raise TemplateError(
             f"the request template needs {{{name}}}, which is neither in the input nor in "
             f"the skill's configuration (set it with: skilljobs config set ROLE "
-            f"{self.skill.name} {name} VALUE)"
+            f"{self.skill.name} {name} VALUE)",
+            missing=name,
         )
 
     def text(self, template: str) -> str:
@@ -283,7 +292,11 @@ async def run_http(
         spec = load_spec(Path(skill.entry))
         req = _build(skill, spec, _Filler(skill, input_data, ctx), wall)
     except (TemplateError, tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
-        return failure(f"HTTP skill {skill.name!r}: {exc}", error_type="config", skill=skill.name)
+        missing = getattr(exc, "missing", None)
+        extra = {"needs_config": [missing]} if missing else {}
+        return failure(
+            f"HTTP skill {skill.name!r}: {exc}", error_type="config", skill=skill.name, **extra
+        )
 
     parts = urlsplit(req.url)
     where = f"{req.method} {parts.scheme}://{parts.netloc}{parts.path}"  # never the query

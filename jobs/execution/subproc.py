@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import os
 import re
@@ -18,13 +19,14 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jobs.context import FIXED_SEGMENT, LIVE_KEYS, PLATFORM_KEYS, lookup_config
 from jobs.crypto import is_secret_key
+from jobs.execution.sandbox import Plan, Sandbox, child_setup, launcher
 from jobs.execution.skill_output import (
     ERROR_TAIL,
     LOG_CAP,
@@ -71,6 +73,7 @@ class ProcessResult:
     stderr: bytes
     timed_out: bool = False
     overflow: str | None = None  # "stdout" / "stderr" when a stream exceeded the cap
+    quota: str | None = None  # why the run's workspace is over its quota
 
 
 # --- command line -----------------------------------------------------------------------
@@ -322,6 +325,20 @@ def base_environ(passthrough: Iterable[str] = ()) -> dict[str, str]:
     return out
 
 
+def passthrough_for(raw: str | None, skill: str) -> tuple[str, ...]:
+    """The host variables the operator hands ``skill`` (SKILLJOBS_SKILL_ENV_PASSTHROUGH):
+    ``NAME`` for every skill, ``skill:NAME`` for that skill only; never ``SKILLJOBS_*``."""
+    out: list[str] = []
+    for entry in (raw or "").split(","):
+        owner, _, name = entry.strip().rpartition(":")
+        if owner and owner.strip() != skill:
+            continue
+        name = name.strip()
+        if name and _SAFE_ENV_KEY.match(name) and not name.upper().startswith("SKILLJOBS_"):
+            out.append(name)
+    return tuple(out)
+
+
 def parse_names(raw: str | None) -> tuple[str, ...]:
     """``"A, B"`` → ``("A", "B")``: the variable names of a comma list (invalid names dropped)."""
     names = (n.strip() for n in (raw or "").split(","))
@@ -336,6 +353,8 @@ def config_env(skill: Skill, ctx: Mapping[str, Any]) -> dict[str, str]:
     sc = ctx.get("skill_configs")
     own = sc.get(skill.name) if isinstance(sc, Mapping) else None
     for key, v in (own or ctx.get("skill_args") or {}).items():
+        if key.startswith("SKILLJOBS_"):
+            continue  # the worker's own settings are never a skill's credential
         if _SAFE_ENV_KEY.match(key) and key.upper() == key and v is not None:
             out[key] = v if isinstance(v, str) else _scalar(v)
     for name in skill.requires_env:
@@ -369,43 +388,31 @@ def build_env(
     return env
 
 
-# --- sandbox ----------------------------------------------------------------------------
-
-
-def bwrap_argv(
-    argv: list[str],
-    *,
-    cwd: str,
-    skill_dir: str,
-    hide: list[str],
-    show: list[str],
-) -> list[str]:
-    """``argv`` under bubblewrap: the system read-only, a fresh ``/tmp`` and ``/proc`` (own
-    pid namespace: no worker process is visible), the ``hide`` directories (data dir,
-    workspace root) replaced by empty ones, the skill folder and ``show`` read-only again,
-    and only ``cwd`` (the workspace) writable."""
-    tool = shutil.which("bwrap")
-    if tool is None:
-        raise SetupError("SKILLJOBS_SANDBOX=bwrap, but bubblewrap (bwrap) is not installed")
-    out = [tool, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
-    out += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    out += ["--perms", "1777", "--tmpfs", "/tmp"]
-    for path in hide:
-        if path and path != "/" and os.path.isdir(path):
-            out += ["--tmpfs", path]
-    for path in (skill_dir, *show):
-        if path and os.path.exists(path):
-            out += ["--ro-bind", path, path]
-    out += ["--bind", cwd, cwd, "--chdir", cwd, "--setenv", "TMPDIR", "/tmp", "--", *argv]
-    return out
-
-
 # --- running ----------------------------------------------------------------------------
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+#: who the skill processes started in this context run for (a job id; set by the runner)
+RUN_OWNER: contextvars.ContextVar[str] = contextvars.ContextVar("skill_run_owner", default="")
+_LIVE: dict[int, str] = {}  # process group of a running skill → its owner
+_STOPPING: set[asyncio.Future[None]] = set()  # network helpers being stopped
+
+
+def kill_owned(owners: Iterable[str]) -> int:
+    """SIGKILL, now, the process groups of the skills running for ``owners`` (a worker that
+    lost its leases: a peer may run them again; a sandboxed run's whole pid namespace goes
+    with its group). Returns how many groups were killed."""
+    wanted = set(owners)
+    killed = 0
+    for pid, owner in list(_LIVE.items()):
+        if owner in wanted:
+            kill_group(pid)
+            killed += 1
+    return killed
 
 
 async def _read(stream: asyncio.StreamReader, buf: bytearray, cap: int, name: str) -> None:
@@ -461,28 +468,64 @@ async def run_process(
     cwd: str | os.PathLike[str] | None,
     timeout: float,  # noqa: ASYNC109 - the group must be killed, not just the await
     cap: int = OUTPUT_CAP,
-    user: Any = None,
+    sandbox: Sandbox | None = None,
+    plan: Plan | None = None,
+    limits: Sequence[tuple[int, int]] = (),
 ) -> ProcessResult:
     """Run ``argv`` in its own process group; read stdout/stderr concurrently (each capped).
 
-    ``user`` (a :class:`jobs.privileges.SkillUser`): run as that uid/gid, no other groups.
+    With ``sandbox`` (and its ``plan``) the process runs inside bubblewrap. Either way it
+    dies with the worker (parent-death signal) and runs under ``limits`` (rlimits).
     Cancellation kills the whole group and re-raises ``CancelledError``.
     """
     loop = asyncio.get_running_loop()
-    as_user: dict[str, Any] = {}
-    if user is not None:
-        as_user = {"user": user.uid, "group": user.gid, "extra_groups": []}
-    transport, protocol = await loop.subprocess_exec(
-        lambda: _Protocol(loop),
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=cwd,
-        env=dict(env),
-        start_new_session=True,
-        **as_user,
-    )
+    # bwrap's --die-with-parent holds a sandboxed run to the worker; a bare one gets the
+    # parent-death signal. Both through an exec'd prefix when the tools exist (vfork).
+    prefix = launcher(limits, pdeathsig=sandbox is None)
+    needed = bool(limits) or sandbox is None
+    setup = child_setup(limits) if needed and not prefix else None  # (the tools are missing)
+
+    async def start(command: list[str], pass_fds: Sequence[int] = ()) -> Any:
+        return await loop.subprocess_exec(
+            lambda: _Protocol(loop),
+            *command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=True,
+            pass_fds=tuple(pass_fds),
+            preexec_fn=setup,
+        )
+
+    def run(command: list[str], pass_fds: Sequence[int] = ()) -> Any:
+        return start([*prefix, *command], pass_fds)
+
+    stop_net = None
+    if sandbox is not None and plan is not None:
+        (transport, protocol), stop_net = await sandbox.spawn(argv, plan, run)
+    else:
+        transport, protocol = await run(argv)
+    pid = transport.get_pid()
+    _LIVE[pid] = RUN_OWNER.get()
+    try:
+        return await _supervise(transport, protocol, loop, timeout, cap)
+    finally:
+        _LIVE.pop(pid, None)
+        if stop_net is not None:  # (the run is over: the helper exits without holding it)
+            _STOPPING.add(loop.run_in_executor(None, stop_net))
+            for f in [f for f in _STOPPING if f.done()]:
+                _STOPPING.discard(f)
+
+
+async def _supervise(
+    transport: Any,
+    protocol: _Protocol,
+    loop: asyncio.AbstractEventLoop,
+    timeout: float,  # noqa: ASYNC109 - the group is killed at the deadline
+    cap: int,
+) -> ProcessResult:
     proc = asyncio.subprocess.Process(transport, protocol, loop)
     assert proc.stdout is not None and proc.stderr is not None
     exited = protocol.exited

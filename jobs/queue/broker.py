@@ -375,6 +375,51 @@ async def limit_usage(services: Services, keys: Sequence[str]) -> list[int]:
     return [int(n) for n in found]
 
 
+# --- start-rate buckets (jobs.queue.rates) -------------------------------------------------
+
+
+async def buckets_to_rebuild(services: Services) -> list[str]:
+    """The rate keys whose bucket a claim found missing (Redis lost it, or it is new)."""
+    redis = services.redis
+    if redis is None:
+        return []
+    found: set[Any] = await redis.smembers(f"{queue_name(services)}:rate:rebuild")  # type: ignore[misc]
+    return sorted(k.decode() if isinstance(k, bytes) else str(k) for k in found)
+
+
+_REBUILD_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 't', ARGV[1], 'ts', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], 86400000)
+end
+redis.call('SREM', KEYS[2], ARGV[3])
+redis.call('PUBLISH', ARGV[4], '1')
+return 1
+"""
+
+
+async def rebuild_bucket(services: Services, key: str, tokens: float, at_ms: int) -> None:
+    """Write the bucket of ``key`` (unless a peer did meanwhile) and wake idle workers."""
+    queue = queue_name(services)
+    await _script(_redis(services), _REBUILD_LUA)(
+        keys=[f"{queue}:rate:{key}", f"{queue}:rate:rebuild"],
+        args=[repr(float(tokens)), at_ms, key, services.settings.key(WAKE_CHANNEL)],
+    )
+
+
+async def bucket_levels(services: Services, keys: Sequence[str]) -> list[tuple[float, int] | None]:
+    """Per rate key: (tokens, as of epoch ms) stored, or None when Redis has no bucket."""
+    redis = services.redis
+    if redis is None or not keys:
+        return [None] * len(keys)
+    queue = queue_name(services)
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.hmget(f"{queue}:rate:{key}", ["t", "ts"])
+        found = await pipe.execute()
+    return [None if t is None or ts is None else (float(t), int(float(ts))) for t, ts in found]
+
+
 # --- live events -------------------------------------------------------------------------
 
 
@@ -566,12 +611,32 @@ local function full(key, n)
   return true
 end
 
--- the limit keys this record needs a slot of, or nil when one of them is full
+-- start-rate token buckets (jobs.queue.rates): tokens left as of now, per key, in this call;
+-- a bucket Redis lost (or never had) is rebuilt from the database first (-1 until then)
+local buckets = {}
+local function tokens(k, spec)
+  if buckets[k] == nil then
+    local b = redis.call('HMGET', Q .. ':rate:' .. k, 't', 'ts')
+    if not b[1] then
+      redis.call('SADD', Q .. ':rate:rebuild', k)
+      buckets[k] = -1
+    else
+      local cap, per = tonumber(spec[1]), tonumber(spec[2])
+      local t = tonumber(b[1]) + (now - tonumber(b[2])) * cap / per
+      if t > cap then t = cap end
+      buckets[k] = t
+    end
+  end
+  return buckets[k]
+end
+
+-- the limit keys this record needs a slot of and the rate keys it takes a token of, or nil
+-- when one of them is full or empty
 local function slots(rec)
-  local keys = {}
-  if limits == nil or not rec then return keys end
+  local keys, rated = {}, {}
+  if limits == nil or not rec then return keys, rated end
   local ok, d = pcall(cjson.decode, rec)
-  if not ok or type(d) ~= 'table' or type(d.sj) ~= 'table' then return keys end
+  if not ok or type(d) ~= 'table' or type(d.sj) ~= 'table' then return keys, rated end
   for kind, f in pairs(FIELDS) do
     local v = d.sj[f]
     if type(v) == 'string' and v ~= '' then
@@ -581,9 +646,14 @@ local function slots(rec)
         if full(k, n) then return nil end
         keys[#keys + 1] = k
       end
+      local r = limits.rate and (limits.rate[k] or limits.rate_any[kind])
+      if r then
+        if tokens(k, r) < 1 then return nil end
+        rated[#rated + 1] = k
+      end
     end
   end
-  return keys
+  return keys, rated
 end
 
 -- up to quota entries from this lane: true when any was claimed
@@ -606,20 +676,26 @@ local function serve(lane, prio, quota)
         tried[id] = true
         local rec = redis.call('GET', JK .. id)
         local parked = paused_skill(rec)
-        local keys = nil
+        local keys, rated = nil, nil
         if parked then
           redis.call('ZREM', lk, id)
           redis.call('ZREM', Q, id)
           redis.call('ZADD', Q .. ':parked:' .. parked, due[i + 1], id)
           claimed = true  -- (off the lane: not skipped)
         else
-          keys = slots(rec)
+          keys, rated = slots(rec)
         end
         if keys then
           redis.call('ZREM', lk, id)
           claimed = true
           if redis.call('SET', IP .. id, '1', 'NX', 'PX', ARGV[2]) then
             for _, k in ipairs(keys) do redis.call('HSET', Q .. ':limit:' .. k, id, holding) end
+            for _, k in ipairs(rated) do
+              buckets[k] = buckets[k] - 1
+              local rk = Q .. ':rate:' .. k
+              redis.call('HSET', rk, 't', buckets[k], 'ts', now)
+              redis.call('PEXPIRE', rk, 86400000)
+            end
             if #keys > 0 then
               redis.call('SET', Q .. ':held:' .. id, table.concat(keys, '\\n'), 'PX', ARGV[2])
             end
@@ -794,6 +870,8 @@ __all__ = [
     "SerializationError",
     "alive",
     "beat",
+    "bucket_levels",
+    "buckets_to_rebuild",
     "claim",
     "decode",
     "dumps",
@@ -806,6 +884,7 @@ __all__ = [
     "publish_cancel",
     "publish_events",
     "publish_job_event",
+    "rebuild_bucket",
     "release",
     "remove",
     "tidy",

@@ -11,7 +11,16 @@ from sqlalchemy import func, select
 
 from jobs import audit
 from jobs.constants import FN_RUN_JOB
-from jobs.models import CANCELLED, FAILED, FINAL_STATUSES, QUEUED, RUNNING, TIMED_OUT, Job
+from jobs.models import (
+    CANCELLED,
+    FAILED,
+    FINAL_STATUSES,
+    QUEUED,
+    RUNNING,
+    SCHEDULED,
+    TIMED_OUT,
+    Job,
+)
 from jobs.queue import incidents, store
 from jobs.queue.broker import enqueue, publish_cancel, publish_job_event, remove
 from jobs.queue.filters import JobFilter, parse_time
@@ -165,7 +174,7 @@ BULK_CAP = 10_000  # jobs one bulk action touches at most (run it again for the 
 BULK_ACTIONS = ("retry", "cancel", "delete")
 _DEFAULT_STATUS = {
     "retry": (FAILED, TIMED_OUT),
-    "cancel": (QUEUED, RUNNING),
+    "cancel": (SCHEDULED, QUEUED, RUNNING),
     "delete": tuple(sorted(FINAL_STATUSES)),
 }
 _ACTIONS = {"retry": retry_job, "cancel": cancel_job, "delete": delete_job}

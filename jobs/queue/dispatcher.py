@@ -23,8 +23,8 @@ from jobs.envelope import failure, offload_sync
 from jobs.execution.executor import Executor
 from jobs.execution.inputs import shape_problem
 from jobs.execution.syncfiles import confine_answer
-from jobs.models import QUEUED, new_id
-from jobs.queue import idempotency, intake, limits, store
+from jobs.models import QUEUED, SCHEDULED, new_id
+from jobs.queue import delayed, idempotency, intake, limits, store
 from jobs.queue.broker import job_event
 from jobs.services import Services
 from jobs.skill import Skill, SkillRegistry, SkillType
@@ -64,12 +64,18 @@ def external_id_of(external_id: str | None, context: Mapping[str, Any]) -> str:
 
 
 def runs_now(
-    registry: SkillRegistry, skill: str, context: Mapping[str, Any], external_id: str | None
+    registry: SkillRegistry,
+    skill: str,
+    context: Mapping[str, Any],
+    external_id: str | None,
+    *,
+    deferred: bool = False,
 ) -> bool:
     """The one sync-or-background rule: ``skill`` (or ``<skill>__<sub>``) is a loadable
-    handler the dispatcher runs on the sync line. Refusals and background jobs are False."""
+    handler the dispatcher runs on the sync line. Refusals, background jobs and calls
+    ``deferred`` to later (``run_at`` / ``delay_s``) are False."""
     hit = registry.resolve(skill)
-    if hit is None or hit[0].error or hit[0].skill_type is not SkillType.HANDLER:
+    if deferred or hit is None or hit[0].error or hit[0].skill_type is not SkillType.HANDLER:
         return False
     return not is_background(hit[0], channel_of(context), external_id_of(external_id, context))
 
@@ -126,6 +132,14 @@ def _too_big(values: dict[str, Any], skill: str) -> DispatchResult | None:
     return None
 
 
+def _option_problem(idempotency_key: str | None, priority: int | None) -> str | None:
+    if idempotency_key is not None and (bad := idempotency.key_problem(idempotency_key)):
+        return bad
+    if priority is not None and (bad := limits.priority_problem(priority)):
+        return bad
+    return None
+
+
 def _span_attrs(skill: Skill, background: bool) -> dict[str, str | bool]:
     return {"skilljobs.skill": skill.name, "skilljobs.background": background}
 
@@ -156,10 +170,14 @@ class Dispatcher:
         external_id: str | None = None,
         idempotency_key: str | None = None,
         priority: int | None = None,
+        run_at: float | str | None = None,
+        delay_s: float | str | None = None,
     ) -> DispatchResult:
         """``idempotency_key``: the same key within 24 h gives the same background job
         (and receipt); with another skill or input it is a 409. ``priority``: 0 (first) to
-        9 (last) in the queue, default 3 (chain runs: 6)."""
+        9 (last) in the queue, default 3 (chain runs: 6). ``run_at`` (ISO 8601 or epoch
+        seconds) or ``delay_s`` (seconds, or ``"10m"``): the job waits ``scheduled`` until
+        then and runs in the background whatever the skill's ``async`` says."""
         if not isinstance(input or {}, dict) or not isinstance(context or {}, dict):
             return refusal(400, "input and context must be JSON objects")
         for value, where in ((input, "input"), (context, "context")):
@@ -171,9 +189,10 @@ class Dispatcher:
         # a lone surrogate in the input (a string cut inside an emoji) becomes U+FFFD; the
         # receipt says where (C24)
         input, replaced = valid_text(input or {})
-        if idempotency_key is not None and (bad := idempotency.key_problem(idempotency_key)):
+        if (bad := _option_problem(idempotency_key, priority)) is not None:
             return refusal(400, bad)
-        if priority is not None and (bad := limits.priority_problem(priority)):
+        due_at, bad = delayed.due_time(run_at, delay_s, time.time())
+        if bad is not None:
             return refusal(400, bad)
         input_data = dict(input or {})
         ctx = dict(context or {})
@@ -216,7 +235,7 @@ class Dispatcher:
 
         segment = fixed_segment(ctx)
         channel = segment["channel"]
-        if is_background(found, channel, ext):
+        if due_at is not None or is_background(found, channel, ext):
             if not delivers_to_session(channel, ext) and not segment["actor_key"]:
                 return refusal(
                     422,
@@ -233,7 +252,9 @@ class Dispatcher:
                     "session, but the context has no session_id",
                     skill=skill,
                 )
-            queued = self._enqueue(found, input_data, ctx, ext, idempotency_key, priority, segment)
+            queued = self._enqueue(
+                found, input_data, ctx, ext, idempotency_key, priority, segment, due_at
+            )
             answer = await telemetry.traced(
                 "skilljobs.dispatch", queued, attrs=_span_attrs(found, True), outcome=_answered
             )
@@ -301,6 +322,7 @@ class Dispatcher:
         idempotency_key: str | None = None,
         priority: int | None = None,
         segment: dict[str, Any] | None = None,
+        due_at: float | None = None,
     ) -> DispatchResult:
         svc = self.services
         role_id = str(ctx.get("role_id") or "")
@@ -323,7 +345,7 @@ class Dispatcher:
                 else ({}, None)
             )
             new_job = self._new_job(
-                skill, input_data, ctx, ext, job_id, priority, segment, configs, generation
+                skill, input_data, ctx, ext, job_id, priority, segment, configs, generation, due_at
             )
             if (too_big := _too_big(new_job.values, skill.name)) is not None:
                 return too_big  # never stored as a summary: the skill runs on what was sent
@@ -347,7 +369,7 @@ class Dispatcher:
                         job_id=claimed.job_id,
                     )
                 if not claimed.new:
-                    return self._receipt(claimed.job_id, ctx)
+                    return self._receipt(claimed.job_id, ctx, due_at)
                 key = None  # taken over for this job: record it without claiming again
                 continue
             except intake.Unqueued as exc:
@@ -371,7 +393,7 @@ class Dispatcher:
                 svc.known_sessions.add(
                     (new_job.values["session_id"], role_id, new_job.values["external_id"])
                 )
-            return self._receipt(job_id, ctx)
+            return self._receipt(job_id, ctx, due_at)
         return refusal(
             503,
             f"the configuration of {skill.name!r} kept changing while it was dispatched; "
@@ -391,6 +413,7 @@ class Dispatcher:
         segment: dict[str, Any] | None,
         configs: dict[str, Any],
         generation: int | None,
+        due_at: float | None = None,
     ) -> intake.NewJob:
         """The row, origin session, live event and lane metadata of a new job."""
 
@@ -400,10 +423,12 @@ class Dispatcher:
         if ext.startswith(ORGDELEG_PREFIX):  # delegated: force_raw_prompt does not apply
             bg["external_id"] = ext
         now = time.time()
+        later = due_at is not None and due_at > now
+        status = SCHEDULED if later else QUEUED
         values = {
             "id": job_id,
             "skill": skill.name,
-            "status": QUEUED,
+            "status": status,
             "attempts": 0,
             "input": svc.box.seal(input_data),
             "context": svc.box.seal(bg),
@@ -423,6 +448,7 @@ class Dispatcher:
             "queued_at": now,
             "updated_at": now,
             "traceparent": telemetry.traceparent(),  # the workers' spans join this trace
+            "run_at": due_at,
         }
         session_key = (values["session_id"], role_id, ext)
         new_session = (
@@ -444,7 +470,7 @@ class Dispatcher:
         return intake.NewJob(
             values=values,
             session=origin_session,
-            event=job_event(svc, job_id, QUEUED, skill.name),
+            event=job_event(svc, job_id, status, skill.name),
             meta=limits.meta(
                 skill=skill.name,
                 org=values["org_id"],
@@ -455,14 +481,22 @@ class Dispatcher:
             generation=generation,
         )
 
-    def _receipt(self, job_id: str, ctx: dict[str, Any]) -> DispatchResult:
+    def _receipt(
+        self, job_id: str, ctx: dict[str, Any], due_at: float | None = None
+    ) -> DispatchResult:
         language = texts.language_of(self.services.settings, ctx)
-        return DispatchResult(
-            202,
-            {
-                "ok": True,
-                "async": True,
-                "message": texts.text("receipt", language),
-                "job_id": job_id,
-            },
-        )
+        body: dict[str, Any] = {
+            "ok": True,
+            "async": True,
+            "message": texts.text("receipt", language),
+            "job_id": job_id,
+        }
+        if due_at is not None:  # the receipt says when
+            when = delayed.iso(due_at)
+            body.update(
+                status="scheduled" if due_at > time.time() else "queued",
+                run_at=when,
+                run_at_epoch=due_at,
+                message=texts.text("receipt_scheduled", language, when=when),
+            )
+        return DispatchResult(202, body)

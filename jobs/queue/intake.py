@@ -158,7 +158,12 @@ class Intake:
 
     async def _flush(self, jobs: list[NewJob]) -> list[BaseException | None]:
         outcomes = await self._record(jobs)
-        recorded = [j for j, o in zip(jobs, outcomes, strict=True) if o is None]
+        # a job scheduled for later is recorded only: the promoter enqueues it when it is due
+        recorded = [
+            j
+            for j, o in zip(jobs, outcomes, strict=True)
+            if o is None and j.values.get("status") != "scheduled"
+        ]
         if not recorded:
             return outcomes
         unqueued = await self._enqueue(recorded)

@@ -29,6 +29,7 @@ from jobs.constants import FN_RUN_JOB, MAX_RUNS, PRIORITY_INTERACTIVE
 from jobs.context import job_workspace
 from jobs.db import DB_UNAVAILABLE, db_unavailable
 from jobs.envelope import offload
+from jobs.execution import subproc
 from jobs.execution.inprocess import RUN_TASKS, SKILL_ENDED
 from jobs.finishing import Finished, Finisher
 from jobs.models import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT, JobRow
@@ -370,6 +371,7 @@ class JobRunner:
         input_data = svc.box.unseal(job.input or {})
         ctx = svc.box.unseal(job.context or {})
         self.scopes[job_id] = begin_run(svc.settings, job, ctx)
+        subproc.RUN_OWNER.set(job_id)  # its processes are killed at once if the lease is lost
         # skill-initiated sends of this run are ledgered under the job (jobs.sendscope)
         run = self.executor.execute(job.skill, input_data, ctx)
         skill_tasks: set[asyncio.Task[Any]] = set()
@@ -742,6 +744,8 @@ class JobRunner:
         for job_id in list(self.held):
             if self.gate is not None and self.gate.refuse(job_id, prefetch.SUSPECT):
                 self.suspect.add(job_id)  # claimed ahead, not started: given back unstarted
+        # Before anything else: a peer may be running these jobs again already.
+        subproc.kill_owned(job_id for job_id, task in self.inner.items() if not task.done())
         for job_id, task in list(self.inner.items()):
             if not task.done():
                 log.warning(
@@ -811,6 +815,7 @@ class JobRunner:
                 self.lost.add(job_id)
                 task = self.inner.get(job_id)
                 if task and not task.done():
+                    subproc.kill_owned([job_id])  # now: the new owner may have started it
                     task.cancel()
                 elif self.gate is not None:
                     self.gate.refuse(job_id, prefetch.LOST)  # claimed ahead, not started

@@ -35,6 +35,7 @@ from jobs.models import (
     FINAL_STATUSES,
     QUEUED,
     RUNNING,
+    SCHEDULED,
     SUCCEEDED,
     TIMED_OUT,
     ChatSession,
@@ -706,6 +707,40 @@ async def live_peers(sm: Sessions, *, exclude: str, since: float) -> list[str]:
         return sorted(rows)
 
 
+async def promote_due(sm: Sessions, now: float, *, limit: int = 500) -> list[Job]:
+    """Move the ``scheduled`` jobs whose ``run_at`` has come to ``queued`` (oldest time
+    first) and return them, to be enqueued. The status is checked by the UPDATE itself, so
+    of several workers promoting at once each job is moved by one; a job moved but not
+    enqueued (the worker died in between, Redis away) is re-enqueued by the reconciler like
+    any queued job whose entry is missing."""
+    due = (
+        select(Job.id)
+        .where(Job.status == SCHEDULED, Job.run_at <= now)
+        .order_by(Job.run_at)
+        .limit(limit)
+    )
+    async with sm() as s:
+        if not is_sqlite(engine_of(sm)):
+            due = due.with_for_update(skip_locked=True)
+        res = await s.execute(
+            update(Job)
+            .where(Job.id.in_(due.scalar_subquery()), Job.status == SCHEDULED)
+            .values(status=QUEUED, queued_at=now, updated_at=now)
+            .returning(Job)
+            .execution_options(synchronize_session=False)
+        )
+        jobs = list(res.scalars())
+        await s.commit()
+    return jobs
+
+
+async def next_run_at(sm: Sessions) -> float | None:
+    """The earliest ``run_at`` of the jobs still scheduled (None: none)."""
+    async with sm() as s:
+        found = await s.scalar(select(func.min(Job.run_at)).where(Job.status == SCHEDULED))
+    return None if found is None else float(found)
+
+
 async def stale_queued(
     sm: Sessions, older_than: float, *, limit: int = 1000
 ) -> list[tuple[str, int, str | None]]:
@@ -776,12 +811,13 @@ async def get_job(sm: Sessions, job_id: str) -> Job | None:
 
 
 async def cancel_queued(sm: Sessions, job_id: str) -> Job | None:
-    """Cancel a job that has not started. Returns it, or None if it is not queued."""
+    """Cancel a job that has not started (queued, or scheduled for later). Returns it, or
+    None if it is neither."""
     now = time.time()
     async with sm() as s:
         res = await s.execute(
             update(Job)
-            .where(Job.id == job_id, Job.status == QUEUED)
+            .where(Job.id == job_id, Job.status.in_((QUEUED, SCHEDULED)))
             .values(
                 status=CANCELLED,
                 cancel_requested=True,
@@ -1078,6 +1114,7 @@ _NEW_JOB_COLUMNS = (
     ("queued_at", "float8"),
     ("updated_at", "float8"),
     ("traceparent", "text"),
+    ("run_at", "float8"),
 )
 _NEW_JOB_KEYS = frozenset(name for name, _ in _NEW_JOB_COLUMNS)
 _SESSION_COLUMNS = ("session_id", "role_id", "org_id", "channel", "external_id")

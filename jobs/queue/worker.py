@@ -39,7 +39,7 @@ from jobs.constants import (
     WORKER_HEARTBEAT,
     WORKER_PAUSE,
 )
-from jobs.queue import broker, heap, limits, prefetch, prune, store
+from jobs.queue import broker, delayed, heap, limits, prefetch, prune, rates, store
 from jobs.queue.runner import JobRunner, WorkerContext, retry_db
 from jobs.queue.stall import StallWatch
 from jobs.services import Services
@@ -157,6 +157,12 @@ class SkillJobsWorker(Worker):
 
     def wake(self) -> None:
         self._wake.set()
+
+    def set_limits(self, limits: str) -> None:
+        """The limits the claim applies from now on (``jobs.queue.rates.for_claim``)."""
+        if limits != self._limits:
+            self._limits = limits
+            self._wake.set()  # a limit raised or removed: waiting jobs may start now
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()
@@ -406,6 +412,28 @@ def _pause_handlers(runner: JobRunner) -> tuple[Callable[[], None], Callable[[fl
     return resumed, blocked
 
 
+def _run_time_limits(
+    services: Services, runner: JobRunner, built: list[SkillJobsWorker]
+) -> Callable[[], Awaitable[None]]:
+    """Limits may be set at run time (jobs.queue.rates): slots are always released, and the
+    returned refresh hands the limits in force to the worker in ``built`` and rebuilds the
+    rate buckets Redis lost from the database."""
+
+    async def release(arq_ids: list[str]) -> list[None]:
+        await broker.release(services, arq_ids)
+        return [None] * len(arq_ids)
+
+    runner.slots = Batcher(release, name="slots")
+
+    async def refresh() -> None:
+        eff = await rates.current(services)
+        if built:
+            built[0].set_limits(rates.for_claim(eff))
+        await rates.rebuild_once(services, eff)
+
+    return refresh
+
+
 def build_worker(
     services: Services,
     *,
@@ -427,13 +455,9 @@ def build_worker(
     ahead = settings.worker_prefetch_sec
     runner.gate = prefetch.StartGate(slots, ahead_sec=ahead, hold_sec=max(1.0, 10 * ahead))
     background: list[asyncio.Task[Any]] = []
-    if settings.limits:
 
-        async def release(arq_ids: list[str]) -> list[None]:
-            await broker.release(services, arq_ids)
-            return [None] * len(arq_ids)
-
-        runner.slots = Batcher(release, name="slots")
+    built: list[SkillJobsWorker] = []
+    refresh_limits = _run_time_limits(services, runner, built)
 
     async def on_startup(ctx: dict[str, Any]) -> None:
         ctx.update(runner=runner, services=services, executor=executor, worker_id=wid)
@@ -455,6 +479,11 @@ def build_worker(
             asyncio.create_task(
                 _loop("reconciler", settings.reconcile_interval_sec, runner.reconcile_once)
             )
+        )
+        with contextlib.suppress(Exception):  # the loop below tries again
+            await refresh_limits()
+        background.append(
+            asyncio.create_task(_loop("limits", settings.limits_refresh_sec, refresh_limits))
         )
         # Peers presumed dead (heartbeat missing for 3 intervals + 1 s): checked every second
         # (the read visits every index entry a job left as running until vacuum, ~5 ms of
@@ -496,6 +525,9 @@ def build_worker(
         outbox_stop = asyncio.Event()
         ctx["outbox_stop"] = outbox_stop
         background.append(asyncio.create_task(services.outbox.run_forever(outbox_stop)))
+        promoter_stop = asyncio.Event()
+        ctx["promoter_stop"] = promoter_stop
+        background.append(asyncio.create_task(delayed.run_forever(services, promoter_stop)))
         if scheduler:
             stop = asyncio.Event()
             ctx["scheduler_stop"] = stop
@@ -511,7 +543,7 @@ def build_worker(
     async def on_shutdown(ctx: dict[str, Any]) -> None:
         heap.restore()
         await handed_back()  # chain runs going back to the queue need Redis a moment more
-        for key in ("scheduler_stop", "prune_stop", "outbox_stop"):
+        for key in ("scheduler_stop", "prune_stop", "outbox_stop", "promoter_stop"):
             if key in ctx:
                 ctx[key].set()
         if runner.stall is not None:
@@ -535,7 +567,7 @@ def build_worker(
     ]
 
     assert services.redis is not None
-    return SkillJobsWorker(
+    worker = SkillJobsWorker(
         functions,
         redis_pool=services.redis,
         queue_name=settings.queue_name,
@@ -557,6 +589,8 @@ def build_worker(
         job_serializer=broker.dumps,
         job_deserializer=broker.loads,
     )
+    built.append(worker)
+    return worker
 
 
 __all__ = ["SkillJobsWorker", "build_worker"]

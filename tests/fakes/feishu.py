@@ -210,4 +210,5 @@ class FakeFeishu(FakeServer):
                 chat.removeprefix("p2p:"),
             )
         )
-        return self._record(id_type, receive_id, *parsed, reply_to=head)
+        extra = {"in_thread": True} if (req.json or {}).get("reply_in_thread") else {}
+        return self._record(id_type, receive_id, *parsed, reply_to=head, **extra)

@@ -94,6 +94,8 @@ class FakeTelegram(FakeServer):
             return reply
         if reply is not None:
             entry["reply_to"] = reply
+        if params.get("message_thread_id") not in (None, ""):  # a forum topic
+            entry["message_thread_id"] = int(params["message_thread_id"])
         if method == "sendMessage":
             problem = self._text(params, entry)
         elif method in MEDIA_FIELDS:

@@ -109,7 +109,9 @@ def test_flatten_configs_four_layers() -> None:
     assert "role_id" not in flat  # configs never shadow platform keys at top level
 
 
-def test_lookup_config_order_env_and_normalization(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lookup_config_order_and_normalization_never_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     ctx = {
         "skill_configs": {"s": {"api_token": "nested"}, "api_token": "flat", "region": ""},
         "skill_args": {"api_token": "args", "region": "eu", "limit": 0},
@@ -121,8 +123,10 @@ def test_lookup_config_order_env_and_normalization(monkeypatch: pytest.MonkeyPat
     assert lookup_config(ctx, "s", "region") == "eu"  # empty string is not a value
     assert lookup_config(ctx, "s", "limit") == 0
     assert lookup_config(ctx, "s", "only-top") == "T"
+    # the worker's environment is never a skill's configuration, nor are its own settings
     monkeypatch.setenv("SJT_ONLY_ENV", "from-env")
-    assert lookup_config(ctx, "s", "SJT_ONLY_ENV") == "from-env"
+    assert lookup_config(ctx, "s", "SJT_ONLY_ENV") is None
+    assert lookup_config({"SKILLJOBS_SECRET_KEY": "k"}, "s", "SKILLJOBS_SECRET_KEY") is None
     assert lookup_config(ctx, "s", "missing", "dflt") == "dflt"
     assert lookup_config({"API_KEY": "x"}, "s", "API-KEY") == "x"
     # vocabulary keys are not configs

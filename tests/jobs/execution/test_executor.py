@@ -238,8 +238,10 @@ async def test_requires_env(ex: Executor, monkeypatch: pytest.MonkeyPatch) -> No
     assert out.log == ""  # never started
     ctx = dict(CTX, skill_configs={"needs_env": {"SJT_EXEC_TOKEN": "abcd"}})
     assert (await ex.run("needs_env", {}, ctx))["token_len"] == 4
+    # the worker's environment is never a skill's configuration
     monkeypatch.setenv("SJT_EXEC_TOKEN", "abcdefg")
-    assert (await ex.run("needs_env", {}, dict(CTX)))["token_len"] == 7
+    out = await ex.execute("needs_env", {}, dict(CTX))
+    assert out.result["needs_config"] == ["SJT_EXEC_TOKEN"]
 
 
 async def test_requires_bins(ex: Executor) -> None:

@@ -34,7 +34,13 @@ def registry():  # type: ignore[no-untyped-def]
 @pytest.fixture
 async def ex(tmp_path: Path, sqlite_url: str, registry):  # type: ignore[no-untyped-def]
     settings = make_settings(
-        tmp_path, redis_url=None, prefix="t", skill_env_passthrough="SJT_ISO_ALLOWED, bad name"
+        tmp_path,
+        redis_url=None,
+        prefix="t",
+        skill_env_passthrough=(
+            "SJT_ISO_ALLOWED, bad name, iso_env:SJT_ISO_MINE, other:SJT_ISO_THEIRS, "
+            "SKILLJOBS_API_TOKEN"
+        ),
     )
     engine = create_engine(sqlite_url)
     executor = Executor(
@@ -103,29 +109,37 @@ async def test_subprocess_skill_sees_only_its_environment(
     monkeypatch.setenv("PGPASSWORD", "canary-pg-93")
     monkeypatch.setenv("SKILLJOBS_API_TOKEN", "canary-token-94")
     monkeypatch.setenv("SJT_ISO_ALLOWED", "passed-through")
-    monkeypatch.setenv("SJT_ISO_DECLARED", "declared-from-env")
+    monkeypatch.setenv("SJT_ISO_MINE", "mapped-to-this-skill")
+    monkeypatch.setenv("SJT_ISO_THEIRS", "canary-other-skill-95")
+    monkeypatch.setenv("SJT_ISO_DECLARED", "declared-from-env")  # never a skill's config
     monkeypatch.setenv("LC_ALL", "C.UTF-8")
     out = await ex.execute("iso_env", {"q": 1}, dict(CTX))
+    assert out.result["needs_config"] == ["SJT_ISO_DECLARED"], out.result
+    assert "or the environment" not in (out.error or "")
+    ctx = dict(CTX, skill_configs={"iso_env": {"SJT_ISO_DECLARED": "from-config"}})
+    out = await ex.execute("iso_env", {"q": 1}, ctx)
     assert out.status == "succeeded", out.result
     env = out.result["env"]
     text = json.dumps(env)
-    for canary in ("canary-value-91", "canary-aws-92", "canary-pg-93", "canary-token-94"):
+    for canary in (
+        "canary-value-91",
+        "canary-aws-92",
+        "canary-pg-93",
+        "canary-token-94",
+        "canary-other-skill-95",
+    ):
         assert canary not in text
     assert env["SJT_ISO_ALLOWED"] == "passed-through"
-    assert env["SJT_ISO_DECLARED"] == "declared-from-env"
+    assert env["SJT_ISO_MINE"] == "mapped-to-this-skill"  # a per-skill mapping
+    assert env["SJT_ISO_DECLARED"] == "from-config"
     assert env["LC_ALL"] == "C.UTF-8" and env["PATH"]
     ws = str(ex.workspace_root / "r1" / "s1")
     assert env["HOME"] == ws and env["SKILL_WORKSPACE"] == ws
     assert json.loads(env["SKILL_INPUT"]) == {"q": 1}
     allowed = {"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONIOENCODING", "PWD"}
-    allowed |= {"SJT_ISO_ALLOWED", "SJT_ISO_DECLARED", "SHLVL", "_"}
+    allowed |= {"SJT_ISO_ALLOWED", "SJT_ISO_MINE", "SJT_ISO_DECLARED", "SHLVL", "_"}
     extra = {k for k in env if k not in allowed and not k.startswith(("SKILL_", "LC_"))}
     assert not extra, extra
-
-    # configs win over the worker's environment for a declared name
-    ctx = dict(CTX, skill_configs={"iso_env": {"SJT_ISO_DECLARED": "from-config"}})
-    out = await ex.execute("iso_env", {}, ctx)
-    assert out.result["env"]["SJT_ISO_DECLARED"] == "from-config"
 
 
 # --- a chat input naming a file ------------------------------------------------------------
@@ -527,22 +541,20 @@ def test_bundled_delivery_skills_alone_get_the_job_store(tmp_path: Path) -> None
     assert not _is_bundled(Skill(name="x", path=tmp_path))
 
 
-# --- skills run as less than the worker --------------------------------------------------------
+# --- untrusted skills run in the sandbox ---------------------------------------------------------
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a separate skill user needs a root worker")
-async def test_a_subprocess_skill_of_a_root_worker_runs_as_the_skill_user(
+async def test_a_sandboxed_skill_reads_nothing_of_the_host_and_nothing_is_chowned(
     sqlite_url: str, registry
 ) -> None:
-    """It cannot read the secret key, the database file, another role's workspace or the
-    worker's environment; it can write its own workspace and its private temp dir."""
+    """A skill of a test folder (untrusted) runs in bubblewrap as an unprivileged id: it cannot
+    read the secret key, the database file, another workspace or the worker's environment;
+    it writes its workspace and its private /tmp; what it wrote belongs to the worker without
+    any ``chown``."""
     import shutil
     import tempfile
 
-    from jobs.privileges import DEFAULT_SKILL_USER
-
     base = Path(tempfile.mkdtemp(prefix="sjt-iso-"))
-    base.chmod(0o711)  # like a deployment's parent directory: others may traverse it
     try:
         settings = make_settings(base, redis_url=None, prefix="t")
         data = settings.data_dir
@@ -562,7 +574,7 @@ async def test_a_subprocess_skill_of_a_root_worker_runs_as_the_skill_user(
                 "iso_probe", {"targets": ["/dev/null"]}, dict(CTX, role_id="r2", session_id="s9")
             )
             assert first.status == "succeeded", first.result
-            assert (ws_other / "mine.txt").stat().st_uid == 0  # handed back after the run
+            assert (ws_other / "mine.txt").stat().st_uid == os.getuid()  # no hand-over
             targets = [
                 str(data / "secret.key"),
                 str(data / "skilljobs.db"),
@@ -573,14 +585,12 @@ async def test_a_subprocess_skill_of_a_root_worker_runs_as_the_skill_user(
             out = await ex.execute("iso_probe", {"targets": targets}, dict(CTX))
             assert out.status == "succeeded", out.result
             r = out.result
-            import pwd
-
-            assert r["uid"] == pwd.getpwnam(DEFAULT_SKILL_USER).pw_uid != 0
+            assert r["uid"] == 65534
             assert [r[f"r{i}"] for i in range(5)] == [False, False, False, False, True]
             assert r["ws"] is True and r["tmp"] is True and r["skill_dir"] is False
-            assert not Path(r["tmpdir"]).exists()  # the private temp dir is gone
+            assert r["tmpdir"] == "/tmp"
             ws = ex.workspace_root / "r1" / "s1"
-            assert (ws / "mine.txt").exists() and ws.stat().st_uid == 0
+            assert (ws / "mine.txt").stat().st_uid == os.getuid()
             assert (data / "secret.key").stat().st_mode & 0o777 == 0o600
         finally:
             await ex.aclose()
@@ -606,8 +616,9 @@ def test_the_worker_is_not_dumpable() -> None:
 async def test_the_bwrap_sandbox_shows_only_the_system_and_the_workspace(
     tmp_path: Path, sqlite_url: str, registry
 ) -> None:
-    """``SKILLJOBS_SANDBOX=bwrap``: the data dir and the other workspaces are empty
-    directories inside the sandbox, the system is read-only, no worker process is visible."""
+    """``SKILLJOBS_SANDBOX=bwrap`` (the default): the data dir and the other workspaces are
+    not there inside the sandbox, the system is read-only, no worker process is visible; an
+    unknown mode is refused, never run unsandboxed."""
     import shutil
 
     if shutil.which("bwrap") is None:
@@ -645,6 +656,7 @@ async def test_the_bwrap_sandbox_shows_only_the_system_and_the_workspace(
         ex.settings = bad
         out = await ex.execute("iso_probe", {"targets": []}, dict(CTX))
         assert out.status == "failed" and "SKILLJOBS_SANDBOX" in (out.error or "")
+        assert out.result["error_type"] == "config"
     finally:
         await ex.aclose()
         await engine.dispose()

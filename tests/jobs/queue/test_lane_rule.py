@@ -40,6 +40,11 @@ def test_runs_now(skill: str, context: dict[str, str], external_id: str | None, 
     assert runs_now(_registry(), skill, context, external_id) is now
 
 
+def test_a_deferred_call_never_runs_now() -> None:
+    assert runs_now(_registry(), "quick__go", TG, None) is True
+    assert runs_now(_registry(), "quick__go", TG, None, deferred=True) is False
+
+
 def test_resolve_names_the_subcommand() -> None:
     registry = _registry()
     deck = registry.get("deck")

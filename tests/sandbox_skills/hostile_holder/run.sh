@@ -1,0 +1,4 @@
+#!/bin/sh
+touch "$SKILL_WORKSPACE/holder_started"
+sleep 1.5
+echo '{"text": "held"}'

@@ -1,0 +1,2 @@
+#!/bin/sh
+printf '{"text": "ran", "uid": %s}\n' "$(id -u)"
