@@ -38,8 +38,9 @@ from delivery.ledger import deliver_once, ledger_key
 from delivery.render import strip_directives
 from jobs import sendscope
 from jobs.db import Sessions
+from jobs.execution.callskill import WALL_DEADLINE
 from jobs.media import media_kind
-from jobs.models import ChatSession
+from jobs.models import ChatSession, Delivery
 from jobs.sendscope import SendScope
 
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -423,9 +424,6 @@ async def _wait_parked(
     at most until the run's wall clock is nearly over; a recipient all of whose parts went
     out joins ``sent``, one with a failed part joins ``failed``. The still-parked rest."""
     from sqlalchemy import select
-
-    from jobs.execution.callskill import WALL_DEADLINE
-    from jobs.models import Delivery
 
     deadline = WALL_DEADLINE.get()
     end = deadline - WAIT_MARGIN_S if deadline is not None else time.monotonic() + WAIT_DEFAULT_S

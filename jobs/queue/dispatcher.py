@@ -17,7 +17,13 @@ from typing import Any
 from jobs import storable, telemetry, texts
 from jobs.catalog.configs import ConfigStore
 from jobs.catalog.validation import input_problem
-from jobs.context import background_context, channel_of, fixed_segment, flatten_configs
+from jobs.context import (
+    background_context,
+    channel_of,
+    fixed_segment,
+    flatten_configs,
+    job_workspace,
+)
 from jobs.db import once_more_if_disconnected
 from jobs.envelope import failure, offload_sync
 from jobs.execution.executor import Executor
@@ -297,8 +303,6 @@ class Dispatcher:
 
     def _sync_workspace(self, runtime: dict[str, Any]) -> str | None:
         from types import SimpleNamespace
-
-        from jobs.context import job_workspace
 
         who = SimpleNamespace(
             role_id=str(runtime.get("role_id") or ""),
