@@ -7,6 +7,7 @@ import weakref
 from typing import Any
 
 import httpx
+from arq.connections import ArqRedis
 
 from delivery.channels.base import Channel
 from delivery.channels.dingtalk import DingTalkChannel
@@ -27,7 +28,7 @@ def build_channels(
     http: httpx.AsyncClient,
     *,
     sessionmaker: Sessions | None = None,
-    redis: Any = None,
+    redis: ArqRedis | None = None,
 ) -> dict[str, Channel]:
     """The configured adapters by channel name. ``web`` (and its alias ``web_admin``) is
     always present; it needs ``sessionmaker`` (and ``redis`` for live pushes) to send."""
@@ -94,7 +95,7 @@ def link_maker(settings: Settings) -> LinkFor | None:
     return link_for
 
 
-def shared_limits(settings: Settings, out: dict[str, Channel], redis: Any) -> None:
+def shared_limits(settings: Settings, out: dict[str, Channel], redis: ArqRedis | None) -> None:
     """The platform adapters get the download links (with notes in the deployment's
     language) and, with Redis, the rate limits every worker shares."""
     link_for = link_maker(settings)

@@ -468,7 +468,7 @@ return #ARGV / 2
 """
 
 
-async def publish_many(redis: Any, messages: Sequence[tuple[str, str]]) -> None:
+async def publish_many(redis: ArqRedis, messages: Sequence[tuple[str, str]]) -> None:
     """Publish ``(channel, message)`` pairs, in order, in one round trip."""
     if not messages:
         return
