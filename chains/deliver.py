@@ -288,12 +288,29 @@ async def _deliver(
             )
         for channel, contact in route.origins:
             job = _origin(ledger_id, run, spec, lease, channel, contact)
+            if job.session_id:
+                await _ensure_web_session(services, job)
             deliveries += await deliver_result(
                 services, job, env, artifacts, fence=fence, workspace=ws
             )
     except ledger.LeaseLost as exc:
         raise LeaseLost(str(exc)) from exc
     return {**record, "delivery": summary(deliveries), "deliveries": deliveries}
+
+
+async def _ensure_web_session(services: Services, job: ChainOrigin) -> None:
+    """A chain may deliver to a web session that no dispatch has created yet: it is
+    created for the schedule's identity (an existing one keeps its values), so the outcome
+    is stored there instead of failing on an unknown session."""
+    from delivery.channels.web import ensure_session
+
+    await ensure_session(
+        services.sessionmaker,
+        job.session_id,
+        role_id=job.role_id,
+        org_id=job.org_id,
+        channel="web",
+    )
 
 
 async def _notify(

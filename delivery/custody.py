@@ -35,7 +35,8 @@ from delivery.ledger import (
     custody_dict,
     deliver_once,
 )
-from delivery.plan import SEALED_RESULT, plan
+from delivery.plan import SEALED_RESULT, delivered_folder, plan, write_files
+from delivery.richtext import PlainText
 from jobs import audit
 from jobs.db import Sessions, rowcount
 from jobs.models import PENDING, Delivery, DeliveryStatus
@@ -164,6 +165,10 @@ def sender_for(
     if SEALED_RESULT in content:
         return _held_result_sender(services, adapter, contact, content[SEALED_RESULT])
     text = content.get("text")
+    caption = content.get("caption")
+    if content.get("plain"):  # stored as plain text: never read as Markdown
+        text = PlainText(text) if isinstance(text, str) else text
+        caption = PlainText(caption) if isinstance(caption, str) else caption
     reply = content.get("reply_to")
     if reply not in (None, "") and "#" not in contact:  # a reply travels in the contact
         contact = f"{contact}#{reply}"
@@ -177,8 +182,8 @@ def sender_for(
         if isinstance(path, str) and path:
             if outside:
                 raise DeliveryPermanentError(f"{Path(path).name} is outside the workspaces")
-            return await adapter.send_media(kind, contact, path, content.get("caption"))
-        return await adapter.send_text(contact, str(text or ""))
+            return await adapter.send_media(kind, contact, path, caption)
+        return await adapter.send_text(contact, text if isinstance(text, str) else "")
 
     return send
 
@@ -197,13 +202,17 @@ def _held_result_sender(
             held = services.box.decrypt(sealed)
         except (ValueError, KeyError, TypeError) as exc:
             raise DeliveryPermanentError(f"the held result cannot be read: {exc}") from exc
+        ws = Path(str(held.get("workspace") or root))
         items = plan(
             held.get("result") or {},
             held.get("artifacts") or [],
             adapter,
             skill=str(held.get("skill") or ""),
             lang=str(held.get("lang") or "en"),
+            workspace=ws,
+            folder=delivered_folder(ws, "held"),
         )
+        await write_files(items, "held")
         reply = held.get("reply_to")
         to = f"{contact}#{reply}" if reply and "#" not in contact else contact
         receipt = ""

@@ -94,7 +94,9 @@ class TelegramHTML(Dialect):
     """The Bot API's HTML style (``parse_mode=HTML``)."""
 
     def esc(self, text: str) -> str:
-        return html.escape(text, quote=False)
+        # (no-break spaces keep plain lines' indentation through the Markdown parse;
+        # Telegram keeps ordinary spaces as they are)
+        return html.escape(text, quote=False).replace("\u00a0", " ")
 
     def strong(self, inner: str) -> str:
         return f"<b>{inner}</b>" if inner else ""

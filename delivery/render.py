@@ -1,13 +1,17 @@
-"""A result as the text a person reads in a chat (SPEC §6.5, C3).
+"""A result as the text a person reads in a chat (SPEC §6.5, C3, C25).
 
 The text is ``message`` / ``result`` / ``text`` / ``output``; when none of them holds
-anything, a short readable rendering of the other content (``key: value`` lines, lists as
-counts and first items). ``display_md`` goes after the text: as Markdown on rich channels
-(web sessions) and on channels whose adapter converts Markdown to what the platform renders
-(``markdown``: Telegram HTML, Feishu cards, WeCom and DingTalk markdown messages, see
-``delivery.richtext``), as plain text elsewhere. A partial result says so on its
-first line. Everything is cut to the channel's limit with a note, and the work done is
-bounded by what is shown, never by the size of the result.
+anything, a readable rendering of the other content (``key: value`` lines, arrays of
+records as a compact table, ``delivery.shown``). ``display_md`` goes after the text: as
+Markdown on rich channels (web sessions) and on channels whose adapter converts Markdown to
+what the platform renders (``markdown``: Telegram HTML, Feishu cards, WeCom and DingTalk
+markdown messages, see ``delivery.richtext``), as plain text elsewhere. Text fields are plain
+text unless the result says it is Markdown (``"format": "markdown"``): plain text is never
+read as Markdown (an ``=====`` underline stays a line of ``=``, ``1.`` lines keep their
+numbers). A partial result says so on its first line.
+
+:func:`render_result` also says whether the text is Markdown and whether it left anything
+out (the router then sends the full result as a file); :func:`render` is the text alone.
 """
 
 from __future__ import annotations
@@ -17,44 +21,154 @@ from dataclasses import dataclass
 from typing import Any
 
 from delivery.richtext import to_plain
+from delivery.shown import (
+    BOOKKEEPING,
+    MEDIA_FIELDS,
+    TEXT_KEYS,
+    aligned_columns,
+    escape_markdown,
+    plain_block,
+    shown,
+)
 from jobs.envelope import is_partial
 from jobs.texts import TRACE_HINTS, meaningful_line, strip_admin_hints, text
 
-TEXT_KEYS = ("message", "result", "text", "output")
 #: Envelope bookkeeping and media fields: never part of the readable rendering.
-NOT_CONTENT = frozenset(
-    "ok success error_type offloaded _hint display_only completed warning action_note "
-    "display_md filename local_path media images videos files audios urls download_url "
-    "abs_url exit_code stdout_tail stderr_tail skill artifact_problems postprocess_error "
-    "offload_error fetches mediaUrl mediaUrls".split()
-)
-TEXT_CAP = 4000  # a chat message, not a data dump: the full result stays with the job
+NOT_CONTENT = BOOKKEEPING | MEDIA_FIELDS
+TEXT_CAP = 4000  # a message of the plainest channel; longer texts are split (router)
 RICH_TEXT_CAP = 20_000  # web sessions show Markdown and scroll
-MAX_LINES = 30
-NESTED_LINES = 8
-VALUE_MAX = 200
-ITEM_MAX = 80
-SAMPLE_ITEMS = 3
-FAILURE_REASON_MAX = 240
+TEXT_MAX = 2_000_000  # past this a text is not read further (it goes whole as a document)
+FAILURE_REASON_MAX = 600
+
+_MARKDOWN_FORMATS = {"markdown", "md", "text/markdown", "commonmark", "gfm"}
+
+
+def marked_markdown(result: dict[str, Any]) -> bool:
+    """Whether the skill says its text fields are Markdown (``format`` / ``content_type`` /
+    ``markdown: true``)."""
+    if result.get("markdown") is True:
+        return True
+    for key in ("format", "content_type", "text_format", "parse_mode"):
+        value = result.get(key)
+        if isinstance(value, str) and value.strip().lower() in _MARKDOWN_FORMATS:
+            return True
+    return False
+
+
+@dataclass
+class Rendered:
+    """The delivered text of a successful result: ``markdown`` when the text is Markdown
+    for the adapter to convert (else plain text, sent as it is), ``lossy`` when it does
+    not hold the whole result."""
+
+    text: str
+    markdown: bool = False
+    lossy: bool = False
+    #: a structured rendering's plain lines and tables, ``(text, is Markdown)``
+    parts: list[tuple[str, bool]] | None = None
 
 
 def main_text(result: dict[str, Any]) -> str | None:
     """The first non-empty ``message`` / ``result`` / ``text`` / ``output`` as text; a
     structured ``result`` is rendered. None when none of them holds anything."""
+    found = _main(result, "en", frozenset())
+    return found.text if found is not None else None
+
+
+def _main(result: dict[str, Any], lang: str, skip: frozenset[str]) -> Rendered | None:
+    marked = marked_markdown(result)
     for key in TEXT_KEYS:
         value = result.get(key)
         if isinstance(value, str):
             if value.strip():
-                return value.strip()
+                body = value.strip("\n").rstrip()  # a first line's indentation aligns it
+                body = body if "\n" in body else body.strip()
+                return Rendered(body[:TEXT_MAX], markdown=marked, lossy=len(body) > TEXT_MAX)
         elif isinstance(value, bool):
-            return "true" if value else "false"
+            return Rendered("true" if value else "false")
         elif isinstance(value, int | float):
-            return str(value)  # a skill that returned a bare number
+            return Rendered(str(value))  # a skill that returned a bare number
         elif isinstance(value, dict | list) and value:
-            rendered = readable(value if isinstance(value, dict) else {key: value})
-            if rendered:
-                return rendered
+            got = shown(value if isinstance(value, dict) else {key: value}, lang=lang, skip=skip)
+            if got.text:
+                return Rendered(got.text, markdown=got.markdown, lossy=got.lossy, parts=got.parts)
     return None
+
+
+def render_result(
+    result: dict[str, Any],
+    *,
+    skill: str = "",
+    lang: str = "en",
+    rich: bool = False,
+    markdown: bool = False,
+    fallback: bool = True,
+    skip: frozenset[str] = frozenset(),
+    monospace: bool = False,
+) -> Rendered:
+    """The whole text of a successful result (never cut: the router splits it into
+    messages or sends it as a document). ``markdown``: the channel's adapter converts
+    Markdown; ``monospace``: it has a code block for text with aligned columns; ``skip``:
+    fields already sent as media."""
+    body = _main(result, lang, skip)
+    lossy = False
+    if body is not None:
+        # The author's text is what they meant the person to read; structured data under
+        # another text key beside it (``message`` + ``result: [...]``) is not in it: the
+        # file carries it. (Other fields beside an authored text are for the caller.)
+        text_key = next(k for k in TEXT_KEYS if k in result and result[k] not in ("", None))
+        lossy = body.lossy or any(
+            isinstance(result.get(k), dict | list) and result[k]
+            for k in TEXT_KEYS
+            if k != text_key and k not in skip
+        )
+    md = result.get("display_md")
+    md = md.strip() if isinstance(md, str) else ""
+    if body is None and not md:
+        got = shown(result, lang=lang, skip=skip)
+        body = Rendered(got.text, got.markdown, got.lossy, got.parts) if got.text else None
+        lossy = got.lossy
+    parts: list[Rendered] = []
+    if body is not None and body.parts:
+        parts = [Rendered(t, markdown=m) for t, m in body.parts]
+    elif body is not None and body.text:
+        parts = [body]
+    if md and (body is None or md != body.text):
+        parts.append(Rendered(md[:TEXT_MAX], markdown=True))
+    if is_partial(result):
+        warning = result.get("warning")
+        reason = warning.strip() if isinstance(warning, str) and warning.strip() else ""
+        note = text("partial", lang, reason=reason or text("partial_default", lang))
+        parts.insert(0, Rendered(note))
+    as_markdown = any(p.markdown for p in parts)
+    if markdown and as_markdown:  # the adapter converts: plain parts escaped to show as is
+        out = "\n\n".join(_as_markdown(p, monospace) for p in parts)
+    elif rich:  # the web shows Markdown as it is; printed columns as a code block
+        out = "\n\n".join(
+            plain_block(p.text)
+            if not p.markdown and monospace and aligned_columns(p.text)
+            else p.text
+            for p in parts
+        )
+        as_markdown = as_markdown or out != "\n\n".join(p.text for p in parts)
+    else:
+        as_markdown = False
+        out = "\n\n".join(p.text if not p.markdown else markdown_to_text(p.text) for p in parts)
+        if markdown and len(parts) == 1 and monospace and aligned_columns(out):
+            out, as_markdown = plain_block(out), True
+    # directives are delivery metadata, never literal text (seed 004)
+    out = strip_directives(out, rich=rich)
+    if not out and fallback:
+        return Rendered(text("finished", lang, name=skill or text("the_task", lang)))
+    return Rendered(out, markdown=as_markdown, lossy=lossy)
+
+
+def _as_markdown(part: Rendered, monospace: bool) -> str:
+    if part.markdown:
+        return part.text
+    if monospace and aligned_columns(part.text):
+        return plain_block(part.text)
+    return escape_markdown(part.text)
 
 
 def render(
@@ -67,29 +181,15 @@ def render(
     limit: int | None = None,
     fallback: bool = True,
 ) -> str:
-    """The delivered text of a successful result. With ``fallback``, an empty result
-    becomes "<skill> finished."; otherwise it is ``""`` (e.g. a file that needs no text).
+    """The delivered text of a successful result, cut to ``limit`` (default: a message of
+    the plainest channel) with a note. With ``fallback``, an empty result becomes
+    "<skill> finished."; otherwise it is ``""`` (e.g. a file that needs no text).
     ``markdown``: the channel's adapter converts Markdown, so ``display_md`` stays as it is."""
     cap = limit if limit is not None else (RICH_TEXT_CAP if rich else TEXT_CAP)
-    body = main_text(result)
-    md = result.get("display_md")
-    md = md.strip() if isinstance(md, str) else ""
-    if body is None and not md:
-        body = readable(result, lang=lang) or None
-    parts = [body] if body else []
-    room = cap - len(body or "")
-    if md and md != body and room > 0:
-        # only what can be shown is converted: the work is bounded by the channel limit
-        parts.append(md[: cap * 2] if rich or markdown else markdown_to_text(md[: room * 2]))
-    if is_partial(result):
-        warning = result.get("warning")
-        reason = warning.strip() if isinstance(warning, str) and warning.strip() else ""
-        parts.insert(0, text("partial", lang, reason=reason or text("partial_default", lang)))
-    # directives are delivery metadata, never literal text (seed 004); bounded work
-    out = strip_directives("\n\n".join(parts)[: cap * 2], rich=rich)
-    if not out and fallback:
-        return text("finished", lang, name=skill or text("the_task", lang))
-    return cut(out, cap, lang)
+    got = render_result(
+        result, skill=skill, lang=lang, rich=rich, markdown=markdown, fallback=fallback
+    )
+    return cut(got.text, cap, lang)
 
 
 def cut(value: str, limit: int, lang: str = "en") -> str:
@@ -100,63 +200,9 @@ def cut(value: str, limit: int, lang: str = "en") -> str:
     return value[: max(limit - len(note), 0)].rstrip() + note
 
 
-# --------------------------------------------------------------------------- JSON → lines
-
-
 def readable(data: dict[str, Any], *, lang: str = "en") -> str:
     """Short ``key: value`` lines for the content fields of ``data``."""
-    lines: list[str] = []
-    keys = [k for k in data if k not in NOT_CONTENT and not str(k).startswith("_")]
-    for key in keys[:MAX_LINES]:
-        value = data[key]
-        if isinstance(value, dict) and value:
-            lines.append(f"{key}:")
-            inner = list(value.items())
-            for k, v in inner[:NESTED_LINES]:
-                lines.append(f"  {k}: {_short(v, lang, VALUE_MAX)}")
-            if len(inner) > NESTED_LINES:
-                lines.append("  " + text("more_lines", lang, n=len(inner) - NESTED_LINES))
-        elif not _empty(value):
-            lines.append(f"{key}: {_short(value, lang, VALUE_MAX)}")
-    if len(keys) > MAX_LINES:
-        lines.append(text("more_lines", lang, n=len(keys) - MAX_LINES))
-    return "\n".join(lines)
-
-
-def _empty(value: Any) -> bool:
-    return value is None or value == "" or value == [] or value == {}
-
-
-def _short(value: Any, lang: str, cap: int) -> str:
-    if isinstance(value, str):
-        s = " ".join(value[: cap * 2].split())
-        return s if len(s) <= cap and len(value) <= cap * 2 else s[: cap - 1] + "…"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "—"
-    if isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, list):
-        count = text("items", lang, n=len(value))
-        if not value:
-            return count
-        first = ", ".join(_short(v, lang, ITEM_MAX) for v in value[:SAMPLE_ITEMS])
-        more = ", …" if len(value) > SAMPLE_ITEMS else ""
-        return f"{count}: {first}{more}"
-    if isinstance(value, dict):
-        pairs = list(value.items())
-        inline = ", ".join(
-            f"{k}={_short(v, lang, 40)}"
-            for k, v in pairs[:SAMPLE_ITEMS]
-            if not isinstance(v, dict | list)
-        )
-        if inline:
-            more = ", …" if len(pairs) > SAMPLE_ITEMS else ""
-            s = f"{{{inline}{more}}}"
-            return s if len(s) <= cap else s[: cap - 1] + "…"
-        return text("fields", lang, n=len(pairs))
-    return _short(str(value), lang, cap)
+    return shown(data, lang=lang).text
 
 
 # --------------------------------------------------------------------------- directives
@@ -243,10 +289,13 @@ def failure_text(skill: str, result: dict[str, Any], lang: str = "en") -> str:
         value = result.get(key)
         if isinstance(value, str) and value.strip():
             reason = value.strip()
+            # the block a failing script's output gave (C26); another field: its line
+            if key != "user_message" or any(h in reason for h in TRACE_HINTS):
+                reason = meaningful_line(reason) if "\n" in reason else reason
             break
     if any(h in reason for h in TRACE_HINTS):
         reason = ""
-    reason = strip_admin_hints(meaningful_line(reason) if "\n" in reason else reason)
+    reason = strip_admin_hints(reason)
     if len(reason) > FAILURE_REASON_MAX:
         reason = reason[: FAILURE_REASON_MAX - 1].rstrip() + "…"
     if reason:

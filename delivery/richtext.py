@@ -77,10 +77,17 @@ class Piece(str):
         return obj
 
 
+class PlainText(str):
+    """Text that is not Markdown (a script's printed output, a failure notice): adapters
+    send it as plain text, whatever characters it holds."""
+
+    __slots__ = ()
+
+
 def has_markup(md: str) -> bool:
     """Whether ``md`` uses any Markdown (a heading, list, quote, code, table, rule, emphasis,
-    link or image); plain lines of text are not converted."""
-    if not md.strip() or _MAYBE_MARKUP.search(md) is None:
+    link or image); plain lines of text and :class:`PlainText` are not converted."""
+    if isinstance(md, PlainText) or not md.strip() or _MAYBE_MARKUP.search(md) is None:
         return False  # no character or line start that Markdown reads: no parse needed
     return _uses_markup(parse(md))
 
@@ -354,6 +361,7 @@ __all__ = [
     "WECOM",
     "Dialect",
     "Piece",
+    "PlainText",
     "feishu_card",
     "has_markup",
     "html_to_plain",

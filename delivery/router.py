@@ -10,6 +10,7 @@ dispatch context's ``conversation_id``, answering its ``message_id``), else at t
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,9 @@ from delivery.ledger import (
     owner_id,
 )
 from delivery.outbox import Outbox, outbox_of
-from delivery.plan import SEALED_RESULT, Item, field_of, plan
+from delivery.plan import SEALED_RESULT, Item, delivered_folder, field_of, plan, write_files
 from delivery.render import TEXT_CAP, directives, failure_text
+from delivery.richtext import PlainText
 from jobs import telemetry
 from jobs.context import group_conversation, job_segment, results_dir
 from jobs.db import Fence, Sessions
@@ -41,6 +43,8 @@ from jobs.models import JobRow
 from jobs.services import Services
 from jobs.settings import Settings
 from jobs.texts import language_of
+
+log = logging.getLogger(__name__)
 
 __all__ = ["TEXT_CAP", "Item", "Origin", "deliver_result", "failure_text", "origin_of", "plan"]
 
@@ -98,9 +102,11 @@ async def deliver_result(
     channels: dict[str, Channel] | None = None,
     backoff: float = 1.0,
     workspace: Path | None = None,
+    notice: str | None = None,
 ) -> list[dict[str, Any]]:
     """Send the job's result to its origin; returns ``[{"recipient","kind","status","error"}]``.
-    ``workspace``: where its files must lie (default: the job's own workspace).
+    ``workspace``: where its files must lie (default: the job's own workspace); ``notice``:
+    the result is a notice of that kind (``delivery.notices``), its own ledger item.
 
     ``fence`` is checked before every send: when it says False this attempt lost its lease and
     delivery stops without sending.
@@ -136,7 +142,7 @@ async def deliver_result(
         # Only the channel is missing: the result is kept (sealed) with the failed row, so
         # a resend once the channel is configured sends what would have gone out.
         content = None
-        if origin.error is None:
+        if origin.error is None and notice is None:
             lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
             held = {
                 "result": result,
@@ -174,7 +180,20 @@ async def deliver_result(
     out: list[dict[str, Any]] = []
     outbox = outbox_of(services)
     lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
-    items = plan(result, artifacts, adapter, skill=job.skill, lang=lang)
+    if notice is not None:
+        message = str(result.get("message") or "")
+        items = [Item("text", f"notice:{notice}", text=PlainText(message))]
+    else:
+        items = plan(
+            result,
+            artifacts,
+            adapter,
+            skill=job.skill,
+            lang=lang,
+            workspace=workspace,
+            folder=delivered_folder(workspace, job.id),
+        )
+    await write_files(items, job.id)
     reply = _apply_directives(result, job, adapter, items) or origin.reply_to
     # in a thread reached by replying, every item is a reply (else only the first)
     every = adapter.thread_by_reply and parse_target(origin.contact).thread is not None
@@ -324,7 +343,7 @@ async def _send_item(
                     key=ledger_key(job_id, origin.recipient, item.key),
                     kind="text",
                     item=item.key,
-                    content={"text": text, "reply_to": reply_to},
+                    content=_content({"text": text, "reply_to": reply_to}, text),
                     dedup=adapter.dedups_for(origin.contact),
                     gate=gate,
                     **common,
@@ -345,7 +364,7 @@ async def _send_item(
             key=ledger_key(job_id, origin.recipient, item.key),
             kind=item.kind,
             item=path,
-            content={"path": path, "caption": caption, "reply_to": reply_to},
+            content=_content({"path": path, "caption": caption, "reply_to": reply_to}, caption),
             dedup=adapter.dedups_for(origin.contact),
             gate=gate,
             **common,
@@ -359,6 +378,14 @@ async def _send_item(
         )
         return [res, *rest]
     return [res]
+
+
+def _content(content: dict[str, Any], text: str | None) -> dict[str, Any]:
+    """A delivery's stored content; ``plain`` when its text is not Markdown (a resend or
+    the outbox sends it as plain text again)."""
+    if isinstance(text, PlainText):
+        content["plain"] = True
+    return content
 
 
 def _public(d: dict[str, Any]) -> dict[str, Any]:

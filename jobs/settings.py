@@ -180,6 +180,13 @@ class Settings(BaseSettings):
     skill_env_max_mb: float = Field(default=10240.0, ge=0)
 
     language: str = "en"  # user-facing texts: en | zh (a dispatch context locale overrides)
+    # Notices to the person beside the result (through the delivery ledger, once each): a
+    # "still working" note when a background job runs longer than this (0: never; a skill's
+    # ctx["progress"]() call sends it earlier), and a "cancelled" note when a job is
+    # cancelled (by an operator or the person).
+    notice_after_s: float = Field(default=0.0, ge=0)
+    notice_working: bool = True
+    notice_cancelled: bool = True
 
     log_format: str = Field(default="text", description="text or json")
     log_level: str = "INFO"

@@ -40,8 +40,16 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "任务没有全部完成",
     },
     "truncated": {
-        "en": "… (cut here; the full result is kept with the job)",
-        "zh": "……（内容过长已截断；完整结果保存在任务记录中）",
+        "en": "… (cut here: too long for one message)",
+        "zh": "……（内容过长，此处截断）",
+    },
+    "rest_in_file": {
+        "en": "… (continued: the whole text is in the attached file {name})",
+        "zh": "……（未完：完整内容见附件 {name}）",
+    },
+    "full_result_file": {
+        "en": "The full result is in the attached file {name}.",
+        "zh": "完整结果见附件 {name}。",
     },
     "not_set_up": {
         "en": "Sorry, {name} is not set up yet (missing: {missing}). Nothing was done.",
@@ -63,6 +71,14 @@ TEXTS: dict[str, dict[str, str]] = {
     "lost_reason": {
         "en": "it was stopped every time it ran (the worker running it died or stalled)",
         "zh": "每次运行都被中断（运行它的工作进程崩溃或卡住）",
+    },
+    "notice_working": {
+        "en": "{name} is still working on it; the result will be sent here when it is ready.",
+        "zh": "{name} 仍在处理中，完成后结果会发送到这里。",
+    },
+    "notice_cancelled": {
+        "en": "{name} was cancelled; no result will follow.",
+        "zh": "{name} 已取消，不会再有结果。",
     },
     "items": {"en": "{n} items", "zh": "{n} 项"},
     "fields": {"en": "{n} fields", "zh": "{n} 个字段"},
@@ -131,3 +147,101 @@ def meaningful_line(text: str) -> str:
         return errors[-1]
     useful = [ln for ln in lines if not _NOISE_LINE.match(ln)]
     return (useful or lines)[-1]
+
+
+# --------------------------------------------------------------------------- failure reasons
+
+REASON_MAX = 600  # the block of a failure output kept as its reason
+
+# Python ``warnings`` output (``file.py:12: FutureWarning: …`` and its source echo), npm and
+# Node warnings: noise beside a failure, never its reason.
+_PY_WARNING = re.compile(r"^\S.*:\d+: (?:\w+\.)*\w*Warning: ")
+_WARNING_LINE = re.compile(
+    r"^\s*(?:(?:\w+\.)*\w*Warning: |npm (?:WARN|warn)\b|warning: |WARNING: |\(node:\d+\) |"
+    r"\(Use `node --trace-|warnings\.warn\()"
+)
+_TRACE_START = "Traceback (most recent call last)"
+_FRAME = re.compile(r"^\s+(?:File \"|at\s)|^\s{4}\S|^\s+\^+\s*$|^\s+~+\s*$")
+_USAGE = re.compile(r"^\s*usage:", re.I)
+_FAILED_LINE = re.compile(
+    r"\b(?:error|errors|failed|failure|fatal|invalid|not found|cannot|can't|could not|"
+    r"denied|refused|missing|exception)\b|^\s*(?:✗|❌|✘|\[error\]|E:)",
+    re.I,
+)
+
+
+def without_warnings(text: str) -> str:
+    """``text`` without warning lines (Python ``warnings`` output and the source line it
+    echoes, ``DeprecationWarning``…, npm ``WARN``, Node's ``(node:N)`` warnings)."""
+    out: list[str] = []
+    echo = False
+    for line in text.splitlines():
+        if echo and line.startswith((" ", "\t")):
+            echo = False
+            continue  # the source line a Python warning echoes
+        echo = False
+        if _PY_WARNING.match(line):
+            echo = True
+            continue
+        if _WARNING_LINE.match(line):
+            continue
+        out.append(line)
+    return "\n".join(out).strip("\n")
+
+
+def _exception_lines(text: str) -> str:
+    """A Python traceback → what the script said before it, and the exception's lines."""
+    before, _, trace = text.rpartition(_TRACE_START)
+    lines = trace.splitlines()[1:]
+    i = 0
+    while i < len(lines) and (_FRAME.match(lines[i]) or not lines[i].strip()):
+        i += 1
+    tail = "\n".join(ln for ln in lines[i:] if not _FRAME.match(ln)).strip()
+    head = before.strip().split("\n\n")[-1].strip() if before.strip() else ""
+    return "\n".join(p for p in (head, tail) if p)
+
+
+def reason_block(text: str, limit: int = REASON_MAX) -> str:
+    """The last meaningful block of a failure output (several lines, at most ``limit``
+    characters): warnings removed, a traceback reduced to its exception, argparse's usage
+    lines dropped; blocks are added from the end while they fit."""
+    text = without_warnings(text)
+    if _TRACE_START in text:
+        text = _exception_lines(text)
+    lines = [ln.rstrip() for ln in text.splitlines()]
+    if any(_ERROR_LINE.match(ln.strip()) for ln in lines) and any(_USAGE.match(ln) for ln in lines):
+        # argparse: the usage block is not the reason; its ``error:`` line is
+        last = max(i for i, ln in enumerate(lines) if _ERROR_LINE.match(ln.strip()))
+        lines = [ln.strip() for ln in lines[last:] if ln.strip()]
+    blocks: list[list[str]] = [[]]
+    for ln in lines:
+        if ln.strip():
+            blocks[-1].append(ln)
+        elif blocks[-1]:
+            blocks.append([])
+    blocks = [b for b in blocks if b]
+    if blocks and len(blocks[-1]) > 1:
+        # the block from its first line that says something failed ("Scanning …" before
+        # "Error: …" is progress, not the reason)
+        first = next((i for i, ln in enumerate(blocks[-1]) if _FAILED_LINE.search(ln)), 0)
+        blocks[-1] = blocks[-1][first:]
+    picked: list[str] = []
+    size = 0
+    for block in reversed(blocks):
+        chunk = "\n".join(block)
+        if size + len(chunk) + 2 <= limit:
+            picked.insert(0, chunk)
+            size += len(chunk) + 2
+            if sum(c.count("\n") + 1 for c in picked) >= 2:
+                break  # a block of several lines says it; a one-line summary takes the one above
+            continue
+        if not picked:  # one block larger than the limit: its last lines
+            kept: list[str] = []
+            for ln in reversed(block):
+                if size + len(ln) + 1 > limit:
+                    break
+                kept.insert(0, ln)
+                size += len(ln) + 1
+            picked = ["\n".join(kept)] if kept else [block[-1][-limit:]]
+        break
+    return "\n\n".join(picked).strip()

@@ -142,14 +142,31 @@ def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
 
 
+# Upward edges still waiting to be handed in the way the runner is handed its Finisher:
+# the "still working" and "cancelled" notices the queue sends through delivery. Each pair
+# is listed here so that no new one can appear unnoticed.
+KNOWN_UPWARD = frozenset(
+    {
+        ("jobs.queue.control", "delivery.notices"),
+        ("jobs.queue.runner", "delivery.notices"),
+    }
+)
+
+
 def test_every_import_points_down_the_layers() -> None:
     upward = sorted(
         f"{name} ({LAYERS[_layer(name)][0]}) imports {dep} ({LAYERS[_layer(dep)][0]})"
         for name, deps in _graph().items()
         for dep in deps
-        if _layer(dep) > _layer(name)
+        if _layer(dep) > _layer(name) and (name, dep) not in KNOWN_UPWARD
     )
     assert upward == []
+
+
+def test_the_known_upward_edges_still_exist() -> None:
+    """An edge handed in (or gone) leaves this list, so the list only ever shrinks."""
+    graph = _graph()
+    assert sorted(e for e in KNOWN_UPWARD if e[1] not in graph.get(e[0], set())) == []
 
 
 def test_the_layer_check_sees_function_level_and_type_checking_imports(

@@ -49,6 +49,15 @@ from delivery.richtext import FEISHU, Piece, feishu_card, has_markup, pieces, ti
 
 log = logging.getLogger(__name__)
 
+_AT_TAG = re.compile(r"<(/?at\b)", re.I)
+
+
+def no_mentions(text: str) -> str:
+    """A text message reads ``<at user_id="all">`` as a mention: text a result carries must
+    not be able to @ anyone (a zero-width space keeps the tag as it reads)."""
+    return _AT_TAG.sub("<\u200b\\1", text) if "<" in text else text
+
+
 IMAGE_LIMIT = 10 * 1024 * 1024
 FILE_LIMIT = 30 * 1024 * 1024
 # A text message's request body may be 150 KB: pieces are cut well under it, measured as
@@ -221,7 +230,7 @@ class FeishuChannel(LimitedChannel):
 
     async def _post_text(self, target: Target, text: str) -> str:
         if not isinstance(text, Piece):
-            return await self._send(target, "text", {"text": text})
+            return await self._send(target, "text", {"text": no_mentions(text)})
         try:
             card = feishu_card(text, summary=title_of(text.plain))
             return await self._send(target, "interactive", card)
@@ -233,7 +242,7 @@ class FeishuChannel(LimitedChannel):
         first = ""
         for i, plain in enumerate(split_text(text.plain, TEXT_BYTES, _escaped)):
             place = target if i == 0 else after_first(target)
-            mid = await self._send(place, "text", {"text": plain})
+            mid = await self._send(place, "text", {"text": no_mentions(plain)})
             first = first or mid
         return first
 

@@ -39,7 +39,7 @@ from delivery.channels.limits import (
 )
 from delivery.channels.probe import MediaProbe
 from delivery.net.urlsafety import RefusedURL, check_url
-from delivery.richtext import TELEGRAM, Piece, has_markup, pieces
+from delivery.richtext import TELEGRAM, Piece, PlainText, has_markup, pieces
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +233,8 @@ class TelegramChannel(LimitedChannel):
         return first
 
     async def _text(self, target: Target, text: str) -> str:
+        if isinstance(text, PlainText):  # no Markdown images in plain text
+            return await super()._text(target, text)
         rest, images = split_markdown_images(text, self._allow_hosts)
         first = await super()._text(target, rest) if rest else ""
         for url in images:

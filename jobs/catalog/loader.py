@@ -7,7 +7,6 @@ folder it finds, so one broken skill never hides the others.
 
 from __future__ import annotations
 
-import ast
 import json
 import logging
 import re
@@ -18,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from jobs.catalog.pyscan import ENTRY_NAMES, entry_arity_problem, inspect_python
 from jobs.settings import BUNDLED_SKILLS
 from jobs.skill import MAX_WALL_SEC, ExecType, Skill, SkillRegistry, SkillType
 
@@ -25,8 +25,6 @@ log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 BUILTIN_SKILLS = ("notify", "send_message")
-ENTRY_NAMES = ("execute", "run", "handler", "main", "handle")
-SCHEMA_NAMES = ("input_schema", "INPUT_SCHEMA", "SCHEMA", "schema")
 CATEGORIES = (
     "office finance ecommerce marketing promotion trading data crm channel media "
     "integration compliance general"
@@ -144,139 +142,6 @@ def parse_frontmatter(fm: str) -> tuple[dict[str, Any], list[str]]:
 
 
 # --------------------------------------------------------------------------- python source
-
-
-def inspect_python(path: Path) -> dict[str, Any]:
-    """What the executor needs from a ``.py`` file, read with ``ast`` (never imported):
-    CLI markers, the entry function and its shape, an in-code literal schema."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    info: dict[str, Any] = {
-        "argparse": False,
-        "main_guard": False,
-        "system_exit": False,
-        "reads_argv": False,
-        "functions": {},
-        "schema": None,
-        "schema_name": None,
-        "schema_problem": None,
-    }
-    _scan_markers(tree, info)
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            info["functions"][node.name] = _function_shape(node)
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
-            _read_schema(node, info)
-    info["entry"] = next((n for n in ENTRY_NAMES if n in info["functions"]), None)
-    info["cli_reason"] = _cli_reason(info)
-    info["is_cli"] = bool(info["cli_reason"])
-    return info
-
-
-def _scan_markers(tree: ast.Module, info: dict[str, Any]) -> None:
-    # sys.argv read only inside the `if __name__ == "__main__":` block (a handler's local
-    # test harness) never runs on import: it does not make the file a script.
-    guarded = {
-        id(inner)
-        for top in tree.body
-        if isinstance(top, ast.If) and isinstance(top.test, ast.Compare)
-        if _is_main_guard(top.test)
-        for stmt in top.body
-        for inner in ast.walk(stmt)
-    }
-    for node in ast.walk(tree):
-        if id(node) in guarded and isinstance(node, ast.Attribute | ast.ImportFrom):
-            continue
-        if isinstance(node, ast.Import):
-            names = {a.name for a in node.names}
-            info["argparse"] |= "argparse" in names
-        elif isinstance(node, ast.ImportFrom):
-            info["argparse"] |= node.module == "argparse"
-            if node.module == "sys" and any(a.name == "argv" for a in node.names):
-                info["reads_argv"] = True
-        elif isinstance(node, ast.Compare) and _is_main_guard(node):
-            info["main_guard"] = True
-        elif isinstance(node, ast.Attribute) and node.attr == "argv":
-            info["reads_argv"] |= isinstance(node.value, ast.Name) and node.value.id == "sys"
-        elif isinstance(node, ast.Raise) and node.exc is not None:
-            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
-            if isinstance(exc, ast.Name) and exc.id == "SystemExit":
-                info["system_exit"] = True
-
-
-def _function_shape(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, Any]:
-    args = node.args
-    positional = [*args.posonlyargs, *args.args]
-    return {
-        "is_async": isinstance(node, ast.AsyncFunctionDef),
-        "required": len(positional) - len(args.defaults),
-        "params": [a.arg for a in positional],
-        "defaults": len(args.defaults),
-        "lineno": node.lineno,
-    }
-
-
-def _read_schema(node: ast.Assign | ast.AnnAssign, info: dict[str, Any]) -> None:
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-    for t in targets:
-        if not (isinstance(t, ast.Name) and t.id in SCHEMA_NAMES and node.value is not None):
-            continue
-        current = info["schema_name"]
-        if current is not None and SCHEMA_NAMES.index(t.id) > SCHEMA_NAMES.index(current):
-            continue
-        info["schema_name"] = t.id
-        try:
-            info["schema"] = ast.literal_eval(node.value)
-            info["schema_problem"] = None
-        except (ValueError, SyntaxError, TypeError):
-            info["schema"] = None
-            info["schema_problem"] = (
-                f"in-code schema {t.id} is not a literal and was not read (put it in schema.json)"
-            )
-
-
-def _cli_reason(info: dict[str, Any]) -> str:
-    """Why the file is a command-line script (SPEC §2, C6), or "" for an in-process entry.
-
-    argparse + ``__main__``, a ``raise SystemExit``, any read of ``sys.argv``, or a
-    ``__main__`` block whose entry takes no input (or that has no entry function at all):
-    such a script would read the host's argv and write into its stdout if run in-process.
-    """
-    if info["reads_argv"]:
-        return "reads sys.argv"
-    if info["argparse"] and info["main_guard"]:
-        return "argparse + __main__"
-    if info["system_exit"]:
-        return "raises SystemExit"
-    if info["main_guard"]:
-        entry = info["entry"]
-        if entry is None:
-            return "__main__ block, no entry function"
-        if not info["functions"][entry]["params"]:
-            return f"__main__ block, {entry}() takes no input"
-    return ""
-
-
-def entry_arity_problem(name: str, fn: dict[str, Any]) -> str | None:
-    """The one binding rule for entry functions, shared by the loader (runtime) and
-    ``skills check``: 0, 1 or 2 required positional parameters (f(), f(input),
-    f(input, ctx)); more can never be bound."""
-    if fn["required"] <= 2:
-        return None
-    params = ", ".join(fn["params"])
-    return (
-        f"{name}() requires {fn['required']} positional parameters ({params}); an entry "
-        "gets at most 2: async def execute(input_data, runtime_context)"
-    )
-
-
-def _is_main_guard(node: ast.Compare) -> bool:
-    parts = [node.left, *node.comparators]
-    names = any(isinstance(p, ast.Name) and p.id == "__name__" for p in parts)
-    main = any(isinstance(p, ast.Constant) and p.value == "__main__" for p in parts)
-    return names and main
-
-
-# --------------------------------------------------------------------------- helpers
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -505,24 +370,58 @@ SCRIPT_SUFFIXES = (".py", ".sh", ".js", ".mjs", ".rb", ".go")
 
 def _as_document(skill: Skill) -> None:
     """Nothing to run: loaded as a ``skill_md`` document, with the one line that would make
-    it runnable (OpenClaw and Anthropic skills describe their scripts/ in prose)."""
+    it runnable (OpenClaw and Anthropic skills describe their scripts/ in prose). The line
+    names a script only when the SKILL.md itself runs it in a command example; otherwise
+    the rule alone (guessing could name the wrong script, e.g. one that deletes files)."""
     skill.skill_type, skill.exec_type = SkillType.SKILL_MD, ExecType.NONE
     scripts = sorted(
         p.relative_to(skill.path).as_posix()
         for sub in ("scripts", ".")
         if (skill.path / sub).is_dir()
         for p in (skill.path / sub).iterdir()
-        if p.is_file() and p.suffix.lower() in SCRIPT_SUFFIXES
+        if p.is_file() and p.suffix.lower() in SCRIPT_SUFFIXES and p.name != "__init__.py"
     )
-    example = scripts[0] if scripts else "scripts/<your script>"
-    skill.hint = (
-        "to make it runnable add one line to its SKILL.md frontmatter: "
-        f"exec: {{primary: {{entry: {example}}}}}"
-    )
+    example = _script_in_examples(skill, scripts)
+    if example:
+        skill.hint = (
+            "to make it runnable add one line to its SKILL.md frontmatter: "
+            f"exec: {{primary: {{entry: {example}}}}}"
+        )
+    else:
+        skill.hint = (
+            "to make it runnable name the script to run in its SKILL.md frontmatter: "
+            "exec: {primary: {entry: scripts/<the script to run>}}"
+        )
     found = f", {', '.join(scripts[:5])} found" if scripts else ""
     skill.warnings.append(
         f"loaded as a document skill (skill_md: no exec block, no handler.py{found}); " + skill.hint
     )
+
+
+_RUNNERS = r"(?:python3?|uv run|node|bash|sh|ruby|go run|npx tsx|deno run)"
+_COMMAND = re.compile(
+    rf"(?:^|[\s`$(]){_RUNNERS}\s+(?:-\S+\s+)*(?:\{{\w+\}}/|\$\{{?\w+\}}?/|\./|~/)?"
+    r"([\w./-]+\.(?:py|sh|js|mjs|rb|go))"
+    r"|(?:^|[\s`])\./([\w./-]+\.(?:sh|py|js|rb))",
+    re.M,
+)
+
+
+def _script_in_examples(skill: Skill, scripts: list[str]) -> str | None:
+    """The first of ``scripts`` that the SKILL.md runs in a command example."""
+    md = skill.skill_md_path
+    if md is None or not scripts:
+        return None
+    try:
+        body = md.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for m in _COMMAND.finditer(body):
+        mentioned = (m.group(1) or m.group(2) or "").lstrip("./")
+        for script in scripts:
+            if mentioned == script or mentioned.endswith("/" + script):
+                return script
+    return None
 
 
 def _detect_python(skill: Skill, entry: Path) -> None:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from jobs.catalog.loader import inspect_python, load_skill, skill_folders
+from jobs.catalog.loader import load_skill, skill_folders
+from jobs.catalog.pyscan import inspect_python
 from jobs.catalog.validation import repair_schema
 from jobs.crypto import SECRET_MARKERS, is_secret_key
 from jobs.skill import ExecType, Skill, SkillType
@@ -63,8 +64,9 @@ def check_skill(skill: Skill) -> list[Finding]:
     if skill.skill_md_chars > SKILL_MD_MAX:
         lost = skill.skill_md_chars - SKILL_MD_MAX
         if skill.skill_type is SkillType.SKILL_MD:
+            # a warning, as `skills list` loads it: check and list agree
             add(
-                "error",
+                "warning",
                 f"SKILL.md is {skill.skill_md_chars:,} chars: a document skill is injected "
                 f"cut at {SKILL_MD_MAX:,}, so the last {lost:,} chars would be lost — move "
                 "details into references/ and say in the text when to read them",
@@ -82,6 +84,9 @@ def check_skill(skill: Skill) -> list[Finding]:
         add(level, message)
     for level, message in _name_findings(skill):
         add(level, message)
+    ignored = _ignored_requirements(skill)
+    if ignored:
+        add("warning", ignored)
     declared = set(skill.env)
     missing = [n for n in skill.requires_env if n not in declared]
     if missing and not skill.error:
@@ -91,6 +96,24 @@ def check_skill(skill: Skill) -> list[Finding]:
             "configuration form reads env, the pre-run check reads requires — declare both",
         )
     return out
+
+
+def _ignored_requirements(skill: Skill) -> str | None:
+    """A ``requirements.txt`` that the entry's PEP 723 block makes the build ignore."""
+    entry, req = skill.entry, Path(skill.path) / "requirements.txt"
+    if entry is None or entry.suffix != ".py" or not req.is_file() or not entry.is_file():
+        return None
+    try:
+        text = entry.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    if "# /// script" not in text:
+        return None
+    return (
+        f"requirements.txt is ignored: {entry.name} has a PEP 723 block (# /// script), "
+        "which alone declares the script's dependencies — move its requirements into that "
+        "block, or remove the block"
+    )
 
 
 # --------------------------------------------------------------------------- entry function

@@ -298,6 +298,14 @@ def import_failure(skill: Skill, text: str) -> dict[str, Any] | None:
             f"add it to the skill's package.json dependencies and ship package-lock.json "
             f"(npm install {module.split('/')[0]})"
         )
+    elif (own := _own_module(skill, module.split(".")[0])) is not None:
+        # the skill's own folder or a sibling file: installing a package of that name would
+        # be wrong (and a dependency-confusion risk)
+        how = (
+            f"{own} is the skill's own code, not a package to install: the script runs as "
+            "`python <entry>` with only its own folder on the import path, so import its "
+            "sibling files by their own name (or move the entry next to them)"
+        )
     else:
         top = module.split(".")[0]
         how = (
@@ -312,6 +320,25 @@ def import_failure(skill: Skill, text: str) -> dict[str, Any] | None:
         skill=skill.name,
         missing_module=module,
     )
+
+
+def _own_module(skill: Skill, top: str) -> str | None:
+    """The skill's folder or file that provides the module ``top`` (``scripts/``,
+    ``helpers.py`` beside the entry…), as a path inside the skill, or None."""
+    if not top or top in ("?", ".") or not top.isidentifier():
+        return None
+    root = Path(skill.path)
+    places = [root, root / "scripts"]
+    if skill.entry is not None:
+        places.insert(0, Path(skill.entry).parent)
+    for place in places:
+        for candidate in (place / top, place / f"{top}.py"):
+            if candidate.exists():
+                try:
+                    return candidate.relative_to(root).as_posix() + ("/" * candidate.is_dir())
+                except ValueError:
+                    return candidate.name
+    return None
 
 
 def describe(spec: EnvSpec | None) -> Mapping[str, Any]:

@@ -18,6 +18,7 @@ import logging
 import shutil
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ from jobs.storable import TEXT_REPLACED, valid_text
 log = logging.getLogger(__name__)
 
 TRANSIENT_EXC = (*DB_UNAVAILABLE, httpx.TimeoutException, httpx.NetworkError)
+TRACE_CAP = 8000  # characters of a raising skill's traceback (and its prints) kept
 SUBPROCESS_TYPES = frozenset(
     {
         ExecType.PYTHON_CLI,
@@ -348,10 +350,19 @@ class Executor:
                 if missing is not None:
                     return self._outcome(missing, t0, name=name, exception=type(raised).__name__)
             transient = isinstance(raised, TRANSIENT_EXC)
+            # the operator gets the traceback and what the skill printed (the attempt, the
+            # job's result); the person gets the exception's message (C26)
+            trace = "".join(traceback.format_exception(raised))[-TRACE_CAP:]
+            stdout = wrapped.stdout if isinstance(wrapped, inprocess.Raised) else ""
+            message = str(raised).strip() or type(raised).__name__
+            log.warning("skill %s raised %s:\n%s", name, type(raised).__name__, trace)
             env = failure(
                 f"skill {name!r} raised {type(raised).__name__}: {raised}".rstrip(": "),
                 error_type="transient" if transient else None,
                 skill=name,
+                user_message=message[:600],
+                stdout_tail=stdout[-TRACE_CAP:].strip(),
+                stderr_tail=trace.strip(),
             )
             return self._outcome(
                 env,
@@ -359,6 +370,7 @@ class Executor:
                 name=name,
                 exception=type(raised).__name__,
                 transient=transient,
+                printed=Printed(stdout, trace),
             )
         finally:
             WALL_DEADLINE.reset(deadline)

@@ -62,7 +62,10 @@ class WallExpired(Exception):
 
 
 class Raised(Exception):
-    """Carries an exception the skill raised (as ``__cause__``) out of the run."""
+    """Carries an exception the skill raised (as ``__cause__``) out of the run, and what the
+    run printed before it (``stdout``)."""
+
+    stdout: str = ""
 
 
 class ImportFailed(Exception):
@@ -215,6 +218,7 @@ async def run_entry(
             exc = wrapped.__cause__
             if isinstance(exc, SystemExit) and not entry.main_block:
                 return exited(name, exc, run.text()), run.text()
+            wrapped.stdout = run.text()  # kept on the attempt with the traceback
             raise
     return result, run.text()
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from jobs.envelope import failure
 from jobs.media import media_kind
-from jobs.texts import meaningful_line
+from jobs.texts import REASON_MAX, reason_block
 
 LOG_CAP = 64 * 1024  # stderr tail kept as the run's log
 ERROR_TAIL = 2000  # stderr tail quoted in an exit-code error
@@ -110,27 +110,41 @@ def _tail(data: bytes, cap: int) -> str:
     return text.strip()
 
 
-def _stdout_reason(stdout: bytes) -> str:
-    """What a script that exits non-zero said on stdout: its JSON ``error``/``message``
-    when it printed an envelope, else its last lines."""
-    text = _tail(stdout, ERROR_TAIL * 4)
-    if not text:
+def _envelope_reason(stdout: bytes) -> str:
+    """The reason of a JSON error envelope printed on stdout (``error`` / ``message``…),
+    or ``""`` when stdout holds none."""
+    text = _tail(stdout, ERROR_TAIL * 8)
+    if not text or "{" not in text:
         return ""
     parsed = parse_stdout(text)
-    if isinstance(parsed, dict) and "output" not in parsed:
-        for key in ("error", "msg", "message", "user_message"):
-            value = parsed.get(key)
-            if isinstance(value, str) and value.strip():
-                return value.strip()
-    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    return "\n".join(lines[-STDOUT_REASON_LINES:])[-ERROR_TAIL:]
+    if not isinstance(parsed, dict) or ("output" in parsed and len(parsed) == 1):
+        return ""
+    failed = parsed.get("ok") is False or parsed.get("success") is False
+    if not failed and "error" not in parsed:
+        return ""
+    for key in ("error", "user_message", "msg", "message", "reason", "detail"):
+        value = parsed.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+        if isinstance(value, dict):  # {"error": {"message": …, "code": …}}
+            inner = value.get("message") or value.get("detail")
+            if isinstance(inner, str) and inner.strip():
+                return inner.strip()
+    return ""
 
 
 def exit_failure(skill: str, code: int, stdout: bytes, stderr: bytes) -> dict[str, Any]:
-    """The failure envelope of a process that exited non-zero (SPEC §2, C5): the reason is
-    stderr, else the tail of stdout; both tails are kept (capped); ``user_message`` is the
-    meaningful line (argparse's last ``error:`` line, not its ``usage:`` line)."""
-    reason = _tail(stderr, ERROR_TAIL) or _stdout_reason(stdout)
+    """The failure envelope of a process that exited non-zero (SPEC §2, C5, C26): the
+    reason is the JSON error envelope on stdout if there is one, else stderr without its
+    warning noise, else stdout's tail — the last meaningful block (at most
+    ``REASON_MAX`` characters), not the last line; both tails are kept (capped)."""
+    reason = _envelope_reason(stdout)
+    if reason:
+        reason = reason_block(reason) or reason[:REASON_MAX]
+    else:
+        reason = reason_block(_tail(stderr, ERROR_TAIL * 4)) or reason_block(
+            _tail(stdout, ERROR_TAIL * 4)
+        )
     how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
     env = failure(
         f"skill {skill!r} {how}" + (f": {reason}" if reason else " (no output)"),
@@ -139,9 +153,8 @@ def exit_failure(skill: str, code: int, stdout: bytes, stderr: bytes) -> dict[st
         stdout_tail=_tail(stdout, STREAM_TAIL_CAP),
         stderr_tail=_tail(stderr, STREAM_TAIL_CAP),
     )
-    line = meaningful_line(reason)
-    if line:
-        env["user_message"] = line
+    if reason:
+        env["user_message"] = reason
     return env
 
 

@@ -75,6 +75,10 @@ async def cancel_job(
             await remove(svc, job.arq_job_id)
         await publish_job_event(svc, job_id, CANCELLED, job.skill)
         await _audit(svc, "cancel", job_id, actor, was=QUEUED)
+        from delivery.notices import CANCELLED as NOTICE
+        from delivery.notices import send_notice
+
+        await send_notice(svc, job, NOTICE)  # the person is told (once; off-able)
         return ActionResult(True, "cancelled before it started", job_id=job_id, status=CANCELLED)
     job = await store.request_cancel(svc.sessionmaker, job_id)
     if job is not None:

@@ -228,7 +228,9 @@ class Dispatcher:
                 400,
                 f"skill {skill!r} is a {found.skill_type.value} document, not an executable "
                 "skill: it cannot be dispatched" + (f"; {found.hint}" if found.hint else ""),
+                "config",  # the operator fixes the skill folder; no other input helps
                 skill=skill,
+                non_retriable=True,
             )
         problem = input_problem(found, input_data)
         if problem:
@@ -265,7 +267,7 @@ class Dispatcher:
                 "skilljobs.dispatch", queued, attrs=_span_attrs(found, True), outcome=_answered
             )
         else:
-            sync = self._run_now(found, input_data, ctx)
+            sync = self._run_now(found, input_data, ctx, ext)
             answer = await telemetry.traced(
                 "skilljobs.dispatch", sync, attrs=_span_attrs(found, False), outcome=_answered
             )
@@ -274,11 +276,14 @@ class Dispatcher:
     # --- sync line ----------------------------------------------------------------------
 
     async def _run_now(
-        self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any]
+        self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any], ext: str = ""
     ) -> DispatchResult:
 
         runtime = dict(ctx)
         runtime.update(fixed_segment(ctx))
+        if ext.startswith(ORGDELEG_PREFIX):
+            # a delegated request on the sync line too: force_raw_prompt must not apply
+            runtime["external_id"] = ext
         runtime.setdefault("chat_mode", True)
         # the run's own workspace, as a background job's: the session's, else (third-party
         # channels) one per recipient — two people never share one (C1)

@@ -308,6 +308,7 @@ class JobRunner:
             await asyncio.shield(
                 self._record(job, token, CANCELLED, None, "cancelled by an operator", None)
             )
+            await asyncio.shield(self._cancel_notice(job))
             return CANCELLED
         await asyncio.shield(self._unclaim(job, token))
         return "lost" if why == prefetch.SUSPECT else "handed back"
@@ -372,6 +373,25 @@ class JobRunner:
         ctx = svc.box.unseal(job.context or {})
         self.scopes[job_id] = begin_run(svc.settings, job, ctx)
         subproc.RUN_OWNER.set(job_id)  # its processes are killed at once if the lease is lost
+        from delivery.notices import WorkingNotice
+
+        working = WorkingNotice(svc, job, self._fence(job, token))
+        ctx["progress"] = working.progress  # the skill may say it is busy (told once)
+        try:
+            return await self._run_skill(job, token, attempt, input_data, ctx)
+        finally:
+            await working.close()
+
+    async def _run_skill(
+        self,
+        job: JobRow,
+        token: int,
+        attempt: int,
+        input_data: dict[str, Any],
+        ctx: dict[str, Any],
+    ) -> Any:
+        svc = self.svc
+        job_id = job.id
         # skill-initiated sends of this run are ledgered under the job (jobs.sendscope)
         run = self.executor.execute(job.skill, input_data, ctx)
         skill_tasks: set[asyncio.Task[Any]] = set()
@@ -408,6 +428,7 @@ class JobRunner:
             await asyncio.shield(
                 self._record(job, token, CANCELLED, None, "cancelled by an operator", None)
             )
+            await asyncio.shield(self._cancel_notice(job))
             return CANCELLED
 
         # what the run printed, kept on its attempt (no statement when it printed nothing)
@@ -584,9 +605,23 @@ class JobRunner:
                 self.svc.sessionmaker, job.id, job.skill, "internal", error
             )
 
+    async def _cancel_notice(self, job: JobRow) -> None:
+        """Tell the person the job was cancelled (once, through the ledger; off-able)."""
+        from delivery.notices import CANCELLED as NOTICE
+        from delivery.notices import send_notice
+
+        await send_notice(self.svc, job, NOTICE)
+
     async def _postprocess(
         self, job: JobRow, token: int, result: dict[str, Any], *, normalized: bool = False
     ) -> Finished:
+        scope = self.scopes.get(job.id)
+        return await self.finisher(
+            self.svc, job, result, fence=self._fence(job, token), scope=scope, normalized=normalized
+        )
+
+    def _fence(self, job: JobRow, token: int) -> Callable[[], Awaitable[bool]]:
+        """Whether this attempt still holds the job's lease (checked before each send)."""
         margin = self.certain_for / 3  # room for clock skew between hosts
 
         async def fence() -> bool:
@@ -599,10 +634,7 @@ class JobRunner:
                 return True
             return await store.holds_lease(self.svc.sessionmaker, job.id, token)
 
-        scope = self.scopes.get(job.id)
-        return await self.finisher(
-            self.svc, job, result, fence=fence, scope=scope, normalized=normalized
-        )
+        return fence
 
     async def _record(
         self,

@@ -11,6 +11,7 @@ from typing import Any
 
 CONFIRM_ABOVE = 10
 CONFIRM_TTL_SEC = 300
+BACKUP_DIR = "backups"
 
 
 def _token(role_id: str, table: str, ids: list[str] | None, window: int) -> str:
@@ -78,8 +79,9 @@ async def execute(input_data: dict[str, Any], runtime_context: dict[str, Any]) -
     if workspace:
         name = f"del_backup_{table}_{time.strftime('%Y%m%d%H%M%S')}.json"
         kept = rows if rows is not None else {"filters": input_data.get("filters")}
-        if await asyncio.to_thread(_write_backup, Path(workspace), name, kept):
-            backup = name
+        # an intermediate file: in a sub-folder, so it is never taken for a result to send
+        if await asyncio.to_thread(_write_backup, Path(workspace) / BACKUP_DIR, name, kept):
+            backup = f"{BACKUP_DIR}/{name}"
     return {
         "deleted": len(ids) if ids is not None else "all matching",
         "ids": ids or [],

@@ -139,3 +139,47 @@ async def test_chain_goes_through_the_pipeline(
     assert {a["filename"] for a in page["artifacts"]} == {"chart.png", "report.csv", "logo.png"}
     assert [(d["status"], d["resendable"]) for d in page["deliveries"]] == [("sent", True)] * 3
     assert page["deliveries"][0]["id"] == rows[0].id
+
+
+@pytest.mark.slow
+async def test_a_chain_creates_the_web_session_it_delivers_to(
+    tmp_path: Path, sqlite_url: str, redis: Any, redis_server_url: str, redis_prefix: str
+) -> None:
+    """No dispatch ever created ``s-new``: the chain creates it for the schedule's identity
+    and its outcome is stored there — never a run that says it delivered nothing."""
+    from delivery.channels.web import list_messages
+    from jobs.models import ChatSession
+
+    skills = tmp_path / "skills"
+    write_skill(skills, "make_chart", CHART)
+    settings = make_settings(
+        tmp_path, redis_url=redis_server_url, prefix=redis_prefix, database_url=sqlite_url
+    )
+    svc = make_services(settings, redis, extra_skills=skills)
+    ex = Executor(
+        settings=svc.settings,
+        registry=svc.registry,
+        sessionmaker=svc.sessionmaker,
+        box=svc.box,
+        http=svc.http,
+    )
+    try:
+        spec = {
+            "name": f"charts{time.time_ns()}",
+            "cron": "0 9 * * *",
+            "timezone": "UTC",
+            "identity": {"role_id": "r1", "org_id": "o1"},
+            "steps": [{"skill": "make_chart", "input": {"png": PNG.hex()}}],
+            "deliver": {"session_id": "s-new"},
+        }
+        run_id = await _run(svc, ex, spec)
+        run = await schedules.get_run(svc, run_id)
+        messages = await list_messages(svc.sessionmaker, "s-new")
+        async with svc.sessionmaker() as s:
+            made = await s.get(ChatSession, "s-new")
+    finally:
+        await ex.aclose()
+        await close_services(svc)
+    assert made is not None and (made.role_id, made.org_id) == ("r1", "o1")
+    assert [m["text"] for m in messages] == ["chart ready"]
+    assert run["result"]["delivery"]["status"] == "sent"  # type: ignore[index]

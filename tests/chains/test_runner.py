@@ -275,6 +275,9 @@ async def test_purge_completes_in_a_chain_but_asks_in_chat(env) -> None:  # type
     assert out["deleted"] == 12 and out.get("confirm_required") is None
     ws = Path(svc.settings.resolved_workspace_root) / "r1" / "s1"
     assert (ws / out["backup_file"]).is_file()
+    # an intermediate file, in a sub-folder (seed 000 §5): never backfilled as a result
+    assert out["backup_file"].startswith("backups/del_backup_orders_")
+    assert not list(ws.glob("del_backup_*"))
 
     # the same call from a chat line (chat_mode True) asks for confirmation first
     rows = [{"id": f"x{i}"} for i in range(12)]
@@ -383,15 +386,18 @@ async def test_outcome_delivered_to_a_web_session_once(env) -> None:  # type: ig
     assert len(items) == 1
 
 
-async def test_delivery_to_unknown_session_is_recorded_failed(env) -> None:  # type: ignore[no-untyped-def]
+async def test_delivery_to_a_session_no_dispatch_created(env) -> None:  # type: ignore[no-untyped-def]
+    from delivery.channels.web import list_messages
+
     svc, ex = env
     run_id = await start_run(
         svc, chain({"skill": "echo", "input": {"message": "hi"}}, deliver={"session_id": "nobody"})
     )
     assert await run_chain(svc, ex, run_id, worker_id="w1") == "succeeded"
     run = await schedules.get_run(svc, run_id)
-    assert run["result"]["delivery"]["status"] == "failed"  # type: ignore[index]
-    assert "unknown session" in run["result"]["delivery"]["error"]  # type: ignore[index]
+    # created for the schedule's identity and delivered there: never a silent "succeeded"
+    assert run["result"]["delivery"]["status"] == "sent"  # type: ignore[index]
+    assert [m["text"] for m in await list_messages(svc.sessionmaker, "nobody")] == ["hi"]
 
 
 async def _run_at(svc, schedule_id: str, fire_at: float) -> str:  # type: ignore[no-untyped-def]

@@ -29,13 +29,8 @@ STANDUP = (
     "- merged: dashboard filters by skill\n"
     "- in review: Feishu card rendering"
 )
-STANDUP_TG = (
-    "Stand-up notes for team core\n\n"
-    "• merged: retry budget for transient failures\n"
-    "• merged: dashboard filters by skill\n"
-    "• in review: Feishu card rendering"
-)
-FRAMES = "clip: clip.mp4\nfps: 24\nduration_sec: 10\nframes: 240\nkeyframes: 3 items: 0, 120, 239"
+STANDUP_TG = STANDUP  # printed text stays as printed: its "- " lines are not a Markdown list
+FRAMES = "clip: clip.mp4\nfps: 24\nduration_sec: 10\nframes: 240\nkeyframes: 0, 120, 239"
 
 
 async def run_corpus(svc, tg) -> dict[str, dict]:
@@ -68,7 +63,7 @@ async def test_every_real_skill_reaches_telegram_and_the_web_session(
             assert text and text != f"{skill} finished.", (skill, text)
         assert len(seen["tg"]) == 1 and len(seen["web"]) == 1, (skill, seen)
 
-    # text-printing shell CLI: its stdout is the message (on Telegram its list as bullets)
+    # text-printing shell CLI: its stdout is the message, as printed (C25)
     assert got["standup_notes"]["web"] == [STANDUP]
     assert got["standup_notes"]["tg"] == [STANDUP_TG]
     assert got["standup_notes"]["job"]["status"] == "succeeded"
@@ -85,7 +80,9 @@ async def test_every_real_skill_reaches_telegram_and_the_web_session(
 
     # argparse CLI
     assert got["flashcards"]["web"][0].startswith("3 cards due in spanish:\n  * spanish card 1")
-    assert got["flashcards"]["tg"][0].startswith("3 cards due in spanish:\n\n• spanish card 1")
+    assert got["flashcards"]["tg"][0].startswith("3 cards due in spanish:\n  * spanish card 1")
+    (plain,) = [m for m in tg.sent if m.get("text") == got["flashcards"]["tg"][0]]
+    assert "parse_mode" not in plain
 
     # a sys.argv script runs as a subprocess: it never sees the host's argv
     report = got["sysinfo_report"]["tg"][0]
@@ -96,8 +93,11 @@ async def test_every_real_skill_reaches_telegram_and_the_web_session(
     # JSON without a message: a readable rendering, secret-looking names are data (C12)
     costs = got["model_costs"]["tg"][0]
     assert "total_usd: 33.0" in costs and "period:\n  from: 2026-11-01\n  to: 2026-11-30" in costs
-    assert "models: 4 items: {model=gpt-4o, calls=1200, usd=18.4}" in costs
-    assert "schema_keys: 3 items: model, calls, usd" in costs and "primary_key: model" in costs
+    # an array of records as a table (Telegram: aligned columns in a <pre>), nothing elided
+    assert "models (4):\n\nmodel         | calls | usd\n" in costs
+    assert "deepseek-chat | 90    | 0.3" in costs
+    assert "schema_keys: model, calls, usd" in costs and "primary_key: model" in costs
+    assert "| claude-sonnet | 800 | 12.1 |" in got["model_costs"]["web"][0]
     result = got["model_costs"]["job"]["result"]
     assert result["schema_keys"] == ["model", "calls", "usd"] and result["primary_key"] == "model"
 
@@ -118,7 +118,9 @@ async def test_every_real_skill_reaches_telegram_and_the_web_session(
     crawl = got["site_crawl"]
     want_first = "⚠ Partial result: stopped after 50 of 120 pages (page budget reached)"
     assert crawl["tg"][0].splitlines()[0] == want_first
+    # the author's message is what the person reads (the pages are for the caller)
     assert crawl["tg"][0].endswith("Crawled 50 pages.")
+    assert not [m for m in tg.sent if m.get("filename")]
     assert crawl["web"][0].splitlines()[0] == want_first
     assert crawl["job"]["partial"] is True and crawl["web_job"]["partial"] is True
     assert got["standup_notes"]["job"]["partial"] is False
@@ -193,7 +195,7 @@ async def test_chinese_texts_when_configured(real_services, tg) -> None:
     assert receipts[3]["message"].startswith("This will take a while")
     assert chat_texts(tg, "2030") == ["抱歉，dupe_finder 未能完成：Error: folder not found: nope。"]
     assert chat_texts(tg, "2031")[0].splitlines()[0].startswith("⚠ 部分结果：stopped after 5")
-    assert "models: 4 项: {model=gpt-4o" in chat_texts(tg, "2032")[0]
+    assert "models (4):\n\nmodel         | calls | usd" in chat_texts(tg, "2032")[0]
     assert chat_texts(tg, "2033")[0].startswith("Stand-up notes for team core")
 
 

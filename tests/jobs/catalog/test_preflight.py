@@ -111,7 +111,8 @@ def test_long_skill_md(tmp_path):
     doc.mkdir()
     (doc / "SKILL.md").write_text("---\nname: long_doc\nskill_type: skill_md\n---\n" + "x" * 9000)
     found = check_skill_dir(doc)
-    assert has_errors(found) and "last" in messages(found, "error")
+    # `skills list` loads it, so `skills check` does not call it an error (they agree)
+    assert not has_errors(found) and "last 1,044 chars" in messages(found, "warning")
     code = tmp_path / "long_code"
     shutil.copytree(FIX / "good_handler", code)
     text = (code / "SKILL.md").read_text().replace("good_handler", "long_code")
@@ -171,3 +172,36 @@ def test_cli_list_shows_load_errors_and_exits_zero(tmp_path, monkeypatch):
     assert items["no_entry"]["error"] and items["good_handler"]["error"] is None
     assert items["good_handler"]["exec_type"] == "python"
     assert items["doc_skill"]["skill_type"] == "skill_md"
+
+
+def test_a_requirements_file_beside_a_pep723_block_is_reported(tmp_path):
+    skill = tmp_path / "pep_tool"
+    skill.mkdir()
+    (skill / "SKILL.md").write_text("---\nname: pep_tool\nexec: {primary: {entry: tool.py}}\n---\n")
+    (skill / "tool.py").write_text(
+        '# /// script\n# dependencies = ["rich"]\n# ///\nimport json\nprint(json.dumps({"ok": True}))\n'
+    )
+    (skill / "requirements.txt").write_text("requests\n")
+    found = check_skill_dir(skill)
+    assert not has_errors(found)
+    assert "requirements.txt is ignored: tool.py has a PEP 723 block" in messages(found, "warning")
+    (skill / "requirements.txt").unlink()
+    assert "requirements.txt" not in messages(check_skill_dir(skill), "warning")
+
+
+def test_the_runnable_hint_names_only_the_script_the_skill_md_runs(tmp_path):
+    from jobs.catalog.loader import load_skill
+
+    skill = tmp_path / "dedupe_photos"
+    (skill / "scripts").mkdir(parents=True)
+    for name in ("clean.sh", "__init__.py", "find_dupes.py"):
+        (skill / "scripts" / name).write_text("echo\n")
+    md = "---\nname: dedupe_photos\ndescription: find duplicate photos\n---\n"
+    (skill / "SKILL.md").write_text(md + "Run `python3 {baseDir}/scripts/find_dupes.py <dir>`.\n")
+    loaded = load_skill(skill)
+    assert loaded.hint.endswith("exec: {primary: {entry: scripts/find_dupes.py}}")
+    # no command example: no guess (clean.sh deletes files), just the rule
+    (skill / "SKILL.md").write_text(md + "The scripts folder holds the tools.\n")
+    loaded = load_skill(skill)
+    assert "clean.sh" not in loaded.hint and "__init__" not in loaded.hint
+    assert "entry: scripts/<the script to run>" in loaded.hint

@@ -501,3 +501,24 @@ async def test_node_esm_skill_in_the_sandbox(tmp_path: Path) -> None:
         assert out.status == "succeeded" and out.result["uid"] == 65534, out.result
     finally:
         await ex.aclose()
+
+
+async def test_a_missing_module_of_the_skills_own_folder_is_not_a_package(
+    ex: Executor, tmp_path: Path
+) -> None:
+    """``from scripts.helpers import …`` in a script of ``scripts/`` fails: the advice says
+    it is the skill's own code, never "install scripts" (a dependency-confusion risk)."""
+    folder = tmp_path / "own_pkg"
+    (folder / "scripts").mkdir(parents=True)
+    (folder / "SKILL.md").write_text(
+        "---\nname: own_pkg\ndescription: x\nexec: {primary: {entry: scripts/run.py}}\n---\n"
+    )
+    (folder / "scripts" / "helpers.py").write_text("VALUE = 1\n")
+    (folder / "scripts" / "run.py").write_text("from scripts.helpers import VALUE\nprint(VALUE)\n")
+    ex.registry = load_registry([folder.parent])
+    out = await ex.execute("own_pkg", {}, dict(CTX))
+    r = out.result
+    assert out.status == "failed" and out.error_type == "config", r
+    assert r["missing_module"].startswith("scripts")
+    assert "scripts/ is the skill's own code, not a package to install" in r["error"]
+    assert "PEP 723" not in r["error"] and "requirements.txt" not in r["error"]

@@ -193,3 +193,17 @@ def test_fanout_names_in_skills_list(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert rows["deck_cli"]["tools"] == ["deck_cli__add", "deck_cli__count"]
     table = CliRunner().invoke(app, ["skills", "list"], catch_exceptions=False)
     assert "deck_cli__add" in table.output and "deck_cli__count" in table.output
+
+
+async def test_force_raw_prompt_skips_a_delegated_sync_dispatch(market_services) -> None:  # type: ignore[no-untyped-def]
+    """``external_id`` given at the top level of the dispatch (not in the context) marks the
+    request delegated on the sync line too: the upstream agent's prompt is kept."""
+    from jobs.queue.dispatcher import Dispatcher
+
+    d = Dispatcher(market_services)
+    data = {"prompt": "a fox in snow", "size": 256, "style": "ink"}
+    web = {"channel": "web", "role_id": "r1", "session_id": "s1", "raw_input": "画一只狐狸"}
+    own = await d.dispatch("raw_prompt_gen", data, dict(web))
+    assert own.status_code == 200 and own.body["input"]["prompt"] == "画一只狐狸"
+    deleg = await d.dispatch("raw_prompt_gen", data, dict(web), external_id="orgdeleg:acme")
+    assert deleg.status_code == 200 and deleg.body["input"]["prompt"] == "a fox in snow"

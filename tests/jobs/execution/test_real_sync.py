@@ -57,9 +57,13 @@ async def test_stdout_reason_is_the_tail_and_the_chat_gets_the_meaningful_line(t
     out = await ex.execute("stdout_fail", {}, {"role_id": "r1"})
     env = out.result
     assert out.status == "failed" and env["exit_code"] == 1
-    assert "progress line 29" in env["error"] and "progress line 9\n" not in env["error"]
-    assert env["error"].count("progress line") == 19  # the last 20 lines, the reason included
-    assert "progress line 0\n" in env["stdout_tail"]
+    # the reason is the last meaningful block (C26), not 30 lines of progress; the operator
+    # keeps the whole tail
+    assert env["error"] == (
+        "skill 'stdout_fail' exited with code 1: "
+        "ERROR: quota exceeded for project demo, please contact an administrator"
+    )
+    assert "progress line 0\n" in env["stdout_tail"] and "progress line 29" in env["stdout_tail"]
     assert failure_text("stdout_fail", env) == (
         "Sorry, stdout_fail could not finish: ERROR: quota exceeded for project demo."
     )
@@ -111,9 +115,10 @@ def test_chain_outcomes_are_rendered_and_spoken_in_both_languages() -> None:
 
     final = {"ok": True, "total_usd": 33.0, "models": [{"model": "gpt-4o"}]}
     assert outcome_text("costs", "succeeded", final, None) == (
-        "total_usd: 33.0\nmodels: 1 items: {model=gpt-4o}"
+        "total_usd: 33.0\nmodels (1):\n\nmodel\n------\ngpt-4o"
     )
-    assert outcome_text("costs", "succeeded", final, None, "zh").endswith("1 项: {model=gpt-4o}")
+    final["models"] = [{"model": f"m{i}"} for i in range(25)]
+    assert outcome_text("costs", "succeeded", final, None, "zh").endswith("……另有 5 项")
     assert outcome_text("daily", "failed", None, "step fetch: boom\ntrace", "zh") == (
         "daily 未完成：step fetch: boom"
     )

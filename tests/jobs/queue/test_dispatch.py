@@ -102,7 +102,9 @@ async def test_refusals_are_clear_and_recoverable(services, skill, inp, ctx, cod
     assert res.status_code == code, res.body
     assert res.body["ok"] is False
     assert needle in res.body["error"]
-    if code == 409:  # a skill that failed to load: the operator must fix it (as the executor says)
+    if code == 409 or skill == "doc_only":
+        # a skill that failed to load, a document skill: the operator must fix the folder
+        # (as the executor says); no other input would help
         assert res.body["error_type"] == "config" and res.body["non_retriable"] is True
     else:
         assert res.body["error_type"] == "recoverable"
