@@ -26,6 +26,22 @@ class Finished(Protocol):
     def fetches(self) -> list[dict[str, Any]]: ...
 
 
+class Progress(Protocol):
+    """The "still working" notice of one run: ``progress()`` is the skill's own call."""
+
+    def progress(self, *args: Any, **kwargs: Any) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Notices(Protocol):
+    """The short notices a job's person gets besides its result (``delivery.notices``)."""
+
+    def working(self, services: Services, job: JobRow, fence: Fence) -> Progress: ...
+
+    async def cancelled(self, services: Services, job: JobRow) -> None: ...
+
+
 class Finisher(Protocol):
     """Post-process ``result``, deliver it and record the deliveries. ``fence`` is asked
     before each write and send (False: the attempt lost its lease; nothing more happens);

@@ -142,15 +142,10 @@ def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
 
 
-# Upward edges still waiting to be handed in the way the runner is handed its Finisher:
-# the "still working" and "cancelled" notices the queue sends through delivery. Each pair
+# Upward edges still waiting to be handed in the way the runner is handed its Finisher and
+# its Notices: the "cancelled" notice an operator's cancel sends through delivery. Each pair
 # is listed here so that no new one can appear unnoticed.
-KNOWN_UPWARD = frozenset(
-    {
-        ("jobs.queue.control", "delivery.notices"),
-        ("jobs.queue.runner", "delivery.notices"),
-    }
-)
+KNOWN_UPWARD = frozenset({("jobs.queue.control", "delivery.notices")})
 
 
 def test_every_import_points_down_the_layers() -> None:

@@ -31,7 +31,7 @@ from jobs.db import DB_UNAVAILABLE, db_unavailable
 from jobs.envelope import offload
 from jobs.execution import subproc
 from jobs.execution.inprocess import RUN_TASKS, SKILL_ENDED
-from jobs.finishing import Finished, Finisher
+from jobs.finishing import Finished, Finisher, Notices
 from jobs.models import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT, JobRow
 from jobs.queue import broker, incidents, limits, lost, prefetch, store
 from jobs.queue.stall import StallWatch
@@ -123,6 +123,7 @@ class JobRunner:
         worker_id: str,
         *,
         finisher: Finisher,
+        notices: Notices,
         max_finishing: int = 200,
         linger: float = 0.01,
     ) -> None:
@@ -131,6 +132,8 @@ class JobRunner:
         self.worker_id = worker_id
         #: post-processes, delivers and records a finished job (``delivery.pipeline``)
         self.finisher = finisher
+        #: the "still working" and "cancelled" notices (``delivery.notices``)
+        self.notices = notices
         self.held: dict[str, int] = {}  # job id → lease token
         self.inner: dict[str, asyncio.Task[Any]] = {}  # job id → running executor task
         # job id → the in-process skill tasks of its run (jobs.execution.inprocess.RUN_TASKS)
@@ -373,9 +376,7 @@ class JobRunner:
         ctx = svc.box.unseal(job.context or {})
         self.scopes[job_id] = begin_run(svc.settings, job, ctx)
         subproc.RUN_OWNER.set(job_id)  # its processes are killed at once if the lease is lost
-        from delivery.notices import WorkingNotice
-
-        working = WorkingNotice(svc, job, self._fence(job, token))
+        working = self.notices.working(svc, job, self._fence(job, token))
         ctx["progress"] = working.progress  # the skill may say it is busy (told once)
         try:
             return await self._run_skill(job, token, attempt, input_data, ctx)
@@ -607,10 +608,7 @@ class JobRunner:
 
     async def _cancel_notice(self, job: JobRow) -> None:
         """Tell the person the job was cancelled (once, through the ledger; off-able)."""
-        from delivery.notices import CANCELLED as NOTICE
-        from delivery.notices import send_notice
-
-        await send_notice(self.svc, job, NOTICE)
+        await self.notices.cancelled(self.svc, job)
 
     async def _postprocess(
         self, job: JobRow, token: int, result: dict[str, Any], *, normalized: bool = False

@@ -27,6 +27,7 @@ from arq.worker import func
 from chains.runner import chain_job, handed_back, stop_attempts
 from chains.runs import take_over_runs
 from chains.scheduler import Scheduler
+from delivery import notices
 from delivery.outbox import Outbox
 from delivery.pipeline import postprocess
 from jobs.batching import Batcher
@@ -450,7 +451,9 @@ def build_worker(
     settings = services.settings
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     slots = max_jobs or settings.worker_max_jobs
-    runner = JobRunner(services, executor, wid, finisher=postprocess, max_finishing=2 * slots)
+    runner = JobRunner(
+        services, executor, wid, finisher=postprocess, notices=notices, max_finishing=2 * slots
+    )
     runner.concurrency = slots
     ahead = settings.worker_prefetch_sec
     runner.gate = prefetch.StartGate(slots, ahead_sec=ahead, hold_sec=max(1.0, 10 * ahead))
