@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jobs.crypto import is_secret_key
 from jobs.models import JobRow
 
 # SPEC §3 / skill spec §4.2: always present, typed empty value when unknown.
@@ -407,8 +408,6 @@ MIN_SCRUB_LEN = 6  # shorter values are too likely to be ordinary words or numbe
 def _is_secret_name(key: str) -> bool:
     hit = _SECRET_NAME.get(key)
     if hit is None:
-        from jobs.crypto import is_secret_key
-
         hit = key not in VOCABULARY and is_secret_key(key)
         if len(_SECRET_NAME) < 10_000:
             _SECRET_NAME[key] = hit
