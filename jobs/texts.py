@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from jobs.settings import Settings
+
 LANGUAGES = ("en", "zh")
 DEFAULT_LANGUAGE = "en"
 
@@ -298,7 +300,7 @@ def language(configured: str | None = None, locale: Any = None) -> str:
     return DEFAULT_LANGUAGE
 
 
-def language_of(settings: Any, ctx: Mapping[str, Any] | None = None) -> str:
+def language_of(settings: Settings, ctx: Mapping[str, Any] | None = None) -> str:
     """The language for one call: ``ctx["locale"]`` over ``settings.language``."""
     locale = ctx.get("locale") if isinstance(ctx, Mapping) else None
     return language(getattr(settings, "language", None), locale)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+from pydantic import SecretStr
 
 from dashboard.app import create_app
 from jobs.queue.worker import build_worker
@@ -31,7 +32,7 @@ async def running_worker(services: Any, **kw: Any) -> AsyncIterator[Any]:
 
 @contextlib.asynccontextmanager
 async def api(services: Any) -> AsyncIterator[httpx.AsyncClient]:
-    services.settings.api_token = TOKEN
+    services.settings.api_token = SecretStr(TOKEN)
     application = create_app(services.settings, services=services)
     transport = httpx.ASGITransport(app=application)
     async with httpx.AsyncClient(
