@@ -203,6 +203,9 @@ def _driver_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseEx
         asyncpg.InterfaceError,
         asyncpg.PostgresConnectionError,
         asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, cannot connect now
+        # a connection the server dropped in the middle of a statement can be left mid-state
+        # ("cannot switch to state …; another operation is in progress"): it is lost too
+        asyncpg.InternalClientError,
     )
     return lost, (asyncpg.PostgresError,)
 
