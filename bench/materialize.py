@@ -20,8 +20,8 @@ from pathlib import Path
 
 import httpx
 
-from delivery.fetch import SafeFetcher
 from delivery.materialize import materialize
+from delivery.net.fetch import SafeFetcher
 
 SIZE = 200 * 1024 * 1024
 BLOCK = bytes(range(256)) * 4096  # 1 MiB

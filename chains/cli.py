@@ -3,6 +3,11 @@ rerun RUN_ID --from STEP``."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobs.services import Services
+
 import json
 import time
 from datetime import UTC, datetime
@@ -76,7 +81,7 @@ def _with_services(fn: Any, *, redis: bool = True) -> Any:
     """``jobs.cli.common.with_services``, a schedule's refusals (unknown id, a change that
     does not validate) ending the command with their one-line reason."""
 
-    async def guarded(svc: Any) -> Any:
+    async def guarded(svc: Services) -> Any:
         try:
             return await fn(svc)
         except LookupError as exc:
@@ -94,7 +99,7 @@ def add(file: Path = typer.Argument(..., help="Schedule file (YAML or JSON).")) 
 
     data = _read_file(file)
 
-    async def go(svc: Any) -> None:
+    async def go(svc: Services) -> None:
         try:
             spec = schedules.validate(data, svc.registry)
         except schedules.ScheduleError as exc:
@@ -143,7 +148,7 @@ def apply_cmd(
     files = _files(path)
     raw = [(f, _read_file(f)) for f in files]
 
-    async def go(svc: Any) -> list[dict[str, Any]]:
+    async def go(svc: Services) -> list[dict[str, Any]]:
         specs, bad = [], 0
         for f, data in raw:
             try:
@@ -184,7 +189,7 @@ def delete_cmd(
     if not yes and not typer.confirm(ask):
         fail(tr("nothing done"))
 
-    async def go(svc: Any) -> Any:
+    async def go(svc: Services) -> Any:
         return await schedules.delete(svc, schedule, actor="cli")
 
     row = _with_services(go, redis=False)
@@ -201,7 +206,7 @@ def list_cmd(
     """Every schedule with its next fire time(s) and last run."""
     from chains import schedules
 
-    async def go(svc: Any) -> tuple[list[Any], dict[str, Any]]:
+    async def go(svc: Services) -> tuple[list[Any], dict[str, Any]]:
         return await schedules.list_schedules(svc), await schedules.last_runs(svc)
 
     rows, last = _with_services(go, redis=False)
@@ -251,7 +256,7 @@ def show(
     """The schedule as stored (JSON), then its next fire times in its timezone and UTC."""
     from chains import schedules
 
-    async def go(svc: Any) -> None:
+    async def go(svc: Services) -> None:
         row = await schedules.get(svc, schedule)
         if row is None:
             fail(f"no schedule {schedule!r}")
@@ -275,7 +280,7 @@ def show(
 def _toggle(schedule: str, enabled: bool) -> None:
     from chains import schedules
 
-    async def go(svc: Any) -> None:
+    async def go(svc: Services) -> None:
         row = await schedules.set_enabled(svc, schedule, enabled, actor="cli")
         state = (
             f"enabled; next fire {_local(row.next_fire_at, row.timezone)}"
@@ -311,7 +316,7 @@ def run(
     """Start a run now (queued for the workers, or --inline here)."""
     from chains import schedules
 
-    async def go(svc: Any) -> int:
+    async def go(svc: Services) -> int:
         if not inline:
             run_id = await schedules.trigger_manual(svc, schedule, actor="cli")
             console.print(f"run {run_id} queued")
@@ -369,7 +374,7 @@ def runs(
     """Recent runs of a schedule, newest first."""
     from chains import schedules
 
-    async def go(svc: Any) -> None:
+    async def go(svc: Services) -> None:
         if run_id:
             got = await schedules.get_run(svc, run_id)
             if got is None:
@@ -414,7 +419,7 @@ def rerun(
 
     step: int | str = int(from_step) if from_step.isdigit() else from_step
 
-    async def go(svc: Any) -> int:
+    async def go(svc: Services) -> int:
         new_id, _ = await rerun_from(svc, run_id, step, actor="cli", enqueue=not inline)
         if not inline:
             console.print(f"run {new_id} queued (re-run of {run_id} from step {from_step})")
@@ -427,7 +432,7 @@ def rerun(
     raise typer.Exit(_with_services(go, redis=not inline))
 
 
-async def _run_inline(svc: Any, run_id: str) -> int:
+async def _run_inline(svc: Services, run_id: str) -> int:
     from chains import schedules
     from chains.runner import run_chain
 

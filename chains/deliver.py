@@ -25,8 +25,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chains.runstore import FAILED, STOPPED_EMPTY, Lease, LeaseLost, renew
+from delivery import ledger
+from delivery.channels.web import WEB_CHANNELS
+from delivery.errors import DeliveryPermanentError
+from delivery.notify import notify
+from delivery.pipeline import postprocess
+from delivery.render import render
+from delivery.router import deliver_result
+from delivery.send_message import parse_recipients
 from jobs.context import workspace_dir
-from jobs.texts import language_of
+from jobs.runscope import begin as begin_scope
+from jobs.texts import language_of, localized_reason
+from jobs.texts import text as say
 
 if TYPE_CHECKING:
     from chains.schedules import ScheduleSpec
@@ -42,9 +52,9 @@ _TEXT_FIELDS = ("message", "result", "text", "display_md", "summary")
 
 def outcome_text(name: str, status: str, final: Any, error: str | None, lang: str = "en") -> str:
     """The short, user-facing text for a chain outcome (never a stack trace), in ``lang``."""
-    from delivery.render import render
-    from jobs.texts import text as say
 
+    if error:
+        error = localized_reason(error.splitlines()[0] if status == FAILED else error, lang)
     if status == STOPPED_EMPTY:
         reason = error or say("chain_empty_reason", lang)
         return say("chain_empty", lang, name=name, reason=reason)
@@ -96,7 +106,6 @@ class Route:
 
 
 def route_of(deliver: dict[str, Any]) -> Route:
-    from delivery.send_message import parse_recipients
 
     if deliver.get("session_id"):
         return Route([("web", str(deliver["session_id"]))])
@@ -123,7 +132,6 @@ def workspace_of_spec(services: Services, spec: ScheduleSpec) -> Path | None:
 def _origin(
     ledger_id: str, run: ChainRun, spec: ScheduleSpec, lease: Lease, channel: str, contact: str
 ) -> ChainOrigin:
-    from delivery.channels.web import WEB_CHANNELS
 
     web = channel in WEB_CHANNELS
     identity = spec.identity
@@ -232,9 +240,6 @@ async def _deliver(
     post: bool,
     caption: str | None = None,
 ) -> dict[str, Any]:
-    from delivery import ledger
-    from delivery.pipeline import postprocess
-    from delivery.router import deliver_result
 
     fence = _fence(services, lease)
     ws = workspace_of_spec(services, spec)
@@ -244,8 +249,6 @@ async def _deliver(
     record: dict[str, Any] = {"artifacts": [], "fetches": []}
     if post and ws is not None:
         if scope is None:  # resumed past the step: nothing is backfilled, declared files are
-            from jobs.runscope import begin as begin_scope
-
             scope = begin_scope(ws, ledger_id)
         done = await postprocess(
             services,
@@ -325,10 +328,6 @@ async def _notify(
     fence: Any,
 ) -> dict[str, Any]:
     """A notify target gets the text and the files in one Apprise message, ledgered once."""
-    from delivery import ledger
-    from delivery.errors import DeliveryPermanentError
-    from delivery.notify import notify
-    from delivery.render import render
 
     recipient = f"notify:{target}"
     text = render(env, skill=str(run.schedule_id), limit=TEXT_CAP) if env else ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from chains import runstore as rs
 from chains.emptiness import is_empty
@@ -25,16 +25,52 @@ from jobs.crypto import redact
 from jobs.envelope import failure, is_failure
 
 if TYPE_CHECKING:
-    from chains.runner import _ChainRun
-    from chains.schedules import StepSpec
+    from chains.schedules import ScheduleSpec, StepSpec
+    from jobs.db import Sessions
+    from jobs.runscope import RunScope
+    from jobs.services import Services
 
 #: a step's end: (status, output when it succeeded, error or note)
 Outcome = tuple[str, Any, str | None]
 
 
+class ChainAttempt(Protocol):
+    """What a graph run needs of the chain attempt driving it (``chains.runner`` imports
+    this module, so the attempt is named here by its shape, not imported back)."""
+
+    svc: Services
+    sm: Sessions
+    spec: ScheduleSpec
+    lease: rs.Lease
+    final_scope: RunScope | None
+
+    def _scope(self, i: int) -> RunScope | None: ...
+
+    async def _context(self, skill: str) -> dict[str, Any]: ...
+
+    async def _execute(
+        self, skill: str, data: dict[str, Any], ctx: dict[str, Any] | None = None
+    ) -> dict[str, Any]: ...
+
+    async def _record(
+        self,
+        i: int,
+        status: str,
+        data: dict[str, Any] | None,
+        env: Any,
+        error: str | None,
+        *,
+        started: float,
+    ) -> None: ...
+
+    async def _close_after(self, i: int, status: str, error: str | None) -> str: ...
+
+    async def _close(self, status: str, error: str | None, final: Any) -> str: ...
+
+
 class GraphRun:
     def __init__(
-        self, chain: _ChainRun, refs: list[StepRefs], records: list[Any], graph: Graph
+        self, chain: ChainAttempt, refs: list[StepRefs], records: list[Any], graph: Graph
     ) -> None:
         self.c = chain
         self.spec = chain.spec

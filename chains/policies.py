@@ -25,7 +25,11 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import func, or_, select, update
 
 from chains.cron import fires_between, next_fire
-from jobs.models import ChainRun, ChainRunStatus, OpsAction, Schedule
+from chains.runs import arq_job_id, enqueue_run
+from delivery.notify import notify
+from jobs import audit
+from jobs.db import rowcount
+from jobs.models import ChainRun, ChainRunStatus, Schedule
 
 if TYPE_CHECKING:
     from jobs.db import Sessions
@@ -166,7 +170,6 @@ async def busy_of(sm: Sessions, schedule_ids: list[str]) -> dict[str, Busy]:
 
 async def next_held(sm: Sessions, schedule_id: str) -> str | None:
     """Release the oldest held run of a schedule when none of its runs is going; its id."""
-    from chains.runs import arq_job_id
 
     async with sm() as s:
         going = (
@@ -204,12 +207,11 @@ async def next_held(sm: Sessions, schedule_id: str) -> str | None:
             .values(arq_job_id=arq_job_id(run_id, 0))
         )
         await s.commit()
-    return run_id if res.rowcount == 1 else None  # type: ignore[attr-defined]
+    return run_id if rowcount(res) == 1 else None
 
 
 async def release_held(services: Services, schedule_id: str) -> str | None:
     """Enqueue the next held run of the schedule, if its turn has come."""
-    from chains.runs import enqueue_run
 
     run_id = await next_held(services.sessionmaker, schedule_id)
     if run_id is not None:
@@ -274,13 +276,11 @@ async def _pause(sm: Sessions, row: Schedule, streak: int, error: str | None) ->
             .where(Schedule.id == row.id, Schedule.enabled.is_(True))
             .values(enabled=False, paused_reason=reason[:2000], updated_at=now)
         )
-        if res.rowcount != 1:  # type: ignore[attr-defined]
+        if rowcount(res) != 1:
             await s.rollback()
             return None  # already disabled
-        s.add(
-            OpsAction(
-                action="schedule.pause", target=row.id, actor="policy", details={"reason": reason}
-            )
+        audit.record(
+            s, action="schedule.pause", target=row.id, actor="policy", details={"reason": reason}
         )
         await s.commit()
     log.warning("schedule %s (%s) %s", row.id, row.name, reason)
@@ -307,9 +307,8 @@ async def _alert(
             .values(alerted_at=now)
         )
         await s.commit()
-    if res.rowcount != 1:  # type: ignore[attr-defined]
+    if rowcount(res) != 1:
         return
-    from delivery.notify import notify
 
     lines = [f"Schedule {row.name!r}: {streak} consecutive failed runs.", f"Last error: {error}"]
     if paused:

@@ -18,7 +18,8 @@ from sqlalchemy import select
 
 from chains.runs import arq_job_id, enqueue_run
 from chains.schedules import spec_of
-from jobs.models import ChainRun, ChainRunStatus, ChainStep, OpsAction, Schedule, StepStatus
+from jobs import audit
+from jobs.models import ChainRun, ChainRunStatus, ChainStep, Schedule, StepStatus
 
 if TYPE_CHECKING:
     from jobs.services import Services
@@ -125,13 +126,12 @@ async def rerun_from(
                     duration_ms=st.duration_ms,
                 )
             )
-        s.add(
-            OpsAction(
-                action="chain_run.rerun",
-                target=run_id,
-                actor=actor or "",
-                details={"run_id": new_id, "from_step": idx},
-            )
+        audit.record(
+            s,
+            action="chain_run.rerun",
+            target=run_id,
+            actor=actor or "",
+            details={"run_id": new_id, "from_step": idx},
         )
         await s.commit()
     if enqueue:

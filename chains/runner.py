@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from chains import policies
 from chains import runstore as rs
-from chains.deliver import deliver_outcome, deliver_step_files
+from chains.deliver import deliver_outcome, deliver_step_files, workspace_of_spec
 from chains.emptiness import Rule, is_empty
 from chains.emptiness import parse as parse_rules
 from chains.graphrun import GraphRun
@@ -31,7 +31,9 @@ from chains.refs import UnresolvedReference, resolve_input
 from chains.runs import enqueue_run
 from chains.schedules import ScheduleSpec, spec_of
 from jobs import telemetry
+from jobs.catalog.configs import ConfigStore
 from jobs.constants import MAX_RUNS
+from jobs.context import background_context
 from jobs.crypto import redact
 from jobs.envelope import failure, is_failure, is_non_retriable
 from jobs.execution.inprocess import RUN_TASKS
@@ -42,7 +44,7 @@ from jobs.runscope import begin as begin_scope
 
 if TYPE_CHECKING:
     from jobs.execution.executor import Executor
-    from jobs.queue.broker import WorkerContext
+    from jobs.queue.runner import WorkerContext
     from jobs.services import Services
 
 log = logging.getLogger("skilljobs.chains")
@@ -267,7 +269,6 @@ class _ChainRun:
     def _scope(self, i: int) -> RunScope | None:
         """A snapshot of the chain's workspace as step ``i`` starts: its backfill then
         takes only the files that step wrote."""
-        from chains.deliver import workspace_of_spec
 
         ws = workspace_of_spec(self.svc, self.spec)
         return begin_scope(ws, f"{self.lease.run_id}:{i}") if ws is not None else None
@@ -347,14 +348,11 @@ class _ChainRun:
 
     async def _context(self, skill: str) -> dict[str, Any]:
         """The chain's runtime context: the schedule's identity, chain policy."""
-        from jobs.context import background_context
 
         identity = dict(self.spec.identity)
         role_id = str(identity.get("role_id") or "")
         configs: dict[str, Any] = {}
         if role_id:
-            from jobs.catalog.configs import ConfigStore
-
             configs = await ConfigStore(self.sm, self.svc.box).get(role_id, skill)
         origin = {
             **identity,

@@ -13,10 +13,11 @@ from sqlalchemy import func, select
 from chains import runstore as rs
 from chains.graph import ITEM_BASE, item_of
 from chains.runstore import arq_job_id, enqueue_number
+from jobs import audit
 from jobs.constants import FN_RUN_CHAIN
 from jobs.crypto import redact
-from jobs.db import sessions_of
-from jobs.models import ChainRun, ChainRunStatus, ChainStep, OpsAction, Schedule
+from jobs.db import Sessions, sessions_of
+from jobs.models import ChainRun, ChainRunStatus, ChainStep, Schedule
 from jobs.queue import broker
 from jobs.queue.broker import enqueue
 
@@ -28,7 +29,7 @@ log = logging.getLogger("skilljobs.chains")
 QUEUED = ChainRunStatus.QUEUED
 
 
-async def _require(sm: Any, id_or_name: str) -> Schedule:
+async def _require(sm: Sessions, id_or_name: str) -> Schedule:
     async with sm() as s:
         row: Schedule | None = await s.get(Schedule, id_or_name)
         if row is None:
@@ -85,10 +86,8 @@ async def trigger_manual(
         s.add(run)
         await s.commit()
     async with services.sessionmaker() as s:
-        s.add(
-            OpsAction(
-                action="schedule.run", target=row.id, actor=actor or "", details={"run_id": run.id}
-            )
+        audit.record(
+            s, action="schedule.run", target=row.id, actor=actor or "", details={"run_id": run.id}
         )
         await s.commit()
     if enqueue:

@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import bindparam, case, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from chains.graph import ITEM_BASE
 from jobs import storable
-from jobs.models import ChainRun, ChainStep, StepStatus
-
-Sessions = async_sessionmaker[AsyncSession]
+from jobs.db import Sessions, rowcount
+from jobs.models import ChainRun, ChainRunStatus, ChainStep, StepStatus
 
 # Run and step statuses share these names (jobs.models: ChainRunStatus, StepStatus).
 PENDING, RUNNING, SUCCEEDED, FAILED = (
@@ -75,7 +74,7 @@ async def take_lease(
             update(ChainRun)
             .where(
                 ChainRun.id == run_id,
-                ChainRun.status.in_(("queued", RUNNING)),
+                ChainRun.status.in_((ChainRunStatus.QUEUED, ChainRunStatus.RUNNING)),
                 or_(
                     ChainRun.lease_expires_at.is_(None),
                     ChainRun.lease_expires_at < now,
@@ -84,14 +83,15 @@ async def take_lease(
                 *latest,
             )
             .values(
-                status=RUNNING,
+                status=ChainRunStatus.RUNNING,
                 lease_owner=owner,
                 lease_token=ChainRun.lease_token + 1,
                 lease_expires_at=now + lease_sec,
-                lost_runs=ChainRun.lost_runs + case((ChainRun.status == RUNNING, 1), else_=0),
+                lost_runs=ChainRun.lost_runs
+                + case((ChainRun.status == ChainRunStatus.RUNNING, 1), else_=0),
             )
         )
-        if res.rowcount != 1:  # type: ignore[attr-defined]
+        if rowcount(res) != 1:
             await s.rollback()
             return None
         token, lost = (
@@ -120,17 +120,17 @@ async def hand_back(sm: Sessions, lease: Lease) -> int | None:
             .where(
                 ChainRun.id == lease.run_id,
                 ChainRun.lease_token == lease.token,
-                ChainRun.status == RUNNING,
+                ChainRun.status == ChainRunStatus.RUNNING,
             )
             .values(
-                status="queued",
+                status=ChainRunStatus.QUEUED,
                 lease_owner=None,
                 lease_expires_at=None,
                 arq_job_id=arq_job_id(lease.run_id, n),
             )
         )
         await s.commit()
-    return n if res.rowcount == 1 else None  # type: ignore[attr-defined]
+    return n if rowcount(res) == 1 else None
 
 
 async def stale_owners(sm: Sessions, before: float, *, exclude: str) -> list[str]:
@@ -140,7 +140,7 @@ async def stale_owners(sm: Sessions, before: float, *, exclude: str) -> list[str
         rows = await s.scalars(
             select(ChainRun.lease_owner)
             .where(
-                ChainRun.status == RUNNING,
+                ChainRun.status == ChainRunStatus.RUNNING,
                 ChainRun.lease_expires_at < before,
                 ChainRun.lease_owner.is_not(None),
                 ChainRun.lease_owner != exclude,
@@ -160,7 +160,7 @@ async def take_over(sm: Sessions, owners: set[str], before: float) -> list[tuple
         rows = (
             await s.execute(
                 select(ChainRun.id, ChainRun.lease_token, ChainRun.arq_job_id).where(
-                    ChainRun.status == RUNNING,
+                    ChainRun.status == ChainRunStatus.RUNNING,
                     ChainRun.lease_owner.in_(sorted(owners)),
                     ChainRun.lease_expires_at < before,
                 )
@@ -178,7 +178,7 @@ async def take_over(sm: Sessions, owners: set[str], before: float) -> list[tuple
                 .where(
                     ChainRun.id == run_id,
                     ChainRun.lease_token == token,
-                    ChainRun.status == RUNNING,
+                    ChainRun.status == ChainRunStatus.RUNNING,
                     ChainRun.lease_owner.in_(sorted(owners)),
                     ChainRun.lease_expires_at < before,
                     same_enqueue,
@@ -187,7 +187,7 @@ async def take_over(sm: Sessions, owners: set[str], before: float) -> list[tuple
                 .values(lease_owner=None, lease_expires_at=0.0, arq_job_id=arq_job_id(run_id, n))
             )
             await s.commit()
-        if res.rowcount == 1:  # type: ignore[attr-defined]
+        if rowcount(res) == 1:
             out.append((run_id, n))
     return out
 
@@ -201,7 +201,7 @@ async def _fence(s: AsyncSession, lease: Lease, lease_sec: float | None = None) 
         .where(ChainRun.id == lease.run_id, ChainRun.lease_token == lease.token)
         .values(**values)
     )
-    if res.rowcount != 1:  # type: ignore[attr-defined]
+    if rowcount(res) != 1:
         await s.rollback()
         raise LeaseLost(f"chain run {lease.run_id}: lease taken over")
 

@@ -37,6 +37,7 @@ from chains.policies import Busy, Fire
 from chains.runs import QUEUED, arq_job_id, enqueue_number, enqueue_run
 from chains.timing import expr_of
 from jobs.constants import FN_RUN_CHAIN
+from jobs.db import rowcount
 from jobs.models import ChainRun, ChainRunStatus, Schedule
 from jobs.queue import broker
 
@@ -266,7 +267,7 @@ class Scheduler:
                 )
                 .values(next_fire_at=new_next, last_fire_at=plan[-1].at, updated_at=now)
             )
-            if res.rowcount != 1:  # type: ignore[attr-defined]
+            if rowcount(res) != 1:
                 await s.rollback()
                 return []  # another scheduler claimed it (or it was edited meanwhile)
             out: list[str] = []
@@ -277,7 +278,7 @@ class Scheduler:
                     .values(run)
                     .on_conflict_do_nothing(index_elements=["fire_key"])
                 )
-                if (await s.execute(ins)).rowcount != 1:  # type: ignore[attr-defined]
+                if rowcount(await s.execute(ins)) != 1:
                     log.warning("fire time %s of schedule %s already had a run", fire.at, row.id)
                 elif run["arq_job_id"]:
                     out.append(str(run["id"]))
@@ -325,7 +326,7 @@ class Scheduler:
                     .values(arq_job_id=arq_job_id(row.id, n))
                 )
                 await s.commit()
-            if res.rowcount != 1:  # type: ignore[attr-defined]
+            if rowcount(res) != 1:
                 continue  # another scheduler re-enqueued it, or it moved on
             await enqueue_run(self.svc, row.id, n)
             log.info("chain run %s re-enqueued (%s, attempt %s)", row.id, row.status, n)

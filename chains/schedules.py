@@ -28,8 +28,9 @@ from chains.graph import (
 from chains.graph import build as build_graph
 from chains.refs import StepRefs, static_errors
 from chains.timing import MAX_JITTER_S, expr_of, jitter_offset, next_time
+from jobs import audit
 from jobs.db import Sessions, sessions_of
-from jobs.models import OpsAction, Schedule
+from jobs.models import Schedule
 from jobs.queue.delayed import WhenError, parse_duration, parse_instant
 from jobs.skill import SkillRegistry, SkillType
 
@@ -347,7 +348,7 @@ def _registry(target: Any) -> SkillRegistry | None:
 
 async def _audit(sm: Sessions, action: str, target: str, actor: str | None, **details: Any) -> None:
     async with sm() as s:
-        s.add(OpsAction(action=action, target=target, actor=actor or "", details=details))
+        audit.record(s, action=action, target=target, actor=actor, details=details)
         await s.commit()
 
 

@@ -12,8 +12,10 @@ from dashboard import queries
 from dashboard.api_jobs import actor_of, delivery_dict, services_of
 from dashboard.errors import ApiError
 from delivery.channels.registry import channels_for
+from delivery.custody import dismiss, resend
 from delivery.ledger import action_for
-from jobs.models import OpsAction
+from jobs import audit
+from jobs.services import Services
 
 router = APIRouter(prefix="/api/v1")
 
@@ -116,28 +118,26 @@ async def bulk(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, 
     actor = actor_of(request)
     out["affected"], out["refused"] = await _apply(svc, str(action), ids, actor)
     async with svc.sessionmaker() as s:
-        s.add(
-            OpsAction(
-                action=f"bulk.{action}",
-                target="deliveries",
-                actor=actor,
-                details={
-                    "filter": flt,
-                    "matched": matched,
-                    "taken": len(ids),
-                    "affected": out["affected"],
-                    "result": "ok" if out["affected"] == len(ids) else "partial",
-                },
-            )
+        audit.record(
+            s,
+            action=f"bulk.{action}",
+            target="deliveries",
+            actor=actor,
+            details={
+                "filter": flt,
+                "matched": matched,
+                "taken": len(ids),
+                "affected": out["affected"],
+                "result": "ok" if out["affected"] == len(ids) else "partial",
+            },
         )
         await s.commit()
     return out
 
 
 async def _apply(
-    svc: Any, action: str, ids: list[int], actor: str
+    svc: Services, action: str, ids: list[int], actor: str
 ) -> tuple[int, list[dict[str, Any]]]:
-    from delivery.custody import dismiss, resend
 
     done, refused = 0, list[dict[str, Any]]()
     for delivery_id in ids:
@@ -170,7 +170,6 @@ def _custody(d: Any) -> dict[str, Any]:
 @router.post("/deliveries/{delivery_id}/resend")
 async def resend_delivery(delivery_id: int, request: Request) -> dict[str, Any]:
     """Send an ``unknown``, ``failed`` or ``dismissed`` delivery again (a new generation)."""
-    from delivery.custody import resend
 
     out = await resend(services_of(request), delivery_id, actor=actor_of(request))
     if not out.ok:
@@ -181,7 +180,6 @@ async def resend_delivery(delivery_id: int, request: Request) -> dict[str, Any]:
 @router.post("/deliveries/{delivery_id}/dismiss")
 async def dismiss_delivery(delivery_id: int, request: Request) -> dict[str, Any]:
     """Close an ``unknown`` or ``failed`` delivery: it is never sent again."""
-    from delivery.custody import dismiss
 
     out = await dismiss(services_of(request).sessionmaker, delivery_id, actor=actor_of(request))
     if not out.ok:

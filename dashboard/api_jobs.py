@@ -17,15 +17,15 @@ from dashboard.auth import identity_of
 from dashboard.errors import ApiError, not_found
 from dashboard.sync_pool import SyncPool
 from jobs import telemetry
-from jobs.context import channel_of, scrub, secret_values
+from jobs.context import scrub, secret_values
 from jobs.crypto import ENC_TAG, REDACTED, redact
 from jobs.envelope import is_partial
 from jobs.links import file_link, file_link_key
 from jobs.models import Artifact, Delivery, Job, JobAttempt
 from jobs.queue import control, filters, pauses, rates
-from jobs.queue.dispatcher import Dispatcher, is_background
+from jobs.queue.dispatcher import Dispatcher, runs_now
 from jobs.services import Services
-from jobs.skill import SkillType
+from jobs.settings import Settings
 
 router = APIRouter(prefix="/api/v1")
 
@@ -211,7 +211,9 @@ async def _dispatch(
     svc: Services = state.services
     pool: SyncPool | None = getattr(state, "sync_pool", None)
     later = body.run_at is not None or body.delay_s is not None
-    if pool is not None and not later and runs_now(svc, body):
+    if pool is not None and runs_now(
+        svc.registry, body.skill, body.context, body.external_id, deferred=later
+    ):
         # The sync line runs in an executor process: a CPU-bound skill cannot stall us.
         size = headers.get("content-length", "")
         running = pool.dispatch(
@@ -239,17 +241,6 @@ async def _dispatch(
         delay_s=body.delay_s,
     )
     return answer.status_code, answer.body
-
-
-def runs_now(svc: Services, body: DispatchBody) -> bool:
-    """A loadable handler skill that the dispatcher would run on the sync line (refusals
-    and background jobs are answered here, without a hop)."""
-    found = svc.registry.get(body.skill)
-    if found is None or found.error or found.skill_type is not SkillType.HANDLER:
-        return False
-    channel = channel_of(body.context)
-    ext = str(body.external_id or body.context.get("external_id") or "")
-    return not is_background(found, channel, ext)
 
 
 # --- reading -------------------------------------------------------------------------
@@ -313,7 +304,7 @@ ARTIFACT_LINK_TTL_S = 86400  # a link from the job detail, to paste into a ticke
 
 
 def signed_links(
-    settings: Any, job_id: str, artifacts: list[dict[str, Any]]
+    settings: Settings, job_id: str, artifacts: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """Each artifact with ``link``: a signed ``/files/<token>`` address valid for a day
     (no API token needed: the signature is the authorization), or None when its file is

@@ -19,9 +19,10 @@ from dashboard.api_jobs import actor_of, safe, services_of
 from dashboard.auth import require_token_or_query
 from dashboard.errors import ApiError
 from delivery.channels import web
+from jobs import audit
 from jobs.catalog.configs import ConfigStore
 from jobs.constants import JOB_EVENTS
-from jobs.models import OpsAction
+from jobs.migrate import is_current
 from jobs.queue import broker, worker_control
 from jobs.queue.store import get_job
 from jobs.services import Services
@@ -49,7 +50,6 @@ async def healthz() -> dict[str, Any]:
 @open_router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
     """Redis answers, the database answers, and its schema is at the current revision."""
-    from jobs.migrate import is_current
 
     svc: Services = request.app.state.services
     checks: dict[str, str] = {}
@@ -214,13 +214,12 @@ async def put_config(
         raise ApiError(422, str(exc)) from exc
     svc = services_of(request)
     async with svc.sessionmaker() as s:
-        s.add(
-            OpsAction(
-                action="config_replace",
-                target=f"{role_id}/{skill}",
-                actor=actor_of(request),
-                details={"keys": sorted(str(k) for k in body)},
-            )
+        audit.record(
+            s,
+            action="config_replace",
+            target=f"{role_id}/{skill}",
+            actor=actor_of(request),
+            details={"keys": sorted(str(k) for k in body)},
         )
         await s.commit()
     values = await store.masked(role_id, skill)

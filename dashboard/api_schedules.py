@@ -9,8 +9,10 @@ from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import JSONResponse
 
 from chains import schedules
+from chains.rerun import rerun_from
 from dashboard.api_jobs import actor_of, safe, services_of
 from dashboard.errors import ApiError, not_found
+from delivery.custody import list_deliveries
 
 router = APIRouter(prefix="/api/v1")
 
@@ -138,7 +140,6 @@ async def schedule_runs(
 @router.get("/chain-runs/{run_id}")
 async def chain_run(run_id: str, request: Request, items: bool = False) -> Any:
     """A chain run; ``?items=true`` also lists the item runs of its ``for_each`` steps."""
-    from delivery.custody import list_deliveries
 
     sm = services_of(request).sessionmaker
     run = await _call(schedules.get_run, sm, run_id, items=items)
@@ -158,7 +159,6 @@ async def rerun_chain_run(
 ) -> JSONResponse:
     """``{"from_step": index or step id}`` (default 0): a new run that reuses the recorded
     outputs of the earlier steps; 202 ``{"run_id", "rerun_of", "from_step"}``."""
-    from chains.rerun import rerun_from
 
     from_step = (body or {}).get("from_step", 0)
     if not isinstance(from_step, int | str) or isinstance(from_step, bool):

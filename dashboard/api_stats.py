@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from dashboard import latency, series, shared
 from dashboard.api_jobs import services_of
 from dashboard.errors import ApiError
+from jobs.db import Sessions
 
 router = APIRouter(prefix="/api/v1")
 
@@ -80,7 +81,7 @@ async def _cached(
     return {**answer.value, **answer.freshness()}
 
 
-async def _compute(sm: Any, span: float, step: float, wanted: list[str]) -> dict[str, Any]:
+async def _compute(sm: Sessions, span: float, step: float, wanted: list[str]) -> dict[str, Any]:
     """Each metric on its own connection, concurrently (each is one or a few range scans)."""
     now = time.time()
     b = series.Buckets.of(now, span, step)

@@ -15,7 +15,7 @@ from dashboard.api_jobs import actor_of, services_of
 from dashboard.auth import identity_of
 from dashboard.errors import ApiError
 from dashboard.guard import BROWSER_SESSION
-from jobs.models import OpsAction
+from jobs import audit
 
 router = APIRouter(prefix="/api/v1")
 
@@ -36,13 +36,12 @@ async def session_token(
     key: tokens.TokenKey = request.app.state.token_key
     token, expires = tokens.issue(key.get(), session_id, ttl)
     async with services_of(request).sessionmaker() as s:
-        s.add(
-            OpsAction(
-                action="session_token",
-                target=session_id[:255],
-                actor=actor_of(request),
-                details={"ttl_sec": ttl, "expires_at": expires},
-            )
+        audit.record(
+            s,
+            action="session_token",
+            target=session_id[:255],
+            actor=actor_of(request),
+            details={"ttl_sec": ttl, "expires_at": expires},
         )
         await s.commit()
     return {"token": token, "session_id": session_id, "expires_at": expires}

@@ -24,6 +24,8 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dashboard.tokens import Identity, TokenKey, cookie_value, identify, verify_browser
+from jobs import audit
+from jobs.settings import Settings
 
 #: set in the scope when the caller was identified by the page's session cookie
 BROWSER_SESSION = "skilljobs.browser_session"
@@ -274,7 +276,7 @@ class Failures:
 class Guard:
     """See the module docstring. ``settings`` is read on each request (tests change it)."""
 
-    def __init__(self, app: ASGIApp, settings: Any, tokens: TokenKey) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, tokens: TokenKey) -> None:
         self.app = app
         self.settings = settings
         self.tokens = tokens
@@ -493,17 +495,15 @@ class Guard:
         svc = getattr(getattr(app, "state", None), "services", None)
         if svc is None:
             return
-        from jobs.models import OpsAction
 
         try:
             async with svc.sessionmaker() as s:
-                s.add(
-                    OpsAction(
-                        action="refused",
-                        target=f"{method} {path}"[:255],
-                        actor=identity.actor[:128],
-                        details={"kind": identity.kind},
-                    )
+                audit.record(
+                    s,
+                    action="refused",
+                    target=f"{method} {path}"[:255],
+                    actor=identity.actor[:128],
+                    details={"kind": identity.kind},
                 )
                 await s.commit()
         except Exception as exc:  # the refusal stands whether or not it was recorded

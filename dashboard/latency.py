@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from arq.connections import ArqRedis
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -122,20 +123,22 @@ def families(snap: dict[str, Rows], window: str) -> Iterator[Metric]:
 Waits = list[tuple[str, int, float]]
 
 
-async def ratelimit_waits(redis: Any, key: Callable[[str], str]) -> Waits:
+async def ratelimit_waits(redis: ArqRedis | None, key: Callable[[str], str]) -> Waits:
     """``(channel, sends that waited, seconds waited)`` from the workers' counters; empty
     when Redis cannot be read (the scrape still answers)."""
     counts, seconds = await _hashes(redis, key, RATELIMIT_WAITS, RATELIMIT_WAITED)
     return [(ch, int(n), float(seconds.get(ch, 0.0))) for ch, n in sorted(counts.items())]
 
 
-async def ratelimit_parked(redis: Any, key: Callable[[str], str]) -> dict[str, int]:
+async def ratelimit_parked(redis: ArqRedis | None, key: Callable[[str], str]) -> dict[str, int]:
     """Sends parked in the outbox for a rate limit, per channel (the workers' counters)."""
     (parked,) = await _hashes(redis, key, RATELIMIT_PARKED)
     return {ch: int(n) for ch, n in sorted(parked.items())}
 
 
-async def _hashes(redis: Any, key: Callable[[str], str], *names: str) -> list[dict[str, Any]]:
+async def _hashes(
+    redis: ArqRedis | None, key: Callable[[str], str], *names: str
+) -> list[dict[str, Any]]:
     if redis is None:
         return [{} for _ in names]
     try:

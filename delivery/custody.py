@@ -37,7 +37,10 @@ from delivery.ledger import (
 )
 from delivery.plan import SEALED_RESULT, delivered_folder, plan, write_files
 from delivery.richtext import PlainText
-from jobs.models import PENDING, Delivery, DeliveryStatus, OpsAction
+from jobs import audit
+from jobs.db import Sessions, rowcount
+from jobs.models import PENDING, Delivery, DeliveryStatus
+from jobs.services import Services
 
 STATUSES = tuple(str(s) for s in DeliveryStatus)
 #: the states an operator may act on
@@ -66,7 +69,7 @@ class Outcome:
 
 
 async def list_deliveries(
-    sessionmaker: Any,
+    sessionmaker: Sessions,
     *,
     status: str | None = None,
     job: str | None = None,
@@ -94,26 +97,27 @@ async def list_deliveries(
         return [custody_dict(r) for r in (await s.execute(q)).scalars()]
 
 
-async def _audit(sessionmaker: Any, action: str, row: Delivery, actor: str, **details: Any) -> None:
+async def _audit(
+    sessionmaker: Sessions, action: str, row: Delivery, actor: str, **details: Any
+) -> None:
     async with sessionmaker() as s:
-        s.add(
-            OpsAction(
-                action=action,
-                target=str(row.id),
-                actor=actor or "",
-                details={"recipient": row.recipient, "job_id": row.job_id, **details},
-            )
+        audit.record(
+            s,
+            action=action,
+            target=str(row.id),
+            actor=actor or "",
+            details={"recipient": row.recipient, "job_id": row.job_id, **details},
         )
         await s.commit()
 
 
-async def _row(sessionmaker: Any, delivery_id: int) -> Delivery | None:
+async def _row(sessionmaker: Sessions, delivery_id: int) -> Delivery | None:
     async with sessionmaker() as s:
         row: Delivery | None = await s.get(Delivery, delivery_id)
         return row
 
 
-async def dismiss(sessionmaker: Any, delivery_id: int, *, actor: str = "") -> Outcome:
+async def dismiss(sessionmaker: Sessions, delivery_id: int, *, actor: str = "") -> Outcome:
     """Close an ``unknown`` or ``failed`` delivery: it is never sent again."""
     row = await _row(sessionmaker, delivery_id)
     if row is None:
@@ -132,7 +136,7 @@ async def dismiss(sessionmaker: Any, delivery_id: int, *, actor: str = "") -> Ou
             .values(status=DISMISSED, claimed_by=None, updated_at=time.time())
         )
         await s.commit()
-    if res.rowcount != 1:
+    if rowcount(res) != 1:
         return Outcome(False, f"delivery {delivery_id} changed meanwhile; look again", 409)
     await _audit(sessionmaker, "delivery_dismiss", row, actor, was=row.status)
     fresh = await _row(sessionmaker, delivery_id)
@@ -140,7 +144,7 @@ async def dismiss(sessionmaker: Any, delivery_id: int, *, actor: str = "") -> Ou
 
 
 def adapter_for(
-    services: Any, row: Delivery, channels: dict[str, Channel] | None = None
+    services: Services, row: Delivery, channels: dict[str, Channel] | None = None
 ) -> Channel | None:
     """The adapter a stored delivery goes out on (a web one bound to its job)."""
     chans = channels if channels is not None else channels_for(services)
@@ -152,7 +156,7 @@ def adapter_for(
 
 
 def sender_for(
-    services: Any, adapter: Channel, contact: str, content: dict[str, Any], kind: str
+    services: Services, adapter: Channel, contact: str, content: dict[str, Any], kind: str
 ) -> Callable[[], Awaitable[str]]:
     """Send a stored delivery's content (``{"text"}`` or ``{"path", "caption"?}``, and
     ``reply_to`` when it answers a message) again; files only from inside the workspaces.
@@ -189,7 +193,7 @@ def _inside(path: str, root: Path) -> bool:
 
 
 def _held_result_sender(
-    services: Any, adapter: Channel, contact: str, sealed: Any
+    services: Services, adapter: Channel, contact: str, sealed: Any
 ) -> Callable[[], Awaitable[str]]:
     root = Path(services.settings.resolved_workspace_root).resolve()
 
@@ -227,7 +231,7 @@ def _held_result_sender(
 
 
 async def resend(
-    services: Any,
+    services: Services,
     delivery_id: int,
     *,
     actor: str = "",
@@ -278,7 +282,7 @@ async def resend(
             )
         )
         await s.commit()
-    if res.rowcount != 1:
+    if rowcount(res) != 1:
         return Outcome(False, f"delivery {delivery_id} changed meanwhile; look again", 409)
     await _audit(sm, "delivery_resend", row, actor, was=row.status, generation=row.generation + 1)
     contact = row.recipient.partition(":")[2]

@@ -43,7 +43,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from delivery.channels.base import SEND_KEY, SendKey
 from delivery.errors import (
@@ -52,7 +52,7 @@ from delivery.errors import (
     DeliveryTransientError,
 )
 from jobs import counters, storable, telemetry
-from jobs.db import db_unavailable
+from jobs.db import Fence, Sessions, db_unavailable, rowcount
 from jobs.logs import SECRETS
 from jobs.models import PENDING, SENT, Delivery, DeliveryStatus, Worker
 
@@ -71,9 +71,6 @@ DEFAULT_TRIES = 3
 MAX_WAIT = 60.0
 #: how long recording a delivery's outcome waits for an unreachable database
 RECORD_PATIENCE = 300.0
-
-Sessions = async_sessionmaker[AsyncSession]
-Fence = Callable[[], Awaitable[bool]]
 
 
 @dataclass(frozen=True)
@@ -219,7 +216,7 @@ async def _cas(s: AsyncSession, row: Delivery, **values: Any) -> bool:
         .execution_options(synchronize_session=False)
     )
     await s.commit()
-    return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+    return bool(rowcount(res) == 1)
 
 
 async def _take_over(
@@ -351,7 +348,7 @@ async def _record(sessionmaker: Sessions, where: list[Any], values: dict[str, An
         if count is None:
             res = await s.execute(update(Delivery).where(*where).values(**values))
             await s.commit()
-            return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+            return bool(rowcount(res) == 1)
         stmt = update(Delivery).where(*where).values(**values).returning(Delivery.channel)
         channels = list((await s.execute(stmt)).scalars())
         await s.commit()
@@ -688,7 +685,7 @@ async def claim_parked(
             .values(**values)
         )
         await s.commit()
-        return bool(res.rowcount == 1)  # type: ignore[attr-defined]
+        return bool(rowcount(res) == 1)
 
 
 async def send_claimed(
@@ -880,6 +877,6 @@ async def record_web_deliveries(
             .where(Delivery.ledger_key == key, Delivery.status != SENT)
             .values(tries=Delivery.tries + 1, **values)
         )
-        if res.rowcount != 1:  # type: ignore[attr-defined]
+        if rowcount(res) != 1:
             dup.add(i)
     return dup

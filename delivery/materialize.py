@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from delivery.fetch import MAX_BYTES, FetchError, SafeFetcher
-from delivery.urlsafety import RefusedURL, check_url
+from delivery.net.fetch import MAX_BYTES, FetchError, SafeFetcher
+from delivery.net.urlsafety import RefusedURL, check_url
 from jobs.media import mime_from_name, sniff
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ from typing import Any
 from delivery.channels.registry import channels_for
 from delivery.router import deliver_result, origin_of
 from jobs.models import JobRow
+from jobs.services import Services
 from jobs.texts import language_of, text
 
 log = logging.getLogger(__name__)
@@ -101,4 +102,22 @@ class WorkingNotice:
                 await asyncio.wait_for(asyncio.shield(self._task), NOTICE_WAIT_S)
 
 
-__all__ = ["CANCELLED", "WORKING", "WorkingNotice", "send_notice", "wanted"]
+def working(services: Services, job: JobRow, fence: Fence) -> WorkingNotice:
+    """The "still working" notice of the run of ``job`` that starts now."""
+    return WorkingNotice(services, job, fence)
+
+
+async def cancelled(services: Services, job: JobRow) -> None:
+    """Tell the person ``job`` was cancelled (once, through the ledger; off-able)."""
+    await send_notice(services, job, CANCELLED)
+
+
+__all__ = [
+    "CANCELLED",
+    "WORKING",
+    "WorkingNotice",
+    "cancelled",
+    "send_notice",
+    "wanted",
+    "working",
+]

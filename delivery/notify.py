@@ -24,9 +24,12 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from delivery.artifacts import ArtifactRefused, resolve_inside
-from delivery.pinned import Resolver, system_resolver
-from delivery.urlsafety import RefusedURL, check_ip, check_url
+from delivery.errors import DeliveryOutcomeUnknown, DeliveryPermanentError
+from delivery.ledger import deliver_once, ledger_key
+from delivery.net.pinned import Resolver, system_resolver
+from delivery.net.urlsafety import RefusedURL, check_ip, check_url
 from jobs import sendscope
+from jobs.db import Sessions
 from jobs.sendscope import SendScope
 
 if TYPE_CHECKING:
@@ -219,7 +222,7 @@ async def _send_one(
 
 
 async def _send_ledgered(
-    sessionmaker: Any,
+    sessionmaker: Sessions,
     scope: SendScope,
     item: str,
     url: str,
@@ -228,8 +231,6 @@ async def _send_ledgered(
     paths: list[str],
     send_timeout: float,
 ) -> tuple[bool, str]:
-    from delivery.errors import DeliveryOutcomeUnknown, DeliveryPermanentError
-    from delivery.ledger import deliver_once, ledger_key
 
     recipient = f"notify:{mask_url(url)}"
 
@@ -265,7 +266,7 @@ async def notify(
     attach: Any = None,
     send_timeout: float = DEFAULT_TIMEOUT,
     resolver: Resolver = system_resolver,
-    sessionmaker: Any = None,
+    sessionmaker: Sessions | None = None,
 ) -> dict[str, Any]:
     """Send ``message`` to every URL of ``target`` (an alias or an allow-listed bare URL),
     with ``attach`` taken only from inside ``workspace`` (``None``: no attachments).
@@ -300,7 +301,7 @@ async def notify(
     scoped = sendscope.next_call(f"notify:{digest}") if sessionmaker is not None else None
 
     async def send(u: str) -> tuple[bool, str]:
-        if scoped is None:
+        if scoped is None or sessionmaker is None:
             return await _send_one(u, body, title or "", paths, send_timeout)
         scope, seq = scoped
         return await _send_ledgered(

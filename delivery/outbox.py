@@ -28,12 +28,14 @@ import functools
 import logging
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, cast
 
 from sqlalchemy import select, update
 
 from delivery.channels.base import Channel
 from delivery.channels.limits import LimitedChannel, Target, credit, parse_target
+from delivery.custody import adapter_for, sender_for
 from delivery.ledger import (
     PARKED,
     SENDING,
@@ -45,7 +47,9 @@ from delivery.ledger import (
     owner_id,
     send_claimed,
 )
+from jobs.db import rowcount
 from jobs.models import PENDING, Delivery, Job, JobStatus, Worker
+from jobs.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +263,9 @@ class _Hold:
 class Outbox:
     """The parked deliveries of one deployment, drained by every worker that runs one."""
 
-    def __init__(self, services: Any, worker_id: str) -> None:
+    def __init__(self, services: Services, worker_id: str) -> None:
+        if services.redis is None:
+            raise RuntimeError("the outbox needs Redis (its queues and locks live there)")
         self.svc = services
         self.redis = services.redis
         self.owner = owner_id(worker_id, 0)
@@ -394,7 +400,7 @@ class Outbox:
         try:
             while not self.stopping:
                 if head is None:
-                    raw = await self.redis.lindex(q, 0)
+                    raw = await cast("Awaitable[bytes | None]", self.redis.lindex(q, 0))
                     if raw is None:
                         left = self.script("pop")(keys=[q, self.due_key], args=["", recipient])
                         if not int(await left):
@@ -465,7 +471,6 @@ class Outbox:
         ``wait`` None when the row is done with (sent, failed, or not parked any more),
         else the ms until it may be tried again; ``keep`` when nothing was tried and the
         row as read still stands."""
-        from delivery.custody import adapter_for, sender_for
 
         sm = self.svc.sessionmaker
         adapter = adapter_for(self.svc, row)
@@ -546,7 +551,6 @@ class Outbox:
         before sending them — a fault, a lost lease). A ``sending`` one of a dead claimant
         becomes ``unknown`` (repeated only where the platform drops repeats). Only rows of
         channels this outbox sends (rate-limited ones). How many were taken."""
-        from delivery.custody import adapter_for
 
         now = time.time()
         cutoff = now - self.sweep_every
@@ -613,7 +617,7 @@ class Outbox:
                     .values(updated_at=cutoff - 1 if values["status"] == PENDING else now, **values)
                 )
                 await s.commit()
-            if res.rowcount == 1 and values["status"] == PENDING:
+            if rowcount(res) == 1 and values["status"] == PENDING:
                 taken += 1
         if taken:
             log.warning("outbox: %s deliveries of gone claimants taken over", taken)
@@ -625,7 +629,6 @@ class Outbox:
         a recent one is sent again under its key — delivered once whether or not the first
         request landed. Within :data:`DEDUP_REPEAT_SEC` of its first send (inside the
         platforms' de-duplication windows). How many were handed to the outbox."""
-        from delivery.custody import adapter_for
 
         now = time.time()
         cutoff = now - self.sweep_every
@@ -667,7 +670,7 @@ class Outbox:
                     )
                 )
                 await s.commit()
-            taken += int(res.rowcount == 1)
+            taken += int(rowcount(res) == 1)
         if taken:
             log.info(
                 "outbox: %s unknown deliveries repeated where the platform de-duplicates", taken
@@ -729,7 +732,7 @@ class Outbox:
         return found
 
 
-def outbox_of(services: Any) -> Outbox | None:
+def outbox_of(services: Services) -> Outbox | None:
     """The outbox this process drains (a worker's), or None: then sends wait in place."""
     ob = getattr(services, "outbox", None)
     return ob if isinstance(ob, Outbox) else None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,17 +20,17 @@ from typing import Any
 from sqlalchemy import delete
 
 from delivery.artifacts import ArtifactInfo, acollect, fill_local_path
-from delivery.fetch import SafeFetcher
 from delivery.materialize import materialize, mentions_urls
+from delivery.net.fetch import SafeFetcher
 from delivery.router import deliver_result, workspace_of
 from jobs import telemetry
+from jobs.db import Fence, Sessions
 from jobs.envelope import is_failure, normalize
 from jobs.models import Artifact, JobRow
 from jobs.runscope import RunScope
+from jobs.services import Services
 
 log = logging.getLogger(__name__)
-
-Fence = Callable[[], Awaitable[bool]]
 
 
 @dataclass
@@ -44,7 +43,9 @@ class PostResult:
     problems: list[dict[str, Any]] = field(default_factory=list)
 
 
-async def store_artifacts(sessionmaker: Any, job_id: str, artifacts: list[ArtifactInfo]) -> None:
+async def store_artifacts(
+    sessionmaker: Sessions, job_id: str, artifacts: list[ArtifactInfo]
+) -> None:
     """The job's artifact rows, replaced as a whole (a re-run records its own set once)."""
     async with sessionmaker() as s:
         await s.execute(delete(Artifact).where(Artifact.job_id == job_id))
@@ -65,7 +66,7 @@ async def store_artifacts(sessionmaker: Any, job_id: str, artifacts: list[Artifa
 
 
 async def postprocess(
-    services: Any,
+    services: Services,
     job: JobRow,
     result: Any,
     *,

@@ -24,8 +24,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from arq.connections import ArqRedis
+
 from delivery.channels.limits import Target, credit, spend_credit
 from jobs.constants import RATELIMIT_PARKED, RATELIMIT_WAITED, RATELIMIT_WAITS
+from jobs.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -153,15 +156,15 @@ def is_group(channel: str, target: Target) -> bool:
 class RateLimiter:
     """Token buckets in Redis under this deployment's prefix (``Settings.key``)."""
 
-    redis: Any
-    settings: Any
+    redis: ArqRedis
+    settings: Settings
     limits: dict[str, dict[str, tuple[float, float] | None]]
     _script: Any = None
     _settle: Any = None
     _due: dict[tuple[str, str], float] = field(default_factory=dict)
 
     @classmethod
-    def from_settings(cls, redis: Any, settings: Any) -> RateLimiter:
+    def from_settings(cls, redis: ArqRedis, settings: Settings) -> RateLimiter:
         """A malformed ``SKILLJOBS_RATE_LIMITS`` is logged and the defaults are used: a
         typo must not stop delivery (nor throttle it less than the platforms demand)."""
         try:

@@ -31,7 +31,13 @@ from delivery.shown import (
     shown,
 )
 from jobs.envelope import is_partial
-from jobs.texts import TRACE_HINTS, meaningful_line, strip_admin_hints, text
+from jobs.texts import (
+    TRACE_HINTS,
+    localized_reason,
+    meaningful_line,
+    strip_admin_hints,
+    text,
+)
 
 #: Envelope bookkeeping and media fields: never part of the readable rendering.
 NOT_CONTENT = BOOKKEEPING | MEDIA_FIELDS
@@ -295,7 +301,7 @@ def failure_text(skill: str, result: dict[str, Any], lang: str = "en") -> str:
             break
     if any(h in reason for h in TRACE_HINTS):
         reason = ""
-    reason = strip_admin_hints(reason)
+    reason = strip_admin_hints(localized_reason(reason, lang))
     if len(reason) > FAILURE_REASON_MAX:
         reason = reason[: FAILURE_REASON_MAX - 1].rstrip() + "…"
     if reason:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +38,12 @@ from delivery.render import TEXT_CAP, directives, failure_text
 from delivery.richtext import PlainText
 from jobs import telemetry
 from jobs.context import group_conversation, job_segment, results_dir
+from jobs.db import Fence, Sessions
 from jobs.models import JobRow
+from jobs.services import Services
+from jobs.settings import Settings
 from jobs.texts import language_of
 
-Fence = Callable[[], Awaitable[bool]]
 log = logging.getLogger(__name__)
 
 __all__ = ["TEXT_CAP", "Item", "Origin", "deliver_result", "failure_text", "origin_of", "plan"]
@@ -83,7 +84,7 @@ def origin_of(job: JobRow) -> Origin:
     return Origin(channel, job.actor_key)
 
 
-def workspace_of(settings: Any, job: JobRow) -> Path:
+def workspace_of(settings: Settings, job: JobRow) -> Path:
     """The job's workspace, the same directory its skill ran in (``jobs.context``)."""
     return _workspace(str(settings.resolved_workspace_root), job.role_id, job_segment(job))
 
@@ -92,7 +93,7 @@ _workspace = functools.lru_cache(maxsize=4096)(results_dir)
 
 
 async def deliver_result(
-    services: Any,
+    services: Services,
     job: JobRow,
     result: dict[str, Any],
     artifacts: list[Any],
@@ -311,7 +312,7 @@ async def _deliver_web(
 
 
 async def _send_item(
-    sm: Any,
+    sm: Sessions,
     adapter: Channel,
     origin: Origin,
     item: Item,

@@ -37,8 +37,10 @@ from delivery.channels.limits import parse_target
 from delivery.ledger import deliver_once, ledger_key
 from delivery.render import strip_directives
 from jobs import sendscope
+from jobs.db import Sessions
+from jobs.execution.callskill import WALL_DEADLINE
 from jobs.media import media_kind
-from jobs.models import ChatSession
+from jobs.models import ChatSession, Delivery
 from jobs.sendscope import SendScope
 
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -90,7 +92,7 @@ class Sender:
 
 
 async def _web_refusals(
-    sessionmaker: Any, sender: Sender, recipients: list[tuple[str, str]]
+    sessionmaker: Sessions | None, sender: Sender, recipients: list[tuple[str, str]]
 ) -> dict[tuple[str, str], str]:
     """Web recipients whose session does not belong to the sender's role and org."""
     wanted = {c for ch, c in recipients if ch in WEB and c != sender.session_id}
@@ -238,7 +240,7 @@ def content_digest(text: str, paths: list[str]) -> str:
 
 
 async def send_ledgered(
-    sessionmaker: Any,
+    sessionmaker: Sessions,
     scope: SendScope,
     call: str,
     adapter: Channel,
@@ -335,7 +337,7 @@ async def send_message(
     workspace: Path | None = None,
     backoff: float = 1.0,
     sender: Sender | None = None,
-    sessionmaker: Any = None,
+    sessionmaker: Sessions | None = None,
     wait: bool = False,
 ) -> dict[str, Any]:
     """Send ``text`` and ``attachments`` (only from inside ``workspace``) to every recipient
@@ -377,7 +379,7 @@ async def send_message(
             )
             return target, why, queued
         try:
-            if scoped is not None:
+            if scoped is not None and sessionmaker is not None:
                 scope, seq = scoped
                 call = f"send_message:{seq}:{digest}"
                 queued = await send_ledgered(
@@ -422,9 +424,6 @@ async def _wait_parked(
     at most until the run's wall clock is nearly over; a recipient all of whose parts went
     out joins ``sent``, one with a failed part joins ``failed``. The still-parked rest."""
     from sqlalchemy import select
-
-    from jobs.execution.callskill import WALL_DEADLINE
-    from jobs.models import Delivery
 
     deadline = WALL_DEADLINE.get()
     end = deadline - WAIT_MARGIN_S if deadline is not None else time.monotonic() + WAIT_DEFAULT_S

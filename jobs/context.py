@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jobs.crypto import is_secret_key
 from jobs.models import JobRow
 
 # SPEC §3 / skill spec §4.2: always present, typed empty value when unknown.
@@ -407,8 +408,6 @@ MIN_SCRUB_LEN = 6  # shorter values are too likely to be ordinary words or numbe
 def _is_secret_name(key: str) -> bool:
     hit = _SECRET_NAME.get(key)
     if hit is None:
-        from jobs.crypto import is_secret_key
-
         hit = key not in VOCABULARY and is_secret_key(key)
         if len(_SECRET_NAME) < 10_000:
             _SECRET_NAME[key] = hit
@@ -467,21 +466,35 @@ def input_secrets(data: Any, depth: int = 0) -> list[str]:
     return found
 
 
-def mask_credentials(obj: Any, mask: str = "••••••", depth: int = 0) -> Any:
-    """``obj`` with the text values of credential-named fields masked, at any depth."""
+#: token-named fields that are not credentials: a skill hands them to the model to send back
+#: (seed ``001_…``: the confirmation of a destructive call; pagination), so a result keeps them
+PROTOCOL_TOKENS = frozenset(
+    "confirm_token page_token next_page_token next_token continuation_token sync_token".split()
+)
+
+
+def mask_credentials(
+    obj: Any, mask: str = "••••••", depth: int = 0, keep: frozenset[str] = frozenset()
+) -> Any:
+    """``obj`` with the text values of credential-named fields masked, at any depth; the
+    names in ``keep`` are left as they are."""
     if depth > 64:
         return obj
     if isinstance(obj, dict):
         return {
             k: (
                 mask
-                if isinstance(k, str) and is_credential_name(k) and isinstance(v, str) and v
-                else mask_credentials(v, mask, depth + 1)
+                if isinstance(k, str)
+                and k not in keep
+                and is_credential_name(k)
+                and isinstance(v, str)
+                and v
+                else mask_credentials(v, mask, depth + 1, keep)
             )
             for k, v in obj.items()
         }
     if isinstance(obj, list):
-        return [mask_credentials(v, mask, depth + 1) for v in obj]
+        return [mask_credentials(v, mask, depth + 1, keep) for v in obj]
     return obj
 
 

@@ -10,6 +10,8 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from arq.connections import ArqRedis
+
 from jobs.constants import DELIVERIES_TOTAL, JOBS_TOTAL
 from jobs.settings import Settings
 
@@ -32,7 +34,7 @@ def add_to(pipe: Any, key: str, counts: Counter[str]) -> None:
 class Counters:
     """The counters of one process (a Redis connection and the key names)."""
 
-    def __init__(self, redis: Any, settings: Settings) -> None:
+    def __init__(self, redis: ArqRedis, settings: Settings) -> None:
         self.redis = redis
         self.jobs_key = settings.key(JOBS_TOTAL)
         self.deliveries_key = settings.key(DELIVERIES_TOTAL)
@@ -50,7 +52,9 @@ class Counters:
             log.debug("delivery counters not updated: %s", exc)
 
 
-async def read(redis: Any, settings: Settings) -> dict[str, list[tuple[list[str], int]]]:
+async def read(
+    redis: ArqRedis | None, settings: Settings
+) -> dict[str, list[tuple[list[str], int]]]:
     """``{"jobs": [([skill, status], n)], "deliveries": [([channel, status], n)]}``."""
     out: dict[str, list[tuple[list[str], int]]] = {"jobs": [], "deliveries": []}
     if redis is None:

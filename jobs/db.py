@@ -15,10 +15,10 @@ import uuid
 import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy import event
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, CursorResult, Result, make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -31,6 +31,12 @@ from sqlalchemy.ext.asyncio import (
 Sessions = async_sessionmaker[AsyncSession]
 # "Does this attempt still hold its lease?": checked before every write that must be fenced.
 Fence = Callable[[], Awaitable[bool]]
+
+
+def rowcount(result: Result[Any]) -> int:
+    """The rows an UPDATE, INSERT or DELETE touched. ``AsyncSession.execute`` is typed as
+    returning a ``Result``; a DML statement's is the ``CursorResult`` that counts them."""
+    return cast(CursorResult[Any], result).rowcount
 
 
 class HasSessions(Protocol):
@@ -197,6 +203,9 @@ def _driver_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseEx
         asyncpg.InterfaceError,
         asyncpg.PostgresConnectionError,
         asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, cannot connect now
+        # a connection the server dropped in the middle of a statement can be left mid-state
+        # ("cannot switch to state …; another operation is in progress"): it is lost too
+        asyncpg.InternalClientError,
     )
     return lost, (asyncpg.PostgresError,)
 

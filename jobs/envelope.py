@@ -25,6 +25,9 @@ from typing import Any
 
 import pydantic_core
 
+from jobs.context import workspace_dir
+from jobs.settings import Settings
+
 log = logging.getLogger(__name__)
 
 OFFLOAD_THRESHOLD = 12_000
@@ -327,15 +330,13 @@ def _keep(receipt: dict[str, Any], key: str, value: Any, encoded: bytes) -> None
         receipt[key] = value
 
 
-def offload_sync(settings: Any, env: Any, ctx: Mapping[str, Any], skill: str) -> Any:
+def offload_sync(settings: Settings, env: Any, ctx: Mapping[str, Any], skill: str) -> Any:
     """The sync line's answer (C4): a large successful result becomes its receipt, the full
     result written into the caller's workspace exactly as a background job's would be."""
     if not isinstance(env, dict) or is_failure(env):
         return env
     workspace = ctx.get("workspace_dir")
     if not workspace and settings is not None:
-        from jobs.context import workspace_dir
-
         workspace = workspace_dir(
             settings.resolved_workspace_root,
             str(ctx.get("role_id") or ""),

@@ -16,6 +16,8 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from jobs.crypto import load_or_create_key
+
 if TYPE_CHECKING:
     from jobs.settings import Settings
 
@@ -65,7 +67,6 @@ def verify(key: bytes, token: str, kind: str, *, now: float = 0) -> dict[str, An
 
 def file_link_key(settings: Settings) -> bytes:
     """The key that signs file links (reads or creates the deployment's secret key)."""
-    from jobs.crypto import load_or_create_key
 
     configured = settings.secret_key.get_secret_value() if settings.secret_key else None
     return derive_key(load_or_create_key(settings.data_dir, configured), "file-link")

@@ -11,6 +11,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobs.db import create_engine
+
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
@@ -50,7 +52,6 @@ async def is_current(engine: AsyncEngine) -> bool:
 
 
 def upgrade_sync(url: str) -> None:
-    from jobs.db import create_engine
 
     async def _main() -> None:
         engine = create_engine(url)

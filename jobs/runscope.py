@@ -38,6 +38,7 @@ from typing import Any
 
 from jobs.context import job_results_dir, job_workspace
 from jobs.models import JobRow
+from jobs.settings import Settings
 
 RUNS_DIR = ".skilljobs-runs"
 PRUNE_EVERY = 16  # runs that changed nothing prune the markers this seldom
@@ -297,7 +298,7 @@ def begin(workspace: Path, job_id: str) -> RunScope:
     return scope
 
 
-def begin_run(settings: Any, job: JobRow, ctx: dict[str, Any]) -> RunScope:
+def begin_run(settings: Settings, job: JobRow, ctx: dict[str, Any]) -> RunScope:
     """A queued job's run is about to start: ``ctx`` points at the job's own workspace (a
     per-recipient one for third-party channels without a session), and that workspace is
     snapshotted. (Its secret configs join the log filter when the executor takes the run,

@@ -19,11 +19,10 @@ from jobs.skill import SkillRegistry
 if TYPE_CHECKING:
     from arq.connections import ArqRedis, RedisSettings
 
-    from delivery.channels.base import Channel
     from jobs.execution.executor import Executor
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the rooms above cache per Services (weak keys)
 class Services:
     settings: Settings
     engine: AsyncEngine
@@ -34,8 +33,6 @@ class Services:
     http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=30.0))
     # Chat sessions this process has already recorded (saves a lookup per dispatch).
     known_sessions: set[tuple[str, str, str]] = field(default_factory=set)
-    # The channel adapters, built once by ``delivery.channels.registry.channels_for``.
-    channels: dict[str, Channel] | None = None
     # The parked deliveries this process sends (``delivery.outbox.Outbox``), set by a
     # worker; without one a send waits for its rate limit in place.
     outbox: Any = None

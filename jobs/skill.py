@@ -108,6 +108,12 @@ class SkillRegistry:
             return None
         return (skill, sub) if sub in skill.cli_commands else None
 
+    def resolve(self, name: str) -> tuple[Skill, str | None] | None:
+        """What a dispatched ``name`` calls: the skill itself, or ``<skill>__<sub>`` as
+        (the skill, ``sub``); None when neither is loaded."""
+        found = self._skills.get(name)
+        return (found, None) if found is not None else self.fanned(name)
+
     def __contains__(self, name: object) -> bool:
         return name in self._skills
 

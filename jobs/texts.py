@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from jobs.settings import Settings
+
 LANGUAGES = ("en", "zh")
 DEFAULT_LANGUAGE = "en"
 
@@ -79,6 +81,7 @@ TEXTS: dict[str, dict[str, str]] = {
         "zh": "{name} 已取消，不会再有结果。",
     },
     "items": {"en": "{n} items", "zh": "{n} 项"},
+    "nothing": {"en": "none", "zh": "无"},
     "fields": {"en": "{n} fields", "zh": "{n} 个字段"},
     "more_lines": {"en": "… {n} more", "zh": "……另有 {n} 项"},
     "chain_empty": {
@@ -91,6 +94,202 @@ TEXTS: dict[str, dict[str, str]] = {
 }
 
 
+# --------------------------------------------------------------------------- our failure framings
+
+# The English framings our executor puts around a failure (``error`` of its envelopes), in
+# the other languages: ``(pattern, {lang: template})``; the template's ``{…}`` are the
+# pattern's named groups (the skill's own words, names, numbers — kept as they are).
+_Q = r"(?P<q>['\"])(?P<skill>.+?)(?P=q)"
+REASON_FORMS: list[tuple[re.Pattern[str], dict[str, str]]] = [
+    (
+        re.compile(r"skill ran over (?P<secs>[\d.]+) s and was stopped"),
+        {"zh": "运行超过 {secs} 秒，已被停止"},
+    ),
+    (
+        re.compile(rf"skill {_Q} raised (?P<exc>[\w.]+): (?P<msg>.+)", re.S),
+        {"zh": "运行时出错：{msg}"},
+    ),
+    (re.compile(rf"skill {_Q} raised (?P<exc>[\w.]+)"), {"zh": "运行时出错（{exc}）"}),
+    (
+        re.compile(rf"skill {_Q} exited with code (?P<code>-?\d+) \(no output\)"),
+        {"zh": "运行失败（退出码 {code}），没有输出"},
+    ),
+    (
+        re.compile(rf"skill {_Q} exited with code (?P<code>-?\d+): (?P<msg>.+)", re.S),
+        {"zh": "运行失败（退出码 {code}）：{msg}"},
+    ),
+    (
+        re.compile(rf"skill {_Q} was killed by signal (?P<sig>\d+) \(no output\)"),
+        {"zh": "运行被信号 {sig} 终止，没有输出"},
+    ),
+    (
+        re.compile(rf"skill {_Q} was killed by signal (?P<sig>\d+): (?P<msg>.+)", re.S),
+        {"zh": "运行被信号 {sig} 终止：{msg}"},
+    ),
+    (
+        re.compile(rf"skill {_Q} reported a failure \((?P<flag>[^)]*)\) without saying why"),
+        {"zh": "技能报告了失败，但没有说明原因"},
+    ),
+    (
+        re.compile(r"skill printed more than (?P<mb>\d+) MB on (?P<stream>\w+) and was stopped.*"),
+        {"zh": "输出超过 {mb} 兆字节，已被停止"},
+    ),
+    (
+        re.compile(rf"unknown skill {_Q}.*", re.S),
+        {"zh": "找不到这个技能"},
+    ),
+    (
+        re.compile(rf"skill {_Q} failed to load: .*", re.S),
+        {"zh": "技能加载失败，请检查它的配置"},
+    ),
+    (
+        re.compile(rf"skill {_Q} is a \w+ document, not code.*", re.S),
+        {"zh": "这个技能只是说明文档，没有可执行的代码"},
+    ),
+    (
+        re.compile(rf"skill {_Q} is not configured: .*", re.S),
+        {"zh": "尚未配置"},
+    ),
+    (
+        re.compile(
+            rf"skill {_Q} needs program\(s\) not installed on this host: (?P<bins>.+)", re.S
+        ),
+        {"zh": "运行所需的程序未安装：{bins}"},
+    ),
+    (
+        re.compile(rf"skill {_Q} (?:could not be run|cannot start|cannot be imported)\b.*", re.S),
+        {"zh": "无法启动"},
+    ),
+    (
+        re.compile(r"input field (?P<q>['\"])(?P<field>.+?)(?P=q) was refused: (?P<why>.+)", re.S),
+        {"zh": "输入字段 {field} 被拒绝：{why}"},
+    ),
+    (
+        re.compile(r"input for (?P<q>['\"])(?P<skill>.+?)(?P=q) must be a JSON object.*", re.S),
+        {"zh": "输入格式不对：需要一个键值对形式的对象"},
+    ),
+    (re.compile(r"the skill run failed"), {"zh": "运行失败"}),
+    (
+        re.compile(rf"skill {_Q}: its dependency environment could not be built: .*", re.S),
+        {"zh": "技能的依赖环境无法构建"},
+    ),
+    (
+        re.compile(
+            rf"skill {_Q} needs the module (?P<mq>['\"])(?P<module>.+?)(?P=mq), which is not "
+            r"installed: .*",
+            re.S,
+        ),
+        {"zh": "缺少模块 {module}，它尚未安装"},
+    ),
+    (
+        re.compile(rf"skill {_Q} called sys\.exit\(\) instead of returning a result: .*", re.S),
+        {"zh": "技能提前退出，没有返回结果"},
+    ),
+    (
+        re.compile(r".+ answered HTTP (?P<status>\d+): \(empty body\)", re.S),
+        {"zh": "接口返回错误状态 {status}，内容为空"},
+    ),
+    (
+        re.compile(r".+ answered HTTP (?P<status>\d+): (?P<body>.*)", re.S),
+        {"zh": "接口返回错误状态 {status}：{body}"},
+    ),
+    (
+        re.compile(r".+ refused by the outbound policy: .*", re.S),
+        {"zh": "对外访问被安全策略拒绝"},
+    ),
+    (
+        re.compile(r".+ answered with more than (?P<mb>\d+) MB"),
+        {"zh": "接口返回的内容超过 {mb} 兆字节"},
+    ),
+    (
+        re.compile(rf"HTTP skill {_Q}: (?P<msg>.+)", re.S),
+        {"zh": "接口调用失败：{msg}"},
+    ),
+]
+
+
+#: why an input was refused (the ``{why}`` of "input field … was refused: …")
+REFUSAL_FORMS: list[tuple[re.Pattern[str], dict[str, str]]] = [
+    (
+        re.compile(
+            r"(?P<value>.+) is outside this job(?:'s workspace)? \(files must be .*\)", re.S
+        ),
+        {"zh": "{value} 不在本任务的工作区内（文件必须在工作区中，或是本次对话的附件）"},
+    ),
+    (
+        re.compile(r"nested deeper than (?P<n>\d+) levels"),
+        {"zh": "嵌套超过 {n} 层"},
+    ),
+    (
+        re.compile(r"input key (?P<key>.+?) cannot become a command-line flag.*", re.S),
+        {"zh": "输入键 {key} 不能作为命令行参数名（只能用字母、数字、_ 和 -，并以字母或 _ 开头）"},
+    ),
+    (
+        re.compile(r"the value (?P<value>.+?) of input (?P<key>.+?) would be read as a .*", re.S),
+        {"zh": "输入 {key} 的值 {value} 会被当作命令行选项（值不能以 - 加字母开头）"},
+    ),
+    (re.compile(r"input keys must be strings"), {"zh": "输入键必须是字符串"}),
+]
+REASON_FORMS.append(
+    (
+        re.compile(
+            r"input field (?P<q>['\"])(?P<field>.+?)(?P=q) names attachment (?P<ref>.+?), which "
+            r"this turn does not have \(attachments: (?P<known>.*)\)",
+            re.S,
+        ),
+        {"zh": "输入字段 {field} 引用的附件 {ref} 不在本次对话中（现有附件：{known}）"},
+    )
+)
+
+
+def _refusal(why: str, lang: str) -> str:
+    for pattern, forms in REFUSAL_FORMS:
+        m = pattern.fullmatch(why.strip())
+        if m is not None and lang in forms:
+            return forms[lang].format(**m.groupdict())
+    return why
+
+
+#: a chain step's failure: ``step 2 (fetch, web_fetch): <reason>``
+_STEP = re.compile(
+    r"step (?P<n>\d+) \((?P<id>[^,()]+)(?:, (?P<skill>[^()]+))?\): (?:item (?P<item>\d+): )?"
+    r"(?P<inner>.+)",
+    re.S,
+)
+_STEP_FORM = {"zh": "第 {n} 步（{label}）：{reason}"}
+#: a chain step that returned nothing
+REASON_FORMS.append(
+    (
+        re.compile(r"step (?P<n>\d+) \((?P<label>[^()]+)\) returned nothing; chain stopped"),
+        {"zh": "第 {n} 步（{label}）没有返回任何内容，流程已停止"},
+    )
+)
+REASON_FORMS.append((re.compile(r"failed"), {"zh": "失败"}))
+
+
+def localized_reason(reason: str, lang: str = DEFAULT_LANGUAGE) -> str:
+    """``reason`` with our English framing of a failure said in ``lang`` (the skill's own
+    words inside it stay as the skill wrote them); English, or a reason that is not one of
+    ours, is returned as it is."""
+    if lang == DEFAULT_LANGUAGE:
+        return reason
+    step = _STEP.fullmatch(reason.strip())
+    if step is not None and lang in _STEP_FORM:  # a chain's step: its label, then its reason
+        inner = localized_reason(step.group("inner"), lang)
+        label = ", ".join(p for p in (step.group("id"), step.group("skill")) if p)
+        return _STEP_FORM[lang].format(n=step.group("n"), label=label, reason=inner)
+    for pattern, forms in REASON_FORMS:
+        m = pattern.fullmatch(reason.strip())
+        if m is not None and lang in forms:
+            values = {k: v for k, v in m.groupdict().items() if v is not None}
+            if values.get("known") == "none":
+                values["known"] = text("nothing", lang)
+            if "why" in values:
+                values["why"] = _refusal(values["why"], lang)
+            return forms[lang].format(**values)
+    return reason
+
+
 def language(configured: str | None = None, locale: Any = None) -> str:
     """``zh`` or ``en``: the context ``locale`` when it names one, else the configured one."""
     for value in (locale, configured):
@@ -101,7 +300,7 @@ def language(configured: str | None = None, locale: Any = None) -> str:
     return DEFAULT_LANGUAGE
 
 
-def language_of(settings: Any, ctx: Mapping[str, Any] | None = None) -> str:
+def language_of(settings: Settings, ctx: Mapping[str, Any] | None = None) -> str:
     """The language for one call: ``ctx["locale"]`` over ``settings.language``."""
     locale = ctx.get("locale") if isinstance(ctx, Mapping) else None
     return language(getattr(settings, "language", None), locale)

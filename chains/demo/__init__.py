@@ -7,6 +7,8 @@ from typing import Any
 
 import yaml
 
+from jobs.services import Services
+
 DEMO_FILE = Path(__file__).with_name("daily_orders.yaml")
 
 
@@ -16,7 +18,7 @@ def demo_spec() -> dict[str, Any]:
     return data
 
 
-async def install_demo(services: Any) -> str | None:
+async def install_demo(services: Services) -> str | None:
     """Add the demo schedule unless one with its name exists (the operator may have
     edited or disabled it); make sure its result session exists. Returns the new id."""
     from chains import schedules

@@ -147,6 +147,11 @@ function zoned(value, timeZone) {
   } catch (_) { return timeZone; }
 }
 
+// A server's message is English: in another language the page says it itself.
+function said(r, own) {
+  return LANG === "en" && r && r.message ? r.message : own;
+}
+
 function flash(message, isError) {
   const node = $("#flash");
   node.textContent = message;
@@ -323,7 +328,7 @@ async function start(token) {
   try {
     me = await api("/api/v1/session");
   } catch (err) {
-    if (!(err instanceof Unauthorized)) showLogin(`Cannot reach the API: ${err.message}`);
+    if (!(err instanceof Unauthorized)) showLogin(`${t("Cannot reach the API:")} ${err.message}`);
     return;
   }
   if (!state.languageChosen) { chooseLanguage(me.language); state.languageChosen = true; }
@@ -461,7 +466,7 @@ async function loadCharts() {
     .map(([name, v]) => perMinute(name, v, step));
   lineChart($("#chart-deliveries"), data.t, step,
     dl.length ? dl : [perMinute("sent", data.t.map(() => 0), step)], "deliveries per minute");
-  $("#latency-window").textContent = `(jobs finished in the last ${state.chartWindow === "24h" ? "24 hours" : "hour"})`;
+  $("#latency-window").textContent = t(state.chartWindow === "24h" ? "(jobs finished in the last 24 hours)" : "(jobs finished in the last hour)");
   fillRows($("#latency tbody"), data.latency.map((r) => el("tr", {},
     el("td", {}, el("a", { href: address("jobs", null, new URLSearchParams({ skill: r.skill })) }, r.skill)),
     el("td", {}, r.jobs), el("td", {}, fmtMs(r.wait_p50_ms)), el("td", {}, fmtMs(r.wait_p95_ms)),
@@ -544,7 +549,7 @@ async function requeueFailed(skill) {
   if (!window.confirm(t("Requeue every failed job of {skill}?", { skill }))) return;
   try {
     const r = await api(`/api/v1/skills/${encodeURIComponent(skill)}/requeue-failed`, { method: "POST" });
-    flash(r.message || "requeued");
+    flash(said(r, t("requeued")));
     loadOverview().catch(report);
   } catch (err) { report(err); }
 }
@@ -893,14 +898,14 @@ async function jobAction(actionName) {
   try {
     if (actionName === "delete") {
       const r = await api(`/api/v1/jobs/${encodeURIComponent(job.id)}`, { method: "DELETE" });
-      flash(r.message || t("deleted"));
+      flash(said(r, t("deleted")));
       selection.delete(job.id);
       navigate(address("jobs", null, jobFilterParams()));
       loadJobs().catch(report);
       return;
     }
     const r = await api(`/api/v1/jobs/${encodeURIComponent(job.id)}/${actionName}`, { method: "POST" });
-    flash(r.message || `${verb} done`);
+    flash(said(r, t("{verb} done", { verb })));
   } catch (err) { report(err); }
   openDetail(job.id);
   loadJobs().catch(report);
@@ -926,7 +931,7 @@ async function loadSchedules() {
   if (state.page === "schedules" && state.id) {
     const s = data.items.find((x) => x.id === state.id);
     if (s) await loadRuns(s);
-    else { $("#runs").hidden = false; $("#runs-title").textContent = `No schedule ${state.id}`; clear($("#runs-list")); }
+    else { $("#runs").hidden = false; $("#runs-title").textContent = t("No schedule {id}", { id: state.id }); clear($("#runs-list")); }
   } else {
     $("#runs").hidden = true;
   }
@@ -957,7 +962,7 @@ async function saveSchedule(e) {
   const id = $("#schedule-editor").dataset.scheduleId;
   let body;
   try { body = JSON.parse($("#schedule-json").value); } catch (err) {
-    $("#schedule-problems").textContent = `JSON: ${err.message}`;
+    $("#schedule-problems").textContent = t("JSON: {error}", { error: err.message });
     return;
   }
   try {
@@ -998,7 +1003,7 @@ async function runSchedule(s) {
   if (!window.confirm(t("Run schedule {name} now?", { name: s.name }))) return;
   try {
     const r = await api(`/api/v1/schedules/${encodeURIComponent(s.id)}/run`, { method: "POST" });
-    flash(`${s.name}: run ${r.run_id.slice(0, 8)} started`);
+    flash(t("{name}: run {run} started", { name: s.name, run: r.run_id.slice(0, 8) }));
     setTimeout(() => navigate(address("schedules", s.id)), 800);
   } catch (err) { report(err); }
 }
@@ -1013,7 +1018,7 @@ function runLine(run) {
 async function loadRuns(s) {
   const data = await api(`/api/v1/schedules/${encodeURIComponent(s.id)}/runs?limit=20`);
   $("#runs").hidden = false;
-  $("#runs-title").textContent = `Runs of ${s.name}`;
+  $("#runs-title").textContent = t("Runs of {name}", { name: s.name });
   const dl = clear($("#schedule-fields"));
   const fields = [
     ["cron", `${s.cron} (${s.timezone})`], ["enabled", s.enabled ? "yes" : "no"],
@@ -1121,10 +1126,10 @@ function drawGraph(box, steps) {
 }
 
 async function rerun(run, step, index) {
-  if (!window.confirm(`Re-run this chain from step ${step.id} (earlier steps keep their recorded outputs)?`)) return;
+  if (!window.confirm(t("Re-run this chain from step {step} (earlier steps keep their recorded outputs)?", { step: step.id }))) return;
   try {
     const r = await api(`/api/v1/chain-runs/${encodeURIComponent(run.id)}/rerun`, { method: "POST", json: { from_step: index } });
-    flash(`new run ${r.run_id.slice(0, 8)} from step ${step.id}`);
+    flash(t("new run {run} from step {step}", { run: r.run_id.slice(0, 8), step: step.id }));
     navigate(address("chain-runs", r.run_id));
   } catch (err) { report(err); }
 }
@@ -1147,11 +1152,12 @@ function deliveryActions(d, after) {
 // Resend: the stored content goes again to the same recipient as a new generation (an
 // unknown one may have arrived already). Dismiss: never sent again.
 async function deliveryAction(items, verb, after) {
-  const what = items.length === 1 ? `delivery to ${items[0].recipient} (${items[0].status})`
-    : `${items.length} deliveries`;
+  const what = items.length === 1
+    ? t("delivery to {recipient} ({status})", { recipient: items[0].recipient, status: t(items[0].status) })
+    : t("{n} deliveries", { n: items.length });
   const warn = verb === "resend" && items.some((d) => d.status === "unknown")
-    ? " An unknown delivery may have arrived already: the recipient can get it twice." : "";
-  if (!window.confirm(`${verb === "resend" ? "Resend" : "Dismiss"} ${what}?${warn}`)) return;
+    ? t(" An unknown delivery may have arrived already: the recipient can get it twice.") : "";
+  if (!window.confirm(t("{verb} {what}?", { verb: t(verb === "resend" ? "Resend" : "Dismiss"), what }) + warn)) return;
   let done = 0;
   const failures = [];
   for (const d of items) {
@@ -1163,7 +1169,8 @@ async function deliveryAction(items, verb, after) {
       failures.push(err.message);
     }
   }
-  flash(`${verb}: ${done} of ${items.length}` + (failures.length ? ` — ${failures[0]}` : ""), failures.length > 0);
+  flash(t("{verb}: {done} of {n}", { verb: t(verb), done, n: items.length })
+    + (failures.length ? ` — ${failures[0]}` : ""), failures.length > 0);
   after();
 }
 
@@ -1188,7 +1195,7 @@ async function loadDeliveries() {
       el("td", {}, el("a", { href: address("deliveries", null, new URLSearchParams({ channel: c.channel })) }, c.channel || "?")),
       el("td", {}, c.total), el("td", { class: c.failed ? "bad" : "" }, c.failed),
       el("td", { class: c.failure_rate > 0.1 ? "bad" : "" }, pct(c.failure_rate)),
-      el("td", { class: "ratelimit" }, w ? `${w.waits} sends, ${fmtMs(w.waited_s * 1000)} in all` : "–"));
+      el("td", { class: "ratelimit" }, w ? t("{n} sends, {time} in all", { n: w.waits, time: fmtMs(w.waited_s * 1000) }) : "–"));
   }), "no deliveries in the last 24 hours", 5);
   const reload = () => loadDeliveries().catch(report);
   fillRows($("#deliveries tbody"), list.items.map((d) => el("tr", { dataset: { deliveryId: d.id, status: d.status } },
@@ -1212,15 +1219,17 @@ async function deliveryBulk(verb, after) {
   const what = Object.entries(filter).map(([k, v]) => `${k}=${v}`).join(", ") || "status=failed,unknown";
   try {
     const dry = await api("/api/v1/deliveries/bulk", { method: "POST", json: { action: verb, filter, dry_run: true } });
-    if (!dry.matched) { flash(`No delivery matches ${what}.`); return; }
+    if (!dry.matched) { flash(t("No delivery matches {what}.", { what })); return; }
     const warn = verb === "resend" && (!filter.status || filter.status.includes("unknown"))
-      ? " An unknown delivery may have arrived already: its recipient can get it twice." : "";
-    const capped = dry.capped ? ` The oldest ${dry.limit} are taken now; run it again for the rest.` : "";
-    const label = verb === "resend" ? "Resend" : "Dismiss";
-    if (!window.confirm(`${label} ${dry.matched} deliveries matching ${what} (last 7 days)?${warn}${capped}`)) return;
+      ? t(" An unknown delivery may have arrived already: its recipient can get it twice.") : "";
+    const capped = dry.capped ? t(" The oldest {n} are taken now; run it again for the rest.", { n: dry.limit }) : "";
+    const label = t(verb === "resend" ? "Resend" : "Dismiss");
+    const ask = t("{verb} {n} deliveries matching {what} (last 7 days)?", { verb: label, n: dry.matched, what });
+    if (!window.confirm(`${ask}${warn}${capped}`)) return;
     const r = await api("/api/v1/deliveries/bulk", { method: "POST", json: { action: verb, filter, dry_run: false } });
     const refused = (r.refused || []).length;
-    flash(`${verb}: ${r.affected} of ${r.matched}` + (refused ? ` — ${r.refused[0].error}` : ""), refused > 0);
+    flash(t("{verb}: {done} of {n}", { verb: t(verb), done: r.affected, n: r.matched })
+      + (refused ? ` — ${r.refused[0].error}` : ""), refused > 0);
   } catch (err) { report(err); }
   after();
 }
@@ -1232,7 +1241,7 @@ async function loadIncidents() {
   const q = new URLSearchParams({ limit: "100" });
   if (state.params.get("status")) q.set("status", state.params.get("status"));
   const data = await api(`/api/v1/incidents?${q}`);
-  $("#incidents-open").textContent = `${data.open} open`;
+  $("#incidents-open").textContent = t("{n} open", { n: data.open });
   fillRows($("#incidents tbody"), data.items.map((i) => el("tr", { dataset: { incidentId: i.id, status: i.status } },
     el("td", {}, el("a", { href: address("jobs", null, new URLSearchParams({ skill: i.skill, status: "failed" })) }, i.skill)),
     el("td", { class: "wrap" }, i.error_type ? `${i.error_type}: ` : "", i.sample_error || i.pattern),
@@ -1309,12 +1318,12 @@ async function limitAction(key, body) {
   const path = `/api/v1/limits/${encodeURIComponent(key)}`;
   try {
     if (body === null) {
-      if (!window.confirm(`Remove the run-time limit of ${key}?`)) return;
+      if (!window.confirm(t("Remove the run-time limit of {key}?", { key }))) return;
       await api(path, { method: "DELETE" });
-      flash(`${key}: run-time limit removed`);
+      flash(t("{key}: run-time limit removed", { key }));
     } else {
       await api(path, { method: "PUT", json: body });
-      flash(`${key}: limit set`);
+      flash(t("{key}: limit set", { key }));
     }
   } catch (err) { report(err); }
   loadLimits().catch(report);

@@ -94,6 +94,48 @@ const ZH = {
     "按技能、组织或角色设置的启动速率与并发上限，所有工作进程共享。超出限额的任务保持排队等待。",
   "key": "键", "rate": "速率", "concurrency": "并发", "tokens now": "当前令牌", "from": "来源",
   "Set": "设置", "Unset": "取消", "no limits": "没有限额", "scheduled": "已安排", "runs at": "运行时间",
+  // messages built by the script (deliveries, chain runs, schedules, limits)
+  "{verb} done": "{verb}已完成", "requeued": "已重新排队", "resend": "重新发送", "dismiss": "忽略",
+  "No schedule {id}": "没有定时任务 {id}", "Runs of {name}": "{name} 的运行记录",
+  "{name}: run {run} started": "{name}：运行 {run} 已开始",
+  "Re-run this chain from step {step} (earlier steps keep their recorded outputs)?":
+    "从步骤 {step} 重新运行此链？（之前的步骤沿用已记录的输出）",
+  "new run {run} from step {step}": "已从步骤 {step} 开始新的运行 {run}",
+  "delivery to {recipient} ({status})": "发给 {recipient} 的投递（{status}）",
+  "{n} deliveries": "{n} 条投递", "{verb} {what}?": "{verb}{what}？",
+  " An unknown delivery may have arrived already: the recipient can get it twice.":
+    " 状态未知的投递可能已经送达：接收方可能会收到两次。",
+  " An unknown delivery may have arrived already: its recipient can get it twice.":
+    " 状态未知的投递可能已经送达：接收方可能会收到两次。",
+  "{verb}: {done} of {n}": "{verb}：{n} 条中完成 {done} 条",
+  "{n} sends, {time} in all": "{n} 次发送，共等待 {time}",
+  "No delivery matches {what}.": "没有投递匹配 {what}。",
+  " The oldest {n} are taken now; run it again for the rest.": " 本次处理最早的 {n} 条；其余的请再执行一次。",
+  "{verb} {n} deliveries matching {what} (last 7 days)?": "{verb}匹配 {what} 的 {n} 条投递（最近 7 天）？",
+  "Remove the run-time limit of {key}?": "移除 {key} 的运行时限额？",
+  "{key}: run-time limit removed": "{key}：运行时限额已移除", "{key}: limit set": "{key}：限额已设置",
+  "Resend all matching…": "重新发送所有匹配的…", "Dismiss all matching…": "忽略所有匹配的…",
+  "Re-run from here": "从这里重新运行", "chain run": "链运行",
+  "a signed link, valid for a day: no token needed": "签名链接，一天内有效：无需令牌",
+  "deliveries per minute": "每分钟投递数", "jobs finished per minute": "每分钟完成任务数",
+  "error type": "错误类型", "external id": "外部编号", "graph of the chain run": "链运行图",
+  "its schedule": "所属定时任务", "jobs waiting": "等待中的任务", "last fire": "上次触发",
+  "live off": "实时更新已关闭", "live on": "实时更新已开启", "next fires": "接下来的触发时间",
+  "no deliveries in the last 24 hours": "最近 24 小时没有投递", "no deliveries match": "没有匹配的投递",
+  "no finished jobs": "没有已完成的任务", "no incidents": "没有故障", "no runs yet": "还没有运行记录",
+  "no steps": "没有步骤", "not started yet": "尚未开始", "nothing recorded yet": "还没有记录",
+  "preparing environment": "正在准备环境", "role / org": "角色 / 组织",
+  "stopped by the empty-result guard": "因结果为空而停止", "— stopped by the empty-result guard": "— 因结果为空而停止",
+  "trace id": "追踪编号", "wall clock": "运行时限", "– (disabled)": "–（已停用）", "· for each": "· 逐项",
+  "download": "下载", "chart window": "图表时间窗", "job detail": "任务详情", "press / to focus": "按 / 聚焦",
+  "sends that waited for the outbound rate limiter, all workers, since they began counting":
+    "因出站限流而等待的发送（所有工作进程，自开始计数起）",
+  "(or the read-only": "（或只读令牌",
+  "(jobs finished in the last 24 hours)": "（最近 24 小时完成的任务）",
+  "(jobs finished in the last hour)": "（最近 1 小时完成的任务）",
+  "trigger": "触发方式", "fire": "触发时间", "started": "开始时间", "finished": "结束时间",
+  "input": "输入", "output": "输出", "none": "无", "rerun": "重新运行", "manual": "手动",
+  "JSON: {error}": "JSON 有误：{error}", "{n} open": "{n} 个未处理",
 };
 const DICTS = { zh: ZH };
 

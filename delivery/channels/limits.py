@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from delivery.audio import convert
 from delivery.channels.base import (
     Channel,
     DeliveryPermanentError,
@@ -349,7 +350,6 @@ class LimitedChannel(Channel):
     ) -> tuple[str, str, str | None]:
         """``path`` converted by ffmpeg into a format ``found`` takes (:mod:`delivery.audio`):
         ``(path to send, note, None)``, or ``(path, "", why not)``."""
-        from delivery.audio import convert
 
         conv = await convert(self.probe.ffmpeg, path, found.formats or ())
         if conv.path is None:

@@ -3,9 +3,11 @@ token caches and rate limits live in them)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import httpx
+from arq.connections import ArqRedis
 
 from delivery.channels.base import Channel
 from delivery.channels.dingtalk import DingTalkChannel
@@ -14,6 +16,9 @@ from delivery.channels.limits import LINK_NOTES, LimitedChannel, LinkFor
 from delivery.channels.telegram import TelegramChannel
 from delivery.channels.web import WebChannel
 from delivery.channels.wecom import WeComChannel
+from delivery.ratelimit import RateLimiter
+from jobs.db import Sessions
+from jobs.links import file_link, file_link_key
 from jobs.services import Services
 from jobs.settings import Settings
 
@@ -22,8 +27,8 @@ def build_channels(
     settings: Settings,
     http: httpx.AsyncClient,
     *,
-    sessionmaker: Any = None,
-    redis: Any = None,
+    sessionmaker: Sessions | None = None,
+    redis: ArqRedis | None = None,
 ) -> dict[str, Channel]:
     """The configured adapters by channel name. ``web`` (and its alias ``web_admin``) is
     always present; it needs ``sessionmaker`` (and ``redis`` for live pushes) to send."""
@@ -78,8 +83,6 @@ def link_maker(settings: Settings) -> LinkFor | None:
         return None
     import os
 
-    from jobs.links import file_link, file_link_key
-
     key = file_link_key(settings)
     root = os.path.realpath(settings.resolved_workspace_root)
 
@@ -92,14 +95,12 @@ def link_maker(settings: Settings) -> LinkFor | None:
     return link_for
 
 
-def shared_limits(settings: Settings, out: dict[str, Channel], redis: Any) -> None:
+def shared_limits(settings: Settings, out: dict[str, Channel], redis: ArqRedis | None) -> None:
     """The platform adapters get the download links (with notes in the deployment's
     language) and, with Redis, the rate limits every worker shares."""
     link_for = link_maker(settings)
     limiter = None
     if redis is not None:
-        from delivery.ratelimit import RateLimiter
-
         limiter = RateLimiter.from_settings(redis, settings)
     lang = settings.language if settings.language in LINK_NOTES else "en"
     for ch in out.values():
@@ -110,13 +111,23 @@ def shared_limits(settings: Settings, out: dict[str, Channel], redis: Any) -> No
             ch.lang = lang  # the language of the notes a link comes with
 
 
+# Services → its adapters; kept here, by their owner, for as long as the Services lives.
+_BUILT: weakref.WeakKeyDictionary[Services, dict[str, Channel]] = weakref.WeakKeyDictionary()
+
+
 def channels_for(services: Services) -> dict[str, Channel]:
     """The process's adapters, built once per ``Services`` (token caches live in them)."""
-    if services.channels is None:
-        services.channels = build_channels(
+    built = _BUILT.get(services)
+    if built is None:
+        built = _BUILT[services] = build_channels(
             services.settings,
             services.http,
             sessionmaker=services.sessionmaker,
             redis=services.redis,
         )
-    return dict(services.channels)
+    return dict(built)
+
+
+def use_channels(services: Services, channels: dict[str, Channel]) -> None:
+    """Send ``services``' deliveries through ``channels`` (adapters built by the caller)."""
+    _BUILT[services] = dict(channels)

@@ -38,8 +38,8 @@ from delivery.channels.limits import (
     utf16_len,
 )
 from delivery.channels.probe import MediaProbe
+from delivery.net.urlsafety import RefusedURL, check_url
 from delivery.richtext import TELEGRAM, Piece, PlainText, has_markup, pieces
-from delivery.urlsafety import RefusedURL, check_url
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from arq.connections import ArqRedis
 from sqlalchemy import (
     exists,
     literal,
@@ -92,7 +93,7 @@ async def ensure_session(
 
 async def post_message(
     sessionmaker: async_sessionmaker[AsyncSession] | None,
-    redis: Any,
+    redis: ArqRedis | None,
     settings: Settings,
     session_id: str,
     text: str,
@@ -145,7 +146,7 @@ async def post_message(
 
 async def post_messages(
     sessionmaker: async_sessionmaker[AsyncSession] | None,
-    redis: Any,
+    redis: ArqRedis | None,
     settings: Settings,
     messages: list[Outgoing],
 ) -> list[dict[str, Any] | DeliveryPermanentError | None]:
@@ -177,7 +178,7 @@ async def post_messages(
 
 
 async def _push(
-    redis: Any,
+    redis: ArqRedis | None,
     settings: Settings,
     messages: list[Outgoing],
     known: set[str],
@@ -239,7 +240,7 @@ class MessageBatcher:
     def __init__(
         self,
         sessionmaker: async_sessionmaker[AsyncSession] | None,
-        redis: Any,
+        redis: ArqRedis | None,
         settings: Settings,
         *,
         max_batch: int = 500,
@@ -402,7 +403,7 @@ class WebChannel(Channel):
     def __init__(
         self,
         sessionmaker: async_sessionmaker[AsyncSession] | None,
-        redis: Any,
+        redis: ArqRedis | None,
         settings: Settings,
         *,
         job_id: str | None = None,

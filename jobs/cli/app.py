@@ -31,7 +31,6 @@ def _main(
     ),
 ) -> None:
     """Background jobs, chains and delivery for chat-platform skills."""
-    from jobs.cli.common import invocation
 
     invocation.debug = debug
 
@@ -39,7 +38,13 @@ def _main(
 db_app = typer.Typer(help="Database schema (alembic migrations).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
-from jobs.cli.common import fail, load_settings, open_services, run_async  # noqa: E402
+from jobs.cli.common import (  # noqa: E402
+    fail,
+    invocation,
+    load_settings,
+    open_services,
+    run_async,
+)
 
 __all__ = ["app", "fail", "load_settings", "open_services", "run_async"]
 

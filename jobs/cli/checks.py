@@ -24,7 +24,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr, ValidationError
 
+from jobs.cli.envs import check_skill_envs
 from jobs.cli.errors import mask_url
+from jobs.cli.state import apply_state
 from jobs.settings import Settings
 
 UPGRADE_FIX = "run `skilljobs db upgrade`"
@@ -115,7 +117,6 @@ def is_loopback(host: str) -> bool:
 
 def check_settings(**overrides: Any) -> tuple[Settings | None, Check]:
     """Build the settings from the environment / ``.env`` (``overrides`` win)."""
-    from jobs.cli.state import apply_state
 
     try:
         settings = apply_state(Settings(**overrides))
@@ -705,8 +706,6 @@ async def run_checks(
         checks.append(await check_redis_persistence(settings, timeout_sec))
     checks.append(check_skills(settings))
     checks.append(check_sandbox(settings))
-    from jobs.cli.envs import check_skill_envs  # dependency environments (skills prepare)
-
     checks.append(check_skill_envs(settings, ok, warn))
     checks.extend(check_channel(settings, c) for c in CHANNELS)
     checks += [

@@ -11,7 +11,9 @@ from typing import Any, NoReturn, TypeVar
 
 import typer
 
+from jobs.cli.errors import explain
 from jobs.cli.i18n import tr
+from jobs.cli.state import apply_state
 from jobs.settings import Settings
 
 T = TypeVar("T")
@@ -42,7 +44,6 @@ def fail_on(exc: BaseException) -> NoReturn:
     """End the command on ``exc``: a service's failure in one or two lines naming the
     setting and the fix (exit 2); anything else as its one-line reason (exit 1). With
     ``--debug`` the traceback is printed first."""
-    from jobs.cli.errors import explain
 
     if debug_enabled():
         traceback.print_exception(exc)
@@ -84,8 +85,6 @@ def load_settings() -> Settings:
     """The settings from the environment (and ``.env``), completed from the state file a
     running ``skilljobs up`` left in the data dir (``jobs.cli.state``)."""
     from pydantic import ValidationError
-
-    from jobs.cli.state import apply_state
 
     try:
         settings = apply_state(Settings())

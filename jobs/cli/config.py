@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from jobs.cli.common import fail, load_settings, run_async
-from jobs.crypto import is_secret_key
+from jobs.crypto import SecretBox, is_secret_key, load_or_create_key
 
 config_app = typer.Typer(
     help="Per-role skill configuration (secrets stored encrypted).", no_args_is_help=True
@@ -30,7 +30,6 @@ def _value(key: str, raw: str, as_string: bool) -> Any:
 
 async def _with_store(fn: Any) -> Any:
     from jobs.catalog.configs import ConfigStore
-    from jobs.crypto import SecretBox, load_or_create_key
     from jobs.db import create_engine, create_sessionmaker
 
     settings = load_settings()

@@ -6,17 +6,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
 
+from jobs.cli.common import fail, load_settings
+from jobs.execution.env_store import Policy, remove
+from jobs.skill import FANOUT_SEP, MAX_FANOUT
+
 if TYPE_CHECKING:
-    from jobs.cli.checks import Check
     from jobs.execution.envs import EnvManager, EnvSpec
+    from jobs.settings import Settings
     from jobs.skill import Skill
 
+C = TypeVar("C")  # a line of the doctor's report (``jobs.cli.checks.Check``)
 
-def manager(settings: Any) -> EnvManager:
+
+def manager(settings: Settings) -> EnvManager:
     from jobs.execution.envs import EnvManager
 
     return EnvManager.from_settings(settings)
@@ -39,7 +45,6 @@ def env_state(skill: Skill, envs: EnvManager | None) -> str:
 
 def fanout_names(skill: Skill) -> list[str]:
     """The tool names a skill's ``cli_commands`` fan out as: ``<skill>__<sub>``."""
-    from jobs.skill import FANOUT_SEP, MAX_FANOUT
 
     if not skill.runnable or not 1 <= len(skill.cli_commands) <= MAX_FANOUT:
         return []
@@ -67,8 +72,6 @@ def prepare(
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from jobs.catalog.loader import load_registry
-    from jobs.cli.common import fail, load_settings
-    from jobs.execution.env_store import remove
     from jobs.execution.envs import BuildFailed, spec_for
 
     settings = load_settings()
@@ -156,7 +159,6 @@ def list_envs(
     from rich.table import Table
 
     from jobs.catalog.loader import load_registry
-    from jobs.cli.common import load_settings
     from jobs.execution import env_store
     from jobs.execution.envs import declared
 
@@ -202,8 +204,6 @@ def prune_envs(
     job uses."""
     from dataclasses import replace
 
-    from jobs.cli.common import load_settings
-    from jobs.execution.env_store import Policy
     from jobs.execution.envs import cleanup
 
     settings = load_settings()
@@ -229,8 +229,8 @@ def register(app: typer.Typer) -> None:
 
 
 def check_skill_envs(
-    settings: Any, ok: Callable[[str, str], Check], warn: Callable[[str, str, str], Check]
-) -> Check | None:
+    settings: Settings, ok: Callable[[str, str], C], warn: Callable[[str, str, str], C]
+) -> C | None:
     """``doctor``: whether the skills' dependency environments are built (a missing one is
     built by the worker on first use, so it is a warning, not a failure). ``ok``/``warn``
     are the report's constructors (jobs.cli.checks)."""

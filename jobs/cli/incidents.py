@@ -3,6 +3,11 @@ jobs is ``skilljobs jobs retry --incident ID``)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobs.services import Services
+
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,7 +38,7 @@ def list_incidents(
 ) -> None:
     """Incidents, most recently seen first."""
 
-    async def _go(svc: Any) -> None:
+    async def _go(svc: Services) -> None:
         from jobs.queue import incidents
 
         items = await incidents.list_incidents(
@@ -68,7 +73,7 @@ def list_incidents(
 def ack_incident(incident_id: str) -> None:
     """Acknowledge an incident (a new failure of its signature re-opens it)."""
 
-    async def _go(svc: Any) -> dict[str, Any]:
+    async def _go(svc: Services) -> dict[str, Any]:
         from jobs.queue import incidents
 
         try:

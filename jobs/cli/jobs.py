@@ -5,6 +5,11 @@ job a filter matches — the dashboard's job filter, ``jobs.queue.filters``:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobs.services import Services
+
 import asyncio
 import json
 import time
@@ -98,7 +103,7 @@ def dispatch(
     )
     telemetry.setup("skilljobs-cli")
 
-    async def _go(svc: Any) -> int:
+    async def _go(svc: Services) -> int:
         from jobs.queue.dispatcher import Dispatcher
 
         res = await Dispatcher(svc).dispatch(
@@ -120,7 +125,7 @@ def dispatch(
     raise typer.Exit(with_services(_go))
 
 
-async def _wait(svc: Any, job_id: str, limit: float) -> int:
+async def _wait(svc: Services, job_id: str, limit: float) -> int:
     from jobs.models import FINAL_STATUSES
     from jobs.queue.store import get_job
 
@@ -145,7 +150,7 @@ async def _wait(svc: Any, job_id: str, limit: float) -> int:
     return 0 if job.status == "succeeded" else 1
 
 
-def _print_job(svc: Any, job: Any) -> None:
+def _print_job(svc: Services, job: Any) -> None:
     from jobs.envelope import is_partial
 
     console.print(f"[bold]{job.id}[/]  {job.skill}  [bold]{job.status}[/]  attempts={job.attempts}")
@@ -197,7 +202,7 @@ def list_jobs(
 
     paused: set[str] = set()
 
-    async def _go(svc: Any) -> list[Any]:
+    async def _go(svc: Services) -> list[Any]:
         from sqlalchemy import select
 
         from jobs.models import Job
@@ -282,7 +287,7 @@ def show_job(job_id: str, as_json: bool = output.JSON_OPT) -> None:
     """One job: origin, timing, attempts (with the tails of what each run printed) and
     result (secrets redacted)."""
 
-    async def _go(svc: Any) -> None:
+    async def _go(svc: Services) -> None:
         from sqlalchemy import select
 
         from jobs.models import JobAttempt
@@ -306,7 +311,9 @@ def show_job(job_id: str, as_json: bool = output.JSON_OPT) -> None:
 
             async with svc.sessionmaker() as s:
                 arts, dels = await queries.job_children(s, [job_id])
-            body = job_dict(job, arts.get(job_id, []), dels.get(job_id, []), attempts, svc.box)
+            body = job_dict(
+                job, arts.get(job_id, []), dels.get(job_id, []), list(attempts), svc.box
+            )
             body["paused"] = job.skill in await pauses.paused_skills(svc, required=False)
             print_json(body)
             return
@@ -342,7 +349,7 @@ def _print_tails(attempt: Any) -> None:
 
 
 def _action(name: str, job_id: str) -> None:
-    async def _go(svc: Any) -> Any:
+    async def _go(svc: Services) -> Any:
         from jobs.queue import control
 
         fns = {"retry": control.retry_job, "cancel": control.cancel_job}
@@ -359,7 +366,7 @@ def _bulk(name: str, filters: dict[str, Any], dry_run: bool, yes: bool, limit: i
     """Count what the filter matches, confirm (unless --yes), then act."""
     flt = _filter(filters)
 
-    async def _go(svc: Any) -> dict[str, Any] | None:
+    async def _go(svc: Services) -> dict[str, Any] | None:
         from jobs.queue import control
 
         try:

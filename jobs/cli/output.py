@@ -10,6 +10,8 @@ from typing import Any
 
 import typer
 
+from jobs.cli.i18n import column
+
 JSON_OPT = typer.Option(False, "--json", help="Print JSON (for scripts).")
 
 
@@ -44,8 +46,6 @@ def table(
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
-
-    from jobs.cli.i18n import column
 
     t = Table(title=title)
     for col in columns:

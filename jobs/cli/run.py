@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobs.services import Services
+
 import asyncio
 import contextlib
 import logging
@@ -15,7 +20,11 @@ from typing import Any
 import typer
 
 from jobs import telemetry
-from jobs.cli.common import fail, load_settings, run_async
+from jobs.cli.common import fail, fail_on, load_settings, run_async
+from jobs.cli.embedded import EmbeddedRedis, redis_password, write_private
+from jobs.cli.errors import mask_url
+from jobs.cli.state import read_state, running, write_state
+from jobs.cli.supervise import WorkerProcess
 from jobs.logs import setup_logging
 from jobs.settings import Settings
 
@@ -114,8 +123,6 @@ def up(
     private_files(settings)
     embedded = None
     if not settings.redis_url:
-        from jobs.cli.embedded import EmbeddedRedis, redis_password, write_private
-
         # A password even on loopback: any local account can reach a loopback port.
         password = redis_password(settings.data_dir / "redis.password")
         embedded = EmbeddedRedis(
@@ -135,7 +142,6 @@ def up(
     check_bind(settings, host)
 
     async def _go() -> None:
-        from jobs.cli.supervise import WorkerProcess
         from jobs.db import create_engine
         from jobs.migrate import upgrade
 
@@ -152,7 +158,6 @@ def up(
             web_task = asyncio.create_task(server.serve())
             # The worker (and the scheduler) in a process of its own: a core of its own.
             worker_task = asyncio.create_task(worker.run())
-            from jobs.cli.state import write_state
 
             write_state(settings, web_url=_base_url(host, port))
             _print_banner(settings, host, port, token, svc.registry)
@@ -195,7 +200,6 @@ def up(
 def _settings_for_up() -> Settings:
     """``up`` starts an instance: it takes nothing from the state file of an earlier one
     but what the environment leaves unset and still holds (database, skills path)."""
-    from jobs.cli.state import read_state, running
 
     state = read_state(load_settings().data_dir)
     if running(state) and state is not None and state.get("pid") != os.getpid():
@@ -277,7 +281,6 @@ def check_bind(settings: Settings, host: str) -> None:
 
 
 async def _open(settings: Settings) -> Any:
-    from jobs.cli.common import fail_on
     from jobs.services import Services
 
     try:
@@ -286,7 +289,7 @@ async def _open(settings: Settings) -> Any:
         fail_on(exc)
 
 
-def _web_server(svc: Any, host: str, port: int) -> Any:
+def _web_server(svc: Services, host: str, port: int) -> Any:
     from dashboard.app import create_app
     from dashboard.server import server_for
     from jobs.queue import heap
@@ -299,12 +302,12 @@ def _web_server(svc: Any, host: str, port: int) -> Any:
     return server_for(svc.settings, host, port, app=app)
 
 
-async def _serve_web(svc: Any, host: str, port: int) -> None:
+async def _serve_web(svc: Services, host: str, port: int) -> None:
     # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown).
     await _web_server(svc, host, port).serve()
 
 
-async def install_demo_schedule(svc: Any) -> None:
+async def install_demo_schedule(svc: Services) -> None:
     """Add the bundled demo schedule once (it stays under the operator's control after)."""
     try:
         from chains.demo import install_demo
@@ -319,7 +322,6 @@ async def install_demo_schedule(svc: Any) -> None:
 def _print_banner(
     settings: Settings, host: str, port: int, token: str, registry: Any = None
 ) -> None:
-    from jobs.cli.errors import mask_url
     from jobs.cli.skills import try_it
 
     base = _base_url(host, port)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobs.services import Services
+
 import json
 from pathlib import Path
 from typing import Any
@@ -10,7 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs.cli.common import fail, load_settings, run_async, with_services
 from jobs.cli.envs import env_state, fanout_names, manager, register_prepare, skill_at
+from jobs.cli.i18n import tr
 from jobs.skill import Skill
 
 skills_app = typer.Typer(
@@ -92,7 +99,6 @@ def list_skills(
 ) -> None:
     """Every skill folder found in SKILLJOBS_SKILLS_PATH, with its load status."""
     from jobs.catalog.loader import load_registry
-    from jobs.cli.common import load_settings, run_async
     from jobs.queue.pauses import peek
 
     settings = load_settings()
@@ -152,7 +158,6 @@ def check(
     """Install preflight: exit 1 when any skill has an error."""
     from jobs.catalog.loader import skill_folders
     from jobs.catalog.preflight import Finding, check_skill_dir, has_errors
-    from jobs.cli.common import fail, load_settings
 
     if directory is not None:
         if not directory.is_dir():
@@ -198,9 +203,8 @@ def check(
 
 
 def _pause_action(name: str, pause: bool) -> None:
-    from jobs.cli.common import fail, with_services
 
-    async def _go(svc: Any) -> dict[str, Any]:
+    async def _go(svc: Services) -> dict[str, Any]:
         from jobs.queue import pauses
 
         try:
@@ -210,7 +214,6 @@ def _pause_action(name: str, pause: bool) -> None:
             fail(str(exc.args[0] if exc.args else exc))
 
     done = with_services(_go)
-    from jobs.cli.i18n import tr
 
     if pause:
         typer.echo(

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jobs.cli.embedded import write_private
 from jobs.settings import Settings
 
 STATE_FILE = "state.json"
@@ -26,7 +27,6 @@ def state_path(data_dir: Path) -> Path:
 
 def write_state(settings: Settings, *, web_url: str, pid: int | None = None) -> Path:
     """Write the state of this instance (0600: the Redis URL may carry its password)."""
-    from jobs.cli.embedded import write_private
 
     data = {
         "pid": pid or os.getpid(),

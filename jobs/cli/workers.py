@@ -3,6 +3,11 @@ taking jobs, let it take them again, or let it finish what it runs and exit (dra
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jobs.services import Services
+
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,7 +31,7 @@ DONE = {
 def list_workers(as_json: bool = output.JSON_OPT) -> None:
     """Workers, latest heartbeat first: alive / stale / stopped, paused or draining."""
 
-    async def _go(svc: Any) -> list[dict[str, Any]]:
+    async def _go(svc: Services) -> list[dict[str, Any]]:
         from jobs.queue import worker_control
 
         try:
@@ -48,7 +53,7 @@ def list_workers(as_json: bool = output.JSON_OPT) -> None:
 
 
 def _act(action: str, worker_id: str) -> None:
-    async def _go(svc: Any) -> dict[str, Any]:
+    async def _go(svc: Services) -> dict[str, Any]:
         from jobs.queue import worker_control
 
         try:

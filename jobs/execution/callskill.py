@@ -16,16 +16,42 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from jobs.catalog.configs import ConfigStore
 from jobs.context import CALL_PASS_KEYS, fixed_segment, flatten_configs
 from jobs.crypto import is_secret_key
 from jobs.envelope import is_failure
-
-if TYPE_CHECKING:
-    from jobs.execution.executor import Executor
+from jobs.models import JobStatus
+from jobs.skill import Skill, SkillRegistry
 
 log = logging.getLogger(__name__)
+
+
+class NestedOutcome(Protocol):
+    """What a called skill's run tells its caller: the envelope and the status."""
+
+    @property
+    def result(self) -> dict[str, Any]: ...
+
+    @property
+    def status(self) -> str: ...
+
+
+class Executor(Protocol):
+    """What ``call_skill`` needs of the executor that binds it (``jobs.execution.executor``
+    imports this module, so it is named here by its shape, not imported back)."""
+
+    @property
+    def registry(self) -> SkillRegistry: ...
+
+    @property
+    def config_store(self) -> ConfigStore | None: ...
+
+    async def execute_nested(
+        self, skill: Skill | str, input_data: dict[str, Any], ctx: dict[str, Any], *, depth: int
+    ) -> NestedOutcome: ...
+
 
 MAX_DEPTH = 3
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.\-]*)\}")
@@ -212,7 +238,7 @@ async def _call(
     child.update(fixed_segment(child))  # the whole fixed segment, typed empties (C11)
     outcome = await executor.execute_nested(callee, data, child, depth=depth + 1)
     env = outcome.result
-    if is_failure(env) or outcome.status != "succeeded":
+    if is_failure(env) or outcome.status != JobStatus.SUCCEEDED:
         reason = env.get("error") or env.get("msg") or f"skill {name!r} reported a failure"
         return {"ok": False, "error": str(reason), "skill": name, "output": env}
     return env

@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 import types
 
+from jobs.execution import provider
+
 PROVIDER_BASE = "backend.infra.providers.base"
 EXPORTS = (
     "CallOptions",
@@ -31,7 +33,6 @@ def install() -> None:
     """Register ``backend.infra.providers.base`` (idempotent, cheap after the first call)."""
     if PROVIDER_BASE in sys.modules:
         return
-    from jobs.execution import provider
 
     parts = PROVIDER_BASE.split(".")
     parent: types.ModuleType | None = None

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobs.settings import Settings
+
 __all__ = ["EnvInfo", "Lease", "Policy", "PruneReport", "prune", "remove", "scan"]
 
 READY = ".ready"  # written last by a build: an environment without it is incomplete
@@ -234,7 +236,7 @@ class Policy:
     stale_build_sec: float = STALE_BUILD_SEC
 
     @classmethod
-    def from_settings(cls, settings: Any) -> Policy:
+    def from_settings(cls, settings: Settings) -> Policy:
         days = getattr(settings, "skill_env_retention_days", 30.0)
         mb = getattr(settings, "skill_env_max_mb", None)
         return cls(

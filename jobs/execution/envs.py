@@ -35,9 +35,10 @@ import types
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from jobs import phases
+from jobs.catalog.loader import load_registry
 from jobs.execution import env_store
 from jobs.execution.env_specs import (
     BuildFailed,
@@ -51,6 +52,7 @@ from jobs.execution.env_specs import (
 )
 from jobs.execution.env_store import INFO, READY, Lease, Policy, PruneReport
 from jobs.execution.sandbox import Plan, Sandbox, SandboxUnavailable, sandbox_mode, trust
+from jobs.settings import Settings
 from jobs.skill import Skill
 
 __all__ = [  # what a skill declares comes from env_specs, re-exported here
@@ -302,13 +304,13 @@ class EnvManager:
         self.uv = find_uv() if uv is None else (uv or None)
         # builds of untrusted skills run in this sandbox (None: as the worker)
         self.sandbox = sandbox
-        self.settings: Any = None
+        self.settings: Settings | None = None
         self._local = threading.local()  # what the build running in this thread may do
         self._ready: set[Path] = set()
         self._hook: Path | None = None
 
     @classmethod
-    def from_settings(cls, settings: Any) -> EnvManager:
+    def from_settings(cls, settings: Settings | None) -> EnvManager:
         if settings is None:
             import tempfile
 
@@ -532,7 +534,7 @@ def declared(skills: Iterable[Skill]) -> set[str]:
 
 
 def cleanup(
-    settings: Any,
+    settings: Settings,
     *,
     dry_run: bool = False,
     policy: Policy | None = None,
@@ -541,7 +543,6 @@ def cleanup(
     """Remove the environments under the data dir that ``settings`` (or ``policy``) let go,
     never one in use (blocking: run it in a thread). The skills of the configured skill
     folders say which environments are still declared."""
-    from jobs.catalog.loader import load_registry
 
     wanted: set[str] | None
     try:

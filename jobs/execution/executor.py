@@ -29,7 +29,10 @@ from typing import Any, NamedTuple
 
 import httpx
 
+from delivery.net.fetch import SafeFetcher
+from jobs.catalog.configs import ConfigStore
 from jobs.context import (
+    PROTOCOL_TOKENS,
     input_secrets,
     lookup_config,
     mask_credentials,
@@ -38,14 +41,18 @@ from jobs.context import (
     secret_values,
     workspace_dir,
 )
-from jobs.crypto import redact
-from jobs.db import DB_UNAVAILABLE, LazySession
+from jobs.crypto import SecretBox, redact
+from jobs.db import DB_UNAVAILABLE, LazySession, Sessions, create_engine, create_sessionmaker
 from jobs.envelope import failure, is_failure, normalize
 from jobs.execution import compat, envs, inprocess, input_rules, inputs, sandbox, subproc
 from jobs.execution.callskill import WALL_DEADLINE, bind_call_skill, within_caller
+from jobs.execution.http_skill import run_http
+from jobs.execution.provider import llm_env, llm_values, provider_from, role_llm_values
 from jobs.execution.skill_output import exit_failure
 from jobs.logs import register_secrets
-from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillType
+from jobs.models import JobStatus
+from jobs.settings import BUNDLED_SKILLS, Settings
+from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillRegistry, SkillType
 from jobs.storable import TEXT_REPLACED, valid_text
 
 log = logging.getLogger(__name__)
@@ -81,7 +88,7 @@ class Printed(NamedTuple):
 @dataclass
 class Outcome:
     result: dict[str, Any]  # normalized envelope; failures have ok False + error
-    status: str  # "succeeded" | "failed" | "timed_out"
+    status: JobStatus  # SUCCEEDED, FAILED or TIMED_OUT
     error: str | None
     error_type: str | None
     exception: str | None  # exception class name when the skill raised
@@ -106,28 +113,24 @@ class Executor:
     def __init__(
         self,
         *,
-        settings: Any,
-        registry: Any,
-        sessionmaker: Any,
-        box: Any,
+        settings: Settings | None,
+        registry: SkillRegistry,
+        sessionmaker: Sessions | None,
+        box: SecretBox | None,
         http: httpx.AsyncClient | None = None,
-        config_store: Any | None = None,
+        config_store: ConfigStore | None = None,
     ) -> None:
-        from jobs.execution.provider import llm_env, llm_values, provider_from
-
         self.settings = settings
         self.registry = registry
         self.sessionmaker = sessionmaker
         self.box = box
         self._http = http
         self._own_http: httpx.AsyncClient | None = None
-        self._outbound: Any = None
+        self._outbound: SafeFetcher | None = None
         self._skill_engine: Any = None
         self._sandbox: sandbox.Sandbox | None = None
         self._skill_sessions: Any = None
         if config_store is None and sessionmaker is not None and box is not None:
-            from jobs.catalog.configs import ConfigStore
-
             config_store = ConfigStore(sessionmaker, box)
         self.config_store = config_store
         self.llm_default = llm_values(settings) if settings is not None else {}
@@ -158,12 +161,10 @@ class Executor:
             self._own_http = httpx.AsyncClient(timeout=60.0)
         return self._own_http
 
-    def outbound(self) -> Any:
+    def outbound(self) -> SafeFetcher:
         """The client HTTP skills send through: the outbound policy (public https, or the
         hosts of ``SKILLJOBS_FETCH_ALLOW_HOSTS``), each connection to the address checked."""
         if self._outbound is None:
-            from delivery.fetch import SafeFetcher
-
             allow = self.settings.allow_hosts if self.settings is not None else []
             self._outbound = SafeFetcher(allow, timeout=60.0)
         return self._outbound
@@ -232,7 +233,6 @@ class Executor:
 
     async def _look_up_llm(self, role_id: str, now: float) -> tuple[Any, dict[str, str]]:
         assert self.config_store is not None
-        from jobs.execution.provider import llm_env, provider_from, role_llm_values
 
         try:
             async with asyncio.timeout(ROLE_LLM_LOOKUP_SEC):
@@ -285,7 +285,7 @@ class Executor:
                 secrets.append(env["MYINC_LLM_KEY"])
         if secrets:
             _scrub_outcome(out, secrets)
-        out.result = mask_credentials(out.result)
+        out.result = mask_credentials(out.result, keep=PROTOCOL_TOKENS)
         # valid text at the boundary: a lone surrogate (a string cut inside an emoji,
         # undecodable bytes) becomes U+FFFD, and the result says where (C24)
         out.result, replaced = valid_text(out.result)
@@ -294,7 +294,7 @@ class Executor:
         if out.error:
             out.error = str(valid_text(out.error)[0])
             log.info("skill %s: invalid text replaced by U+FFFD in %s", name, replaced)
-        if out.status != "succeeded":
+        if out.status != JobStatus.SUCCEEDED:
             log_outcome(name, out)
         return out
 
@@ -347,7 +347,7 @@ class Executor:
                 timed_out=True,
             )
             printed = Printed(expired.stdout, expired.log)
-            return self._outcome(env, t0, name=name, status="timed_out", printed=printed)
+            return self._outcome(env, t0, name=name, status=JobStatus.TIMED_OUT, printed=printed)
         except inprocess.Raised as wrapped:
             raised = wrapped.__cause__ or wrapped
             kind = _exc_name(raised)
@@ -459,14 +459,14 @@ class Executor:
         t0: float,
         *,
         name: str,
-        status: str | None = None,
+        status: JobStatus | None = None,
         exception: str | None = None,
         transient: bool = False,
         printed: Printed = Printed(),
     ) -> Outcome:
         failed = is_failure(env)
         if status is None:
-            status = "failed" if failed else "succeeded"
+            status = JobStatus.FAILED if failed else JobStatus.SUCCEEDED
         outcome = Outcome(
             result=env,
             status=status,
@@ -522,8 +522,6 @@ class Executor:
         """Sessions on ``SKILLJOBS_SKILL_DATABASE_URL`` (default: ``<data dir>/skills.db``),
         the database skills get; created on first use."""
         if self._skill_sessions is None:
-            from jobs.db import create_engine, create_sessionmaker
-
             if self.settings is None:
                 return self.sessionmaker
             url = self.settings.resolved_skill_database_url
@@ -582,8 +580,6 @@ class Executor:
             if et in SUBPROCESS_TYPES:
                 return await self._subprocess(skill, input_data, rc, wall, llm)
             if et is ExecType.HTTP:
-                from jobs.execution.http_skill import run_http
-
                 coro = run_http(
                     skill, input_data, rc, self.http, wall=wall, fetcher=self.outbound()
                 )
@@ -1099,7 +1095,6 @@ def _is_bundled(skill: Skill) -> bool:
 def _bundled_path(path: str) -> bool:
     """Is this skill folder one of the bundled skills? (resolved once per folder: two
     ``realpath`` walks per run were a measurable share of a no-op job's cost)"""
-    from jobs.settings import BUNDLED_SKILLS
 
     try:
         return Path(path).resolve().is_relative_to(BUNDLED_SKILLS.resolve())

@@ -42,6 +42,8 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
+from delivery.net.fetch import FetchError
+from delivery.net.urlsafety import RefusedURL
 from jobs.context import RESERVED_PREFIX, lookup_config
 from jobs.envelope import failure
 from jobs.execution.subproc import OUTPUT_CAP
@@ -238,7 +240,7 @@ async def _send(
     req: _Request, http: httpx.AsyncClient, fetcher: Any, where: str, skill: str
 ) -> _Answer | dict[str, Any]:
     """The answer, read up to the cap; through the outbound policy when a ``fetcher``
-    (``delivery.fetch.SafeFetcher``) is given, never following a redirect."""
+    (``delivery.net.fetch.SafeFetcher``) is given, never following a redirect."""
     if fetcher is not None:
         resp = await fetcher.send(
             req.method,
@@ -311,9 +313,6 @@ async def run_http(
 
 
 def _policy_refusal(exc: Exception, where: str, skill: str) -> dict[str, Any] | None:
-    from delivery.fetch import FetchError
-    from delivery.urlsafety import RefusedURL
-
     if isinstance(exc, RefusedURL):
         return failure(
             f"{where} refused by the outbound policy: {exc.reason} (internal APIs need "

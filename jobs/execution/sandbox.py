@@ -44,6 +44,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from jobs.settings import BUNDLED_SKILLS
+
 PR_SET_PDEATHSIG = 1
 SKILL_UID = 65534  # the id a skill has inside its user namespace ("nobody")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
@@ -554,8 +556,6 @@ def trust(skill_path: str | os.PathLike[str], settings: Any) -> tuple[bool, str]
     folder = _resolved(str(skill_path))
     dirs = getattr(settings, "trusted_skill_dirs", None)
     if dirs is None:
-        from jobs.settings import BUNDLED_SKILLS
-
         dirs = [BUNDLED_SKILLS]
     for i, d in enumerate(dirs):
         root = _resolved(str(d))

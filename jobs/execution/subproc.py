@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.context import FIXED_SEGMENT, LIVE_KEYS, PLATFORM_KEYS
+from jobs.context import FIXED_SEGMENT, LIVE_KEYS, PLATFORM_KEYS, lookup_config
 from jobs.crypto import is_secret_key
 from jobs.execution.sandbox import Plan, Sandbox, child_setup, launcher
 from jobs.execution.skill_output import (
@@ -348,7 +348,6 @@ def parse_names(raw: str | None) -> tuple[str, ...]:
 def config_env(skill: Skill, ctx: Mapping[str, Any]) -> dict[str, str]:
     """Credentials for subprocess skills travel as environment variables: the skill's
     ``requires.env`` names and its own env-var-shaped config keys."""
-    from jobs.context import lookup_config
 
     out: dict[str, str] = {}
     sc = ctx.get("skill_configs")

@@ -28,7 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import Any, cast
 
 from arq.connections import ArqRedis
 from arq.constants import (
@@ -58,26 +58,7 @@ from jobs.constants import (
 from jobs.models import FINAL_STATUSES
 from jobs.services import Services
 
-if TYPE_CHECKING:
-    from jobs.execution.executor import Executor
-    from jobs.queue.runner import JobRunner
-
 log = logging.getLogger("skilljobs.broker")
-
-
-class WorkerContext(TypedDict, total=False):
-    """What arq hands our job functions: the worker's wiring (set at start-up) and the
-    entry being run."""
-
-    services: Services
-    executor: Executor
-    worker_id: str
-    runner: JobRunner
-    redis: ArqRedis
-    job_id: str
-    job_try: int
-    score: int
-    priority: int
 
 
 # --- payloads ----------------------------------------------------------------------------
@@ -487,7 +468,7 @@ return #ARGV / 2
 """
 
 
-async def publish_many(redis: Any, messages: Sequence[tuple[str, str]]) -> None:
+async def publish_many(redis: ArqRedis, messages: Sequence[tuple[str, str]]) -> None:
     """Publish ``(channel, message)`` pairs, in order, in one round trip."""
     if not messages:
         return
@@ -887,7 +868,6 @@ async def release(services: Services, arq_ids: Sequence[str]) -> int:
 
 __all__ = [
     "SerializationError",
-    "WorkerContext",
     "alive",
     "beat",
     "bucket_levels",

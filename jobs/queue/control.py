@@ -9,8 +9,18 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from jobs import audit
 from jobs.constants import FN_RUN_JOB
-from jobs.models import FINAL_STATUSES, Job, OpsAction
+from jobs.models import (
+    CANCELLED,
+    FAILED,
+    FINAL_STATUSES,
+    QUEUED,
+    RUNNING,
+    SCHEDULED,
+    TIMED_OUT,
+    Job,
+)
 from jobs.queue import incidents, store
 from jobs.queue.broker import enqueue, publish_cancel, publish_job_event, remove
 from jobs.queue.filters import JobFilter, parse_time
@@ -40,7 +50,7 @@ class ActionResult:
 
 async def _audit(svc: Services, action: str, target: str, actor: str, **details: Any) -> None:
     async with svc.sessionmaker() as s:
-        s.add(OpsAction(action=action, target=target, actor=actor or "", details=details))
+        audit.record(s, action=action, target=target, actor=actor, details=details)
         await s.commit()
 
 
@@ -63,19 +73,19 @@ async def cancel_job(
     if job is not None:
         if job.arq_job_id:
             await remove(svc, job.arq_job_id)
-        await publish_job_event(svc, job_id, "cancelled", job.skill)
-        await _audit(svc, "cancel", job_id, actor, was="queued")
+        await publish_job_event(svc, job_id, CANCELLED, job.skill)
+        await _audit(svc, "cancel", job_id, actor, was=QUEUED)
         from delivery.notices import CANCELLED as NOTICE
         from delivery.notices import send_notice
 
         await send_notice(svc, job, NOTICE)  # the person is told (once; off-able)
-        return ActionResult(True, "cancelled before it started", job_id=job_id, status="cancelled")
+        return ActionResult(True, "cancelled before it started", job_id=job_id, status=CANCELLED)
     job = await store.request_cancel(svc.sessionmaker, job_id)
     if job is not None:
         await publish_cancel(svc, job_id)
-        await _audit(svc, "cancel", job_id, actor, was="running")
+        await _audit(svc, "cancel", job_id, actor, was=RUNNING)
         return ActionResult(
-            True, "stopping: its worker cancels it now", job_id=job_id, status="running"
+            True, "stopping: its worker cancels it now", job_id=job_id, status=RUNNING
         )
     found = await store.get_job(svc.sessionmaker, job_id)
     if found is None:
@@ -114,9 +124,9 @@ async def retry_job(
     await enqueue(
         svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token), meta=job_meta(job)
     )
-    await publish_job_event(svc, job_id, "queued", job.skill)
+    await publish_job_event(svc, job_id, QUEUED, job.skill)
     await _audit(svc, "retry", job_id, actor)
-    return ActionResult(True, "queued again as a new attempt", job_id=job_id, status="queued")
+    return ActionResult(True, "queued again as a new attempt", job_id=job_id, status=QUEUED)
 
 
 async def requeue_failed(svc: Services, skill: str, *, actor: str = "") -> ActionResult:
@@ -131,7 +141,7 @@ async def requeue_failed(svc: Services, skill: str, *, actor: str = "") -> Actio
         await enqueue(
             svc, FN_RUN_JOB, job_id, token, job_id=store.arq_id(job_id, token), meta=job_meta(job)
         )
-        await publish_job_event(svc, job_id, "queued", job.skill)
+        await publish_job_event(svc, job_id, QUEUED, job.skill)
         n += 1
     await _audit(svc, "requeue_failed", skill, actor, count=n)
     return ActionResult(True, f"requeued {n} failed job{'s' if n != 1 else ''} of {skill}")
@@ -167,8 +177,8 @@ async def delete_job(
 BULK_CAP = 10_000  # jobs one bulk action touches at most (run it again for the rest)
 BULK_ACTIONS = ("retry", "cancel", "delete")
 _DEFAULT_STATUS = {
-    "retry": ("failed", "timed_out"),
-    "cancel": ("scheduled", "queued", "running"),
+    "retry": (FAILED, TIMED_OUT),
+    "cancel": (SCHEDULED, QUEUED, RUNNING),
     "delete": tuple(sorted(FINAL_STATUSES)),
 }
 _ACTIONS = {"retry": retry_job, "cancel": cancel_job, "delete": delete_job}

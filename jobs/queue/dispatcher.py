@@ -10,21 +10,30 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from jobs import storable, telemetry, texts
+from jobs.catalog.configs import ConfigStore
 from jobs.catalog.validation import input_problem
+from jobs.context import (
+    background_context,
+    channel_of,
+    fixed_segment,
+    flatten_configs,
+    job_workspace,
+)
 from jobs.db import once_more_if_disconnected
 from jobs.envelope import failure, offload_sync
 from jobs.execution.executor import Executor
 from jobs.execution.inputs import shape_problem
 from jobs.execution.syncfiles import confine_answer
-from jobs.models import new_id
+from jobs.models import QUEUED, SCHEDULED, new_id
 from jobs.queue import delayed, idempotency, intake, limits, store
 from jobs.queue.broker import job_event
 from jobs.services import Services
-from jobs.skill import Skill, SkillType
+from jobs.skill import Skill, SkillRegistry, SkillType
 from jobs.storable import TEXT_REPLACED, valid_text
 from jobs.textcheck import context_problem, text_problem
 
@@ -53,6 +62,28 @@ def is_background(skill: Skill, channel: str, external_id: str) -> bool:
     return skill.is_async and (
         channel not in WEB_CHANNELS or external_id.startswith(ORGDELEG_PREFIX)
     )
+
+
+def external_id_of(external_id: str | None, context: Mapping[str, Any]) -> str:
+    """The session id a dispatch names: the argument, else the context's ``external_id``."""
+    return str(external_id if external_id is not None else context.get("external_id") or "")
+
+
+def runs_now(
+    registry: SkillRegistry,
+    skill: str,
+    context: Mapping[str, Any],
+    external_id: str | None,
+    *,
+    deferred: bool = False,
+) -> bool:
+    """The one sync-or-background rule: ``skill`` (or ``<skill>__<sub>``) is a loadable
+    handler the dispatcher runs on the sync line. Refusals, background jobs and calls
+    ``deferred`` to later (``run_at`` / ``delay_s``) are False."""
+    hit = registry.resolve(skill)
+    if deferred or hit is None or hit[0].error or hit[0].skill_type is not SkillType.HANDLER:
+        return False
+    return not is_background(hit[0], channel_of(context), external_id_of(external_id, context))
 
 
 def delivers_to_session(channel: str, external_id: str) -> bool:
@@ -171,18 +202,19 @@ class Dispatcher:
             return refusal(400, bad)
         input_data = dict(input or {})
         ctx = dict(context or {})
-        ext = str(external_id if external_id is not None else ctx.get("external_id") or "")
+        ext = external_id_of(external_id, ctx)
 
-        found = self.services.registry.get(skill)
-        if found is None and (fan := self.services.registry.fanned(skill)) is not None:
-            found, skill = fan[0], fan[0].name  # <skill>__<sub>: the skill + its subcommand
-            input_data["_subcommand"] = fan[1]
-        if found is None:
+        hit = self.services.registry.resolve(skill)
+        if hit is None:
             return refusal(
                 404,
                 f"unknown skill {skill!r}: no skill folder with that name is loaded",
                 skill=skill,
             )
+        found, sub = hit
+        if sub is not None:  # <skill>__<sub>: the skill + its subcommand
+            skill = found.name
+            input_data["_subcommand"] = sub
         if found.error:
             return refusal(
                 409,
@@ -208,8 +240,6 @@ class Dispatcher:
                 skill=skill,
                 need_param=problem.fields or True,
             )
-
-        from jobs.context import fixed_segment
 
         segment = fixed_segment(ctx)
         channel = segment["channel"]
@@ -248,8 +278,6 @@ class Dispatcher:
     async def _run_now(
         self, skill: Skill, input_data: dict[str, Any], ctx: dict[str, Any], ext: str = ""
     ) -> DispatchResult:
-        from jobs.catalog.configs import ConfigStore
-        from jobs.context import fixed_segment, flatten_configs
 
         runtime = dict(ctx)
         runtime.update(fixed_segment(ctx))
@@ -280,8 +308,6 @@ class Dispatcher:
 
     def _sync_workspace(self, runtime: dict[str, Any]) -> str | None:
         from types import SimpleNamespace
-
-        from jobs.context import job_workspace
 
         who = SimpleNamespace(
             role_id=str(runtime.get("role_id") or ""),
@@ -399,7 +425,6 @@ class Dispatcher:
         due_at: float | None = None,
     ) -> intake.NewJob:
         """The row, origin session, live event and lane metadata of a new job."""
-        from jobs.context import background_context
 
         svc = self.services
         role_id = str(ctx.get("role_id") or "")
@@ -408,7 +433,7 @@ class Dispatcher:
             bg["external_id"] = ext
         now = time.time()
         later = due_at is not None and due_at > now
-        status = "scheduled" if later else "queued"
+        status = SCHEDULED if later else QUEUED
         values = {
             "id": job_id,
             "skill": skill.name,

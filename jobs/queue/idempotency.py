@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import delete, exists, select, text, update
 
-from jobs.db import Sessions, engine_of, insert_new, is_sqlite
+from jobs.db import Sessions, engine_of, insert_new, is_sqlite, rowcount
 from jobs.models import DispatchKey, Job
 
 WINDOW_SEC = 24 * 3600.0
@@ -79,7 +79,7 @@ async def _insert(sm: Sessions, key: str, digest: str, job_id: str, now: float) 
             await s.execute(text("SET LOCAL synchronous_commit = off"))
         res = await s.execute(stmt)
         await s.commit()
-    return bool(res.rowcount)  # type: ignore[attr-defined]
+    return bool(rowcount(res))
 
 
 async def _existing(sm: Sessions, key: str) -> tuple[DispatchKey | None, bool]:
@@ -99,7 +99,7 @@ async def _take_over(sm: Sessions, row: DispatchKey, digest: str, job_id: str, n
             .values(job_id=job_id, request_hash=digest, created_at=now)
         )
         await s.commit()
-    return bool(res.rowcount)  # type: ignore[attr-defined]
+    return bool(rowcount(res))
 
 
 async def _recorded(sm: Sessions, job_id: str, wait: float) -> bool:

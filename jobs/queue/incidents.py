@@ -18,8 +18,9 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from jobs.db import Sessions, engine_of
-from jobs.models import Incident, OpsAction, new_id
+from jobs import audit
+from jobs.db import Sessions, engine_of, rowcount
+from jobs.models import Incident, new_id
 
 log = logging.getLogger("skilljobs.incidents")
 
@@ -112,7 +113,7 @@ async def record_failure(
                 "acked_by": "",
             }
             ins = _insert(sm)(Incident).values(values).on_conflict_do_nothing()
-            inserted = (await s.execute(ins)).rowcount  # type: ignore[attr-defined]
+            inserted = rowcount(await s.execute(ins))
             await s.commit()
             if inserted == 1:
                 return str(values["id"])
@@ -184,9 +185,9 @@ async def ack(
             .where(Incident.id == incident_id)
             .values(status=ACKED, acked_at=now, acked_by=actor[:128])
         )
-        if res.rowcount != 1:  # type: ignore[attr-defined]
+        if rowcount(res) != 1:
             raise LookupError(f"no incident {incident_id!r}")
-        s.add(OpsAction(action="incident.ack", target=incident_id, actor=actor))
+        audit.record(s, action="incident.ack", target=incident_id, actor=actor)
         await s.commit()
         row = await s.get(Incident, incident_id)
     assert row is not None

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs.batching import Batcher
-from jobs.catalog.configs import ConfigChanged
+from jobs.catalog.configs import ConfigChanged, ConfigStore
 from jobs.constants import FN_RUN_JOB
 from jobs.db import DB_UNAVAILABLE, is_sqlite, once_more_if_disconnected
 from jobs.queue import broker, store
@@ -130,7 +130,6 @@ class Intake:
     async def _read_configs(
         self, wanted: list[tuple[str, str]]
     ) -> list[tuple[int, dict[str, Any]]]:
-        from jobs.catalog.configs import ConfigStore
 
         svc = self.services
         generation, found = await ConfigStore(svc.sessionmaker, svc.box).snapshot(wanted)

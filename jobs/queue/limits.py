@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jobs.constants import PRIORITY_INTERACTIVE
+from jobs.models import QUEUED
 from jobs.queue import broker
 from jobs.services import Services
 
@@ -84,7 +85,7 @@ def keys_for(limits: Mapping[str, int], data: Mapping[str, Any]) -> list[tuple[s
 async def waiting_for(services: Services, job: Any) -> str | None:
     """For a queued job: the first full limit it waits for (``"limit org:o1"``), else None."""
     limits = services.settings.limits
-    if job.status != "queued" or not limits or services.redis is None:
+    if job.status != QUEUED or not limits or services.redis is None:
         return None
     keys = keys_for(limits, job_meta(job))
     if not keys or not (await broker.waiting(services, [job.arq_job_id or ""]))[0]:

@@ -15,16 +15,18 @@ from typing import Any
 from sqlalchemy import select
 
 from jobs import texts
+from jobs.finishing import Finisher
 from jobs.models import FAILED, Job
 from jobs.queue import broker, store
 from jobs.services import Services
+from jobs.settings import Settings
 
 log = logging.getLogger("skilljobs.worker")
 
 ERROR_TYPE = "lost"
 
 
-def notice(settings: Any, job: Job, ctx: dict[str, Any] | None) -> dict[str, Any]:
+def notice(settings: Settings, job: Job, ctx: dict[str, Any] | None) -> dict[str, Any]:
     """The failure envelope delivered to the person (their language), never stored."""
     lang = texts.language_of(settings, ctx)
     return {
@@ -46,11 +48,10 @@ async def _still_failed(services: Services, job_id: str, token: int) -> bool:
     return row is not None and tuple(row) == (FAILED, token, ERROR_TYPE)
 
 
-async def tell(services: Services, job_id: str) -> None:
-    """Tell the person and the operator that ``job_id`` was failed as lost. Never raises:
-    the job's record is written already; what could not be told is logged."""
-    from delivery.pipeline import postprocess
-
+async def tell(services: Services, job_id: str, finisher: Finisher) -> None:
+    """Tell the person and the operator that ``job_id`` was failed as lost, through the
+    worker's ``finisher``. Never raises: the job's record is written already; what could
+    not be told is logged."""
     try:
         job = await store.get_job(services.sessionmaker, job_id)
         if job is None or job.status != FAILED or job.error_type != ERROR_TYPE:
@@ -63,7 +64,7 @@ async def tell(services: Services, job_id: str) -> None:
         async def fence() -> bool:
             return await _still_failed(services, job.id, token)
 
-        await postprocess(services, job, notice(services.settings, job, ctx), fence=fence)
+        await finisher(services, job, notice(services.settings, job, ctx), fence=fence)
         log.warning("job %s: failed as lost (%s); its origin was told", job.id, job.error)
     except Exception as exc:
         log.warning("job %s: failed as lost, but telling its origin failed: %r", job_id, exc)

@@ -8,9 +8,9 @@ import contextlib
 from collections.abc import Awaitable
 from typing import Any, cast
 
-from jobs.models import OpsAction
+from jobs import audit
 from jobs.queue import broker
-from jobs.services import Services
+from jobs.services import Services, connect_redis
 from jobs.settings import Settings
 
 
@@ -20,7 +20,7 @@ class UnknownSkill(LookupError):
 
 async def _audit(svc: Services, action: str, skill: str, actor: str, **details: Any) -> None:
     async with svc.sessionmaker() as s:
-        s.add(OpsAction(action=action, target=skill[:255], actor=actor or "", details=details))
+        audit.record(s, action=action, target=skill, actor=actor, details=details)
         await s.commit()
 
 
@@ -71,8 +71,6 @@ async def peek(settings: Settings) -> set[str] | None:
     """The paused skills read over a short-lived connection; None when Redis is not
     configured or does not answer within 2 s."""
     import asyncio
-
-    from jobs.services import connect_redis
 
     if not settings.redis_url:
         return None

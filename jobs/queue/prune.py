@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy import delete, exists, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from jobs import audit
 from jobs.db import Sessions
 from jobs.execution.envs import cleanup
 from jobs.models import (
@@ -43,7 +44,6 @@ from jobs.models import (
     DispatchKey,
     Job,
     JobAttempt,
-    OpsAction,
     SessionMessage,
 )
 from jobs.queue.idempotency import WINDOW_SEC as KEY_WINDOW
@@ -210,7 +210,7 @@ async def prune(
             await lock.commit()
     if not dry_run and out.total():
         async with sm() as s:
-            s.add(OpsAction(action="prune", target="retention", actor=actor, details=out.to_dict()))
+            audit.record(s, action="prune", target="retention", actor=actor, details=out.to_dict())
             await s.commit()
         log.info("pruned %s", out.to_dict())
     return out

@@ -17,18 +17,22 @@ import random
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
+from arq.connections import ArqRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from jobs import phases, sendscope, telemetry, texts
 from jobs.batching import Batcher
 from jobs.constants import FN_RUN_JOB, MAX_RUNS, PRIORITY_INTERACTIVE
+from jobs.context import job_workspace
 from jobs.db import DB_UNAVAILABLE, db_unavailable
+from jobs.envelope import offload
 from jobs.execution import subproc
 from jobs.execution.inprocess import RUN_TASKS, SKILL_ENDED
-from jobs.models import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT, JobRow
+from jobs.finishing import Finished, Finisher, Notices
+from jobs.models import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT, JobRow
 from jobs.queue import broker, incidents, limits, lost, prefetch, store
 from jobs.queue.stall import StallWatch
 from jobs.runscope import RunScope, begin_run
@@ -47,6 +51,21 @@ class ResultNotStored(RuntimeError):
 T = TypeVar("T")
 
 DB_ERRORS = DB_UNAVAILABLE
+
+
+class WorkerContext(TypedDict, total=False):
+    """What arq hands our job functions: the worker's wiring (set at start-up) and the
+    entry being run."""
+
+    services: Services
+    executor: Executor
+    worker_id: str
+    runner: JobRunner
+    redis: ArqRedis
+    job_id: str
+    job_try: int
+    score: int
+    priority: int
 
 
 def is_fault(exc: BaseException) -> bool:
@@ -103,12 +122,18 @@ class JobRunner:
         executor: Executor,
         worker_id: str,
         *,
+        finisher: Finisher,
+        notices: Notices,
         max_finishing: int = 200,
         linger: float = 0.01,
     ) -> None:
         self.svc = services
         self.executor = executor
         self.worker_id = worker_id
+        #: post-processes, delivers and records a finished job (``delivery.pipeline``)
+        self.finisher = finisher
+        #: the "still working" and "cancelled" notices (``delivery.notices``)
+        self.notices = notices
         self.held: dict[str, int] = {}  # job id → lease token
         self.inner: dict[str, asyncio.Task[Any]] = {}  # job id → running executor task
         # job id → the in-process skill tasks of its run (jobs.execution.inprocess.RUN_TASKS)
@@ -351,9 +376,7 @@ class JobRunner:
         ctx = svc.box.unseal(job.context or {})
         self.scopes[job_id] = begin_run(svc.settings, job, ctx)
         subproc.RUN_OWNER.set(job_id)  # its processes are killed at once if the lease is lost
-        from delivery.notices import WorkingNotice
-
-        working = WorkingNotice(svc, job, self._fence(job, token))
+        working = self.notices.working(svc, job, self._fence(job, token))
         ctx["progress"] = working.progress  # the skill may say it is busy (told once)
         try:
             return await self._run_skill(job, token, attempt, input_data, ctx)
@@ -383,7 +406,7 @@ class JobRunner:
         task = asyncio.create_task(sendscope.run_in(job_id, owner, run, svc.outbox))
         self.inner[job_id] = task
         # Published while the skill starts, not before: the event is for people watching.
-        self.event(job_id, "running", job.skill)
+        self.event(job_id, RUNNING, job.skill)
         try:
             outcome = await task
         except asyncio.CancelledError:
@@ -438,7 +461,7 @@ class JobRunner:
                 )
                 if new is not None:
                     await self._enqueue(job_id, new, defer=delay, job=job)
-                    self.event(job_id, "queued", job.skill)
+                    self.event(job_id, QUEUED, job.skill)
                     return "retrying"
                 return "lost"
 
@@ -453,7 +476,6 @@ class JobRunner:
         job_id = job.id
         status = outcome.status if outcome.status in (SUCCEEDED, FAILED, TIMED_OUT) else FAILED
         result = outcome.result
-        post: Any = None
         stage = "post-processing"
         try:
             await self._linger()
@@ -472,7 +494,7 @@ class JobRunner:
             )
             result = post.result
             stage = "record"
-            fetches = getattr(post, "fetches", None)
+            fetches = post.fetches
             await self._record(
                 job, token, status, result, outcome.error, outcome.error_type, fetches
             )
@@ -586,18 +608,13 @@ class JobRunner:
 
     async def _cancel_notice(self, job: JobRow) -> None:
         """Tell the person the job was cancelled (once, through the ledger; off-able)."""
-        from delivery.notices import CANCELLED as NOTICE
-        from delivery.notices import send_notice
-
-        await send_notice(self.svc, job, NOTICE)
+        await self.notices.cancelled(self.svc, job)
 
     async def _postprocess(
         self, job: JobRow, token: int, result: dict[str, Any], *, normalized: bool = False
-    ) -> Any:
-        from delivery.pipeline import postprocess
-
+    ) -> Finished:
         scope = self.scopes.get(job.id)
-        return await postprocess(
+        return await self.finisher(
             self.svc, job, result, fence=self._fence(job, token), scope=scope, normalized=normalized
         )
 
@@ -658,8 +675,6 @@ class JobRunner:
     def _for_storage(self, job: JobRow, result: dict[str, Any] | None) -> dict[str, Any] | None:
         if result is None:
             return None
-        from jobs.context import job_workspace
-        from jobs.envelope import offload
 
         workspace = job_workspace(self.svc.settings.resolved_workspace_root, job)
         try:
@@ -687,14 +702,14 @@ class JobRunner:
         if new is not None:
             with contextlib.suppress(Exception):
                 await self._enqueue(job.id, new, job=job)
-                self.event(job.id, "queued", job.skill)
+                self.event(job.id, QUEUED, job.skill)
 
     def _phase_reporter(self, job: JobRow, token: int) -> phases.Reporter:
         """Records what the run does before its skill runs, on the row (fenced) and live."""
 
         async def report(name: str | None, detail: str) -> None:
             await store.set_phase(self.svc.sessionmaker, job.id, token, name, detail)
-            self.event(job.id, "running", job.skill)
+            self.event(job.id, RUNNING, job.skill)
 
         return report
 
@@ -902,7 +917,7 @@ class JobRunner:
         """Tell the origins of jobs just failed as lost, beside the loops (a slow channel
         must not delay the next take-over)."""
         for job_id in job_ids:
-            task = asyncio.create_task(lost.tell(self.svc, job_id))
+            task = asyncio.create_task(lost.tell(self.svc, job_id, self.finisher))
             self.telling.add(task)
             task.add_done_callback(self.telling.discard)
 

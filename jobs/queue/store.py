@@ -23,12 +23,12 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from jobs import jsontext, storable
 from jobs.catalog.configs import ConfigChanged
 from jobs.constants import MAX_RUNS
-from jobs.db import autocommit, engine_of, is_sqlite, raw_fetch
+from jobs.db import Sessions, autocommit, engine_of, is_sqlite, raw_fetch, rowcount
 from jobs.models import (
     CANCELLED,
     FAILED,
@@ -36,6 +36,8 @@ from jobs.models import (
     QUEUED,
     RUNNING,
     SCHEDULED,
+    SUCCEEDED,
+    TIMED_OUT,
     ChatSession,
     DispatchKey,
     Job,
@@ -46,7 +48,6 @@ from jobs.models import (
 )
 from jobs.queue import incidents, store_sqlite
 
-Sessions = async_sessionmaker[AsyncSession]
 # An idempotency key a new job's dispatch claims with it: (key, request hash, created_at).
 DispatchKeyRow = tuple[str, str, float]
 
@@ -329,7 +330,7 @@ async def _back_to_queue(
             **values,
         )
     )
-    if res.rowcount != 1:  # type: ignore[attr-defined]
+    if rowcount(res) != 1:
         await s.rollback()
         return None
     return new_token
@@ -361,7 +362,7 @@ async def set_phase(
             .where(Job.id == job_id, Job.lease_token == token, Job.status == RUNNING)
             .values(phase=phase)
         )
-        return bool(getattr(res, "rowcount", 0))
+        return bool(rowcount(res))
 
 
 @dataclass
@@ -669,7 +670,7 @@ async def fail_lost(sm: Sessions, job_id: str, token: int, reason: str) -> str |
                 updated_at=now,
             )
         )
-        if res.rowcount != 1:  # type: ignore[attr-defined]
+        if rowcount(res) != 1:
             await s.rollback()
             return None
         await _close_attempt(s, job_id, token, "lost", reason, "lost", now)
@@ -773,7 +774,7 @@ async def bump_queued(sm: Sessions, job_id: str, token: int) -> int | None:
             )
         )
         await s.commit()
-        return new_token if res.rowcount == 1 else None  # type: ignore[attr-defined]
+        return new_token if rowcount(res) == 1 else None
 
 
 async def recent_failures(
@@ -798,7 +799,7 @@ async def recent_failures(
                 .limit(2)
             )
         ).all()
-    return sum(1 for (o,) in rows if o != "succeeded")
+    return sum(1 for (o,) in rows if o != SUCCEEDED)
 
 
 async def get_job(sm: Sessions, job_id: str) -> Job | None:
@@ -883,7 +884,7 @@ async def failed_job_ids(sm: Sessions, skill: str, limit: int = 10_000) -> list[
     async with sm() as s:
         rows = await s.scalars(
             select(Job.id)
-            .where(Job.skill == skill, Job.status.in_((FAILED, "timed_out")))
+            .where(Job.skill == skill, Job.status.in_((FAILED, TIMED_OUT)))
             .order_by(Job.created_at)
             .limit(limit)
         )

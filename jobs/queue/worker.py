@@ -27,6 +27,9 @@ from arq.worker import func
 from chains.runner import chain_job, handed_back, stop_attempts
 from chains.runs import take_over_runs
 from chains.scheduler import Scheduler
+from delivery import notices
+from delivery.outbox import Outbox
+from delivery.pipeline import postprocess
 from jobs.batching import Batcher
 from jobs.constants import (
     CANCEL_CHANNEL,
@@ -38,7 +41,7 @@ from jobs.constants import (
     WORKER_PAUSE,
 )
 from jobs.queue import broker, delayed, heap, limits, prefetch, prune, rates, store
-from jobs.queue.runner import JobRunner, retry_db
+from jobs.queue.runner import JobRunner, WorkerContext, retry_db
 from jobs.queue.stall import StallWatch
 from jobs.services import Services
 from jobs.skill import MAX_WALL_SEC
@@ -340,7 +343,7 @@ class SkillJobsWorker(Worker):
                 await asyncio.sleep(1.0)
 
 
-async def _run_job(ctx: broker.WorkerContext, job_id: str, enqueue_token: int) -> str:
+async def _run_job(ctx: WorkerContext, job_id: str, enqueue_token: int) -> str:
     runner, outcome = ctx["runner"], ""
     try:
         outcome = await runner.run(job_id, int(enqueue_token), ctx["priority"])
@@ -448,7 +451,9 @@ def build_worker(
     settings = services.settings
     wid = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     slots = max_jobs or settings.worker_max_jobs
-    runner = JobRunner(services, executor, wid, max_finishing=2 * slots)
+    runner = JobRunner(
+        services, executor, wid, finisher=postprocess, notices=notices, max_finishing=2 * slots
+    )
     runner.concurrency = slots
     ahead = settings.worker_prefetch_sec
     runner.gate = prefetch.StartGate(slots, ahead_sec=ahead, hold_sec=max(1.0, 10 * ahead))
@@ -519,8 +524,6 @@ def build_worker(
         background.append(
             asyncio.create_task(prune.run_forever(services.sessionmaker, settings, prune_stop))
         )
-        from delivery.outbox import Outbox
-
         services.outbox = Outbox(services, wid)
         outbox_stop = asyncio.Event()
         ctx["outbox_stop"] = outbox_stop
@@ -559,7 +562,7 @@ def build_worker(
             )
 
     timeout = MAX_WALL_SEC + 300  # the executor enforces each skill's wall clock itself
-    # arq types the context as a plain dict; ours declares its keys (broker.WorkerContext).
+    # arq types the context as a plain dict; ours declares its keys (WorkerContext).
     run_job, run_chain = cast(WorkerCoroutine, _run_job), cast(WorkerCoroutine, chain_job)
     functions = [
         func(run_job, name=FN_RUN_JOB, max_tries=1_000_000, timeout=timeout),

@@ -16,8 +16,9 @@ from typing import Any
 
 from sqlalchemy import select
 
+from jobs import audit
 from jobs.constants import WORKER_DRAIN, WORKER_PAUSE
-from jobs.models import OpsAction, Worker
+from jobs.models import Worker
 from jobs.queue import broker
 from jobs.services import Services
 
@@ -109,7 +110,7 @@ async def forget(svc: Services, worker_id: str, *, actor: str) -> dict[str, Any]
                 409,
             )
         await session.delete(worker)
-        session.add(OpsAction(action="worker.forget", target=worker_id[:255], actor=actor))
+        audit.record(session, action="worker.forget", target=worker_id, actor=actor)
         await session.commit()
     if svc.redis is not None:
         await svc.redis.delete(
@@ -136,7 +137,7 @@ async def act(svc: Services, action: str, worker_id: str, *, actor: str) -> dict
     else:
         await redis.set(pause_key if action == "pause" else drain_key, actor, ex=FLAG_TTL_S)
     async with svc.sessionmaker() as s:
-        s.add(OpsAction(action=f"worker.{action}", target=worker_id[:255], actor=actor))
+        audit.record(s, action=f"worker.{action}", target=worker_id, actor=actor)
         await s.commit()
     now = (await states(svc, [worker_id]))[worker_id]
     return {"ok": True, "id": worker_id, **now}

@@ -505,3 +505,63 @@ async def _narrow(browser: Any, url: str, shots: Path) -> None:
     await _shot(page, shots, "phone")
     assert errors == []
     await ctx.close()
+
+
+async def test_built_messages_in_chinese(
+    live: LiveServer, env_settings: Any, screenshots: Path, redis: Any
+) -> None:
+    """The questions and notices the script builds (deliveries one by one and in bulk, a
+    chain re-run, the rate-limit figures) are Chinese in a Chinese browser."""
+    _need_chromium()
+    from playwright.async_api import async_playwright
+
+    ids = await _seed(env_settings)
+    await redis.hincrby(env_settings.key(RATELIMIT_WAITS), "telegram", 4)
+    await redis.hincrbyfloat(env_settings.key(RATELIMIT_WAITED), "telegram", 2.5)
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            ctx, page, errors = await _open(
+                browser, live.url, TOKEN, "#/deliveries", locale="zh-CN"
+            )
+            dialogs: list[str] = []
+
+            async def _accept(dialog: Any) -> None:
+                dialogs.append(dialog.message)
+                await dialog.accept()
+
+            page.on("dialog", _accept)
+            await page.wait_for_selector("#deliveries tbody tr[data-status=unknown]")
+            waited = await page.text_content(
+                "#channel-health tr[data-channel=telegram] td.ratelimit"
+            )
+            assert waited is not None and waited.startswith("4 次发送，共等待")
+            await page.click("#deliveries tbody tr[data-status=failed] button:has-text('忽略')")
+            await page.wait_for_function(
+                "() => document.querySelectorAll('#deliveries tbody tr[data-delivery-id]')"
+                ".length === 1"
+            )
+            assert dialogs[-1] == "忽略发给 feishu:ou_0 的投递（失败）？"
+            await page.wait_for_function(
+                "() => document.querySelector('#flash').textContent === '忽略：1 条中完成 1 条'"
+            )
+            await page.click("#deliveries-bulk button:has-text('忽略所有匹配的')")
+            await page.wait_for_function(
+                "() => !document.querySelector('#deliveries tbody tr[data-delivery-id]')"
+            )
+            assert dialogs[-1] == "忽略匹配 status=failed,unknown 的 1 条投递（最近 7 天）？"
+            await _shot(page, screenshots, "zh-deliveries")
+
+            await page.goto(f"{live.url}/#/chain-runs/{ids['run']}")
+            button = '#chain-steps li[data-step="report"] button:has-text("从这里重新运行")'
+            await page.wait_for_selector(button)
+            await page.click(button)
+            await page.wait_for_function(f"() => !location.hash.endsWith('{ids['run']}')")
+            assert dialogs[-1] == "从步骤 report 重新运行此链？（之前的步骤沿用已记录的输出）"
+            flash = await page.text_content("#flash") or ""
+            assert flash.startswith("已从步骤 report 开始新的运行"), flash
+            await _shot(page, screenshots, "zh-chain-rerun")
+            assert errors == []
+            await ctx.close()
+        finally:
+            await browser.close()

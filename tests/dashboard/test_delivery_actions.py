@@ -10,6 +10,7 @@ from pydantic import SecretStr
 from sqlalchemy import select
 
 from dashboard.app import create_app
+from delivery.channels.registry import use_channels
 from delivery.channels.telegram import TelegramChannel
 from delivery.errors import DeliveryOutcomeUnknown
 from delivery.ledger import deliver_once, ledger_key
@@ -38,7 +39,7 @@ async def _unknown(services, job_id: str, text: str) -> None:
 
 @pytest.mark.slow
 async def test_unknown_delivery_listed_resent_and_dismissed(client, services, tg) -> None:
-    services.channels = {"telegram": TelegramChannel(services.http, tg.token, api_base=tg.url)}
+    use_channels(services, {"telegram": TelegramChannel(services.http, tg.token, api_base=tg.url)})
     job = await seed_job(services, status="succeeded")
     await _unknown(services, job.id, "your report is ready")
     listed = (await client.get("/api/v1/deliveries", params={"status": "unknown"})).json()
@@ -91,7 +92,7 @@ async def test_read_token_cannot_resend_or_dismiss(services) -> None:
 
 @pytest.mark.slow
 async def test_bulk_resend_and_dismiss_take_the_lists_filter(client, services, tg) -> None:
-    services.channels = {"telegram": TelegramChannel(services.http, tg.token, api_base=tg.url)}
+    use_channels(services, {"telegram": TelegramChannel(services.http, tg.token, api_base=tg.url)})
     jobs = [await seed_job(services, status="succeeded") for _ in range(3)]
     for i, job in enumerate(jobs):
         await _unknown(services, job.id, f"report {i}")

@@ -9,6 +9,7 @@ import json
 import pytest
 from sqlalchemy import select
 
+from delivery.channels.registry import use_channels
 from delivery.channels.telegram import TelegramChannel
 from delivery.plan import SEALED_RESULT
 from delivery.router import deliver_result
@@ -25,7 +26,7 @@ async def _fence() -> bool:
 
 @pytest.mark.slow
 async def test_resend_after_the_channel_is_configured(client, services, tg) -> None:
-    services.channels = {}  # telegram not configured yet
+    use_channels(services, {})  # telegram not configured yet
     job = await seed_job(services, status="succeeded", skill="sales_report", actor_key="1001")
     result = {"ok": True, "message": "Sales are up 12%"}
     out = await deliver_result(services, job, result, [], fence=_fence)
@@ -61,7 +62,7 @@ async def test_resend_after_the_channel_is_configured(client, services, tg) -> N
         return int(resp.json()["matched"])
 
     assert await dry() == 0  # telegram is still not configured: nothing can be resent
-    services.channels = {"telegram": TelegramChannel(services.http, tg.token, api_base=tg.url)}
+    use_channels(services, {"telegram": TelegramChannel(services.http, tg.token, api_base=tg.url)})
     assert await dry() == 1  # the held one; not the row without content
     resp = await client.post(f"/api/v1/deliveries/{row.id}/resend")
     assert resp.status_code == 200, resp.text

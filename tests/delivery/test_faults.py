@@ -87,7 +87,8 @@ def _texts(tg: Any) -> Counter[str]:
 
 @pytest.fixture
 def settings(job_settings: Any, tmp_path: Path, tg: Any) -> Any:
-    job_settings.skills_path = str(_skills(tmp_path))
+    # trusted: the skill waits for a gate file the test holds outside its workspace
+    job_settings.skills_path = f"trusted={_skills(tmp_path)}"
     job_settings.telegram_bot_token = SecretStr(tg.token)
     job_settings.telegram_api_base = tg.url
     job_settings.outbox_sweep_sec = 0.5

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from delivery.fetch import FetchError, SafeFetcher
-from delivery.urlsafety import RefusedURL
+from delivery.net.fetch import FetchError, SafeFetcher
+from delivery.net.urlsafety import RefusedURL
 from tests.helpers.net import (
     PNG,
     PUBLIC_STANDIN,

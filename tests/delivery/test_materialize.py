@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from delivery.fetch import SafeFetcher
 from delivery.materialize import materialize, text_links
+from delivery.net.fetch import SafeFetcher
 from tests.helpers.net import PNG, LoopbackOnly, LoopbackServer, Reply, Resolver
 
 PDF = b"%PDF-1.7\n" + b"0" * 2000

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from delivery.urlsafety import RefusedURL, check_ip, check_url, host_allowed
+from delivery.net.urlsafety import RefusedURL, check_ip, check_url, host_allowed
 
 HOSTILE = [
     # scheme

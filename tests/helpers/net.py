@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from delivery.fetch import direct_connect
+from delivery.net.fetch import direct_connect
 
 PUBLIC_STANDIN = "93.184.215.14"  # public, so the policy accepts it; never dialled for real
 

@@ -10,6 +10,7 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy import update
 
+from delivery.pipeline import postprocess
 from jobs.models import Job
 from jobs.queue import lost, store
 from jobs.services import Services
@@ -41,8 +42,8 @@ async def test_the_person_is_told_once_in_one_short_line(job_settings, tg) -> No
     try:
         job_id = await dispatch(svc, "bg_sleep", {"seconds": 0}, {**TG, "actor_key": "1001"})
         assert await _lose_three_runs(svc, job_id) == [job_id]
-        await lost.tell(svc, job_id)
-        await lost.tell(svc, job_id)  # a second teller sends nothing more (the ledger)
+        await lost.tell(svc, job_id, postprocess)
+        await lost.tell(svc, job_id, postprocess)  # a second teller sends nothing more (the ledger)
         said = [(m["chat_id"], m.get("text")) for m in tg.sent]
         assert said == [
             (
@@ -64,7 +65,7 @@ async def test_a_job_retried_meanwhile_is_not_reported_lost(job_settings, tg) ->
         job_id = await dispatch(svc, "bg_sleep", {"seconds": 0}, {**TG, "actor_key": "1001"})
         assert await _lose_three_runs(svc, job_id) == [job_id]
         assert await store.reopen(svc.sessionmaker, job_id) is not None  # an operator's retry
-        await lost.tell(svc, job_id)
+        await lost.tell(svc, job_id, postprocess)
         assert tg.sent == []
     finally:
         await svc.close()

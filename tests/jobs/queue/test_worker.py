@@ -344,6 +344,8 @@ async def test_an_entry_started_but_not_yet_claimed_is_reenqueued_only_when_stil
     finds it so again (its worker died between starting it and claiming it)."""
     from arq.constants import in_progress_key_prefix
 
+    from delivery import notices
+    from delivery.pipeline import postprocess
     from jobs.queue.runner import JobRunner
 
     job_id = await dispatch(services, "bg_sleep", {"seconds": 0})
@@ -352,7 +354,9 @@ async def test_an_entry_started_but_not_yet_claimed_is_reenqueued_only_when_stil
         await s.commit()
     job, _ = await job_and_attempts(services, job_id)
     await services.redis.set(in_progress_key_prefix + job.arq_job_id, "1")
-    runner = JobRunner(services, services.executor, "reconciler-test")
+    runner = JobRunner(
+        services, services.executor, "reconciler-test", finisher=postprocess, notices=notices
+    )
     assert await runner.reconcile_once() == 0  # first sight: perhaps being claimed
     assert (await job_and_attempts(services, job_id))[0].lease_token == job.lease_token
     assert await runner.reconcile_once() == 1  # still so: its worker is gone

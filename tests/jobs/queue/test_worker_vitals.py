@@ -8,6 +8,8 @@ import time
 import pytest
 from sqlalchemy import select
 
+from delivery import notices
+from delivery.pipeline import postprocess
 from jobs.models import OpsAction, Worker
 from jobs.queue import worker_control
 from tests.helpers.jobs import dispatch, drain
@@ -46,7 +48,9 @@ async def test_heartbeat_carries_the_vitals(services):
     from jobs.queue import broker
     from jobs.queue.runner import JobRunner
 
-    runner = JobRunner(services, services.executor, "w-vitals")
+    runner = JobRunner(
+        services, services.executor, "w-vitals", finisher=postprocess, notices=notices
+    )
     runner.concurrency, runner.processed, runner.failed = 4, 7, 2
     await runner.heartbeat_once()
     [beat] = await broker.heartbeats(services, ["w-vitals"])

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from delivery.pinned import (
+from delivery.net.pinned import (
     Connector,
     PinnedBackend,
     PinnedTransport,
@@ -35,7 +35,7 @@ from delivery.pinned import (
     direct_connect,
     system_resolver,
 )
-from delivery.urlsafety import RefusedURL, Target, check_ip, check_url
+from delivery.net.urlsafety import RefusedURL, Target, check_ip, check_url
 from jobs.media import choose_filename, guess_mime, mime_from_header, place_file
 
 MAX_BYTES = 200 * 1024 * 1024

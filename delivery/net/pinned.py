@@ -19,7 +19,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from delivery.urlsafety import RefusedURL
+from delivery.net.urlsafety import RefusedURL
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 Connector = Callable[[str, int, float | None], Awaitable[httpcore.AsyncNetworkStream]]
