@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -28,6 +29,9 @@ def make_services(
 ) -> Services:
     engine = create_engine(settings.resolved_database_url)
     dirs = [BUNDLED_SKILLS] + ([extra_skills] if extra_skills else [])
+    if extra_skills:  # the chain tests' own handlers (trusted): they run inside the worker
+        listed = os.pathsep.join(p for p in (settings.trusted_skills, str(extra_skills)) if p)
+        settings = settings.model_copy(update={"trusted_skills": listed})
     return Services(
         settings=settings,
         engine=engine,
