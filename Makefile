@@ -26,8 +26,9 @@ $(BIN)/.installed-run: pyproject.toml | $(BIN)/python
 	$(call pip_step,installing skilljobs (runtime only),-e .)
 	@touch $@
 
+TEST_INSTALL := -e '.[test,bench]'  # a variable: a comma in $(call ...) splits arguments
 $(BIN)/.installed-test: pyproject.toml | $(BIN)/python
-	$(call pip_step,installing skilljobs with the test tools,-e '.[test,bench]')
+	$(call pip_step,installing skilljobs with the test tools,$(TEST_INSTALL))
 	@touch $@ $(BIN)/.installed-run
 
 install: $(BIN)/.installed-run

@@ -31,6 +31,7 @@ async def _redis_version(url: str) -> tuple[int, ...]:
 
 @pytest.mark.parametrize("shape", peers.SHAPES)
 @pytest.mark.parametrize("lib", list(peers.PEERS))
+@pytest.mark.slow
 async def test_peer_drains_and_cleans_up(lib: str, shape: str, redis_server_url: str) -> None:
     from redis import asyncio as aioredis
 

@@ -234,6 +234,7 @@ def health_server() -> Iterator[http.server.HTTPServer]:
     server.server_close()
 
 
+@pytest.mark.slow
 def test_image_healthcheck_probes_only_the_web_role(
     tmp_path: Path, health_server: http.server.HTTPServer
 ) -> None:
@@ -331,6 +332,7 @@ def _compose_cli() -> list[str] | None:
     return None
 
 
+@pytest.mark.slow
 def test_docker_compose_accepts_the_file(tmp_path: Path) -> None:
     cli = _compose_cli()
     if cli is None:

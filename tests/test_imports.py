@@ -8,6 +8,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("jobs", "chains", "delivery", "dashboard")
 
@@ -138,6 +140,7 @@ def _layer(module: str) -> int:
     return best
 
 
+@pytest.mark.slow
 def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
 
@@ -148,6 +151,7 @@ def test_no_import_cycles() -> None:
 KNOWN_UPWARD = frozenset({("jobs.queue.control", "delivery.notices")})
 
 
+@pytest.mark.slow
 def test_every_import_points_down_the_layers() -> None:
     upward = sorted(
         f"{name} ({LAYERS[_layer(name)][0]}) imports {dep} ({LAYERS[_layer(dep)][0]})"
@@ -158,6 +162,7 @@ def test_every_import_points_down_the_layers() -> None:
     assert upward == []
 
 
+@pytest.mark.slow
 def test_the_known_upward_edges_still_exist() -> None:
     """An edge handed in (or gone) leaves this list, so the list only ever shrinks."""
     graph = _graph()
@@ -184,6 +189,7 @@ def test_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+@pytest.mark.slow
 def test_ground_floor_imports_no_room_above_it() -> None:
     """Modules directly in ``jobs/`` import nothing at import time from its subpackages nor
     from the other packages (``Services`` builds the catalog and the executor on demand)."""

@@ -245,6 +245,7 @@ def _compose_binary() -> str | None:
     return shutil.which("docker-compose")
 
 
+@pytest.mark.slow
 def test_compose_file_of_two_worker_hosts_and_a_web_host(tmp_path: Path) -> None:
     import yaml
 

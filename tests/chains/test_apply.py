@@ -101,6 +101,7 @@ def test_apply_a_folder_is_idempotent_prints_a_diff_and_prunes(cli_env: Path) ->
     assert actions[-1] == "schedule.delete"
 
 
+@pytest.mark.slow
 def test_apply_refuses_a_bad_file_and_changes_nothing(cli_env: Path) -> None:
     folder = cli_env / "s"
     folder.mkdir()
@@ -111,6 +112,7 @@ def test_apply_refuses_a_bad_file_and_changes_nothing(cli_env: Path) -> None:
     assert json.loads(run("schedules", "list", "--json").output)["items"] == []
 
 
+@pytest.mark.slow
 def test_delete_by_name(cli_env: Path) -> None:
     path = cli_env / "one.yaml"
     path.write_text(yaml.safe_dump(_schedule("one")))

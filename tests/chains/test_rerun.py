@@ -68,6 +68,7 @@ async def _first_run(svc, ex) -> str:  # type: ignore[no-untyped-def]
     return run_id
 
 
+@pytest.mark.slow
 async def test_rerun_from_step_2_reuses_step_1s_recorded_output(env) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     source = await _first_run(svc, ex)
@@ -111,6 +112,7 @@ async def test_rerun_from_step_2_reuses_step_1s_recorded_output(env) -> None:  #
     assert fresh["steps"][0]["output"]["value"] != token  # type: ignore[index]
 
 
+@pytest.mark.slow
 async def test_rerun_past_a_step_without_output_is_refused(env) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     spec = {

@@ -108,6 +108,7 @@ def count(path: Path) -> int:
     return int(path.read_text()) if path.exists() else 0
 
 
+@pytest.mark.slow
 async def test_chain_succeeds_and_records_every_step(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     run_id = await start_run(
@@ -153,6 +154,7 @@ async def test_chain_succeeds_and_records_every_step(env, tmp_path: Path) -> Non
     assert await run_chain(svc, ex, run_id, worker_id="w2") == "succeeded"
 
 
+@pytest.mark.slow
 async def test_empty_result_guard_stops_the_chain(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     counter = chain_workspace(svc.settings) / "after.count"
@@ -175,6 +177,7 @@ async def test_empty_result_guard_stops_the_chain(env, tmp_path: Path) -> None: 
     assert count(counter) == 0
 
 
+@pytest.mark.slow
 async def test_failed_step_fails_the_run_with_its_error(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     counter = chain_workspace(svc.settings) / "after.count"
@@ -193,6 +196,7 @@ async def test_failed_step_fails_the_run_with_its_error(env, tmp_path: Path) -> 
     assert count(counter) == 0
 
 
+@pytest.mark.slow
 async def test_unresolved_reference_fails_before_the_step_runs(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     counter = chain_workspace(svc.settings) / "c.count"
@@ -217,6 +221,7 @@ async def test_unresolved_reference_fails_before_the_step_runs(env, tmp_path: Pa
     assert count(counter) == 0  # the step never ran
 
 
+@pytest.mark.slow
 async def test_chain_context_identity_policy_and_configs(env) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     await ConfigStore(svc.sessionmaker, svc.box).set("r1", "ctx_probe", "region", "cn-east")
@@ -243,6 +248,7 @@ async def test_policy_wall_clock_applies(env) -> None:  # type: ignore[no-untype
     assert "ran over 1 s" in run["error"]  # type: ignore[index]
 
 
+@pytest.mark.slow
 async def test_transient_failures_are_re_run(env, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import chains.runner
 
@@ -256,6 +262,7 @@ async def test_transient_failures_are_re_run(env, tmp_path: Path, monkeypatch) -
     assert count(counter) == 3
 
 
+@pytest.mark.slow
 async def test_purge_completes_in_a_chain_but_asks_in_chat(env) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     run_id = await start_run(
@@ -301,6 +308,7 @@ async def test_purge_completes_in_a_chain_but_asks_in_chat(env) -> None:  # type
     assert few["deleted"] == 10
 
 
+@pytest.mark.slow
 async def test_resume_skips_succeeded_steps_and_refuses_a_live_lease(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     counter, marker = chain_workspace(svc.settings) / "step0.count", tmp_path / "slept"
@@ -344,6 +352,7 @@ async def test_resume_skips_succeeded_steps_and_refuses_a_live_lease(env, tmp_pa
     assert run["steps"][2]["output"]["msg"] == "woke up"  # type: ignore[index]
 
 
+@pytest.mark.slow
 async def test_outcome_delivered_to_a_web_session_once(env) -> None:  # type: ignore[no-untyped-def]
     from delivery.channels.web import ensure_session, list_messages
 
@@ -386,6 +395,7 @@ async def test_outcome_delivered_to_a_web_session_once(env) -> None:  # type: ig
     assert len(items) == 1
 
 
+@pytest.mark.slow
 async def test_delivery_to_a_session_no_dispatch_created(env) -> None:  # type: ignore[no-untyped-def]
     from delivery.channels.web import list_messages
 
@@ -413,6 +423,7 @@ async def _run_at(svc, schedule_id: str, fire_at: float) -> str:  # type: ignore
         return run.id
 
 
+@pytest.mark.slow
 async def test_demo_chain_stops_on_quiet_days_and_reports(env) -> None:  # type: ignore[no-untyped-def]
     from chains.demo import install_demo
     from delivery.channels.web import list_messages
@@ -442,6 +453,7 @@ async def test_demo_chain_stops_on_quiet_days_and_reports(env) -> None:  # type:
     assert "daily-orders: Deleted 3 rows from orders." in texts
 
 
+@pytest.mark.slow
 async def test_async_skills_run_inline_in_a_chain(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     svc, ex = env
     root = tmp_path / "more"
@@ -461,6 +473,7 @@ async def test_async_skills_run_inline_in_a_chain(env, tmp_path: Path) -> None: 
     assert run["steps"][0]["output"]["ran"] == "inline"  # type: ignore[index]
 
 
+@pytest.mark.slow
 async def test_outcome_to_a_person_and_to_a_notify_alias(  # type: ignore[no-untyped-def]
     tmp_path, sqlite_url, redis, redis_server_url, redis_prefix, skills_dir
 ) -> None:
@@ -537,6 +550,7 @@ async def test_outcome_to_a_person_and_to_a_notify_alias(  # type: ignore[no-unt
             await close_services(svc)
 
 
+@pytest.mark.slow
 async def test_a_step_printing_nul_and_bad_bytes_is_stored(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """NUL and undecodable bytes in a step's output (and so in the next step's input and the
     run's result) are escaped where they are written, on both backends: the chain ends."""

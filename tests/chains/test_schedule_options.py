@@ -204,6 +204,7 @@ async def test_one_shot_quiet_and_empty_when_through_workers(svc):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_schedule_options_are_checked(svc):
     now = time.time()
     step = [{"skill": "report"}]
@@ -221,6 +222,7 @@ async def test_schedule_options_are_checked(svc):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_jitter_fires_each_time_once_at_its_offset(svc):
     base = {
         "cron": "* * * * *",

@@ -95,6 +95,7 @@ def test_demo_schedule_file_is_valid(registry, repo_root: Path) -> None:  # type
         ({"steps": [{"id": "a b", "skill": "echo"}]}, "id may use letters"),
     ],
 )
+@pytest.mark.slow
 def test_validation_errors_name_the_problem(registry, change: dict, expected: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ScheduleError) as err:
         validate(base_spec(**change), registry)
@@ -225,6 +226,7 @@ async def test_three_schedulers_claim_each_fire_time_exactly_once(
             await close_services(s)
 
 
+@pytest.mark.slow
 async def test_downtime_within_the_grace_runs_the_latest_fire_once(
     settings, sessionmaker, redis, registry
 ) -> None:  # type: ignore[no-untyped-def]
@@ -263,6 +265,7 @@ async def test_downtime_within_the_grace_runs_the_latest_fire_once(
         await close_services(svc)
 
 
+@pytest.mark.slow
 async def test_disabled_schedules_do_not_fire(settings, sessionmaker, redis, registry) -> None:  # type: ignore[no-untyped-def]
     svc = make_services(
         settings.model_copy(
@@ -328,6 +331,7 @@ async def test_reconcile_re_enqueues_lost_and_abandoned_runs(
         await close_services(svc)
 
 
+@pytest.mark.slow
 async def test_manual_runs_are_each_their_own_run(settings, sessionmaker, redis, registry) -> None:  # type: ignore[no-untyped-def]
     svc = make_services(
         settings.model_copy(
@@ -357,6 +361,7 @@ async def test_manual_runs_are_each_their_own_run(settings, sessionmaker, redis,
         await close_services(svc)
 
 
+@pytest.mark.slow
 async def test_run_forever_survives_an_unreachable_database(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
     """Ticks against a database that refuses connections are logged and retried; the loop
     keeps going until asked to stop."""

@@ -117,12 +117,14 @@ async def test_timeseries_queue_depth_latency_and_deliveries(
     )
 
 
+@pytest.mark.slow
 async def test_timeseries_refuses_bad_parameters(client: httpx.AsyncClient) -> None:
     assert (await client.get("/api/v1/stats/timeseries?metric=nope")).status_code == 422
     assert (await client.get("/api/v1/stats/timeseries?window=30d")).status_code == 422
     assert (await client.get("/api/v1/stats/timeseries?window=24h&step=10")).status_code == 422
 
 
+@pytest.mark.slow
 async def test_deliveries_across_jobs(client: httpx.AsyncClient, services) -> None:
     now = time.time()
     a = await seed_job(services)
@@ -243,6 +245,7 @@ async def test_read_token_sees_everything_and_changes_nothing(services) -> None:
         assert len(refused) >= 8
 
 
+@pytest.mark.slow
 async def test_me_as_admin(client: httpx.AsyncClient) -> None:
     assert (await client.get("/api/v1/me")).json()["can_change"] is True
 

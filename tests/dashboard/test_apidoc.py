@@ -28,6 +28,7 @@ def test_readme_and_docs_link_the_reference() -> None:
     assert "api.md" in operations and "/api/v1/openapi.json" in operations
 
 
+@pytest.mark.slow
 async def test_openapi_document_needs_the_token(client: httpx.AsyncClient) -> None:
     doc = await client.get("/api/v1/openapi.json")
     assert doc.status_code == 200

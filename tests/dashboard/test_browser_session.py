@@ -20,6 +20,7 @@ def _anonymous(services) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1")
 
 
+@pytest.mark.slow
 async def test_cookie_signs_every_request_in(services) -> None:
     async with _anonymous(services) as c:
         assert (await c.get("/api/v1/me")).status_code == 401
@@ -42,6 +43,7 @@ async def test_cookie_signs_every_request_in(services) -> None:
         assert (await c.get("/api/v1/me")).status_code == 401
 
 
+@pytest.mark.slow
 async def test_read_token_session_and_revocation(services) -> None:
     services.settings.api_read_token = SecretStr(READ)
     async with _anonymous(services) as c:
@@ -61,6 +63,7 @@ async def test_read_token_session_and_revocation(services) -> None:
         assert bad.status_code == 401
 
 
+@pytest.mark.slow
 async def test_me_names_the_configured_language(client, services) -> None:
     got = (await client.get("/api/v1/session")).json()
     assert got["language"] is None and got["browser_session"] is False  # a bearer token

@@ -72,6 +72,7 @@ async def test_foreign_host_is_refused_in_every_mode(client: httpx.AsyncClient, 
             assert (await c.get("/api/v1/jobs")).status_code == 200, host
 
 
+@pytest.mark.slow
 async def test_no_token_is_nobody_on_loopback_too(
     client: httpx.AsyncClient, open_app, services
 ) -> None:
@@ -138,6 +139,7 @@ def test_the_page_marks_its_requests() -> None:
 # --- identities: read-only, per-session, audit ------------------------------------------
 
 
+@pytest.mark.slow
 async def test_read_token_reads_everything_and_changes_nothing(
     client: httpx.AsyncClient, services
 ) -> None:
@@ -161,6 +163,7 @@ async def test_read_token_reads_everything_and_changes_nothing(
     assert not any("mallory" in actor for _, _, actor in audit)
 
 
+@pytest.mark.slow
 async def test_session_token_reads_its_own_session_only(
     client: httpx.AsyncClient, services
 ) -> None:
@@ -198,6 +201,7 @@ async def test_session_token_reads_its_own_session_only(
     assert ("refused", "GET /api/v1/jobs", "session:s1") in audit
 
 
+@pytest.mark.slow
 async def test_session_tokens_expire_and_cannot_be_forged(client: httpx.AsyncClient) -> None:
     app = client._transport.app  # type: ignore[attr-defined]
     key = app.state.token_key.get()
@@ -253,6 +257,7 @@ async def test_numbers_out_of_range_and_non_finite_json_name_the_field(
     assert deep.status_code in (400, 422)
 
 
+@pytest.mark.slow
 async def test_bodies_are_capped(client: httpx.AsyncClient, services) -> None:
     services.settings.max_request_mb = 2
     blob = b'{"skill": "echo", "input": {"t": "' + b"a" * (3 * 1024 * 1024) + b'"}}'
@@ -484,6 +489,7 @@ def test_descriptor_exhaustion_is_logged_sparingly(
     assert len(text) < 30_000
 
 
+@pytest.mark.slow
 async def test_slow_bodies_time_out(client: httpx.AsyncClient, monkeypatch) -> None:
     import asyncio
 

@@ -104,6 +104,7 @@ async def test_histograms_match_the_seeded_timestamps(client: httpx.AsyncClient,
     assert _get(s, f"{LATENCY}_count", channel="web") == 1
 
 
+@pytest.mark.slow
 async def test_empty_database_has_the_families_and_no_series(client: httpx.AsyncClient) -> None:
     families = {
         f.name: f for f in text_string_to_metric_families((await client.get("/metrics")).text)

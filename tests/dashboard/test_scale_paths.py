@@ -59,6 +59,7 @@ async def test_text_search_pages(client: httpx.AsyncClient, services) -> None:
     assert await _ids(client, q="nothing like this", since="1h") == []
 
 
+@pytest.mark.slow
 async def test_failures_have_their_partial_index(services) -> None:
     """Migration 0012 on both backends: the failures' index, limited to failed and timed
     out jobs, and the audit trail's index by action."""
@@ -83,6 +84,7 @@ async def test_failures_have_their_partial_index(services) -> None:
     assert found["ops"]["ix_ops_actions_action"]["column_names"] == ["action", "id"]
 
 
+@pytest.mark.slow
 async def test_bulk_dry_run_counts_failures_of_a_skill(client: httpx.AsyncClient, services) -> None:
     """The dry run the failures' index serves counts what the list shows."""
     now = time.time()
@@ -143,6 +145,7 @@ async def test_shared_answers_follow_the_freshness_rule(monkeypatch: pytest.Monk
     await box.close()
 
 
+@pytest.mark.slow
 async def test_overview_and_charts_say_how_fresh_they_are(client: httpx.AsyncClient) -> None:
     q = (await client.get("/api/v1/queue")).json()
     assert q["summary"]["max_age_s"] > 0 and abs(q["summary"]["as_of"] - time.time()) < 60

@@ -18,6 +18,7 @@ SCHEDULE = {
 }
 
 
+@pytest.mark.slow
 async def test_delete_schedule(client: httpx.AsyncClient, services) -> None:
     services.registry = load_registry(services.settings.skill_dirs)
     made = await client.post("/api/v1/schedules", json=SCHEDULE)

@@ -19,6 +19,7 @@ async def _audit(services) -> list[tuple[str, str]]:
     return [(r.action, r.target) for r in rows]
 
 
+@pytest.mark.slow
 async def test_delete_finished_job(client: httpx.AsyncClient, services) -> None:
     done = await seed_job(services, status="succeeded")
     queued = await seed_job(services, status="queued")
@@ -33,6 +34,7 @@ async def test_delete_finished_job(client: httpx.AsyncClient, services) -> None:
     assert ("delete", done.id) in audit and ("delete", queued.id) in audit
 
 
+@pytest.mark.slow
 async def test_act_on_the_selected_rows(client: httpx.AsyncClient, services) -> None:
     picked = [await seed_job(services, status="succeeded") for _ in range(2)]
     running = await seed_job(services, status="running")

@@ -13,6 +13,7 @@ from jobs.models import OpsAction
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 async def test_pause_and_resume_a_skill(client: httpx.AsyncClient, services) -> None:
     services.registry = load_registry(services.settings.skill_dirs)
     paused = await client.post("/api/v1/skills/sales_report/pause")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from delivery.audio import FOLDER, convert, targets_for
 from delivery.channels.feishu import FeishuChannel
@@ -22,6 +23,7 @@ def test_targets_follow_what_the_channel_takes() -> None:
     assert targets_for({"flac"}) == []
 
 
+@pytest.mark.slow
 async def test_mp3_goes_to_feishu_as_an_opus_audio_message(tmp_path: Path, fs: Any) -> None:
     mp3 = tone(tmp_path / "memo.mp3", seconds=1.2)
     async with httpx.AsyncClient(timeout=10) as http:

@@ -124,6 +124,7 @@ async def test_telegram_turns_markdown_images_into_photos(tg, http) -> None:
     assert split_markdown_images(local) == (local, [])
 
 
+@pytest.mark.slow
 async def test_telegram_long_text_is_split_and_long_caption_sent_after(tg, http, files) -> None:
     ch = TelegramChannel(http, tg.token, api_base=tg.url)
     await ch.send_text("1001", ("line\n" * 2000).strip())
@@ -141,6 +142,7 @@ def feishu(http, fs) -> FeishuChannel:
     return FeishuChannel(http, fs.app_id, fs.app_secret, api_base=fs.url)
 
 
+@pytest.mark.slow
 async def test_feishu_token_cached_and_receive_id_types(fs, http) -> None:
     ch = feishu(http, fs)
     for contact in ("ou_a", "on_b", "oc_c", "u123", "a@b.com"):
@@ -157,6 +159,7 @@ async def test_feishu_token_cached_and_receive_id_types(fs, http) -> None:
     assert receive_id_type("ou_x") == "open_id"
 
 
+@pytest.mark.slow
 async def test_feishu_token_refreshed_when_revoked_or_expired(fs, http) -> None:
     ch = feishu(http, fs)
     await ch.send_text("ou_a", "1")
@@ -191,6 +194,7 @@ async def test_adapters_of_one_app_share_its_token_in_the_process(fs, wc, http) 
     assert len(fs.sent) == 5
 
 
+@pytest.mark.slow
 async def test_feishu_uploads(fs, http, files) -> None:
     ch = feishu(http, fs)
     await ch.send_image("ou_a", files["png"])
@@ -228,6 +232,7 @@ def wecom(http, wc) -> WeComChannel:
     return WeComChannel(http, wc.corp_id, wc.corp_secret, str(wc.agent_id), api_base=wc.url)
 
 
+@pytest.mark.slow
 async def test_wecom_text_image_and_audio_as_file(wc, http, files) -> None:
     ch = wecom(http, wc)
     await ch.send_text("zhangsan", "done")
@@ -240,6 +245,7 @@ async def test_wecom_text_image_and_audio_as_file(wc, http, files) -> None:
     assert len(wc.calls("/cgi-bin/gettoken")) == 1
 
 
+@pytest.mark.slow
 async def test_wecom_expired_token_and_errors(wc, http) -> None:
     ch = wecom(http, wc)
     await ch.send_text("zhangsan", "1")
@@ -409,6 +415,7 @@ async def test_web_batching_keeps_each_result_separate(sessionmaker, redis, sett
     assert [m["job_id"] for m in b1] == [f"j{i}" for i in range(0, 60, 3)]
 
 
+@pytest.mark.slow
 async def test_web_ledger_rules_in_one_batch(sessionmaker, redis, settings) -> None:
     """The exactly-once rules of web delivery, as one batch (one statement on PostgreSQL):
     a key already sent is skipped, a pending or failed row is taken over, a key twice in

@@ -173,6 +173,7 @@ async def test_telegram_upload_refused_as_too_large_goes_as_the_next_kind(tg, ht
     assert [(s["method"], s.get("caption")) for s in tg.sent] == [("sendDocument", "clip")]
 
 
+@pytest.mark.slow
 async def test_telegram_long_caption_moves_to_text_and_long_text_splits(tg, http, files_png):
     ch = telegram(http, tg)
     await ch.send_image("1001", files_png, caption="😀" * 600)  # 1200 UTF-16 units
@@ -184,6 +185,7 @@ async def test_telegram_long_caption_moves_to_text_and_long_text_splits(tg, http
     assert all(s["text"].startswith("word") for s in tg.sent)  # cut between paragraphs
 
 
+@pytest.mark.slow
 async def test_telegram_video_carries_duration_size_and_thumbnail(tg, http, tmp_path):
     video = clip(tmp_path / "clip.mp4", seconds=2)
     await telegram(http, tg).send_video("1001", video)
@@ -193,6 +195,7 @@ async def test_telegram_video_carries_duration_size_and_thumbnail(tg, http, tmp_
     assert sent["thumbnail"][:2] == b"\xff\xd8"  # a JPEG
 
 
+@pytest.mark.slow
 async def test_telegram_groups_replies_and_migrated_groups(tg, http):
     ch = telegram(http, tg)
     await ch.send_text(TG_GROUP, "to the group")
@@ -251,6 +254,7 @@ async def test_feishu_over_limit_image_goes_as_file_and_file_as_link(fs, http, t
 
 
 @pytest.mark.parametrize("probe", [None, NO_FFMPEG], ids=["ffprobe", "no-ffprobe"])
+@pytest.mark.slow
 async def test_feishu_picture_over_its_resolution_goes_as_file(fs, http, tmp_path, probe):
     """上传图片: at most 12000 × 12000 px (GIFs 2000 × 2000), bigger ones as files. With
     ffprobe the adapter sees it before uploading; without it the upload's refusal does."""
@@ -271,6 +275,7 @@ async def test_feishu_picture_over_its_resolution_goes_as_file(fs, http, tmp_pat
     assert (await ch.send_image("ou_a", str(ok))).kind == "image"  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 async def test_feishu_video_is_media_with_cover_and_duration(fs, http, tmp_path):
     video = clip(tmp_path / "clip.mp4", seconds=2)
     receipt = await feishu(http, fs).send_video("ou_a", video)
@@ -290,6 +295,7 @@ async def test_feishu_video_without_ffmpeg_goes_as_file_and_says_why(fs, http, t
     assert [s["msg_type"] for s in fs.sent] == ["file"]
 
 
+@pytest.mark.slow
 async def test_feishu_audio_is_opus_else_a_file(fs, http, tmp_path):
     ch = feishu(http, fs)
     voice = tone(tmp_path / "note.opus")
@@ -304,6 +310,7 @@ async def test_feishu_audio_is_opus_else_a_file(fs, http, tmp_path):
     assert "ffmpeg not installed" in as_file.note  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 async def test_feishu_group_chat_and_replies(fs, http):
     ch = feishu(http, fs)
     await ch.send_text(FS_GROUP, "hello group")
@@ -323,6 +330,7 @@ async def test_feishu_group_chat_and_replies(fs, http):
         await ch.send_text("ou_blocked", "x")
 
 
+@pytest.mark.slow
 async def test_feishu_long_text_stays_under_the_request_limit(fs, http):
     line = '"quoted" and \\escaped\\ text ' * 4
     await feishu(http, fs).send_text("ou_a", "\n".join([line] * 4000))  # ~ 0.5 MB escaped
@@ -362,6 +370,7 @@ async def test_wecom_limits_per_kind(wc, http, tmp_path):
     assert wc.sent[1]["video"]["title"] == "v.mp4"
 
 
+@pytest.mark.slow
 async def test_wecom_text_is_cut_to_2048_bytes(wc, http):
     await wecom(http, wc).send_text("zhangsan", "第一段。" * 300 + "\n\n" + "第二段。" * 300)
     assert len(wc.sent) >= 2
@@ -369,6 +378,7 @@ async def test_wecom_text_is_cut_to_2048_bytes(wc, http):
     assert wc.sent[0]["text"]["content"].startswith("第一段")
 
 
+@pytest.mark.slow
 async def test_wecom_group_chat_goes_through_appchat(wc, http, files_png):
     ch = wecom(http, wc)
     await ch.send_text("chat:wrchat1", "to the group")
@@ -395,6 +405,7 @@ async def test_wecom_token_expiring_mid_batch_is_refreshed_once(wc, http):
 # --- DingTalk -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_dingtalk_video_carries_duration_and_cover(dt, http, tmp_path):
     video = clip(tmp_path / "clip.mp4", seconds=3)
     receipt = await dingtalk(http, dt).send_video(f"chat:{DT_GROUP}", video)
@@ -408,6 +419,7 @@ async def test_dingtalk_video_carries_duration_and_cover(dt, http, tmp_path):
     assert mtype == "image" and cover[:2] == b"\xff\xd8"
 
 
+@pytest.mark.slow
 async def test_dingtalk_video_to_a_person_goes_as_a_file(dt, http, tmp_path):
     """One-to-one robot messages carry images, voice and files, not videos."""
     video = clip(tmp_path / "clip.mp4", seconds=2)
@@ -418,6 +430,7 @@ async def test_dingtalk_video_to_a_person_goes_as_a_file(dt, http, tmp_path):
     assert dt.oapi.media[sent["msgParam"]["mediaId"]][1] == "clip.mp4.zip"
 
 
+@pytest.mark.slow
 async def test_dingtalk_audio_carries_its_duration_in_ms(dt, http, tmp_path):
     voice = tone(tmp_path / "note.mp3", seconds=2)
     await dingtalk(http, dt).send_audio("user001", voice)
@@ -426,6 +439,7 @@ async def test_dingtalk_audio_carries_its_duration_in_ms(dt, http, tmp_path):
     assert 1500 < int(sent["msgParam"]["duration"]) < 2500
 
 
+@pytest.mark.slow
 async def test_dingtalk_without_ffmpeg_video_and_voice_go_as_files(dt, http, tmp_path):
     ch = dingtalk(http, dt, probe=NO_FFMPEG)
     (tmp_path / "clip.mp4").write_bytes(os.urandom(4096))
@@ -456,6 +470,7 @@ async def test_dingtalk_file_formats_and_limits(dt, http, tmp_path):
     assert link_for(huge) in dt.sent[-1]["msgParam"]["content"]
 
 
+@pytest.mark.slow
 async def test_dingtalk_long_text_stays_under_the_msg_param_limit(dt, http):
     """msgParam ≤ 15,000 bytes (the fake refuses more): a long Chinese text with quotes and
     line breaks, measured as escaped into msgParam, goes in pieces, in order."""
@@ -469,6 +484,7 @@ async def test_dingtalk_long_text_stays_under_the_msg_param_limit(dt, http):
     assert marks == sorted(marks) and joined.count("销售额") == 4 * 300  # all of it, in order
 
 
+@pytest.mark.slow
 async def test_dingtalk_group_conversations(dt, http, files_png):
     ch = dingtalk(http, dt)
     await ch.send_text(DT_GROUP, "to the group")
@@ -503,6 +519,7 @@ async def test_dingtalk_tokens_expiring_mid_batch_are_refreshed_once(dt, http, f
 # --- through send_message -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_send_message_reaches_a_group_and_replies(tg, fs, http):
     channels = {"telegram": telegram(http, tg), "feishu": feishu(http, fs)}
     asked_fs, asked_tg = fs.receive(FS_GROUP), tg.receive(TG_GROUP)

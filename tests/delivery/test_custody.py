@@ -151,6 +151,7 @@ async def test_a_stale_generation_never_records(sessionmaker) -> None:
     assert fresh is not None and fresh.status == "pending" and fresh.message_id is None
 
 
+@pytest.mark.slow
 async def test_outcome_unknown_is_not_retried_on_plain_channels(sessionmaker) -> None:
     calls = []
 

@@ -68,6 +68,7 @@ async def rows(services) -> list[Delivery]:
         return list((await s.execute(select(Delivery).order_by(Delivery.id))).scalars())
 
 
+@pytest.mark.slow
 async def test_reply_to_current_answers_the_originating_message(services, tg) -> None:
     asked = tg.receive("1001")
     job = await make_job(services, context={"message_id": str(asked)})

@@ -304,6 +304,7 @@ async def services_for() -> Any:
         await svc.close()
 
 
+@pytest.mark.slow
 async def test_stuck_pending_deliveries_show_in_the_default_views(
     settings: Any, services_for: Any
 ) -> None:

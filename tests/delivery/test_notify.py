@@ -42,6 +42,7 @@ def settings_with(tmp_path, targets: dict, **kw) -> object:
     )
 
 
+@pytest.mark.slow
 async def test_alias_to_json_and_form_with_attachment(tmp_path, sink, report) -> None:
     port = sink.port
     s = settings_with(

@@ -158,6 +158,7 @@ async def test_sync_answers_of_the_same_skills(real_services) -> None:
     assert crawl["completed"] is False and crawl["pages"] == [f"/docs/page-{i}" for i in range(3)]
 
 
+@pytest.mark.slow
 async def test_argparse_failure_reaches_telegram_as_its_error_line(real_services, tg) -> None:
     ids, _ = await background(real_services, [("flashcards", {}, tg_ctx("2039"))])
     assert chat_texts(tg, "2039") == [
@@ -168,6 +169,7 @@ async def test_argparse_failure_reaches_telegram_as_its_error_line(real_services
     assert job["status"] == "failed" and "usage: srs" in job["result"]["stderr_tail"]
 
 
+@pytest.mark.slow
 async def test_a_skill_md_only_folder_is_listed_and_refused_with_a_hint(real_services) -> None:
     from jobs.queue.dispatcher import Dispatcher
 

@@ -140,6 +140,7 @@ async def test_telegram_refusing_the_entities_gets_plain_text(tg, http) -> None:
     assert len(failed) == 1  # tried once as HTML
 
 
+@pytest.mark.slow
 async def test_telegram_long_markdown_arrives_whole_in_order(tg, http) -> None:  # type: ignore[no-untyped-def]
     ch = TelegramChannel(http, tg.token, api_base=tg.url)
     md = "\n\n".join(f"## Part {i}\n\n" + "**x** & y " * 120 for i in range(20))
@@ -161,6 +162,7 @@ async def test_feishu_sends_an_interactive_card(fs, http) -> None:  # type: igno
     assert text["msg_type"] == "text" and text["content"] == {"text": CLI_OUTPUT}
 
 
+@pytest.mark.slow
 async def test_wecom_markdown_messages_within_2048_bytes(http) -> None:  # type: ignore[no-untyped-def]
     with FakeWeCom() as wc:
         ch = WeComChannel(http, wc.corp_id, wc.corp_secret, str(wc.agent_id), api_base=wc.url)
@@ -189,6 +191,7 @@ async def test_dingtalk_sample_markdown_with_a_title(http) -> None:  # type: ign
         assert plain["msgKey"] == "sampleText"
 
 
+@pytest.mark.slow
 async def test_telegram_markdown_caption_goes_as_html(tg, http, tmp_path) -> None:  # type: ignore[no-untyped-def]
     photo = tmp_path / "chart.png"
     photo.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
@@ -229,6 +232,7 @@ ATOMS = (
 
 
 @pytest.mark.parametrize("limit", [60, 300, TEXT_LIMIT])
+@pytest.mark.slow
 def test_any_text_converts_to_valid_html_within_the_limit(limit: int) -> None:
     import random
 

@@ -66,6 +66,7 @@ def test_parse_recipients_four_forms() -> None:
     assert found == [] and "names no channel" in bad[0]["error"]
 
 
+@pytest.mark.slow
 async def test_every_form_reaches_its_channel(channels, tg, fs) -> None:
     r = await send_message(channels, to="feishu:ou_a", text="one")
     assert r == {
@@ -86,6 +87,7 @@ async def test_every_form_reaches_its_channel(channels, tg, fs) -> None:
     assert [(m["chat_id"], m["text"]) for m in tg.sent] == [("1001", "three"), ("1002", "four")]
 
 
+@pytest.mark.slow
 async def test_partial_failure_unknown_and_unconfigured_channels(channels, tg) -> None:
     r = await send_message(
         channels, to=["telegram:1001", "wecom:zhangsan", "sms:123", "telegram:555"], text="hi"
@@ -98,6 +100,7 @@ async def test_partial_failure_unknown_and_unconfigured_channels(channels, tg) -
     assert len(tg.sent) == 1
 
 
+@pytest.mark.slow
 async def test_attachments_caption_vs_separate_text(channels, tg, fs, chart) -> None:
     r = await send_message(
         channels,

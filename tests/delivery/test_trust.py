@@ -231,6 +231,7 @@ def test_run_scope_of_a_job_without_a_role(tmp_path: Path) -> None:
     assert "workspace_dir" not in ctx and scope.finish().mine == ("new.png",)
 
 
+@pytest.mark.slow
 def test_backfill_caps_files_and_bytes(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -51,6 +51,7 @@ async def run(svc: Any, skill: str, inp: Any, ctx: dict[str, Any]) -> dict[str, 
 # --- 1. arguments are checked as rendered -----------------------------------------------
 
 
+@pytest.mark.slow
 async def test_cli_arguments_cannot_name_host_files(trust) -> None:
     secret = trust.settings.data_dir / "secret.key"
     secret.write_text("top-secret-key-material")
@@ -116,6 +117,7 @@ async def test_notify_refuses_a_second_url_riding_along(trust, sinks, monkeypatc
 # --- 3. no tokenless admin ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_no_token_is_401_and_read_token_reads(trust) -> None:
     from pydantic import SecretStr
 
@@ -138,6 +140,7 @@ async def test_no_token_is_401_and_read_token_reads(trust) -> None:
 # --- 4. Redis decides nothing about recipients ---------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_forged_outbox_queue_entry_does_not_choose_the_recipient(trust, tg) -> None:
     """A parked delivery for chat A whose id a Redis writer pushed under chat B's queue is
     not sent to B; it reaches A, as its ledger row says."""
@@ -179,6 +182,7 @@ async def test_a_forged_outbox_queue_entry_does_not_choose_the_recipient(trust, 
 # --- 6. results never vanish, text is always valid -------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_lone_surrogate_in_a_result_is_delivered_as_replacement(trust, tg) -> None:
     """A Node skill cutting an emoji in half: the job succeeds with U+FFFD in place of the
     half, records that it did, and the person gets the text."""
@@ -201,6 +205,7 @@ async def test_a_lone_surrogate_in_a_result_is_delivered_as_replacement(trust, t
     assert any("abc \ufffd" in t for t in texts), tg.sent
 
 
+@pytest.mark.slow
 async def test_bad_text_and_untyped_ids_are_4xx_naming_the_field(trust) -> None:
     def body(inp: Any, ctx: dict[str, Any]) -> bytes:
         return json.dumps({"skill": "emoji_cut", "input": inp, "context": ctx}).encode()
@@ -268,6 +273,7 @@ async def test_the_same_idempotency_key_from_two_callers_makes_two_jobs(trust, t
 # --- 9. echoed secrets are masked; file links carry no path -------------------------------
 
 
+@pytest.mark.slow
 async def test_credentials_echoed_by_a_skill_are_masked_in_its_result(trust, tg) -> None:
     secrets = {
         "api_key": "sk-live-4f9a8b7c6d5e",
@@ -295,6 +301,7 @@ async def test_credentials_echoed_by_a_skill_are_masked_in_its_result(trust, tg)
 # --- 5. the sync line isolates people --------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_sync_line_gives_each_person_a_workspace_and_vets_files(trust) -> None:
     a = await run(trust, "ws_sync", {"write": {"a-private.txt": "A's data"}}, TG_A)
     assert "a-private.txt" in a["listing"], a

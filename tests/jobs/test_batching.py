@@ -18,6 +18,7 @@ from jobs.queue.dispatcher import Dispatcher
 TG = {"channel": "telegram", "actor_key": "tg-1", "role_id": "r1", "session_id": "s-tg"}
 
 
+@pytest.mark.slow
 async def test_concurrent_submits_share_flushes_and_keep_their_results():
     seen: list[list[int]] = []
 
@@ -96,6 +97,7 @@ async def _queued_jobs(services, n: int) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 async def test_claim_many_mixed_batch(services):
     a, b, c = await _queued_jobs(services, 3)
     sm = services.sessionmaker
@@ -113,6 +115,7 @@ async def test_claim_many_mixed_batch(services):
     assert [(x.number, x.worker_id, x.lease_token) for x in attempts] == [(1, "w1", 1)]
 
 
+@pytest.mark.slow
 async def test_finish_many_records_only_the_attempts_holding_the_lease(services):
     a, b, c = await _queued_jobs(services, 3)
     sm = services.sessionmaker

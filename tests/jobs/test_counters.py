@@ -61,6 +61,7 @@ async def test_counters_count_what_workers_record(services, tmp_path):
     assert again[1] > failed_before
 
 
+@pytest.mark.slow
 async def test_pruned_total_is_a_counter(services):
     from jobs.models import OpsAction
 
@@ -72,6 +73,7 @@ async def test_pruned_total_is_a_counter(services):
     assert found[(("kind", "jobs"),)] == ("counter", 5)
 
 
+@pytest.mark.slow
 async def test_grafana_dashboard_queries_metrics_we_export(services, repo_root):
     import json
     import re

@@ -76,6 +76,7 @@ def _parent_id(span: ReadableSpan) -> int | None:
     return span.parent.span_id if span.parent is not None else None
 
 
+@pytest.mark.slow
 async def test_one_trace_per_job_with_the_workers_spans_under_the_dispatch(
     svc: Services, spans: InMemorySpanExporter, tg: Any
 ) -> None:
@@ -133,6 +134,7 @@ async def test_each_run_of_a_retried_job_is_in_its_trace(
         assert _parent_id(span) == root.context.span_id
 
 
+@pytest.mark.slow
 async def test_a_job_dispatched_untraced_still_gets_one_trace(
     svc: Services, spans: InMemorySpanExporter
 ) -> None:

@@ -157,6 +157,7 @@ def test_cli_check_defaults_to_configured_folders(tmp_path, monkeypatch):
     assert "✗ no_entry" in res.output and "✓ good_handler" in res.output
 
 
+@pytest.mark.slow
 def test_cli_list_shows_load_errors_and_exits_zero(tmp_path, monkeypatch):
     for name in ("good_handler", "no_entry", "doc_skill"):
         shutil.copytree(FIX / name, tmp_path / name)

@@ -31,6 +31,7 @@ def run(runner: CliRunner, *args: str):
     return runner.invoke(app, list(args), catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_dispatch_sync_prints_the_result(cli_env):
     res = run(cli_env, "dispatch", "sync_echo", "--input", '{"a": 1}', "--channel", "web")
     assert res.exit_code == 0, res.output
@@ -106,6 +107,7 @@ def test_dispatch_from_a_group_conversation(cli_env):
         (["jobs", "retry", "0" * 32], "no job 000"),
     ],
 )
+@pytest.mark.slow
 def test_failures_exit_non_zero_with_a_reason(cli_env, args, needle):
     res = run(cli_env, *args)
     assert res.exit_code == 1

@@ -39,6 +39,7 @@ def run(*args: str):
     return CliRunner().invoke(app, list(args))
 
 
+@pytest.mark.slow
 def test_state_file_alone_is_enough(clean_env, sqlite_url, redis_server_url, monkeypatch):
     """Only SKILLJOBS_DATA_DIR set: database, Redis and skills path come from state.json."""
     prefix = f"sjt-state-{os.getpid()}"
@@ -80,6 +81,7 @@ def test_a_set_variable_wins_and_a_dead_instance_lends_no_redis(
     assert settings.redis_url is None and settings.skills_path == "y"
 
 
+@pytest.mark.slow
 def test_piped_lists_are_tab_separated_and_whole(clean_env, sqlite_url, monkeypatch):
     """A long error is printed whole on one line, columns split by tabs."""
     import asyncio
@@ -140,6 +142,7 @@ def test_debug_shows_the_traceback(clean_env, monkeypatch):
     assert "Traceback" in res.output and "SKILLJOBS_DATABASE_URL" in res.output
 
 
+@pytest.mark.slow
 def test_missing_schema_names_the_fix(clean_env, monkeypatch, tmp_path):
     monkeypatch.setenv("SKILLJOBS_DATABASE_URL", f"sqlite:///{tmp_path / 'empty.db'}")
     res = run("jobs", "list")
@@ -155,6 +158,7 @@ def test_plain_postgresql_url_is_accepted(clean_env, pg_url, monkeypatch):
 
 
 @pytest.mark.parametrize("url", ["nonsense", "postgresql://u@[::1/x", "mysql://u@h/x"])
+@pytest.mark.slow
 def test_doctor_survives_a_bad_database_url(clean_env, url, monkeypatch):
     monkeypatch.setenv("SKILLJOBS_DATABASE_URL", url)
     monkeypatch.setenv("SKILLJOBS_REDIS_URL", "redis://127.0.0.1:1/0")
@@ -191,6 +195,7 @@ def test_skills_check_refuses_a_non_boolean_async(tmp_path):
     assert run("skills", "check", str(tmp_path / "skills")).exit_code == 0
 
 
+@pytest.mark.slow
 def test_jobs_delete_from_the_cli(clean_env, sqlite_url, monkeypatch):
     import asyncio
 
@@ -251,6 +256,7 @@ def test_cli_speaks_chinese(clean_env, monkeypatch, tmp_path):
         ["schedules", "runs", "x"],
     ],
 )
+@pytest.mark.slow
 def test_every_command_explains_an_unreachable_database(clean_env, monkeypatch, args):
     monkeypatch.setenv("SKILLJOBS_DATABASE_URL", "postgresql://u@127.0.0.1:1/x")
     res = run(*args)

@@ -145,6 +145,7 @@ async def test_a_server_that_never_answers_times_out(tmp_path: Path, redis_prefi
         await server.wait_closed()
 
 
+@pytest.mark.slow
 async def test_unmigrated_sqlite_says_to_run_db_upgrade(tmp_path: Path, redis_prefix: str) -> None:
     path = tmp_path / "empty.db"
     with sqlite3.connect(path) as conn:
@@ -196,6 +197,7 @@ async def test_missing_sqlite_file_is_a_warning_and_is_not_created(
 # --- Redis ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_redis_unset_unreachable_and_persistence(tmp_path: Path, redis_prefix: str) -> None:
     unset = await check_redis(_cfg(tmp_path, redis_prefix))
     assert unset.status is Status.OK and "embedded Redis" in unset.detail
@@ -399,6 +401,7 @@ def _app() -> typer.Typer:
     return app
 
 
+@pytest.mark.slow
 def test_command_exit_codes_and_output(
     tmp_path: Path, monkeypatch, sqlite_url: str, redis_server_url: str
 ) -> None:

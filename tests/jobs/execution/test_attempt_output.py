@@ -140,6 +140,7 @@ async def test_each_attempt_keeps_its_own_output_tails(svc: Services, monkeypatc
     assert "attempt 2 stdout (tail)" in res.output and TOKEN not in res.output
 
 
+@pytest.mark.slow
 async def test_a_quiet_run_writes_no_tails(svc: Services) -> None:
     job_id = await dispatch(svc, "bg_sleep", {"seconds": 0})
     await drain(svc)

@@ -146,6 +146,7 @@ async def test_import_time_module_error_in_process(ex: Executor, tmp_path: Path)
     assert out.error_type == "config" and out.result["missing_module"] == "not_here_pkg"
 
 
+@pytest.mark.slow
 def test_lock_times_out_while_another_process_builds(tmp_path: Path) -> None:
     spec = envs.spec_for(load_skill(MARKET / "req_skill"))
     assert spec is not None

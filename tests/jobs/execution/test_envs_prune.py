@@ -291,6 +291,7 @@ def test_envs_cli_and_retention_pass(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert rows["req_skill"] == "missing (requirements.txt)"  # built again on next use
 
 
+@pytest.mark.slow
 async def test_the_workers_pruner_cleans_environments(services) -> None:  # type: ignore[no-untyped-def]
     """The retention loop every worker runs (``prune.run_forever``) removes an environment
     nobody used for the retention, keeps a fresh one, and records the count in the audit."""

@@ -320,6 +320,7 @@ async def test_subprocess_timeout_kills_every_child(ex: Executor) -> None:
     assert await procs_gone(dur) == []
 
 
+@pytest.mark.slow
 async def test_children_left_after_exit_are_killed(ex: Executor) -> None:
     dur = unique_sleep()
     out = await ex.execute("spawn_and_exit", {"dur": dur}, dict(CTX))
@@ -354,6 +355,7 @@ async def test_cancel_in_process_stops_skill(ex: Executor) -> None:
     assert running[0].done() and running[0].cancelled()
 
 
+@pytest.mark.slow
 async def test_output_flood(ex: Executor) -> None:
     out = await ex.execute("flood", {}, dict(CTX))
     assert out.status == "failed"
@@ -469,6 +471,7 @@ def test_subprocess_timeout_rule(tmp_path: Path) -> None:
     assert Executor.subprocess_timeout(Skill(name="a", path=tmp_path, is_async=True), 900) == 900
 
 
+@pytest.mark.slow
 async def test_http_skill_media_and_server_errors(ex: Executor, tmp_path: Path) -> None:
     from tests.exec_fixtures.fake_api import PNG, FakeAPI, Running
 
@@ -488,6 +491,7 @@ async def test_http_skill_media_and_server_errors(ex: Executor, tmp_path: Path) 
         assert out.error == f"GET {api.url}/status%2F503 answered HTTP 503: nope: 503"
 
 
+@pytest.mark.slow
 async def test_known_secrets_never_come_back(
     ex: Executor, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -503,6 +507,7 @@ async def test_known_secrets_never_come_back(
     assert token not in caplog.text
 
 
+@pytest.mark.slow
 async def test_file_params_resolved_into_workspace(ex: Executor) -> None:
     r = await ex.run("shell_echo", {"output": "dir/report.txt", "title": "x.txt"}, dict(CTX))
     ws = ex.workspace_root / "r1" / "s1"

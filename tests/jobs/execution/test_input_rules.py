@@ -164,6 +164,7 @@ async def test_fanout_name_runs_the_subcommand(ex: Executor) -> None:
     assert unknown.error_type == "config" and "unknown skill" in unknown.result["error"]
 
 
+@pytest.mark.slow
 async def test_fanout_dispatch_validates_the_subcommand_schema(market_services) -> None:  # type: ignore[no-untyped-def]
     from jobs.queue.dispatcher import Dispatcher
 

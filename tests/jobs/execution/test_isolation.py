@@ -292,6 +292,7 @@ async def test_a_forged_cancel_message_changes_nothing(services) -> None:
         await w.close()
 
 
+@pytest.mark.slow
 async def test_a_forged_live_push_reaches_no_web_session(sessionmaker, redis, settings) -> None:
     """A message published on a session's live channel by a plain Redis client is not a
     stored message: a listener with the database drops it and passes on only what is
@@ -356,6 +357,7 @@ def _deep(n: int) -> dict:
         ({"n": [1, float("inf")]}, {}, "not a finite number"),
     ],
 )
+@pytest.mark.slow
 async def test_inputs_that_are_not_plain_data_are_refused_at_dispatch(
     services, inp: dict, ctx_extra: dict, needle: str
 ) -> None:
@@ -454,6 +456,7 @@ async def test_the_embedded_redis_refuses_clients_without_its_password(
 # --- HTTP skills ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_an_http_skill_cannot_be_pointed_at_another_host(
     tmp_path: Path, sqlite_url: str, registry
 ) -> None:
@@ -665,6 +668,7 @@ async def test_the_bwrap_sandbox_shows_only_the_system_and_the_workspace(
         await engine.dispose()
 
 
+@pytest.mark.slow
 async def test_the_dispatch_endpoint_refuses_what_is_not_plain_data(services) -> None:
     """The same refusals over HTTP: a 4xx with an error envelope, never a 500."""
     import httpx

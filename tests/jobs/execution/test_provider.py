@@ -148,6 +148,7 @@ async def test_anthropic_complete(tmp_path: Path) -> None:
         }
 
 
+@pytest.mark.slow
 async def test_errors_are_classified_and_keep_the_key_out(tmp_path: Path) -> None:
     async with Running(FakeAPI()) as api, httpx.AsyncClient() as http:
         s = settings_for(
@@ -181,6 +182,7 @@ async def test_errors_are_classified_and_keep_the_key_out(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
+@pytest.mark.slow
 async def test_in_process_skill_uses_provider(tmp_path: Path, sqlite_url: str, kind: str) -> None:
     async with Running(FakeAPI()) as api, httpx.AsyncClient() as http:
         s = settings_for(

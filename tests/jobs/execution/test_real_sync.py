@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from delivery.render import failure_text
 from jobs.catalog.loader import load_registry
 from jobs.cli.skills import try_it
@@ -14,6 +16,7 @@ from tests.helpers.real import REAL_SKILLS, background, job_json, tg_ctx, web_ct
 from tests.helpers.settings import EXEC_FIXTURES, make_settings
 
 
+@pytest.mark.slow
 async def test_a_large_sync_result_is_offloaded_like_a_background_one(real_services) -> None:
     res = await Dispatcher(real_services).dispatch("log_export", {}, web_ctx("s-big"))
     assert res.status_code == 200
@@ -29,6 +32,7 @@ async def test_a_large_sync_result_is_offloaded_like_a_background_one(real_servi
     assert Path(receipt["path"]).parent == ws / ".toolout"
 
 
+@pytest.mark.slow
 async def test_a_bare_string_schema_property_is_corrected_at_run_time(real_services) -> None:
     d = Dispatcher(real_services)
     ok = await d.dispatch("quote_lookup", {"symbol": "AAPL"}, web_ctx("s-q"))
@@ -39,6 +43,7 @@ async def test_a_bare_string_schema_property_is_corrected_at_run_time(real_servi
     assert wrong.status_code == 422 and wrong.body["need_param"] == ["symbol"]
 
 
+@pytest.mark.slow
 async def test_without_a_workspace_a_script_runs_in_a_temporary_folder(real_services) -> None:
     before = set((REAL_SKILLS / "sysinfo_report").iterdir())
     ctx = {"channel": "web", "session_id": "s-none"}  # no role: no workspace
@@ -49,6 +54,7 @@ async def test_without_a_workspace_a_script_runs_in_a_temporary_folder(real_serv
     assert set((REAL_SKILLS / "sysinfo_report").iterdir()) == before  # nothing written there
 
 
+@pytest.mark.slow
 async def test_stdout_reason_is_the_tail_and_the_chat_gets_the_meaningful_line(tmp_path) -> None:
     settings = make_settings(tmp_path, redis_url=None, prefix="t")
     ex = Executor(
@@ -85,6 +91,7 @@ def test_admin_hints_are_stripped_in_both_languages() -> None:
             assert want in text
 
 
+@pytest.mark.slow
 async def test_unloadable_skill_refusal_is_config_and_not_retriable(real_services, tmp_path):
     from jobs.skill import Skill
 
@@ -94,6 +101,7 @@ async def test_unloadable_skill_refusal_is_config_and_not_retriable(real_service
     assert res.body["error_type"] == "config" and res.body["non_retriable"] is True
 
 
+@pytest.mark.slow
 async def test_a_background_job_record_keeps_result_keys_readable(real_services, tg) -> None:
     ids, _ = await background(real_services, [("model_costs", {}, tg_ctx("2002"))])
     job = await job_json(real_services, ids[0])

@@ -103,6 +103,7 @@ async def test_an_untrusted_skill_is_refused_when_the_sandbox_cannot_start(tmp_p
 
 @BWRAP
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_limits_and_the_workspace_quota_stop_a_run_with_a_reason(tmp_path: Path) -> None:
     market = tmp_path / "market"
     skill_folder(

@@ -112,6 +112,7 @@ def alive_with(token: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 async def test_a_skill_reads_nothing_of_the_worker_the_data_dir_or_another_run(
     hostile: Any, tg: Any
 ) -> None:
@@ -158,6 +159,7 @@ async def test_a_skill_reads_nothing_of_the_worker_the_data_dir_or_another_run(
     assert held not in repr(tg.sent)
 
 
+@pytest.mark.slow
 async def test_nothing_a_skill_starts_outlives_its_run_and_no_symlink_is_sent(
     hostile: Any, tg: Any
 ) -> None:
@@ -177,6 +179,7 @@ async def test_nothing_a_skill_starts_outlives_its_run_and_no_symlink_is_sent(
     nothing_of_the_host_sent(tg)
 
 
+@pytest.mark.slow
 async def test_the_worker_s_redis_and_postgresql_on_loopback_are_unreachable(
     hostile: Any, redis_server_url: str
 ) -> None:
@@ -196,6 +199,7 @@ async def test_the_worker_s_redis_and_postgresql_on_loopback_are_unreachable(
     assert job["result"]["default_route"] is True
 
 
+@pytest.mark.slow
 async def test_the_worker_s_settings_are_never_a_skill_s_credentials(
     hostile: Any, tg: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -221,6 +225,7 @@ async def test_the_worker_s_settings_are_never_a_skill_s_credentials(
         )
 
 
+@pytest.mark.slow
 async def test_an_entry_file_of_mode_0700_runs_sandboxed_never_as_the_worker(
     hostile: Any,
 ) -> None:
@@ -229,6 +234,7 @@ async def test_an_entry_file_of_mode_0700_runs_sandboxed_never_as_the_worker(
     assert job["result"]["uid"] == 65534 != os.getuid()
 
 
+@pytest.mark.slow
 async def test_a_folder_swapped_for_a_symlink_changes_nothing_of_the_host(hostile: Any) -> None:
     """The chown race: a skill flips a workspace folder to a symlink to the data dir across
     runs. Nothing is ever chowned, and its swapper does not survive its run."""

@@ -186,6 +186,7 @@ async def test_output_cap_kills_process() -> None:
     assert r.returncode is not None and r.returncode != 0
 
 
+@pytest.mark.slow
 async def test_timeout_kills_whole_group() -> None:
     dur = unique_sleep()
     script = f"sleep {dur} & sleep {dur} & sleep {dur}\n"

@@ -111,6 +111,7 @@ async def test_run_at_iso_and_a_sync_skill_runs_in_the_background(services):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_bad_when_is_refused_and_nothing_is_recorded(services):
     async with api(services) as c:
         for extra, why in (

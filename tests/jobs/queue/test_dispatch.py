@@ -287,6 +287,7 @@ async def test_enqueue_failure_is_never_a_receipt(job_settings, tmp_path):
         await svc.close()
 
 
+@pytest.mark.slow
 async def test_concurrent_dispatches_from_one_new_session(services):
     """Many jobs at once from a session nobody has seen yet: all recorded, one session row."""
     import asyncio

@@ -276,6 +276,7 @@ def test_the_servers_run_on_uvloop() -> None:
     assert not issubclass(run_async(loop_type), uvloop.Loop)
 
 
+@pytest.mark.slow
 async def test_batched_enqueue_survives_a_server_without_the_script(services, monkeypatch):
     """Redis restarted (its script cache empty): the batch loads the script and is sent
     again, every job enqueued once."""

@@ -29,6 +29,7 @@ def _client(services: Services) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", headers=ADMIN_AUTH)
 
 
+@pytest.mark.slow
 async def test_input_over_the_storable_limit_is_a_413(services: Services) -> None:
     services.settings.max_request_mb = 8
     over = {"seconds": 0, "blob": "a" * (storable.JSON_CAP + 10)}
@@ -51,6 +52,7 @@ async def test_input_over_the_storable_limit_is_a_413(services: Services) -> Non
     assert services.box.unseal(job.input) == under
 
 
+@pytest.mark.slow
 async def test_redis_down_refusal_writes_no_job(job_settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A private Redis, stopped: every dispatch is a 503, none leaves a job (failed or not),
     and the failure counts stay at 0; once it is back the same dispatch is a 202."""

@@ -26,6 +26,7 @@ async def _jobs(services) -> int:  # type: ignore[no-untyped-def]
         return int(await s.scalar(select(func.count()).select_from(Job)) or 0)
 
 
+@pytest.mark.slow
 async def test_same_key_same_receipt(services) -> None:  # type: ignore[no-untyped-def]
     d = Dispatcher(services)
     first = await d.dispatch("bg_sleep", {"seconds": 0.01}, TG, idempotency_key="k-1")
@@ -39,6 +40,7 @@ async def test_same_key_same_receipt(services) -> None:  # type: ignore[no-untyp
     assert no_key.status_code == 202 and await _jobs(services) == 3
 
 
+@pytest.mark.slow
 async def test_same_key_other_request_is_a_conflict(services) -> None:  # type: ignore[no-untyped-def]
     d = Dispatcher(services)
     first = await d.dispatch("bg_sleep", {"seconds": 0.01}, TG, idempotency_key="k-c")
@@ -61,6 +63,7 @@ async def test_concurrent_duplicates_make_one_job(services) -> None:  # type: ig
     assert await _jobs(services) == 1
 
 
+@pytest.mark.slow
 async def test_key_past_its_window_makes_a_new_job(services) -> None:  # type: ignore[no-untyped-def]
     d = Dispatcher(services)
     first = await d.dispatch("bg_sleep", {"seconds": 0.01}, TG, idempotency_key="k-old")

@@ -133,6 +133,7 @@ async def test_failures_group_into_incidents_ack_and_reopen(svc: Services) -> No
         await incidents.ack(svc.sessionmaker, "nope")
 
 
+@pytest.mark.slow
 async def test_concurrent_failures_of_one_signature_all_count(svc: Services) -> None:
     import asyncio
 
@@ -146,6 +147,7 @@ async def test_concurrent_failures_of_one_signature_all_count(svc: Services) -> 
     assert inc["count"] == 12 and len(inc["sample_job_ids"]) == incidents.SAMPLES
 
 
+@pytest.mark.slow
 async def test_failures_recorded_out_of_order_keep_first_and_last_seen(svc: Services) -> None:
     """Two workers' failures commit in either order: first/last seen are the min/max."""
     await incidents.record_failure(svc.sessionmaker, "j2", "s", "failed", "boom 2", now=200.0)
@@ -155,6 +157,7 @@ async def test_failures_recorded_out_of_order_keep_first_and_last_seen(svc: Serv
     assert (inc["first_seen"], inc["last_seen"], inc["count"]) == (100.0, 200.0, 3)
 
 
+@pytest.mark.slow
 async def test_bulk_retry_by_filter_retries_exactly_the_matched_jobs(svc: Services) -> None:
     orders = await _fail_orders(svc, 3)
     quota = await dispatch(svc, "quota_report")
@@ -286,6 +289,7 @@ async def test_cli_bulk_retry_counts_first(svc: Services, monkeypatch, redis_pre
     assert res.exit_code == 1 and "no incident" in res.output
 
 
+@pytest.mark.slow
 async def test_a_job_lost_three_times_is_an_incident_with_its_cause(svc: Services) -> None:
     """The lease of each run runs out (its worker died): the third loss fails the job, and
     that failure is counted like any other, shown in GET /api/v1/incidents."""

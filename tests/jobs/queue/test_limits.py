@@ -91,6 +91,7 @@ async def _claim(svc, free: int, lim: dict[str, int] | None = None, holder: str 
     return [aid for aid, _, _ in got]
 
 
+@pytest.mark.slow
 async def test_round_robin_across_orgs(rsvc):
     a_ids, b_ids = await _put(rsvc, 500, "A"), await _put(rsvc, 5, "B")
     first = await _claim(rsvc, 10)
@@ -102,6 +103,7 @@ async def test_round_robin_across_orgs(rsvc):
     assert len(set(later) & set(a_ids) - set(first)) == 3
 
 
+@pytest.mark.slow
 async def test_entries_queued_within_a_millisecond_keep_their_order(rsvc):
     """Ids are random: ordered by id, entries queued in one millisecond (or one batch)
     would be claimed in no particular order."""
@@ -114,6 +116,7 @@ async def test_entries_queued_within_a_millisecond_keep_their_order(rsvc):
     assert await _claim(rsvc, 10) == names
 
 
+@pytest.mark.slow
 async def test_priority_lanes_first_then_round_robin(rsvc):
     late = await _put(rsvc, 3, "A", priority=9, tag="late")
     normal = await _put(rsvc, 2, "B")  # default (3)
@@ -149,6 +152,7 @@ async def test_hand_back_returns_to_lane_and_remove_leaves_it(rsvc):
     assert await rsvc.redis.exists(in_progress_key_prefix + ids[2])
 
 
+@pytest.mark.slow
 async def test_entries_without_lanes_are_still_claimed(rsvc):
     """Entries enqueued by arq itself (or an earlier version) are served in arq's order."""
     queue = broker.queue_name(rsvc)

@@ -21,6 +21,7 @@ async def _status(services, job_id: str) -> str:
     return (await store.get_job(services.sessionmaker, job_id)).status
 
 
+@pytest.mark.slow
 async def test_paused_skill_waits_while_others_run(services):
     done = await pauses.pause(services, "bg_sleep", actor="ops")
     assert done == {"skill": "bg_sleep", "paused": True, "changed": True}
@@ -45,11 +46,13 @@ async def test_paused_skill_waits_while_others_run(services):
     ]
 
 
+@pytest.mark.slow
 async def test_unknown_skill_is_refused(services):
     with pytest.raises(LookupError, match="no skill 'nope'"):
         await pauses.pause(services, "nope")
 
 
+@pytest.mark.slow
 async def test_cancel_of_a_parked_job_and_resume_of_the_rest(services):
     from jobs.queue import control
 

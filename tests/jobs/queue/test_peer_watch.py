@@ -32,6 +32,7 @@ async def test_a_peers_heartbeat_key_going_is_noticed_at_the_next_look(services)
     assert await me.peer_just_gone() is False  # left to the once-a-second passes
 
 
+@pytest.mark.slow
 async def test_a_stopped_peer_is_not_watched(services) -> None:
     me = JobRunner(services, services.executor, "me", finisher=postprocess, notices=notices)
     await store.worker_heartbeat(services.sessionmaker, "peer", "host", 1, [])

@@ -114,6 +114,7 @@ async def test_failing_skill_with_nul_on_stderr_fails_with_a_reason(poison_setti
         await svc.close()
 
 
+@pytest.mark.slow
 async def test_nul_in_a_dispatched_input_is_stored(services):
     job_id = await dispatch(services, "bg_sleep", {"seconds": 0, "note": "a\x00b"})
     job, _ = await job_and_attempts(services, job_id)
@@ -222,6 +223,7 @@ async def test_a_blocked_event_loop_is_reported_with_its_stack(caplog):
     assert "test_a_blocked_event_loop_is_reported_with_its_stack" in caplog.text
 
 
+@pytest.mark.slow
 async def test_an_exception_while_running_fails_the_job_instead_of_losing_it(services, monkeypatch):
     """Not only logged by arq (the job would stay running, be lost and re-run 3 times)."""
     from jobs.execution.executor import Executor

@@ -169,6 +169,7 @@ async def test_retention_keeps_what_may_still_matter(services, tmp_path: Path) -
     assert again is not None and again.total() == 0
 
 
+@pytest.mark.slow
 async def test_messages_and_files_are_kept_unless_configured(services, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     workspace = services.settings.resolved_workspace_root / "r1" / "y"
     workspace.mkdir(parents=True)

@@ -55,6 +55,7 @@ def test_rates_keys_and_the_claim_form():
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 async def test_put_get_delete_limits_are_audited_and_in_metrics(services):
     async with api(services) as c:
         r = await c.put("/api/v1/limits/skill:bg_sleep", json={"rate": "2/10s"})

@@ -65,6 +65,7 @@ SESSION = {
 }
 
 
+@pytest.mark.slow
 async def test_claimed_row_reads_as_the_orm_reads_it(services) -> None:
     """The claim's row (input, context, flags, times) equals the ORM's read of the job."""
     values = _new_job()
@@ -81,6 +82,7 @@ async def test_claimed_row_reads_as_the_orm_reads_it(services) -> None:
     assert claim.job.input == values["input"] and claim.job.status == "running"
 
 
+@pytest.mark.slow
 async def test_finish_batch_is_fenced_per_attempt(services) -> None:
     """In one batch, the attempt that holds its lease is recorded and its attempt row closed;
     the one whose token moved on writes nothing."""
@@ -103,6 +105,7 @@ async def test_finish_batch_is_fenced_per_attempt(services) -> None:
     assert attempts[b["id"]].finished_at is None and attempts[b["id"]].outcome == "running"
 
 
+@pytest.mark.slow
 async def test_big_batches_claim_and_record_each_job_once(services) -> None:
     """A claim of more pairs than one statement takes (old tokens and repeats among them)
     claims each current pair once, with one attempt each; a record of many outcomes keeps
@@ -147,6 +150,7 @@ async def test_big_batches_claim_and_record_each_job_once(services) -> None:
     assert rows[jobs[300]["id"]].status == "running" and rows[jobs[300]["id"]].error is None
 
 
+@pytest.mark.slow
 async def test_a_superseded_enqueue_claims_nothing(services) -> None:
     """A claim with an old enqueue token (or of a job claimed already) gets None and opens
     no attempt."""
@@ -160,6 +164,7 @@ async def test_a_superseded_enqueue_claims_nothing(services) -> None:
     assert [(r.number, r.worker_id, r.lease_token) for r in rows] == [(1, "w1", 1)]
 
 
+@pytest.mark.slow
 async def test_a_batch_with_a_refused_row_records_nothing(services) -> None:
     """A duplicate job id refuses the whole batch with SQLAlchemy's IntegrityError (what
     the intake falls back on to record the others one by one); no row of it is kept."""
@@ -204,6 +209,7 @@ async def test_keys_are_claimed_with_their_jobs(services) -> None:
         assert await s.get(Job, fresh["id"]) is None
 
 
+@pytest.mark.slow
 async def test_sqlite_dispatches_take_the_one_call_form(services, monkeypatch) -> None:
     """On SQLite the dispatcher's rows and sessions take the one-call form (a new column in
     the dispatcher's row must be added to the store's list, or every batch is slower)."""

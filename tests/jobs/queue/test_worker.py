@@ -20,6 +20,7 @@ from jobs.queue.worker import build_worker
 from tests.helpers.jobs import TG, dispatch, drain, job_and_attempts, wait_status
 
 
+@pytest.mark.slow
 async def test_job_runs_once_and_is_recorded(services):
     job_id = await dispatch(services, "bg_sleep", {"seconds": 0.05})
     await drain(services)
@@ -52,6 +53,7 @@ async def test_transient_failure_stops_after_three_runs(services, tmp_path):
     assert "refused the connection" in job.error
 
 
+@pytest.mark.slow
 async def test_envelope_failure_is_not_rerun(services):
     job_id = await dispatch(services, "bg_envfail")
     await drain(services)
@@ -82,6 +84,7 @@ async def test_circuit_breaker_runs_once_after_two_recent_failures(services, tmp
     assert (await store.get_job(services.sessionmaker, other)).status == "succeeded"
 
 
+@pytest.mark.slow
 async def test_cancel_queued_job_never_starts(services, tmp_path):
     marker = tmp_path / "ran"
     job_id = await dispatch(services, "bg_sleep", {"marker": str(marker)})
@@ -120,6 +123,7 @@ def _working_in(folder: Path) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 async def test_cancel_running_job_kills_its_process_group(services):
     job_id = await dispatch(services, "bg_shell_sleep")
     w = build_worker(services, handle_signals=False, scheduler=False)
@@ -151,6 +155,7 @@ async def test_cancel_running_job_kills_its_process_group(services):
         await w.close()
 
 
+@pytest.mark.slow
 async def test_manual_retry_is_a_new_attempt_each_time(services):
     job_id = await dispatch(services, "bg_envfail")
     await drain(services)
@@ -165,6 +170,7 @@ async def test_manual_retry_is_a_new_attempt_each_time(services):
     assert not res.ok and res.status_code == 409  # only finished jobs
 
 
+@pytest.mark.slow
 async def test_a_dead_attempt_cannot_record(services):
     """Fencing: once the lease is taken away, the old attempt's writes are refused."""
     job_id = await dispatch(services, "bg_sleep")
@@ -264,6 +270,7 @@ async def test_worker_survives_a_redis_restart(job_settings, tmp_path):
         server.stop()
 
 
+@pytest.mark.slow
 async def test_unusable_arq_entries_are_dropped_and_tidied(services):
     """arq entries the worker cannot run (record expired, unknown function, undecodable)
     are logged and removed from Redis; the jobs around them run normally."""
@@ -284,6 +291,7 @@ async def test_unusable_arq_entries_are_dropped_and_tidied(services):
             assert not await redis.exists(prefix + arq_id)
 
 
+@pytest.mark.slow
 async def test_stopping_with_a_full_finishing_stage_hands_every_job_back(job_settings):
     """One slot, a finishing stage of two, deliveries that hang: two jobs wait in delivery
     and a third at the finishing stage's door. Stopping hands all three back (queued, the
@@ -338,6 +346,7 @@ async def test_stopping_with_a_full_finishing_stage_hands_every_job_back(job_set
         tg.stop()
 
 
+@pytest.mark.slow
 async def test_an_entry_started_but_not_yet_claimed_is_reenqueued_only_when_still_so(services):
     """The reconciler finds a queued job whose arq entry a worker has started: a live
     worker's claim may be in flight, so the entry is re-enqueued only if the next pass
@@ -367,6 +376,7 @@ async def test_an_entry_started_but_not_yet_claimed_is_reenqueued_only_when_stil
     assert (await job_and_attempts(services, job_id))[0].status == "succeeded"
 
 
+@pytest.mark.slow
 async def test_live_events_are_published_in_order_in_one_call(services):
     """publish_events: every event reaches a subscriber of the job-events channel, in order."""
     import json

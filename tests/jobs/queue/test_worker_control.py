@@ -116,6 +116,7 @@ def _cli_env(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
         monkeypatch.setenv(key, value)
 
 
+@pytest.mark.slow
 async def test_cli_lists_and_drains_a_worker(
     services: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,6 +17,7 @@ from tests.helpers.jobs import dispatch, drain
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 async def test_vitals_then_forget(services):
     await dispatch(services, "bg_sleep", {"seconds": 0})
     await dispatch(services, "bg_envfail")
@@ -36,6 +37,7 @@ async def test_vitals_then_forget(services):
     assert "worker.forget" in acts
 
 
+@pytest.mark.slow
 async def test_a_live_worker_is_not_forgotten(services):
     async with services.sessionmaker() as s:
         s.add(Worker(id="w-live", host="h", pid=1, last_heartbeat=time.time()))
@@ -44,6 +46,7 @@ async def test_a_live_worker_is_not_forgotten(services):
         await worker_control.forget(services, "w-live", actor="ops")
 
 
+@pytest.mark.slow
 async def test_heartbeat_carries_the_vitals(services):
     from jobs.queue import broker
     from jobs.queue.runner import JobRunner
