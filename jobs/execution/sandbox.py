@@ -277,6 +277,13 @@ class Sandbox:
                 out += ["--ro-bind", d, d]
         for path, is_dir in _masked("/etc", MASK_DEPTH):
             out += ["--tmpfs", path] if is_dir else ["--ro-bind", "/dev/null", path]
+        return out
+
+    @cached_property
+    def _runtimes(self) -> list[str]:
+        """Our interpreter's installation (a virtualenv, its base Python), bound after the
+        private ``/tmp``: an installation under ``/tmp`` would be hidden by it otherwise."""
+        out: list[str] = []
         runtimes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
         for root in sorted(runtimes):
             if not _under(root, SYSTEM_DIRS):
@@ -296,7 +303,8 @@ class Sandbox:
         if plan.tmp_mb > 0:
             out += ["--size", str(plan.tmp_mb << 20)]
         out += ["--perms", "1777", "--tmpfs", "/tmp"]
-        binds = set(self._system)
+        out += self._runtimes
+        binds = set(self._system) | set(self._runtimes)
         extra = [_install_root(command[0])] if command else []
         for path in [*extra, *plan.ro]:
             if path and os.path.exists(path) and path not in binds:
