@@ -128,7 +128,7 @@ async def test_two_worker_hosts_and_a_web_host_share_the_workspaces(
         redis_url=redis_server_url,
         prefix=redis_prefix,
         database_url=database_url,
-        skills_path=str(skills),
+        skills_path=f"trusted={skills}",  # its skills write markers the test reads
         workspace_root=shared,
         worker_lease_sec=3.0,
         worker_heartbeat_sec=0.5,

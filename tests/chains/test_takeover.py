@@ -70,7 +70,7 @@ async def chain_env(tmp_path: Path, pg_url: str, redis_server_url: str, redis_pr
             redis_url=redis_server_url,
             prefix=redis_prefix,
             database_url=pg_url,
-            skills_path=os.pathsep.join([str(BUNDLED_SKILLS), str(skills)]),
+            skills_path=os.pathsep.join([str(BUNDLED_SKILLS), f"trusted={skills}"]),
             worker_grace_sec=2.0,
             **kw,
         )

@@ -76,7 +76,7 @@ async def test_kill_9_mid_chain_resumes_without_repeating_steps(
         "SKILLJOBS_QUEUE_NAME": settings.queue_name,
         "SKILLJOBS_DATA_DIR": str(settings.data_dir),
         "SKILLJOBS_SECRET_KEY": settings.secret_key.get_secret_value(),  # type: ignore[union-attr]
-        "SKILLJOBS_SKILLS_PATH": os.pathsep.join([str(BUNDLED_SKILLS), str(skills)]),
+        "SKILLJOBS_SKILLS_PATH": os.pathsep.join([str(BUNDLED_SKILLS), f"trusted={skills}"]),
         "SKILLJOBS_WORKER_LEASE_SEC": "2",
         "SKILLJOBS_WORKER_HEARTBEAT_SEC": "0.5",
         "SKILLJOBS_RECONCILE_INTERVAL_SEC": "0.5",

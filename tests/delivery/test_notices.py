@@ -34,6 +34,9 @@ async def _services(tmp_path, database_url, redis_server_url, redis_prefix, tg, 
         prefix=redis_prefix,
         database_url=database_url,
         skills_path=str(TESTS / "result_skills"),
+        # trusted: these handlers run in the worker, so a notice's timing is the skill's own
+        # (a sandbox's start would count toward "still working")
+        trusted_skills=str(TESTS / "result_skills"),
         telegram_bot_token=tg.token,
         telegram_api_base=tg.url,
         worker_lease_sec=5.0,

@@ -200,7 +200,13 @@ async def test_running_skill_keeps_its_environment(tmp_path: Path) -> None:
         )
     )
     shutil.copytree(MARKET / "inproc_reqs", skills / "inproc_reqs")
-    settings = make_settings(tmp_path, redis_url=None, prefix="t", skills_path=str(skills))
+    settings = make_settings(
+        tmp_path,
+        redis_url=None,
+        prefix="t",
+        skills_path=str(skills),
+        trusted_skills=str(skills / "inproc_reqs"),  # in the worker: held for its life
+    )
     ex = Executor(settings=settings, registry=load_registry([skills]), sessionmaker=None, box=None)
     root = ex.envs.root
     ws = settings.resolved_workspace_root / "r1" / "s1"
