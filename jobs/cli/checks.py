@@ -618,7 +618,11 @@ def check_api_token(settings: Settings, host: str | None = None) -> Check:
             f"not set, and the web app is to bind {host}",
             "set SKILLJOBS_API_TOKEN, or bind to 127.0.0.1",
         )
-    return ok(name, "not set: fine while `skilljobs web` binds to loopback; needed for 0.0.0.0")
+    return ok(
+        name,
+        "not set: `skilljobs web` on loopback generates one (api_token, 0600, in the data "
+        "dir; every request needs it); set it to bind beyond loopback",
+    )
 
 
 def check_fetch_allow_hosts(settings: Settings) -> Check:
