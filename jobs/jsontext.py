@@ -11,7 +11,6 @@ orjson reads an integer past 64 bits as a float.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import orjson
 
@@ -19,7 +18,7 @@ import orjson
 _OPTIONS = orjson.OPT_NON_STR_KEYS
 
 
-def dumpb(value: Any) -> bytes:
+def dumpb(value: object) -> bytes:
     """``value`` as compact UTF-8 JSON (non-ASCII as is, ``NaN``/``Infinity`` as ``null``)."""
     try:
         return orjson.dumps(value, option=_OPTIONS)
@@ -28,6 +27,6 @@ def dumpb(value: Any) -> bytes:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def dumps(value: Any) -> str:
+def dumps(value: object) -> str:
     """:func:`dumpb` as ``str``."""
     return dumpb(value).decode()

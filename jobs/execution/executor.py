@@ -257,7 +257,7 @@ class Executor:
     async def _execute(
         self,
         skill: Skill | str,
-        input_data: Any,
+        input_data: object,
         ctx: Mapping[str, Any] | None,
         policy_wall_sec: float | None,
         *,
@@ -302,7 +302,7 @@ class Executor:
         self,
         skill: Skill | str,
         name: str,
-        input_data: Any,
+        input_data: object,
         ctx: Mapping[str, Any] | None,
         policy_wall_sec: float | None,
         depth: int,
@@ -323,7 +323,7 @@ class Executor:
         deadline = WALL_DEADLINE.set(time.monotonic() + wall)  # what a callee may use (C9)
         printed = Printed()
         try:
-            data = input_data or {}
+            data = (input_data if isinstance(input_data, dict) else None) or {}
             try:  # attachment ids, force_raw_prompt (seed §3.3, §3.4)
                 data = input_rules.apply(found, data, rc, depth=depth)
             except input_rules.Refused as refused:
@@ -388,7 +388,7 @@ class Executor:
         return self._outcome(normalize(raw, name), t0, name=name, printed=printed)
 
     def _refuse(
-        self, skill: Skill | None, name: str, input_data: Any, ctx: Any
+        self, skill: Skill | None, name: str, input_data: object, ctx: Mapping[str, Any] | None
     ) -> dict[str, Any] | None:
         """A failure envelope when the skill must not run at all, else None."""
         if skill is None:
@@ -481,7 +481,7 @@ class Executor:
         return outcome
 
     def _runtime_context(
-        self, ctx: Mapping[str, Any], skill: Skill, depth: int, provider: Any = None
+        self, ctx: Mapping[str, Any], skill: Skill, depth: int, provider: object = None
     ) -> dict[str, Any]:
         """The context the skill sees: the caller's keys + workspace_dir, db, db_factory,
         provider (setdefault) and call_skill bound to this call depth."""
@@ -534,12 +534,12 @@ class Executor:
             self._skill_sessions = create_sessionmaker(self._skill_engine)
         return self._skill_sessions
 
-    def _workspace(self, role_id: Any, session_id: Any) -> str | None:
+    def _workspace(self, role_id: object, session_id: object) -> str | None:
         """``<root>/<role_id>/<session_id or shared>``, created once, memoized per id pair."""
         key = (str(role_id or ""), str(session_id or ""))
-        role_id, session_id = key
         if key not in self._workspaces:
-            path = workspace_dir(self.workspace_root, role_id, session_id)  # type: ignore[arg-type]
+            assert self.workspace_root is not None  # only asked when there is a root
+            path = workspace_dir(self.workspace_root, *key)
             ws = str(path) if path is not None else None
             if ws:
                 Path(ws).mkdir(parents=True, exist_ok=True)
@@ -1006,7 +1006,7 @@ async def _perform(request: dict[str, Any], rc: dict[str, Any]) -> Any:
     raise RuntimeError(f"unknown request {op!r}")
 
 
-def _about_provider(provider: Any) -> dict[str, Any] | None:
+def _about_provider(provider: object) -> dict[str, Any] | None:
     """What a sandboxed skill may know of the role's model (never its key)."""
     if not hasattr(provider, "complete"):
         return None
@@ -1082,7 +1082,7 @@ def _attachment_files(rc: Mapping[str, Any]) -> list[str]:
     return sorted(p for p in allowed if os.path.isfile(p))
 
 
-def _role_of(ctx: Any) -> str:
+def _role_of(ctx: Mapping[str, Any] | None) -> str:
     role = ctx.get("role_id") if isinstance(ctx, Mapping) else None
     return role if isinstance(role, str) else str(role or "")
 

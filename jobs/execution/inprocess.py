@@ -21,10 +21,10 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from jobs import eager
 from jobs.execution.hostguard import guarded
@@ -89,7 +89,16 @@ def required_positional(fn: Callable[..., Any]) -> int:
     return sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty)
 
 
-def _import_entry(skill: Skill, path: str, mtime_ns: int) -> Entry:
+class EntryOf(Protocol):
+    """What finding a skill's entry reads of it (a ``Skill``, or the sandbox's stand-in)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def entry_function(self) -> str | None: ...
+
+
+def _import_entry(skill: EntryOf, path: str, mtime_ns: int) -> Entry:
     mod_name = f"skilljobs_skill_{skill.name.replace('-', '_')}_{mtime_ns:x}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
@@ -282,7 +291,7 @@ class _Run:
         self.outcome: tuple[bool, Any] | None = None
 
 
-async def _contained(coro: Any, waiter: asyncio.Future[None], run: _Run) -> None:
+async def _contained(coro: Awaitable[Any], waiter: asyncio.Future[None], run: _Run) -> None:
     """Run the skill, its outcome kept in ``run`` (the task itself never fails: asyncio
     would re-raise a skill's SystemExit into the event loop, and stop the whole process)."""
     SKILL_ENDED.set(None)  # (this task's own context: the skill's nested runs end nothing)
@@ -302,7 +311,7 @@ async def _contained(coro: Any, waiter: asyncio.Future[None], run: _Run) -> None
         _wake(waiter)
 
 
-async def with_wall(coro: Any, wall: float) -> Any:
+async def with_wall(coro: Awaitable[Any], wall: float) -> Any:
     """Await ``coro`` as its own task under the wall clock, started at once (its first step
     runs before this waits: ``jobs.eager``). The skill's exceptions come out wrapped in
     ``Raised``; expiry cancels it (a skill that ignores cancellation is abandoned after a
@@ -353,12 +362,12 @@ async def in_thread(
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
 
-    def settle(ok: bool, value: Any) -> None:
+    def settle(ok: bool, value: object) -> None:
         if fut.done():
             return
         if ok:
             fut.set_result(value)
-        else:
+        elif isinstance(value, BaseException):  # (always, when not ok)
             fut.set_exception(value)
 
     context = contextvars.copy_context()  # the run's argv and streams (hostguard) go along

@@ -23,12 +23,15 @@ import dataclasses
 import importlib.abc
 import importlib.util
 import inspect
+import io
 import json
 import os
 import socket
 import sys
 import traceback
-from types import SimpleNamespace
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 NO_DATABASE = (
@@ -100,7 +103,7 @@ class ProviderProxy:
     def __repr__(self) -> str:
         return f"<provider {self.provider_name!r} (through the worker)>"
 
-    async def _call(self, method: str, messages: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    async def _call(self, method: str, messages: object, kwargs: dict[str, Any]) -> dict[str, Any]:
         from jobs.execution import provider
 
         try:
@@ -118,26 +121,26 @@ class ProviderProxy:
         }
         return data
 
-    async def complete(self, messages: Any, **kwargs: Any) -> Any:
+    async def complete(self, messages: object, **kwargs: Any) -> Any:
         from jobs.execution.provider import CompletionResult
 
         return CompletionResult(**await self._call("complete", messages, kwargs))
 
-    async def tool_call(self, messages: Any, tools: Any, **kwargs: Any) -> Any:
+    async def tool_call(self, messages: object, tools: object, **kwargs: Any) -> Any:
         from jobs.execution.provider import ToolCall, ToolCallResult
 
         data = await self._call("tool_call", messages, {**kwargs, "tools": tools})
         calls = [ToolCall(**c) for c in data.pop("tool_calls", None) or []]
         return ToolCallResult(**data, tool_calls=calls)
 
-    def stream(self, messages: Any, **kwargs: Any) -> Any:
+    def stream(self, messages: object, **kwargs: Any) -> Any:
         return _Stream(self, messages, kwargs)
 
 
 class _Stream:
     """``provider.stream`` through the worker: the whole answer arrives as one chunk."""
 
-    def __init__(self, proxy: ProviderProxy, messages: Any, kwargs: dict[str, Any]) -> None:
+    def __init__(self, proxy: ProviderProxy, messages: object, kwargs: dict[str, Any]) -> None:
         self._proxy = proxy
         self._messages = messages
         self._kwargs = kwargs
@@ -163,7 +166,7 @@ class _Stream:
             yield result.text
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     """Messages and options (dataclasses, pydantic models) as JSON-able values."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
@@ -181,7 +184,9 @@ class _CompatFinder(importlib.abc.MetaPathFinder):
     registered when a skill first imports it: the model types cost an import of their own
     that most skills never need."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if fullname != "backend" and not fullname.startswith("backend."):
             return None
         from jobs.execution import compat
@@ -193,10 +198,10 @@ class _CompatFinder(importlib.abc.MetaPathFinder):
 
 
 class _Registered(importlib.abc.Loader):
-    def create_module(self, spec: Any) -> Any:
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
         return sys.modules[spec.name]
 
-    def exec_module(self, module: Any) -> None:
+    def exec_module(self, module: ModuleType) -> None:
         return None
 
 
@@ -243,7 +248,7 @@ async def _run(start: dict[str, Any], channel: Channel) -> dict[str, Any]:
     sys.meta_path.insert(0, _CompatFinder())  # backend.infra.providers.base, on first import
     skill = SimpleNamespace(name=name, entry_function=start.get("entry_function"))
     try:
-        entry = inprocess._import_entry(skill, path, 0)  # type: ignore[arg-type]
+        entry = inprocess._import_entry(skill, path, 0)
     except SystemExit as exc:
         return {"kind": "exit", "code": _code(exc), "at_import": True}
     except BaseException as exc:
@@ -296,8 +301,9 @@ async def main(fd: int) -> None:
 def run() -> None:
     fd = int(sys.argv[1])
     os.dup2(2, 1)  # the skill's stdout joins its stderr: fd 1 is nobody's channel
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-    sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):  # (always, under ``python -I``)
+            stream.reconfigure(line_buffering=True)
     asyncio.run(main(fd))
     sys.stdout.flush()
     sys.stderr.flush()
