@@ -609,11 +609,11 @@ def _stop_writer(sync: object) -> None:
         writer.close()
 
 
-def engine_of(sm: async_sessionmaker[AsyncSession]) -> AsyncEngine:
+def engine_of(sm: Sessions) -> AsyncEngine:
     return cast(AsyncEngine, sm.kw["bind"])
 
 
-def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+def create_sessionmaker(engine: AsyncEngine) -> Sessions:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
@@ -640,7 +640,7 @@ class LazySession:
     connection for each run would be waste.
     """
 
-    def __init__(self, factory: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(self, factory: Sessions) -> None:
         self._factory = factory
         self._session: AsyncSession | None = None
 

@@ -27,6 +27,7 @@ from typing import Any, TypeGuard
 import pydantic_core
 
 from jobs.context import workspace_dir
+from jobs.jsontext import JSON
 from jobs.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -55,11 +56,12 @@ class NotSerializable(ValueError):
 # --------------------------------------------------------------------------- serialization
 
 
-def to_jsonable(value: object) -> Any:
+def to_jsonable(value: object) -> JSON:
     """A JSON-safe copy of ``value`` (raises ``NotSerializable`` naming the bad spot)."""
     try:
         # Fast path: plain JSON data only needs a canonical copy (C encoder/decoder).
-        return json.loads(json.dumps(value, ensure_ascii=False, allow_nan=False))
+        copy: JSON = json.loads(json.dumps(value, ensure_ascii=False, allow_nan=False))
+        return copy
     except (TypeError, ValueError, RecursionError):
         pass
     try:
@@ -68,7 +70,7 @@ def to_jsonable(value: object) -> Any:
         raise NotSerializable("result is nested too deeply to serialize") from None
 
 
-def _convert(value: object, where: str, seen: set[int]) -> Any:
+def _convert(value: object, where: str, seen: set[int]) -> JSON:
     if value is None or isinstance(value, bool | str):
         return value
     if isinstance(value, enum.Enum):
@@ -106,7 +108,7 @@ def _convert(value: object, where: str, seen: set[int]) -> Any:
     )
 
 
-def _decimal(value: Decimal) -> Any:
+def _decimal(value: Decimal) -> JSON:
     if not value.is_finite():
         return str(value)
     if value == value.to_integral_value():

@@ -11,8 +11,12 @@ orjson reads an integer past 64 bits as a float.
 from __future__ import annotations
 
 import json
+from typing import TypeAlias
 
 import orjson
+
+#: a JSON value: what the envelope, contexts, configuration values and JSON columns hold
+JSON: TypeAlias = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None
 
 # keys that are not strings become strings, as json.dumps makes them
 _OPTIONS = orjson.OPT_NON_STR_KEYS

@@ -179,8 +179,8 @@ class Job(Base):
         Index(
             "ix_jobs_scheduled_run_at",
             "run_at",
-            postgresql_where=text("status = 'scheduled'"),
-            sqlite_where=text("status = 'scheduled'"),
+            postgresql_where=text(f"status = '{SCHEDULED.value}'"),
+            sqlite_where=text(f"status = '{SCHEDULED.value}'"),
         ),
         Index(
             "ix_jobs_lease_expires_at",
@@ -421,7 +421,7 @@ class ChainRun(Base):
     fire_key: Mapped[str] = mapped_column(String(128), unique=True)
     trigger: Mapped[str] = mapped_column(String(16), default="cron")  # cron | manual
     fire_at: Mapped[float] = mapped_column(Float)
-    status: Mapped[str] = mapped_column(String(16), default="queued")
+    status: Mapped[str] = mapped_column(String(16), default=ChainRunStatus.QUEUED)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     arq_job_id: Mapped[str | None] = mapped_column(String(96), nullable=True)
@@ -446,7 +446,7 @@ class ChainStep(Base):
     idx: Mapped[int] = mapped_column(Integer)
     step_id: Mapped[str] = mapped_column(String(128))
     skill: Mapped[str] = mapped_column(String(128))
-    status: Mapped[str] = mapped_column(String(16), default="pending")
+    status: Mapped[str] = mapped_column(String(16), default=StepStatus.PENDING)
     input: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     output: Mapped[Any] = mapped_column(JSONType, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)

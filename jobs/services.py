@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import httpx
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobs.counters import SESSION_KEY, Counters
 from jobs.crypto import SecretBox, load_or_create_key
-from jobs.db import create_engine, create_sessionmaker
+from jobs.db import Sessions, create_engine, create_sessionmaker
 from jobs.settings import Settings
 from jobs.skill import SkillRegistry
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class Services:
     settings: Settings
     engine: AsyncEngine
-    sessionmaker: async_sessionmaker[AsyncSession]
+    sessionmaker: Sessions
     box: SecretBox
     registry: SkillRegistry
     redis: ArqRedis | None = None
@@ -39,10 +39,10 @@ class Services:
     _executor: Executor | None = field(default=None, repr=False)
     # The read replica (``SKILLJOBS_DATABASE_READ_URL``), when one is configured.
     read_engine: AsyncEngine | None = None
-    _read_sessionmaker: async_sessionmaker[AsyncSession] | None = field(default=None, repr=False)
+    _read_sessionmaker: Sessions | None = field(default=None, repr=False)
 
     @property
-    def read_sessionmaker(self) -> async_sessionmaker[AsyncSession]:
+    def read_sessionmaker(self) -> Sessions:
         """Sessions for reads that may lag a little (lists, searches, statistics): the
         replica when configured, else the primary."""
         return self._read_sessionmaker or self.sessionmaker

@@ -14,11 +14,10 @@ from typing import Any
 
 from sqlalchemy import RowMapping, bindparam, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from jobs.context import config_key
 from jobs.crypto import ENC_TAG, REDACTED, SecretBox, is_secret_key
-from jobs.db import autocommit, engine_of, raw_fetch
+from jobs.db import Sessions, autocommit, engine_of, raw_fetch
 from jobs.models import SkillConfig, config_generation
 
 MAX_ID = 128
@@ -89,7 +88,7 @@ _gen = config_generation
 class ConfigStore:
     """``set`` / ``replace`` / ``get`` / ``masked`` / ``prefetch`` on the ``skill_configs`` table."""
 
-    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], box: SecretBox) -> None:
+    def __init__(self, sessionmaker: Sessions, box: SecretBox) -> None:
         self.sessionmaker = sessionmaker
         self.box = box
 

@@ -143,7 +143,7 @@ def bind_call_skill(
             log.warning("call_skill %s → %s failed: %s", caller, name, type(exc).__name__)
             return _refused(name, f"call_skill({name!r}) failed: {type(exc).__name__}: {exc}")
 
-    call_skill.depth = depth  # type: ignore[attr-defined]
+    call_skill.__dict__["depth"] = depth  # what a skill may read: its nesting level
     return call_skill
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.net.fetch import SafeFetcher
 from jobs.catalog.configs import ConfigStore
@@ -127,9 +128,9 @@ class Executor:
         self._http = http
         self._own_http: httpx.AsyncClient | None = None
         self._outbound: SafeFetcher | None = None
-        self._skill_engine: Any = None
+        self._skill_engine: AsyncEngine | None = None
         self._sandbox: sandbox.Sandbox | None = None
-        self._skill_sessions: Any = None
+        self._skill_sessions: Sessions | None = None
         if config_store is None and sessionmaker is not None and box is not None:
             config_store = ConfigStore(sessionmaker, box)
         self.config_store = config_store
@@ -510,6 +511,8 @@ class Executor:
         if self.sessionmaker is None:
             return
         business = self.skill_sessionmaker()
+        if business is None:  # (never: the job store's sessions at least)
+            return
         if not callable(rc.get("db_factory")):
             rc["db_factory"] = business
         db = rc.get("db")
@@ -518,7 +521,7 @@ class Executor:
         if _is_bundled(skill):
             rc["_platform_sessions"] = self.sessionmaker
 
-    def skill_sessionmaker(self) -> Any:
+    def skill_sessionmaker(self) -> Sessions | None:
         """Sessions on ``SKILLJOBS_SKILL_DATABASE_URL`` (default: ``<data dir>/skills.db``),
         the database skills get; created on first use."""
         if self._skill_sessions is None:

@@ -24,12 +24,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from jobs import eager
 from jobs.execution.hostguard import guarded
 from jobs.skill import Skill
 from jobs.texts import meaningful_line
+
+T = TypeVar("T")
 
 ENTRY_NAMES = ("execute", "run", "handler", "main", "handle")
 CANCEL_GRACE_SEC = 1.0  # how long a timed-out or cancelled skill gets to unwind
@@ -189,9 +191,7 @@ async def get_entry(cache: EntryCache, skill: Skill, wall: float) -> Entry:
         return entry
     try:
         with guarded(str(skill.entry)):  # module-level code sees its own argv, prints nowhere
-            return await in_thread(  # type: ignore[no-any-return]
-                cache.load, (skill,), wall, skill.name, bind_loop=True
-            )
+            return await in_thread(cache.load, (skill,), wall, skill.name, bind_loop=True)
     except Raised as wrapped:
         exc = wrapped.__cause__
         if isinstance(exc, SystemExit):
@@ -348,27 +348,27 @@ async def with_wall(coro: Awaitable[Any], wall: float) -> Any:
 
 
 async def in_thread(
-    fn: Callable[..., Any],
+    fn: Callable[..., T],
     args: tuple[Any, ...],
     wall: float,
     name: str,
     *,
     bind_loop: bool = False,
-) -> Any:
+) -> T:
     """Run ``fn`` in a daemon thread: a hung one is abandoned at the wall clock and never
     blocks shutdown (unlike a thread-pool worker). Errors come out wrapped in ``Raised``.
     ``bind_loop`` makes the service's loop that thread's event loop (module-level code that
     calls ``asyncio.get_event_loop()`` gets the loop it would have got in-line)."""
     loop = asyncio.get_running_loop()
-    fut: asyncio.Future[Any] = loop.create_future()
+    fut: asyncio.Future[T] = loop.create_future()
 
-    def settle(ok: bool, value: object) -> None:
-        if fut.done():
-            return
-        if ok:
+    def succeed(value: T) -> None:
+        if not fut.done():
             fut.set_result(value)
-        elif isinstance(value, BaseException):  # (always, when not ok)
-            fut.set_exception(value)
+
+    def fail(exc: BaseException) -> None:
+        if not fut.done():
+            fut.set_exception(exc)
 
     context = contextvars.copy_context()  # the run's argv and streams (hostguard) go along
 
@@ -376,11 +376,11 @@ async def in_thread(
         if bind_loop:
             asyncio.set_event_loop(loop)
         try:
-            outcome: tuple[bool, Any] = (True, context.run(fn, *args))
+            settle = functools.partial(succeed, context.run(fn, *args))
         except BaseException as exc:  # delivered to the awaiting side, never lost
-            outcome = (False, exc)
+            settle = functools.partial(fail, exc)
         try:
-            loop.call_soon_threadsafe(settle, *outcome)
+            loop.call_soon_threadsafe(settle)
         except RuntimeError:
             pass  # abandoned at its wall clock and the loop is gone: nobody is waiting
 

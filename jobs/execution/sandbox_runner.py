@@ -220,7 +220,7 @@ def _context(start: dict[str, Any], channel: Channel, is_async: bool) -> dict[st
         async def call_skill(name: str, input: dict[str, Any] | None = None, **kw: Any) -> Any:
             return await channel.request("call_skill", name=name, input=input, kwargs=_plain(kw))
 
-        call_skill.depth = int(start.get("depth") or 0)  # type: ignore[attr-defined]
+        call_skill.__dict__["depth"] = int(start.get("depth") or 0)
         ctx["call_skill"] = call_skill
     return ctx
 
