@@ -49,6 +49,7 @@ from jobs.execution import compat, envs, inprocess, input_rules, inputs, sandbox
 from jobs.execution.callskill import WALL_DEADLINE, bind_call_skill, within_caller
 from jobs.execution.http_skill import run_http
 from jobs.execution.provider import llm_env, llm_values, provider_from, role_llm_values
+from jobs.execution.sandbox_runner import RunStart
 from jobs.execution.skill_output import exit_failure
 from jobs.logs import register_secrets
 from jobs.models import JobStatus
@@ -671,7 +672,7 @@ class Executor:
                 for key in ("SKILL_INPUT", "SKILL_CONTEXT"):
                     env.pop(key, None)  # (they travel over the channel: no size limit)
                 env.update(TMPDIR="/tmp", PYTHONDONTWRITEBYTECODE="1")
-                start = {
+                start: RunStart = {
                     "path": str(skill.entry),
                     "name": skill.name,
                     "entry_function": skill.entry_function,
@@ -930,7 +931,7 @@ def _is_transient(exc: BaseException) -> bool:
 
 
 async def _serve_runner(
-    sock: socket.socket, start: dict[str, Any], rc: dict[str, Any]
+    sock: socket.socket, start: RunStart, rc: dict[str, Any]
 ) -> dict[str, Any] | None:
     """The worker's end of a sandboxed runner's channel: send the run, answer its
     ``call_skill`` / ``provider`` requests (bound to the caller, as in the worker), and

@@ -32,13 +32,27 @@ import traceback
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType, SimpleNamespace
-from typing import Any
+from typing import Any, TypedDict
 
 NO_DATABASE = (
     "no business database is mapped to this sandboxed skill: ctx.db is None and "
     "db_factory cannot open a session (mark the skill's folder trusted to run it in the "
     "worker with the skills database)"
 )
+
+
+class RunStart(TypedDict):
+    """The run the worker sends first: what to import and call, with what."""
+
+    path: str  # the handler file
+    name: str
+    entry_function: str | None
+    input: dict[str, Any]
+    ctx: dict[str, Any]  # the subprocess form of the runtime context (JSON)
+    sites: list[str]  # the skill's dependency environment, after the platform's packages
+    provider: dict[str, Any] | None  # what the skill may know of the role's model
+    call_skill: bool
+    depth: int  # the call_skill nesting level of this run
 
 
 class NoDatabase(RuntimeError):
@@ -209,7 +223,7 @@ def _no_database(*_args: Any, **_kw: Any) -> Any:
     raise NoDatabase(NO_DATABASE)
 
 
-def _context(start: dict[str, Any], channel: Channel, is_async: bool) -> dict[str, Any]:
+def _context(start: RunStart, channel: Channel, is_async: bool) -> dict[str, Any]:
     ctx = dict(start.get("ctx") or {})
     ctx["db"] = None
     ctx["db_factory"] = _no_database
@@ -237,7 +251,7 @@ def _raised(exc: BaseException) -> dict[str, Any]:
     }
 
 
-async def _run(start: dict[str, Any], channel: Channel) -> dict[str, Any]:
+async def _run(start: RunStart, channel: Channel) -> dict[str, Any]:
     from jobs.execution import inprocess
 
     name = str(start.get("name") or "skill")
@@ -290,7 +304,7 @@ async def main(fd: int) -> None:
     reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 26)
     channel = Channel(reader, writer)
     line = await reader.readline()
-    start = json.loads(line)["start"]
+    start: RunStart = json.loads(line)["start"]
     channel.task = asyncio.ensure_future(channel.answers())
     done = await _run(start, channel)
     channel.send({"done": done})
