@@ -583,7 +583,7 @@ def _resolve(items: list[tuple[Any, bool, Any]]) -> None:
             fut.set_exception(value)
 
 
-_writers: weakref.WeakKeyDictionary[Any, _Writer] = weakref.WeakKeyDictionary()
+_writers: weakref.WeakKeyDictionary[Engine, _Writer] = weakref.WeakKeyDictionary()
 
 
 def _writer_of(engine: AsyncEngine) -> _Writer | None:
@@ -603,7 +603,7 @@ def _writer_of(engine: AsyncEngine) -> _Writer | None:
     return found
 
 
-def _stop_writer(sync: object) -> None:
+def _stop_writer(sync: Engine) -> None:
     writer = _writers.pop(sync, None)
     if writer is not None:
         writer.close()

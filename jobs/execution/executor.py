@@ -48,7 +48,13 @@ from jobs.envelope import failure, is_failure, normalize
 from jobs.execution import compat, envs, inprocess, input_rules, inputs, sandbox, subproc
 from jobs.execution.callskill import WALL_DEADLINE, bind_call_skill, within_caller
 from jobs.execution.http_skill import run_http
-from jobs.execution.provider import llm_env, llm_values, provider_from, role_llm_values
+from jobs.execution.provider import (
+    Provider,
+    llm_env,
+    llm_values,
+    provider_from,
+    role_llm_values,
+)
 from jobs.execution.sandbox_runner import RunStart
 from jobs.execution.skill_output import exit_failure
 from jobs.logs import register_secrets
@@ -58,6 +64,9 @@ from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillRegistry, S
 from jobs.storable import TEXT_REPLACED, valid_text
 
 log = logging.getLogger(__name__)
+
+#: a role's model: its provider (None: no model configured) and its subprocess variables
+LLM = tuple[Provider | None, dict[str, str]]
 
 TRANSIENT_EXC = (*DB_UNAVAILABLE, httpx.TimeoutException, httpx.NetworkError)
 TRACE_CAP = 8000  # characters of a raising skill's traceback (and its prints) kept
@@ -140,9 +149,9 @@ class Executor:
         self.llm_env = llm_env(self.llm_default)
         # role_id → (valid until, provider, subprocess env): a role's own model binding
         self.role_llm_ttl = ROLE_LLM_TTL_SEC
-        self._role_llm: dict[str, tuple[float, Any, dict[str, str]]] = {}
-        self._role_llm_pending: dict[str, asyncio.Future[tuple[Any, dict[str, str]]]] = {}
-        self._role_providers: list[Any] = []
+        self._role_llm: dict[str, tuple[float, Provider | None, dict[str, str]]] = {}
+        self._role_llm_pending: dict[str, asyncio.Future[LLM]] = {}
+        self._role_providers: list[Provider] = []
         self.workspace_root = settings.resolved_workspace_root if settings is not None else None
         self.env_passthrough = str(getattr(settings, "skill_env_passthrough", "") or "")
         self.envs = envs.EnvManager.from_settings(settings)  # PEP 723 / requirements / npm
@@ -214,7 +223,7 @@ class Executor:
         """Run a skill called by another skill (``call_skill``) at nesting ``depth``."""
         return await self._execute(skill, input_data, ctx, None, depth=depth)
 
-    async def llm_for(self, role_id: str) -> tuple[Any, dict[str, str]]:
+    async def llm_for(self, role_id: str) -> LLM:
         """(provider, subprocess LLM env) for the role: its own binding (configuration under
         ``@llm``: provider, base, key, model) over the ``SKILLJOBS_LLM_*`` default. Looked
         up at most every ``role_llm_ttl`` seconds; a failed lookup means the default."""
@@ -233,7 +242,7 @@ class Executor:
             lookup.add_done_callback(lambda _t: self._role_llm_pending.pop(role_id, None))
         return await asyncio.shield(lookup)
 
-    async def _look_up_llm(self, role_id: str, now: float) -> tuple[Any, dict[str, str]]:
+    async def _look_up_llm(self, role_id: str, now: float) -> LLM:
         assert self.config_store is not None
 
         try:
@@ -483,7 +492,7 @@ class Executor:
         return outcome
 
     def _runtime_context(
-        self, ctx: Mapping[str, Any], skill: Skill, depth: int, provider: object = None
+        self, ctx: Mapping[str, Any], skill: Skill, depth: int, provider: Provider | None = None
     ) -> dict[str, Any]:
         """The context the skill sees: the caller's keys + workspace_dir, db, db_factory,
         provider (setdefault) and call_skill bound to this call depth."""
