@@ -12,10 +12,13 @@ import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, SupportsFloat, SupportsIndex
+from typing import TYPE_CHECKING, Any
 
 from jobs.crypto import is_secret_key
 from jobs.models import JobRow
+
+if TYPE_CHECKING:
+    from _typeshed import ConvertibleToFloat
 
 # SPEC §3 / skill spec §4.2: always present, typed empty value when unknown.
 FIXED_SEGMENT: dict[str, Any] = {
@@ -132,12 +135,12 @@ def _truthy(v: object) -> bool:
     return bool(v)
 
 
-def _float(v: object) -> float:
-    if not isinstance(v, str | SupportsFloat | SupportsIndex) or v == "":
+def _float(v: ConvertibleToFloat | None) -> float:
+    if v is None or v == "":
         return 0.0
     try:
         return float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # (text that is no number, or a value of another type)
         return 0.0
 
 
