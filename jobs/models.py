@@ -76,6 +76,11 @@ class ChainRunStatus(StrEnum):
     SKIPPED = "skipped"  # a fire time that came while the previous run was going
 
 
+class IncidentStatus(StrEnum):
+    OPEN = "open"
+    ACKED = "acked"  # an operator has seen it (a new failure of its kind opens it again)
+
+
 class StepStatus(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
@@ -469,7 +474,7 @@ class Incident(Base):
     sample_error: Mapped[str] = mapped_column(Text, default="")
     count: Mapped[int] = mapped_column(Integer, default=0)
     sample_job_ids: Mapped[list[Any]] = mapped_column(JSONType, default=list)
-    status: Mapped[str] = mapped_column(String(16), default="open")  # open | acked
+    status: Mapped[str] = mapped_column(String(16), default=IncidentStatus.OPEN)
     first_seen: Mapped[float] = mapped_column(Float, default=now)
     last_seen: Mapped[float] = mapped_column(Float, default=now)
     acked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
