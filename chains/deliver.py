@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chains.runstore import FAILED, STOPPED_EMPTY, Lease, LeaseLost, renew
 from delivery import ledger
+from delivery.channels.base import Courier
 from delivery.channels.web import WEB_CHANNELS
 from delivery.errors import DeliveryPermanentError
 from delivery.notify import notify
@@ -161,7 +163,7 @@ def _fence(services: Services, lease: Lease) -> Any:
     return fence
 
 
-def summary(deliveries: list[dict[str, Any]]) -> dict[str, Any] | None:
+def summary(deliveries: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The one delivery record a run shows first: the first that did not arrive, else the
     first."""
     for d in deliveries:
@@ -271,7 +273,7 @@ async def _deliver(
         if not artifacts:
             return {**record, "deliveries": []}
         env = {"ok": True, "message": caption}
-    deliveries = list(route.failed)
+    deliveries: list[Mapping[str, Any]] = list(route.failed)
     try:
         if route.notify is not None:
             deliveries.append(
@@ -347,17 +349,9 @@ async def _notify(
         if not result.get("sent"):  # success is judged by ``sent``
             raise DeliveryPermanentError(str(result.get("message") or "no recipient accepted it"))
 
-    out = await ledger.deliver_once(
-        services.sessionmaker,
-        send,
-        key=ledger.ledger_key(ledger_id, recipient, "outcome"),
-        recipient=recipient,
-        owner=ledger.owner_id(lease.owner, lease.token),
-        kind="text",
-        item="outcome",
-        channel="notify",
-        chain_run_id=run.id,
-        content={"text": text},
-        fence=fence,
-    )
+    owner = ledger.owner_id(lease.owner, lease.token)
+    courier = Courier(recipient, owner, "notify", chain_run_id=run.id, fence=fence)
+    key = ledger.ledger_key(ledger_id, recipient, "outcome")
+    parcel = ledger.Parcel(key, "text", "outcome", content={"text": text})
+    out = await ledger.deliver_once(services.sessionmaker, send, courier, parcel)
     return {k: out.get(k) for k in ("recipient", "kind", "status", "error")}

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from delivery.channels.base import Delivered
 from delivery.channels.registry import channels_for
 from delivery.router import deliver_result, origin_of
 from jobs.models import JobRow
@@ -42,7 +43,7 @@ def wanted(settings: Any, kind: str) -> bool:
 
 async def send_notice(
     services: Any, job: JobRow, kind: str, *, fence: Fence | None = None, force: bool = False
-) -> list[dict[str, Any]]:
+) -> list[Delivered]:
     """Tell the job's origin ``kind`` (``working`` / ``cancelled``) in the person's language;
     nothing when turned off (``force``: a skill's own progress call) or when the job has
     nowhere to deliver (its result would say why)."""

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from delivery.artifacts import ArtifactRefused, resolve_inside
+from delivery.channels.base import Courier
 from delivery.errors import DeliveryOutcomeUnknown, DeliveryPermanentError
-from delivery.ledger import deliver_once, ledger_key
+from delivery.ledger import Parcel, deliver_once, ledger_key
 from delivery.net.pinned import Resolver, system_resolver
 from delivery.net.urlsafety import RefusedURL, check_ip, check_url
 from jobs import sendscope
@@ -234,25 +235,17 @@ async def _send_ledgered(
 
     recipient = f"notify:{mask_url(url)}"
 
-    async def send() -> str:
+    async def send() -> None:
         ok, why = await _send_one(url, body, title, paths, send_timeout)
         if ok:
-            return ""
+            return None
         if why.startswith("timed out"):
             raise DeliveryOutcomeUnknown(why)
         raise DeliveryPermanentError(why)
 
-    out = await deliver_once(
-        sessionmaker,
-        send,
-        key=ledger_key(scope.job_id, recipient, item),
-        recipient=recipient,
-        owner=scope.owner,
-        item=item,
-        channel="notify",
-        job_id=scope.job_id,
-        content={"text": body},
-    )
+    courier = Courier(recipient, scope.owner, "notify", job_id=scope.job_id)
+    parcel = Parcel(ledger_key(scope.job_id, recipient, item), item=item, content={"text": body})
+    out = await deliver_once(sessionmaker, send, courier, parcel)
     return out["status"] == "sent", str(out.get("error") or out["status"])
 
 

@@ -34,7 +34,7 @@ from typing import Any, cast
 from sqlalchemy import select, update
 
 from delivery.channels.base import Channel
-from delivery.channels.limits import LimitedChannel, Target, credit, parse_target
+from delivery.channels.limits import LimitedChannel, Limiter, Target, credit, parse_target
 from delivery.custody import adapter_for, sender_for
 from delivery.ledger import (
     PARKED,
@@ -150,6 +150,7 @@ class Gate:
         self,
         outbox: Outbox,
         adapter: LimitedChannel,
+        limiter: Limiter,
         recipient: str,
         contact: str,
         inline: float = INLINE_WAIT,
@@ -157,6 +158,7 @@ class Gate:
         self.outbox = outbox
         self.inline = inline
         self.adapter = adapter
+        self.limiter = limiter
         self.recipient = recipient
         self.target: Target = parse_target(contact)
         self.token = uuid.uuid4().hex
@@ -184,12 +186,12 @@ class Gate:
         deadline = time.monotonic() + self.inline
         waited = 0.0
         while True:
-            ms = await self.adapter.limiter.try_take(self.adapter.name, self.target)
+            ms = await self.limiter.try_take(self.adapter.name, self.target)
             if ms <= 0:
                 self._credit = contextlib.ExitStack()
                 self._credit.enter_context(credit(self.adapter.name, self.target))
                 if waited:  # counted for /metrics
-                    await self.adapter.limiter.count_wait(self.adapter.name, waited)
+                    await self.limiter.count_wait(self.adapter.name, waited)
                 return True
             if time.monotonic() + ms / 1000 > deadline:
                 self.wait_ms = ms
@@ -219,7 +221,7 @@ class Gate:
             ob.sweep_soon()
             return
         ob.wake.set()
-        await self.adapter.limiter.count_wait(self.adapter.name, 0.0, parked=True)
+        await self.limiter.count_wait(self.adapter.name, 0.0, parked=True)
 
     async def leave(self) -> None:
         self._end_credit()
@@ -322,7 +324,7 @@ class Outbox:
         its job's slot is not the outbox's to hold)."""
         if not isinstance(adapter, LimitedChannel) or adapter.limiter is None:
             return None
-        return Gate(self, adapter, recipient, contact, inline)
+        return Gate(self, adapter, adapter.limiter, recipient, contact, inline)
 
     # --- draining --------------------------------------------------------------------
 

@@ -29,12 +29,14 @@ from sqlalchemy import select
 from delivery.artifacts import ArtifactRefused, resolve_inside
 from delivery.channels.base import (
     Channel,
+    Courier,
     DeliveryPermanentError,
     DeliveryTransientError,
+    Receipt,
     with_retries,
 )
 from delivery.channels.limits import parse_target
-from delivery.ledger import deliver_once, ledger_key
+from delivery.ledger import Parcel, deliver_once, ledger_key
 from delivery.render import strip_directives
 from jobs import sendscope
 from jobs.db import Sessions
@@ -206,14 +208,14 @@ async def send_to(
     caption: str | None = text or None
     if text and (not paths or not adapter.supports_caption):
 
-        async def send_text() -> Any:
+        async def send_text() -> Receipt:
             return await adapter.send_text(contact, text)
 
         await with_retries(send_text, backoff=backoff)
         caption = None
     for path in paths:
 
-        async def send_file(path: str = path, cap: str | None = caption) -> Any:
+        async def send_file(path: str = path, cap: str | None = caption) -> Receipt:
             return await adapter.send_media(media_kind(path), contact, path, cap)
 
         await with_retries(send_file, backoff=backoff)
@@ -267,7 +269,9 @@ async def send_ledgered(
     for i, (kind, path, body) in enumerate(_parts(adapter, text, paths)):
         item = f"{call}:{i}"
 
-        async def send(kind: str = kind, path: str | None = path, body: str | None = body) -> str:
+        async def send(
+            kind: str = kind, path: str | None = path, body: str | None = body
+        ) -> Receipt:
             if path is None:
                 return await adapter.send_text(contact, body or "")
             return await adapter.send_media(kind, contact, path, body)
@@ -281,23 +285,12 @@ async def send_ledgered(
             if outbox is not None
             else None
         )
-        out = await deliver_once(
-            sessionmaker,
-            send,
-            key=ledger_key(scope.job_id, recipient, item),
-            recipient=recipient,
-            owner=scope.owner,
-            kind=kind,
-            item=item,
-            channel=channel,
-            job_id=scope.job_id,
-            content=content,
-            dedup=adapter.dedups_for(contact),
-            backoff=backoff,
-            gate=gate,
-        )
+        courier = Courier(recipient, scope.owner, channel, job_id=scope.job_id, backoff=backoff)
+        key = ledger_key(scope.job_id, recipient, item)
+        parcel = Parcel(key, kind, item, content, adapter.dedups_for(contact), gate)
+        out = await deliver_once(sessionmaker, send, courier, parcel)
         if gate is not None:  # what it waited in place comes off the run's budget
-            scope.inline_left = max(0.0, scope.inline_left - float(getattr(gate, "waited", 0.0)))
+            scope.inline_left = max(0.0, scope.inline_left - gate.waited)
         if out["status"] == "sent":
             continue
         if out.get("id") is not None and (out.get("parked") or out["status"] == "sending"):

@@ -120,6 +120,7 @@ def _escaped(text: str) -> int:
 
 class FeishuChannel(LimitedChannel):
     name = "feishu"
+    monospace = True
     dedups = True  # ``uuid`` (the ledger key): a repeat within an hour is not sent again
     supports_caption = False
     thread_by_reply = True
