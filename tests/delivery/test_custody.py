@@ -146,7 +146,7 @@ async def test_a_stale_generation_never_records(sessionmaker) -> None:
         got.generation, got.status = 1, "pending"
         await s.commit()
     assert not await begin_send(sessionmaker, "kg", "old#1", 0)
-    assert not await mark_sent(sessionmaker, "kg", "old#1", receipt="9", generation=0)
+    assert not await mark_sent(sessionmaker, "kg", "old#1", receipt=Receipt.of("9"), generation=0)
     fresh = await get(sessionmaker, "kg")
     assert fresh is not None and fresh.status == "pending" and fresh.message_id is None
 
