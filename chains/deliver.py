@@ -36,6 +36,7 @@ from delivery.render import render
 from delivery.router import deliver_result
 from delivery.send_message import parse_recipients
 from jobs.context import workspace_dir
+from jobs.db import Fence
 from jobs.runscope import begin as begin_scope
 from jobs.texts import language_of, localized_reason
 from jobs.texts import text as say
@@ -52,7 +53,7 @@ TEXT_CAP = 3500
 _TEXT_FIELDS = ("message", "result", "text", "display_md", "summary")
 
 
-def outcome_text(name: str, status: str, final: Any, error: str | None, lang: str = "en") -> str:
+def outcome_text(name: str, status: str, final: object, error: str | None, lang: str = "en") -> str:
     """The short, user-facing text for a chain outcome (never a stack trace), in ``lang``."""
 
     if error:
@@ -178,7 +179,7 @@ async def deliver_outcome(
     run: ChainRun,
     spec: ScheduleSpec,
     status: str,
-    final: Any,
+    final: object,
     error: str | None,
     *,
     scope: RunScope | None = None,
@@ -206,7 +207,7 @@ async def deliver_step_files(
     spec: ScheduleSpec,
     index: int,
     skill: str,
-    output: Any,
+    output: object,
     *,
     scope: RunScope | None = None,
 ) -> dict[str, Any]:
@@ -327,7 +328,7 @@ async def _notify(
     artifacts: list[Any],
     workspace: Path | None,
     lease: Lease,
-    fence: Any,
+    fence: Fence,
 ) -> dict[str, Any]:
     """A notify target gets the text and the files in one Apprise message, ledgered once."""
 

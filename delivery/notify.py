@@ -67,13 +67,13 @@ def mask_url(url: str) -> str:
     return f"{parts.scheme}://{host}/****" if parts.scheme else "<invalid url>"
 
 
-def resolve_target(settings: Settings, target: Any) -> tuple[list[str], str | None]:
+def resolve_target(settings: Settings, target: object) -> tuple[list[str], str | None]:
     """``(urls, error)``: an alias's URLs, a bare URL, or a list of either."""
     found, err = _resolve(settings, target)
     return [u for u, _ in found], err
 
 
-def _resolve(settings: Settings, target: Any) -> tuple[list[tuple[str, bool]], str | None]:
+def _resolve(settings: Settings, target: object) -> tuple[list[tuple[str, bool]], str | None]:
     """``([(url, bare)…], error)``: ``bare`` marks a URL given directly, not by alias."""
     if isinstance(target, list | tuple):
         urls: list[tuple[str, bool]] = []
@@ -170,7 +170,7 @@ async def outbound_refusal(
     return None
 
 
-def _check_attachments(attach: Any, workspace: Path | None) -> tuple[list[str], str | None]:
+def _check_attachments(attach: object, workspace: Path | None) -> tuple[list[str], str | None]:
     """Attachments as real paths inside ``workspace`` (relative ones are taken from it)."""
     if attach in (None, "", []):
         return [], None
@@ -253,10 +253,10 @@ async def notify(
     settings: Settings,
     message: str,
     *,
-    target: Any,
+    target: object,
     workspace: Path | None,
     title: str | None = None,
-    attach: Any = None,
+    attach: object = None,
     send_timeout: float = DEFAULT_TIMEOUT,
     resolver: Resolver = system_resolver,
     sessionmaker: Sessions | None = None,

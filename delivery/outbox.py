@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any, cast
 
+from redis.commands.core import AsyncScript
 from sqlalchemy import select, update
 
 from delivery.channels.base import Channel
@@ -139,7 +140,7 @@ def _queue_of(row: Delivery) -> str:
     return str(row.recipient).partition("#")[0]
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -274,7 +275,7 @@ class Outbox:
         self.wake = asyncio.Event()
         self.active: dict[str, asyncio.Task[Any]] = {}
         self.due_key = services.settings.key("outbox", "due")
-        self._scripts: dict[str, Any] = {}
+        self._scripts: dict[str, AsyncScript] = {}
         self._swept = 0.0
         self.stopping = False
 
@@ -303,7 +304,7 @@ class Outbox:
         self._swept = 0.0
         self.wake.set()
 
-    def script(self, name: str) -> Any:
+    def script(self, name: str) -> AsyncScript:
         if name not in self._scripts:
             body = {
                 "enter": _ENTER,
@@ -457,7 +458,7 @@ class Outbox:
             await self.script("leave")(keys=keys, args=args)
 
     @staticmethod
-    async def _still_ours(hold: Any, keys: list[str], token: str, recipient: str) -> bool:
+    async def _still_ours(hold: AsyncScript, keys: list[str], token: str, recipient: str) -> bool:
         """Renew this sender's hold on its chat; False when it lapsed (a stall longer than
         the lock) and another sender has the chat now."""
         return bool(int(await hold(keys=keys, args=[token, LOCK_MS, recipient, _ms(), HELD_MS])))

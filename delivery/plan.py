@@ -49,7 +49,7 @@ class Item:
 SEALED_RESULT = "sealed_result"
 
 
-def field_of(a: Any, name: str) -> Any:
+def field_of(a: object, name: str) -> Any:
     """``name`` of an artifact row or dict."""
     return a.get(name) if isinstance(a, dict) else getattr(a, name, None)
 
@@ -63,7 +63,7 @@ def delivered_folder(workspace: Path, job_id: str) -> Path:
     return workspace / DELIVERED_DIR / job_id
 
 
-def _materialized(value: Any, sources: set[str]) -> bool:
+def _materialized(value: object, sources: set[str]) -> bool:
     if isinstance(value, str):
         return value in sources
     if isinstance(value, list) and value:

@@ -20,6 +20,7 @@ import fnmatch
 import hashlib
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,7 @@ async def _web_refusals(
 
 
 def parse_recipients(
-    to: Any, channel: str | None = None
+    to: object, channel: str | None = None
 ) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
     """``to`` in any of its four forms → ``([(channel, contact)…], [failed…])``, each
     recipient once."""
@@ -177,11 +178,16 @@ def parse_recipients(
     return found, bad
 
 
-def _attachment_paths(attachments: Any, workspace: Path | None) -> tuple[list[str], str | None]:
+def _attachment_paths(attachments: object, workspace: Path | None) -> tuple[list[str], str | None]:
     """Attachments as real paths inside ``workspace`` (symlinks followed)."""
     if attachments in (None, "", []):
         return [], None
-    items = [attachments] if isinstance(attachments, str | dict) else list(attachments)
+    if isinstance(attachments, str | dict):
+        items: list[object] = [attachments]
+    elif isinstance(attachments, Iterable):
+        items = list(attachments)
+    else:
+        raise TypeError(f"'{type(attachments).__name__}' object is not iterable")
     if workspace is None:
         return [], "attachments refused: the caller has no workspace to send files from"
     out: list[str] = []
@@ -306,7 +312,7 @@ async def send_ledgered(
 
 
 async def _screen(
-    sessionmaker: Any,
+    sessionmaker: Sessions | None,
     sender: Sender,
     recipients: list[tuple[str, str]],
     failed: list[dict[str, str]],
@@ -323,9 +329,9 @@ async def _screen(
 async def send_message(
     channels: dict[str, Channel],
     *,
-    to: Any,
+    to: object,
     text: str | None = None,
-    attachments: Any = None,
+    attachments: object = None,
     channel: str | None = None,
     workspace: Path | None = None,
     backoff: float = 1.0,
@@ -408,7 +414,7 @@ WAIT_MARGIN_S = 1.0  # left of the run's wall clock for the skill to answer
 
 
 async def _wait_parked(
-    sessionmaker: Any,
+    sessionmaker: Sessions,
     waiting: list[dict[str, Any]],
     sent: list[str],
     failed: list[dict[str, str]],

@@ -72,7 +72,7 @@ def file_size(path: str | Path) -> int:
         raise DeliveryPermanentError(f"file not found: {Path(path).name}") from exc
 
 
-def _retry_after(resp: httpx.Response, body: Any = None) -> float | None:
+def _retry_after(resp: httpx.Response, body: object = None) -> float | None:
     if isinstance(body, dict):
         params = body.get("parameters")
         if isinstance(params, dict) and isinstance(params.get("retry_after"), int | float):
@@ -137,7 +137,7 @@ def _json_or_none(resp: httpx.Response) -> Any:
         return None
 
 
-def _short_detail(body: Any) -> str:
+def _short_detail(body: object) -> str:
     if not isinstance(body, dict):
         return ""
     for k in ("description", "msg", "errmsg", "message", "error"):

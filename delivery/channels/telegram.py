@@ -166,7 +166,9 @@ class TelegramChannel(LimitedChannel):
     def _url(self, method: str) -> str:
         return f"{self._base}/bot{self._token}/{method}"
 
-    async def _call(self, method: str, fields: dict[str, Any], files: Any = None) -> str:
+    async def _call(
+        self, method: str, fields: dict[str, Any], files: dict[str, tuple[str, bytes]] | None = None
+    ) -> str:
         """One Bot API call (JSON, or multipart when ``files``); a group that became a
         supergroup is followed once to its new id."""
         for _ in range(2):
@@ -186,7 +188,9 @@ class TelegramChannel(LimitedChannel):
             raise DoesNotFit(f"Telegram refused it: {desc}")
         raise DeliveryPermanentError(f"telegram {method}: {reason_for(desc)}")
 
-    async def _call_once(self, method: str, fields: dict[str, Any], files: Any) -> dict[str, Any]:
+    async def _call_once(
+        self, method: str, fields: dict[str, Any], files: dict[str, tuple[str, bytes]] | None
+    ) -> dict[str, Any]:
         # The token is part of the URL path: never let it reach an error message.
         if files:
             kwargs: dict[str, Any] = {"data": fields, "files": files}

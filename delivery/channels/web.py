@@ -317,7 +317,7 @@ async def list_messages(
     ]
 
 
-def _live_fields(data: Any) -> dict[str, Any] | None:
+def _live_fields(data: object) -> dict[str, Any] | None:
     """A live push reduced to the stored-message fields, each of its stored type."""
     if not isinstance(data, dict):
         return None
