@@ -72,6 +72,26 @@ def test_nothing_in_delivery_probes_an_adapter_for_attributes() -> None:
     assert found == []
 
 
+def test_declared_capabilities_match_what_each_channel_takes() -> None:
+    """``voice_notes`` is declared where the channel has a voice rule, and only there."""
+    from delivery.channels.limits import LimitedChannel
+
+    _concrete_channels()
+    limited = [c for c in _subclasses(LimitedChannel) if c.__module__.startswith("delivery.")]
+    assert {c.name for c in limited} == {"telegram", "feishu", "wecom", "dingtalk"}
+    for cls in limited:
+        assert cls.voice_notes == ("voice" in cls.RULES), cls.name
+        assert cls.splits_text and cls.replies and not cls.rich_text, cls.name
+    assert WebChannel.rich_text and not WebChannel.splits_text and not WebChannel.replies
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)]
+    return out
+
+
 def test_receipt_keeps_the_first_id_and_leaves_empty_ones_out() -> None:
     r = Receipt.of("", "7", "8", sent_as="file", note="not as an image")
     assert r.message_ids == ("7", "8") and r.message_id == "7"
