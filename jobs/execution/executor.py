@@ -944,7 +944,8 @@ async def _serve_runner(
 ) -> dict[str, Any] | None:
     """The worker's end of a sandboxed runner's channel: send the run, answer its
     ``call_skill`` / ``provider`` requests (bound to the caller, as in the worker), and
-    return the runner's last message (None: it ended without one)."""
+    return the runner's last message (None: it ended without one). What comes back was
+    written inside the sandbox: read as plain dicts, each field checked where it is used."""
     # (this task's own context: the runs it performs for the skill end nothing of its caller)
     inprocess.SKILL_ENDED.set(None)
     reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 26)
