@@ -58,7 +58,7 @@ class ChainAttempt(Protocol):
         i: int,
         status: StepStatus,
         data: dict[str, Any] | None,
-        env: Any,
+        env: object,
         error: str | None,
         *,
         started: float,
@@ -66,7 +66,7 @@ class ChainAttempt(Protocol):
 
     async def _close_after(self, i: int, status: ChainRunStatus, error: str | None) -> str: ...
 
-    async def _close(self, status: ChainRunStatus, error: str | None, final: Any) -> str: ...
+    async def _close(self, status: ChainRunStatus, error: str | None, final: object) -> str: ...
 
 
 class GraphRun:
@@ -305,7 +305,7 @@ class GraphRun:
         return StepStatus.SUCCEEDED, results, None
 
 
-def _items_problem(step: StepSpec, items: Any) -> str | None:
+def _items_problem(step: StepSpec, items: object) -> str | None:
     """Why ``items`` cannot be fanned out over (None: it can)."""
     if not isinstance(items, list):
         return f"for_each {step.for_each} is {type(items).__name__}, not a list"

@@ -29,7 +29,7 @@ from chains.emptiness import parse as parse_rules
 from chains.graphrun import GraphRun
 from chains.refs import UnresolvedReference, resolve_input
 from chains.runs import enqueue_run
-from chains.schedules import ScheduleSpec, spec_of
+from chains.schedules import ScheduleSpec, StepSpec, spec_of
 from jobs import telemetry
 from jobs.catalog.configs import ConfigStore
 from jobs.constants import MAX_RUNS
@@ -280,7 +280,7 @@ class _ChainRun:
         ws = workspace_of_spec(self.svc, self.spec)
         return begin_scope(ws, f"{self.lease.run_id}:{i}") if ws is not None else None
 
-    def _empty_rules(self, step: Any) -> list[Rule]:
+    def _empty_rules(self, step: StepSpec) -> list[Rule]:
         """The schedule's ``empty_when`` and the step's (validated when they were stored)."""
         return parse_rules(self.spec.empty_when) + parse_rules(step.empty_when)
 
@@ -381,7 +381,7 @@ class _ChainRun:
         i: int,
         status: StepStatus,
         data: dict[str, Any] | None,
-        env: Any,
+        env: object,
         error: str | None,
         *,
         started: float,
@@ -404,7 +404,7 @@ class _ChainRun:
         await rs.skip_rest(self.sm, self.lease, i)
         return await self._close(status, error, None)
 
-    async def _close(self, status: ChainRunStatus, error: str | None, final: Any) -> str:
+    async def _close(self, status: ChainRunStatus, error: str | None, final: object) -> str:
         result: dict[str, Any] = {"output": rs.cap_output(final)} if final is not None else {}
         if status == ChainRunStatus.STOPPED_EMPTY and self.spec.quiet_when_empty:
             # nothing to say: no delivery at all (the run's record says why)

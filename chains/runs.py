@@ -16,7 +16,7 @@ from chains.runstore import arq_job_id, enqueue_number
 from jobs import audit
 from jobs.constants import FN_RUN_CHAIN
 from jobs.crypto import redact
-from jobs.db import Sessions, sessions_of
+from jobs.db import HasSessions, Sessions, sessions_of
 from jobs.models import ChainRun, ChainRunStatus, ChainStep, Schedule
 from jobs.queue import broker
 from jobs.queue.broker import enqueue
@@ -150,7 +150,9 @@ def run_dict(
     }
 
 
-async def list_runs(target: Any, schedule_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
+async def list_runs(
+    target: HasSessions | Sessions, schedule_id: str, *, limit: int = 50
+) -> list[dict[str, Any]]:
     """Runs of a schedule, newest first."""
     sm = sessions_of(target)
     row = await _require(sm, schedule_id)
@@ -173,7 +175,9 @@ async def list_runs(target: Any, schedule_id: str, *, limit: int = 50) -> list[d
     return [run_dict(r, steps[r.id]) for r in runs]
 
 
-async def get_run(target: Any, run_id: str, *, items: bool = False) -> dict[str, Any] | None:
+async def get_run(
+    target: HasSessions | Sessions, run_id: str, *, items: bool = False
+) -> dict[str, Any] | None:
     """Chain run JSON, or None. ``items``: also ``"items"``, every item run of its
     ``for_each`` steps (``{"id", "step", "item", "status", "input", "output", "error"…}``)."""
     async with sessions_of(target)() as s:
@@ -194,7 +198,7 @@ async def get_run(target: Any, run_id: str, *, items: bool = False) -> dict[str,
     return out
 
 
-async def last_runs(target: Any) -> dict[str, ChainRun]:
+async def last_runs(target: HasSessions | Sessions) -> dict[str, ChainRun]:
     """The newest run of every schedule that has one."""
     async with sessions_of(target)() as s:
         newest = (

@@ -314,7 +314,7 @@ async def set_result(sm: Sessions, lease: Lease, result: dict[str, Any]) -> None
         await s.commit()
 
 
-def cap_output(value: Any) -> Any:
+def cap_output(value: object) -> object:
     """A step output fit for its record: whole when small, else a marked summary."""
     text = json.dumps(value, ensure_ascii=False, default=str)
     if len(text) <= OUTPUT_CAP:

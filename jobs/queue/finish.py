@@ -9,7 +9,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -19,10 +19,13 @@ from jobs.context import job_workspace
 from jobs.db import db_unavailable
 from jobs.envelope import offload
 from jobs.finishing import Finished
-from jobs.models import FAILED, QUEUED, SUCCEEDED, TIMED_OUT, JobRow
+from jobs.models import FAILED, QUEUED, SUCCEEDED, TIMED_OUT, AttemptOutcome, JobRow
 from jobs.queue import incidents, store
 from jobs.queue.heartbeat import LeaseKeeper
 from jobs.queue.runstate import retry_db
+
+if TYPE_CHECKING:
+    from jobs.execution.executor import Outcome
 
 log = logging.getLogger("skilljobs.worker")
 
@@ -84,7 +87,7 @@ class FinishingStage(LeaseKeeper):
         while self.finishing:
             await asyncio.wait(list(self.finishing))
 
-    async def _finish(self, job: JobRow, token: int, outcome: Any) -> str:
+    async def _finish(self, job: JobRow, token: int, outcome: Outcome) -> str:
         """The finishing stage of one job: post-processing, delivery, the fenced record.
 
         No path of it only logs: whatever it raises ends the job ``failed`` (``internal``),
@@ -284,7 +287,7 @@ class FinishingStage(LeaseKeeper):
             token,
             reason=reason,
             error_type="transient",
-            attempt_outcome="requeued",
+            attempt_outcome=AttemptOutcome.REQUEUED,
             patience=10.0,
         )
         if new is not None:

@@ -82,7 +82,7 @@ class _Types:
         procs = self.result
         return {n: (procs[n](v) if n in procs else v) for n, v in zip(names, values, strict=True)}
 
-    def value(self, column: str, value: Any) -> Any:
+    def value(self, column: str, value: object) -> object:
         proc = self.bind.get(column)
         return value if proc is None else proc(value)
 

@@ -16,6 +16,7 @@ from jobs.db import Sessions
 from jobs.models import (
     FAILED,
     RUNNING,
+    AttemptOutcome,
     Job,
     JobAttempt,
     Worker,
@@ -119,7 +120,12 @@ async def expire_leases(
                     failed.append(job_id)
             continue
         new = await requeue(
-            sm, job_id, token, reason=reason, error_type="transient", attempt_outcome="lost"
+            sm,
+            job_id,
+            token,
+            reason=reason,
+            error_type="transient",
+            attempt_outcome=AttemptOutcome.LOST,
         )
         if new is not None:
             out.append((job_id, new))
@@ -134,7 +140,7 @@ async def fail_lost(sm: Sessions, job_id: str, token: int, reason: str) -> str |
         lost = await s.scalar(
             select(func.count())
             .select_from(JobAttempt)
-            .where(JobAttempt.job_id == job_id, JobAttempt.outcome == "lost")
+            .where(JobAttempt.job_id == job_id, JobAttempt.outcome == AttemptOutcome.LOST)
         )
         n = int(lost or 0) + 1
         error = (
@@ -157,7 +163,7 @@ async def fail_lost(sm: Sessions, job_id: str, token: int, reason: str) -> str |
         )
         if not await write_fenced(s, ended):
             return None
-        await close_attempt(s, job_id, token, "lost", reason, "lost", now)
+        await close_attempt(s, job_id, token, AttemptOutcome.LOST, reason, "lost", now)
         await s.commit()
         return error
 

@@ -19,6 +19,7 @@ from jobs.models import (
     SCHEDULED,
     SUCCEEDED,
     TIMED_OUT,
+    AttemptOutcome,
     Job,
     JobAttempt,
 )
@@ -111,7 +112,9 @@ async def recent_failures(
                     Job.role_id == role_id,
                     JobAttempt.finished_at.is_not(None),
                     JobAttempt.finished_at >= since,
-                    JobAttempt.outcome.not_in(("lost", "requeued", CANCELLED)),
+                    JobAttempt.outcome.not_in(
+                        (AttemptOutcome.LOST, AttemptOutcome.REQUEUED, CANCELLED)
+                    ),
                 )
                 .order_by(JobAttempt.finished_at.desc())
                 .limit(2)

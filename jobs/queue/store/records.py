@@ -13,7 +13,7 @@ from sqlalchemy import (
     insert,
     select,
 )
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from jobs import storable
 from jobs.catalog.configs import ConfigChanged
@@ -35,7 +35,13 @@ DispatchKeyRow = tuple[str, str, float]
 
 
 async def ensure_session(
-    conn: Any, session_id: str, *, role_id: str, org_id: str, channel: str, external_id: str
+    conn: AsyncConnection | AsyncSession,
+    session_id: str,
+    *,
+    role_id: str,
+    org_id: str,
+    channel: str,
+    external_id: str,
 ) -> None:
     """Record the chat session a job came from (web delivery goes back to it). Safe under
     concurrent dispatches for the same new session: an existing row is left as it is.
