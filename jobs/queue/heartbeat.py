@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from jobs.db import db_unavailable
 from jobs.execution import subproc
 from jobs.models import JobRow
-from jobs.queue import broker, prefetch, store
+from jobs.queue import broker, lease, prefetch, store
 from jobs.queue.runstate import RunnerState
 
 log = logging.getLogger("skilljobs.worker")
@@ -114,20 +114,14 @@ class LeaseKeeper(RunnerState):
         )
 
     async def take_over_once(self) -> int:
-        """Re-run the jobs of peers presumed dead, without waiting for their leases.
-
-        Two signs, both needed: the peer's heartbeat key is gone from Redis *and* its
-        leases were last renewed more than :attr:`missing_after` seconds ago. A Redis flush
-        (keys gone, leases fresh) or a database outage (renewals late, keys fresh) is never
-        taken for a death. The take-over is fenced like a lease expiry.
+        """Re-run the jobs of peers presumed dead (:func:`jobs.queue.lease.presumed_dead`:
+        heartbeat key gone *and* leases unrenewed for :attr:`missing_after` seconds),
+        without waiting for their leases. The take-over is fenced like a lease expiry.
         """
         svc = self.svc
-        s = svc.settings
-        before = time.time() + s.worker_lease_sec - self.missing_after
-        owners = await store.stale_owners(svc.sessionmaker, before, exclude=self.worker_id)
-        if not owners:
-            return 0
-        dead = {o for o, up in zip(owners, await broker.alive(svc, owners), strict=True) if not up}
+        before, dead = await lease.presumed_dead(
+            svc, store.LEASES, me=self.worker_id, missing_after=self.missing_after
+        )
         if not dead:
             return 0
         n = 0

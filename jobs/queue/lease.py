@@ -15,6 +15,7 @@ runs the reads; each table's store runs the writes in its own transactions.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TypeAlias, TypeVar, cast
@@ -26,6 +27,8 @@ from sqlalchemy.sql.elements import BindParameter
 
 from jobs.db import Sessions, rowcount
 from jobs.models import Base
+from jobs.queue import broker
+from jobs.services import Services
 
 T = TypeVar("T")
 #: a value a statement is built with: known now, bound when it runs (a statement prepared
@@ -124,6 +127,24 @@ class Leases:
             return found is not None
 
 
+async def presumed_dead(
+    services: Services, leases: Leases, *, me: str, missing_after: float
+) -> tuple[float, set[str]]:
+    """The peers of worker ``me`` presumed dead, whose leases of ``leases`` are taken over
+    without waiting for them to run out; and ``before``, the bound of those leases' expiry.
+
+    Two signs, both needed: the peer's heartbeat key is gone from Redis *and* its leases
+    were last renewed more than ``missing_after`` seconds ago. A Redis flush (keys gone,
+    leases fresh) or a database outage (renewals late, keys fresh) is never taken for a
+    death."""
+    before = time.time() + services.settings.worker_lease_sec - missing_after
+    owners = await leases.stale_owners(services.sessionmaker, before, exclude=me)
+    if not owners:
+        return before, set()
+    up = await broker.alive(services, owners)
+    return before, {o for o, alive in zip(owners, up, strict=True) if not alive}
+
+
 async def write_fenced(s: AsyncSession, stmt: Update) -> bool:
     """Run a fenced write of one row in ``s``: True when it was written, else the
     transaction is rolled back (the attempt no longer holds the lease)."""
@@ -133,4 +154,4 @@ async def write_fenced(s: AsyncSession, stmt: Update) -> bool:
     return False
 
 
-__all__ = ["Bound", "Leases", "table_of", "write_fenced"]
+__all__ = ["Bound", "Leases", "presumed_dead", "table_of", "write_fenced"]
