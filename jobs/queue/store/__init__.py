@@ -8,7 +8,8 @@ chain runs have too (:mod:`jobs.queue.lease`).
 
 The modules: ``claims`` (take and give back a lease), ``finishes`` (the fenced records of
 an attempt), ``leases`` (renewal, expiry, take-over, the workers' rows), ``records`` (new
-jobs), ``queries`` (reads and the queue's bookkeeping), ``actions`` (operator actions).
+jobs), ``queries`` (reads and the queue's bookkeeping), ``actions`` (operator actions);
+``sqlite`` holds the hot batches' forms for SQLite, ``tables`` what they share.
 Callers use the names re-exported here.
 """
 

@@ -24,8 +24,8 @@ from jobs.models import (
     JobAttempt,
     JobRow,
 )
-from jobs.queue import store_sqlite
 from jobs.queue.lease import write_fenced
+from jobs.queue.store import sqlite
 from jobs.queue.store.tables import (
     LEASES,
     QUEUED_SQL,
@@ -138,7 +138,7 @@ async def claim_many(
         for rec in records:
             rows[(rec["id"], rec["lease_token"] - 1)] = RowView(rec)
     elif is_sqlite(engine := engine_of(sm)):
-        found = await store_sqlite.claim_many(engine, wanted, common)
+        found = await sqlite.claim_many(engine, wanted, common)
         rows = {key: RowView(row) for key, row in found.items()}
     else:
         async with engine.begin() as conn:

@@ -20,7 +20,7 @@ from jobs.models import (
     Job,
     JobAttempt,
 )
-from jobs.queue import store_sqlite
+from jobs.queue.store import sqlite
 from jobs.queue.store.claims import back_to_queue
 from jobs.queue.store.tables import (
     MS_SQL,
@@ -187,7 +187,7 @@ async def finish_many(sm: Sessions, outcomes: list[Outcome]) -> list[bool]:
     engine = engine_of(sm)
     if is_sqlite(engine):
         pairs = [(o, _attempt_error(o)) for o in outcomes]
-        done = await store_sqlite.finish_many(engine, pairs, now)
+        done = await sqlite.finish_many(engine, pairs, now)
         return [(o.job_id, o.token) in done for o in outcomes]
     async with engine.begin() as conn:
         for o in outcomes:

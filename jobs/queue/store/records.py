@@ -25,7 +25,7 @@ from jobs.models import (
     Job,
     config_generation,
 )
-from jobs.queue import store_sqlite
+from jobs.queue.store import sqlite
 from jobs.queue.store.tables import job_table, pg_engine, to_json
 
 # An idempotency key a new job's dispatch claims with it: (key, request hash, created_at).
@@ -133,7 +133,7 @@ async def record_jobs(
     ):
         now = time.time()
         new_sessions = [{**s, "created_at": now, "updated_at": now} for s in sessions.values()]
-        return await store_sqlite.record_jobs(
+        return await sqlite.record_jobs(
             engine, _NEW_JOB_NAMES, rows, new_sessions, keys, generation=generation
         )
     async with engine.begin() as conn:
