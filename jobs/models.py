@@ -81,6 +81,13 @@ class IncidentStatus(StrEnum):
     ACKED = "acked"  # an operator has seen it (a new failure of its kind opens it again)
 
 
+class AttemptOutcome(StrEnum):
+    """How an attempt ended other than with a job status (``JobStatus``)."""
+
+    LOST = "lost"  # its lease was taken over (its worker died or stalled)
+    REQUEUED = "requeued"  # handed back unfinished (its worker stopping or paused)
+
+
 class StepStatus(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
