@@ -4,7 +4,7 @@ and bulk retry / cancel of every job a filter matches."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from dashboard import queries
 from dashboard.auth import identity_of
 from dashboard.errors import ApiError, not_found
 from dashboard.sync_pool import SyncPool
+from delivery import notices
 from jobs import telemetry
 from jobs.context import scrub, secret_values
 from jobs.crypto import ENC_TAG, REDACTED, redact
@@ -366,9 +367,9 @@ def _relay(result: Any, ok_status: int = 200) -> JSONResponse:
     return JSONResponse({"ok": True, "result": safe(result)}, status_code=ok_status)
 
 
-async def _control(request: Request, name: str, *args: Any) -> JSONResponse:
+async def _control(action: Awaitable[control.ActionResult]) -> JSONResponse:
     try:
-        result = await getattr(control, name)(services_of(request), *args, actor=actor_of(request))
+        result = await action
     except LookupError as exc:
         raise ApiError(404, str(exc)) from exc
     except ValueError as exc:
@@ -378,23 +379,26 @@ async def _control(request: Request, name: str, *args: Any) -> JSONResponse:
 
 @router.post("/jobs/{job_id}/retry")
 async def retry(job_id: str, request: Request) -> JSONResponse:
-    return await _control(request, "retry_job", job_id)
+    return await _control(control.retry_job(services_of(request), job_id, actor=actor_of(request)))
 
 
 @router.delete("/jobs/{job_id}")
 async def delete_job(job_id: str, request: Request) -> JSONResponse:
     """Delete a finished job (its attempts, files' records and deliveries); audited."""
-    return await _control(request, "delete_job", job_id)
+    svc = services_of(request)
+    return await _control(control.delete_job(svc, job_id, actor=actor_of(request)))
 
 
 @router.post("/jobs/{job_id}/cancel")
 async def cancel(job_id: str, request: Request) -> JSONResponse:
-    return await _control(request, "cancel_job", job_id)
+    svc, actor = services_of(request), actor_of(request)
+    return await _control(control.cancel_job(svc, job_id, notices=notices, actor=actor))
 
 
 @router.post("/skills/{skill}/requeue-failed")
 async def requeue_failed(skill: str, request: Request) -> JSONResponse:
-    return await _control(request, "requeue_failed", skill)
+    svc = services_of(request)
+    return await _control(control.requeue_failed(svc, skill, actor=actor_of(request)))
 
 
 @router.post("/jobs/bulk")
@@ -410,7 +414,11 @@ async def bulk(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, 
             raise ApiError(422, "ids must be a list of job ids")
         try:
             return await control.act_on_selection(
-                services_of(request), str(body.get("action")), ids, actor=actor_of(request)
+                services_of(request),
+                str(body.get("action")),
+                ids,
+                notices=notices,
+                actor=actor_of(request),
             )
         except ValueError as exc:
             raise ApiError(422, str(exc)) from exc
@@ -425,6 +433,7 @@ async def bulk(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, 
             services_of(request),
             str(body.get("action")),
             flt,
+            notices=notices,
             dry_run=dry_run,
             limit=limit,
             actor=actor_of(request),
