@@ -3,11 +3,6 @@ rerun RUN_ID --from STEP``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from jobs.services import Services
-
 import json
 import time
 from datetime import UTC, datetime
@@ -19,9 +14,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from chains import schedules
+from chains.rerun import rerun_from
+from chains.runner import run_chain
 from jobs.cli import output
 from jobs.cli.common import fail, load_settings, with_services
 from jobs.cli.i18n import tr
+from jobs.services import Services
 
 console = Console()
 schedules_app = typer.Typer(help="Cron-defined chains of skills.", no_args_is_help=True)
@@ -95,8 +94,6 @@ def _with_services(fn: Any, *, redis: bool = True) -> Any:
 @schedules_app.command("add")
 def add(file: Path = typer.Argument(..., help="Schedule file (YAML or JSON).")) -> None:
     """Validate a schedule file and store it."""
-    from chains import schedules
-
     data = _read_file(file)
 
     async def go(svc: Services) -> None:
@@ -143,8 +140,6 @@ def apply_cmd(
 ) -> None:
     """Make the stored schedules match the files, by name: create, update what differs,
     (with --prune) delete the rest. Running it again changes nothing."""
-    from chains import schedules
-
     files = _files(path)
     raw = [(f, _read_file(f)) for f in files]
 
@@ -183,8 +178,6 @@ def delete_cmd(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
 ) -> None:
     """Delete a schedule and its run history."""
-    from chains import schedules
-
     ask = tr("Delete schedule {name} and its run history?", name=schedule)
     if not yes and not typer.confirm(ask):
         fail(tr("nothing done"))
@@ -204,7 +197,6 @@ def list_cmd(
     as_json: bool = output.JSON_OPT,
 ) -> None:
     """Every schedule with its next fire time(s) and last run."""
-    from chains import schedules
 
     async def go(svc: Services) -> tuple[list[Any], dict[str, Any]]:
         return await schedules.list_schedules(svc), await schedules.last_runs(svc)
@@ -254,7 +246,6 @@ def show(
     as_json: bool = output.JSON_OPT,
 ) -> None:
     """The schedule as stored (JSON), then its next fire times in its timezone and UTC."""
-    from chains import schedules
 
     async def go(svc: Services) -> None:
         row = await schedules.get(svc, schedule)
@@ -278,8 +269,6 @@ def show(
 
 
 def _toggle(schedule: str, enabled: bool) -> None:
-    from chains import schedules
-
     async def go(svc: Services) -> None:
         row = await schedules.set_enabled(svc, schedule, enabled, actor="cli")
         state = (
@@ -314,14 +303,12 @@ def run(
     ),
 ) -> None:
     """Start a run now (queued for the workers, or --inline here)."""
-    from chains import schedules
 
     async def go(svc: Services) -> int:
         if not inline:
             run_id = await schedules.trigger_manual(svc, schedule, actor="cli")
             console.print(f"run {run_id} queued")
             return 0
-        from chains.runner import run_chain
 
         run_id = await schedules.trigger_manual(svc, schedule, actor="cli", enqueue=False)
         executor = svc.executor
@@ -372,7 +359,6 @@ def runs(
     as_json: bool = output.JSON_OPT,
 ) -> None:
     """Recent runs of a schedule, newest first."""
-    from chains import schedules
 
     async def go(svc: Services) -> None:
         if run_id:
@@ -415,8 +401,6 @@ def rerun(
     ),
 ) -> None:
     """A new run from a step, reusing the recorded outputs of the earlier steps."""
-    from chains.rerun import rerun_from
-
     step: int | str = int(from_step) if from_step.isdigit() else from_step
 
     async def go(svc: Services) -> int:
@@ -433,9 +417,6 @@ def rerun(
 
 
 async def _run_inline(svc: Services, run_id: str) -> int:
-    from chains import schedules
-    from chains.runner import run_chain
-
     executor = svc.executor
     try:
         with console.status(f"run {run_id}: running"):

@@ -8,8 +8,12 @@ from typing import Any
 
 import typer
 
+from jobs.catalog.configs import ConfigStore
+from jobs.cli import output
 from jobs.cli.common import fail, load_settings, run_async
+from jobs.context import config_key
 from jobs.crypto import SecretBox, is_secret_key, load_or_create_key
+from jobs.db import create_engine, create_sessionmaker
 
 config_app = typer.Typer(
     help="Per-role skill configuration (secrets stored encrypted).", no_args_is_help=True
@@ -29,9 +33,6 @@ def _value(key: str, raw: str, as_string: bool) -> Any:
 
 
 async def _with_store(fn: Any) -> Any:
-    from jobs.catalog.configs import ConfigStore
-    from jobs.db import create_engine, create_sessionmaker
-
     settings = load_settings()
     try:
         key = load_or_create_key(
@@ -69,7 +70,6 @@ def config_set(
     parsed = _value(key, value, string)
     _run(lambda store: store.set(role, skill, key, parsed))
     shown = "••••••" if is_secret_key(key) else json.dumps(parsed, ensure_ascii=False)
-    from jobs.context import config_key
 
     typer.echo(f"{role} / {skill}: {config_key(key)} = {shown}")
 
@@ -100,7 +100,6 @@ def config_list(
     if not rows:
         typer.echo(f"no configuration for role {role}" + (f" / {skill}" if skill else ""))
         return
-    from jobs.cli import output
 
     output.table(
         ("skill", "key", "value"),

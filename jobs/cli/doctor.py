@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from jobs.cli.checks import Check, Status, check_settings, failed, run_checks
+from jobs.cli.checks import Check, Status, check_settings, fail, failed, run_checks
 
 _COLORS = {
     Status.OK: typer.colors.GREEN,
@@ -40,8 +40,6 @@ def doctor(
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
         except Exception as exc:  # a check that could not even run is a failed check
-            from jobs.cli.checks import fail
-
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             checks.append(
                 fail("checks", f"stopped: {type(exc).__name__}: {first}", "see the lines above")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.cli.common import fail, with_services
+from jobs.queue import rates
 
 console = Console()
 limits_app = typer.Typer(
@@ -29,8 +30,6 @@ def set_limit(
     """Set a limit (workers apply it within a second; jobs over it wait, queued)."""
 
     async def _go(svc: Any) -> None:
-        from jobs.queue import rates
-
         try:
             row = await rates.set_limit(
                 svc.sessionmaker, key, rate=rate or None, concurrency=concurrency, actor="cli"
@@ -50,8 +49,6 @@ def unset_limit(key: str = typer.Argument(..., help="The key of the limit to rem
     """Remove a run-time limit (SKILLJOBS_LIMITS applies again for its key)."""
 
     async def _go(svc: Any) -> bool:
-        from jobs.queue import rates
-
         try:
             return await rates.unset_limit(svc.sessionmaker, key, actor="cli")
         except rates.LimitError as exc:
@@ -68,8 +65,6 @@ def list_limits(
     """The limits in force: SKILLJOBS_LIMITS with the run-time ones over it."""
 
     async def _go(svc: Any) -> list[dict[str, Any]]:
-        from jobs.queue import rates
-
         return await rates.items(svc)
 
     items = with_services(_go)

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from jobs.services import Services
-
 import json
 from pathlib import Path
 from typing import Any
@@ -15,9 +10,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs.catalog.loader import load_registry, skill_folders
+from jobs.catalog.preflight import Finding, check_skill_dir, has_errors
 from jobs.cli.common import fail, load_settings, run_async, with_services
 from jobs.cli.envs import env_state, fanout_names, manager, register_prepare, skill_at
 from jobs.cli.i18n import tr
+from jobs.execution.sandbox import run_mode
+from jobs.execution.subproc import passthrough_for
+from jobs.queue import pauses
+from jobs.queue.pauses import peek
+from jobs.services import Services
 from jobs.skill import Skill
 
 skills_app = typer.Typer(
@@ -54,10 +56,6 @@ def _row(skill: Skill, envs: Any = None) -> dict[str, object]:
 def run_as(skill: Skill, settings: Any = None) -> dict[str, object]:
     """How the skill runs: ``sandboxed`` or ``trusted``, why, and the host variables the
     operator hands it (SKILLJOBS_SKILL_ENV_PASSTHROUGH)."""
-    from jobs.cli.common import load_settings
-    from jobs.execution.sandbox import run_mode
-    from jobs.execution.subproc import passthrough_for
-
     settings = settings or load_settings()
     mode, why = run_mode(skill, settings)
     return {
@@ -98,9 +96,6 @@ def list_skills(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Every skill folder found in SKILLJOBS_SKILLS_PATH, with its load status."""
-    from jobs.catalog.loader import load_registry
-    from jobs.queue.pauses import peek
-
     settings = load_settings()
     registry = load_registry(settings.skill_dirs)
     envs = manager(settings)
@@ -156,9 +151,6 @@ def check(
     ),
 ) -> None:
     """Install preflight: exit 1 when any skill has an error."""
-    from jobs.catalog.loader import skill_folders
-    from jobs.catalog.preflight import Finding, check_skill_dir, has_errors
-
     if directory is not None:
         if not directory.is_dir():
             fail(f"{directory} is not a folder")
@@ -205,8 +197,6 @@ def check(
 def _pause_action(name: str, pause: bool) -> None:
 
     async def _go(svc: Services) -> dict[str, Any]:
-        from jobs.queue import pauses
-
         try:
             fn = pauses.pause if pause else pauses.resume
             return await fn(svc, name, actor="cli")

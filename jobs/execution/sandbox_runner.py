@@ -31,6 +31,9 @@ import traceback
 from types import SimpleNamespace
 from typing import Any
 
+from jobs.execution import compat, inprocess, provider
+from jobs.execution.provider import CompletionResult, ToolCall, ToolCallResult
+
 NO_DATABASE = (
     "no business database is mapped to this sandboxed skill: ctx.db is None and "
     "db_factory cannot open a session (mark the skill's folder trusted to run it in the "
@@ -101,8 +104,6 @@ class ProviderProxy:
         return f"<provider {self.provider_name!r} (through the worker)>"
 
     async def _call(self, method: str, messages: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-        from jobs.execution import provider
-
         try:
             value = await self._channel.request(
                 "provider", method=method, messages=_plain(messages), kwargs=_plain(kwargs)
@@ -119,13 +120,9 @@ class ProviderProxy:
         return data
 
     async def complete(self, messages: Any, **kwargs: Any) -> Any:
-        from jobs.execution.provider import CompletionResult
-
         return CompletionResult(**await self._call("complete", messages, kwargs))
 
     async def tool_call(self, messages: Any, tools: Any, **kwargs: Any) -> Any:
-        from jobs.execution.provider import ToolCall, ToolCallResult
-
         data = await self._call("tool_call", messages, {**kwargs, "tools": tools})
         calls = [ToolCall(**c) for c in data.pop("tool_calls", None) or []]
         return ToolCallResult(**data, tool_calls=calls)
@@ -178,14 +175,11 @@ def _plain(value: Any) -> Any:
 
 class _CompatFinder(importlib.abc.MetaPathFinder):
     """``backend.infra.providers.base`` for ported skills (``jobs.execution.compat``),
-    registered when a skill first imports it: the model types cost an import of their own
-    that most skills never need."""
+    registered when a skill first imports it."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname != "backend" and not fullname.startswith("backend."):
             return None
-        from jobs.execution import compat
-
         compat.install()
         if fullname not in sys.modules:
             return None
@@ -233,8 +227,6 @@ def _raised(exc: BaseException) -> dict[str, Any]:
 
 
 async def _run(start: dict[str, Any], channel: Channel) -> dict[str, Any]:
-    from jobs.execution import inprocess
-
     name = str(start.get("name") or "skill")
     path = str(start["path"])
     for site in reversed(start.get("sites") or []):
@@ -269,6 +261,7 @@ async def _run(start: dict[str, Any], channel: Channel) -> dict[str, Any]:
     try:  # a plain JSON value goes as it is (the worker shapes the envelope)
         json.dumps(result, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
+        # lazy: the envelope imports the database models; most results are plain JSON
         from jobs.envelope import normalize
 
         result = normalize(result, name)  # dataclasses, dates, decimals, ...
