@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
 import typer
@@ -21,6 +22,8 @@ from jobs.cli import output
 from jobs.cli.common import fail, load_settings, with_services
 from jobs.cli.i18n import tr
 from jobs.services import Services
+
+T = TypeVar("T")
 
 console = Console()
 schedules_app = typer.Typer(help="Cron-defined chains of skills.", no_args_is_help=True)
@@ -76,11 +79,11 @@ def _read_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _with_services(fn: Any, *, redis: bool = True) -> Any:
+def _with_services(fn: Callable[[Services], Awaitable[T]], *, redis: bool = True) -> T:
     """``jobs.cli.common.with_services``, a schedule's refusals (unknown id, a change that
     does not validate) ending the command with their one-line reason."""
 
-    async def guarded(svc: Services) -> Any:
+    async def guarded(svc: Services) -> T:
         try:
             return await fn(svc)
         except LookupError as exc:
@@ -126,7 +129,7 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= 80 or not output.is_terminal() else text[:77] + "…"
 

@@ -15,6 +15,7 @@ from delivery.channels.registry import channels_for
 from delivery.custody import dismiss, resend
 from delivery.ledger import action_for
 from jobs import audit
+from jobs.models import Delivery
 from jobs.services import Services
 
 router = APIRouter(prefix="/api/v1")
@@ -152,7 +153,7 @@ async def _apply(
     return done, refused
 
 
-def _custody(d: Any) -> dict[str, Any]:
+def _custody(d: Delivery) -> dict[str, Any]:
     """Who it belongs to, its generation and its receipt (delivery custody)."""
     return {
         "job_id": d.job_id,

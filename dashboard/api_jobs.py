@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
+from starlette.datastructures import State
 
 from dashboard import queries
 from dashboard.auth import identity_of
@@ -19,7 +20,7 @@ from dashboard.sync_pool import SyncPool
 from delivery import notices
 from jobs import telemetry
 from jobs.context import scrub, secret_values
-from jobs.crypto import ENC_TAG, REDACTED, redact
+from jobs.crypto import ENC_TAG, REDACTED, SecretBox, redact
 from jobs.envelope import is_partial
 from jobs.links import file_link, file_link_key
 from jobs.models import Artifact, Delivery, Job, JobAttempt
@@ -45,12 +46,12 @@ def actor_of(request: Request) -> str:
 # --- shapes (SPEC §10) ---------------------------------------------------------------
 
 
-def safe(obj: Any, *, by_name: bool = True) -> Any:
+def safe(obj: object, *, by_name: bool = True) -> Any:
     """Secret-named values masked (configuration-shaped data only: results are data and
     were scrubbed of the job's secret values when they ran, C12), and any sealed value
     masked wherever it sits."""
 
-    def strip(v: Any) -> Any:
+    def strip(v: object) -> Any:
         if isinstance(v, dict):
             if ENC_TAG in v and len(v) == 1:
                 return REDACTED
@@ -62,7 +63,7 @@ def safe(obj: Any, *, by_name: bool = True) -> Any:
     return strip(redact(obj) if by_name else obj)
 
 
-def job_secrets(job: Job, box: Any) -> list[str]:
+def job_secrets(job: Job, box: SecretBox | None) -> list[str]:
     """The job's secret values (from its sealed context): what is scrubbed from its result
     wherever it is shown (C12: by value, never by the result's field names)."""
     if box is None or not isinstance(job.context, dict):
@@ -123,7 +124,7 @@ def job_dict(
     artifacts: list[Artifact],
     deliveries: list[Delivery],
     attempts: list[JobAttempt] | None = None,
-    box: Any = None,
+    box: SecretBox | None = None,
 ) -> dict[str, Any]:
     ctx = job.context if isinstance(job.context, dict) else {}
     out: dict[str, Any] = {
@@ -197,7 +198,7 @@ async def dispatch(body: DispatchBody, request: Request) -> JSONResponse:
 
 
 async def dispatch_answer(
-    body: DispatchBody, state: Any, headers: Mapping[str, str]
+    body: DispatchBody, state: State, headers: Mapping[str, str]
 ) -> tuple[int, dict[str, Any]]:
     """The status and JSON body answering ``body``. A ``traceparent`` header puts the
     dispatch (and the job) in the caller's trace."""
@@ -206,7 +207,7 @@ async def dispatch_answer(
 
 
 async def _dispatch(
-    body: DispatchBody, state: Any, headers: Mapping[str, str]
+    body: DispatchBody, state: State, headers: Mapping[str, str]
 ) -> tuple[int, dict[str, Any]]:
     key = body.idempotency_key or headers.get("idempotency-key") or None
     svc: Services = state.services
@@ -356,15 +357,8 @@ async def download_artifact(job_id: str, artifact_id: int, request: Request) -> 
 # --- actions -------------------------------------------------------------------------
 
 
-def _relay(result: Any, ok_status: int = 200) -> JSONResponse:
-    if hasattr(result, "status_code") and hasattr(result, "body"):
-        return JSONResponse(result.body, status_code=result.status_code)
-    if hasattr(result, "status_code") and hasattr(result, "to_dict"):
-        return JSONResponse(safe(result.to_dict()), status_code=result.status_code)
-    if isinstance(result, dict):
-        status = ok_status if result.get("ok", True) is not False else 409
-        return JSONResponse(safe(result), status_code=status)
-    return JSONResponse({"ok": True, "result": safe(result)}, status_code=ok_status)
+def _relay(result: control.ActionResult) -> JSONResponse:
+    return JSONResponse(safe(result.to_dict()), status_code=result.status_code)
 
 
 async def _control(action: Awaitable[control.ActionResult]) -> JSONResponse:

@@ -425,7 +425,7 @@ async def check_redis_auth(settings: Settings, timeout_sec: float = 5.0) -> Chec
     )
 
 
-def _config_value(reply: Any, key: str) -> str:
+def _config_value(reply: object, key: str) -> str:
     if isinstance(reply, dict):
         return str(reply.get(key, ""))
     if isinstance(reply, list | tuple) and len(reply) >= 2:

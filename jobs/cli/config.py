@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import typer
 
@@ -14,6 +15,8 @@ from jobs.cli.common import fail, load_settings, run_async
 from jobs.context import config_key
 from jobs.crypto import SecretBox, is_secret_key, load_or_create_key
 from jobs.db import create_engine, create_sessionmaker
+
+T = TypeVar("T")
 
 config_app = typer.Typer(
     help="Per-role skill configuration (secrets stored encrypted).", no_args_is_help=True
@@ -32,7 +35,7 @@ def _value(key: str, raw: str, as_string: bool) -> Any:
         return raw
 
 
-async def _with_store(fn: Any) -> Any:
+async def _with_store(fn: Callable[[ConfigStore], Awaitable[T]]) -> T:
     settings = load_settings()
     try:
         key = load_or_create_key(
@@ -50,7 +53,7 @@ async def _with_store(fn: Any) -> Any:
         await engine.dispose()
 
 
-def _run(fn: Any) -> Any:
+def _run(fn: Callable[[ConfigStore], Awaitable[T]]) -> T:
     """Unreachable or unmigrated databases end the command as every command does
     (``jobs.cli.common.fail_on``: the setting and the fix, exit 2)."""
     return run_async(lambda: _with_store(fn))

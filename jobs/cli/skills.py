@@ -15,12 +15,14 @@ from jobs.catalog.preflight import Finding, check_skill_dir, has_errors
 from jobs.cli.common import fail, load_settings, run_async, with_services
 from jobs.cli.envs import env_state, fanout_names, manager, register_prepare, skill_at
 from jobs.cli.i18n import tr
+from jobs.execution.envs import EnvManager
 from jobs.execution.sandbox import run_mode
 from jobs.execution.subproc import passthrough_for
 from jobs.queue import pauses
 from jobs.queue.pauses import peek
 from jobs.services import Services
-from jobs.skill import Skill
+from jobs.settings import Settings
+from jobs.skill import Skill, SkillRegistry
 
 skills_app = typer.Typer(
     help="Skill folders: list what loaded, check new ones.", no_args_is_help=True
@@ -33,7 +35,7 @@ def _wall(skill: Skill) -> str:
     return f"{skill.effective_wall_sec():g}s (default)"
 
 
-def _row(skill: Skill, envs: Any = None) -> dict[str, object]:
+def _row(skill: Skill, envs: EnvManager | None = None) -> dict[str, object]:
     return {
         "name": skill.name,
         "skill_type": skill.skill_type.value,
@@ -53,7 +55,7 @@ def _row(skill: Skill, envs: Any = None) -> dict[str, object]:
     }
 
 
-def run_as(skill: Skill, settings: Any = None) -> dict[str, object]:
+def run_as(skill: Skill, settings: Settings | None = None) -> dict[str, object]:
     """How the skill runs: ``sandboxed`` or ``trusted``, why, and the host variables the
     operator hands it (SKILLJOBS_SKILL_ENV_PASSTHROUGH)."""
     settings = settings or load_settings()
@@ -68,7 +70,7 @@ def run_as(skill: Skill, settings: Any = None) -> dict[str, object]:
 DEMO_SKILL = "sales_report"
 
 
-def try_it(registry: Any, exe: str, curl: str) -> list[str]:
+def try_it(registry: SkillRegistry | None, exe: str, curl: str) -> list[str]:
     """The banner's "try it" lines, for a skill that is actually loaded: the bundled async
     demo when present, else a loaded async skill, else any runnable one (sync)."""
     skills = [s for s in (registry or []) if s.runnable and not s.builtin]
