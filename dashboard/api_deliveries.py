@@ -9,8 +9,9 @@ from typing import Any
 from fastapi import APIRouter, Body, Query, Request
 
 from dashboard import queries
-from dashboard.api_jobs import actor_of, delivery_dict, services_of
+from dashboard.api_jobs import actor_of, services_of
 from dashboard.errors import ApiError
+from dashboard.shapes import delivery_dict
 from delivery.channels.registry import channels_for
 from delivery.custody import dismiss, resend
 from delivery.ledger import action_for

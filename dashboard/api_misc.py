@@ -15,9 +15,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import text
 
 from dashboard import queries, shared
-from dashboard.api_jobs import actor_of, safe, services_of
+from dashboard.api_jobs import actor_of, services_of
 from dashboard.auth import require_token_or_query
 from dashboard.errors import ApiError
+from dashboard.shapes import safe
 from delivery.channels import web
 from jobs import audit
 from jobs.catalog.configs import ConfigStore

@@ -10,8 +10,9 @@ from fastapi.responses import JSONResponse
 
 from chains import schedules
 from chains.rerun import rerun_from
-from dashboard.api_jobs import actor_of, safe, services_of
+from dashboard.api_jobs import actor_of, services_of
 from dashboard.errors import ApiError, not_found
+from dashboard.shapes import safe
 from delivery.custody import list_deliveries
 from jobs.models import ChainRun
 

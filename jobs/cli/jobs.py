@@ -17,7 +17,7 @@ from rich.table import Table
 from sqlalchemy import select
 
 from dashboard import queries
-from dashboard.api_jobs import job_dict
+from dashboard.shapes import job_dict
 from delivery import notices
 from jobs import telemetry
 from jobs.cli import output
