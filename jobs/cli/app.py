@@ -22,8 +22,9 @@ class Registers(Protocol):
     def register(self, app: typer.Typer) -> None: ...
 
 
-# One loader per command module. Each imports its module only when one of its commands
-# runs (or shows its own help): the modules import the database, Redis and the queue.
+# One loader per command module (``skills`` registers ``envs`` too, ``doctor`` the ``db``
+# its fixes name). Each imports its module only when one of its commands runs (or shows
+# its own help): the modules import the database, Redis and the queue.
 
 
 def _jobs() -> Registers:
@@ -39,7 +40,7 @@ def _run() -> Registers:
 
 
 def _doctor() -> Registers:
-    from jobs.cli import doctor  # lazy: every service a check connects to
+    from jobs.cli import doctor  # lazy: every service a check connects to, the migrations
 
     return doctor
 
@@ -50,22 +51,10 @@ def _prune() -> Registers:
     return prune
 
 
-def _db() -> Registers:
-    from jobs.cli import db  # lazy: SQLAlchemy and the migrations
-
-    return db
-
-
 def _skills() -> Registers:
-    from jobs.cli import skills  # lazy: the skill catalog, its preflight and the services
+    from jobs.cli import skills  # lazy: the skill catalog, its environments and the services
 
     return skills
-
-
-def _envs() -> Registers:
-    from jobs.cli import envs  # lazy: the environment builder
-
-    return envs
 
 
 def _config() -> Registers:
@@ -130,9 +119,12 @@ COMMANDS: dict[str, tuple[Callable[[], Registers], str]] = {
         "Delete finished jobs, chain runs, messages, workspace files and skill environments\n"
         "past their retention.",
     ),
-    "db": (_db, "Database schema (alembic migrations)."),
+    "db": (_doctor, "Database schema (alembic migrations)."),
     "skills": (_skills, "Skill folders: list what loaded, check new ones."),
-    "envs": (_envs, "The skills' dependency environments under <data dir>/envs: list, clean up."),
+    "envs": (
+        _skills,
+        "The skills' dependency environments under <data dir>/envs: list, clean up.",
+    ),
     "config": (_config, "Per-role skill configuration (secrets stored encrypted)."),
     "jobs": (_jobs, "Look at and act on jobs."),
     "incidents": (_incidents, "Failures grouped by signature."),

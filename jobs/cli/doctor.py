@@ -1,4 +1,5 @@
-"""``skilljobs doctor``: print one ✓ / ! / ✗ line per check; exit 1 when any check fails."""
+"""``skilljobs doctor``: print one ✓ / ! / ✗ line per check; exit 1 when any check fails.
+It registers ``db upgrade`` too, the fix it names for a schema behind."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 
 import typer
 
+from jobs.cli import db
 from jobs.cli.checks import Check, Status, check_settings, fail, failed, run_checks
 
 _COLORS = {
@@ -58,3 +60,4 @@ def doctor(
 
 def register(app: typer.Typer) -> None:
     app.command("doctor")(doctor)
+    db.register(app)  # `db upgrade`, the fix doctor names for a schema behind

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from jobs.catalog.loader import load_registry, skill_folders
 from jobs.catalog.preflight import Finding, check_skill_dir, has_errors
+from jobs.cli import envs
 from jobs.cli.common import fail, load_settings, run_async, with_services
 from jobs.cli.envs import env_state, fanout_names, manager, register_prepare, skill_at
 from jobs.cli.i18n import tr
@@ -235,6 +236,7 @@ def resume_skill(name: str = typer.Argument(..., help="Skill name.")) -> None:
 
 def register(app: typer.Typer) -> None:
     app.add_typer(skills_app, name="skills")
+    envs.register(app)  # `envs`: the environments of the skills listed here
 
 
 register_prepare(skills_app)  # `skills prepare`

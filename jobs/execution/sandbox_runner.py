@@ -28,11 +28,10 @@ import os
 import socket
 import sys
 import traceback
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
-from jobs.execution import compat, inprocess, provider
-from jobs.execution.provider import CompletionResult, ToolCall, ToolCallResult
+from jobs.execution import inprocess
 
 NO_DATABASE = (
     "no business database is mapped to this sandboxed skill: ctx.db is None and "
@@ -90,6 +89,13 @@ class Channel:
                 fut.set_exception(ConnectionError("the worker closed the skill's channel"))
 
 
+def _provider() -> ModuleType:
+    # lazy: httpx and the model types, which most sandboxed skills never ask for
+    from jobs.execution import provider
+
+    return provider
+
+
 class ProviderProxy:
     """``ctx["provider"]`` inside the sandbox: the worker's model, called through it."""
 
@@ -104,6 +110,7 @@ class ProviderProxy:
         return f"<provider {self.provider_name!r} (through the worker)>"
 
     async def _call(self, method: str, messages: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        provider = _provider()
         try:
             value = await self._channel.request(
                 "provider", method=method, messages=_plain(messages), kwargs=_plain(kwargs)
@@ -120,12 +127,13 @@ class ProviderProxy:
         return data
 
     async def complete(self, messages: Any, **kwargs: Any) -> Any:
-        return CompletionResult(**await self._call("complete", messages, kwargs))
+        return _provider().CompletionResult(**await self._call("complete", messages, kwargs))
 
     async def tool_call(self, messages: Any, tools: Any, **kwargs: Any) -> Any:
         data = await self._call("tool_call", messages, {**kwargs, "tools": tools})
-        calls = [ToolCall(**c) for c in data.pop("tool_calls", None) or []]
-        return ToolCallResult(**data, tool_calls=calls)
+        provider = _provider()
+        calls = [provider.ToolCall(**c) for c in data.pop("tool_calls", None) or []]
+        return provider.ToolCallResult(**data, tool_calls=calls)
 
     def stream(self, messages: Any, **kwargs: Any) -> Any:
         return _Stream(self, messages, kwargs)
@@ -175,11 +183,14 @@ def _plain(value: Any) -> Any:
 
 class _CompatFinder(importlib.abc.MetaPathFinder):
     """``backend.infra.providers.base`` for ported skills (``jobs.execution.compat``),
-    registered when a skill first imports it."""
+    registered when a skill first imports it: the model types cost an import of their own
+    that most skills never need."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname != "backend" and not fullname.startswith("backend."):
             return None
+        from jobs.execution import compat  # lazy: httpx and the model types (see above)
+
         compat.install()
         if fullname not in sys.modules:
             return None
