@@ -10,16 +10,16 @@ from urllib.parse import unquote
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobs.catalog.loader import load_registry
 from jobs.counters import SESSION_KEY, Counters
 from jobs.crypto import SecretBox, load_or_create_key
 from jobs.db import Sessions, create_engine, create_sessionmaker
+from jobs.execution.executor import Executor
 from jobs.settings import Settings
 from jobs.skill import SkillRegistry
 
 if TYPE_CHECKING:
     from arq.connections import ArqRedis, RedisSettings
-
-    from jobs.execution.executor import Executor
 
 
 @dataclass(eq=False)  # identity: the rooms above cache per Services (weak keys)
@@ -59,9 +59,6 @@ class Services:
         """The one Executor of this process (HTTP dispatch, worker and chains share its
         caches), built on first use."""
         if self._executor is None:
-            # Function-level: the ground floor only names the execution room for typing.
-            from jobs.execution.executor import Executor
-
             self._executor = Executor(
                 settings=self.settings,
                 registry=self.registry,
@@ -81,8 +78,6 @@ class Services:
         redis_retries: int = 5,
     ) -> Services:
         """Connect to the database (and Redis unless ``redis=False``) and load the skills."""
-        from jobs.catalog.loader import load_registry
-
         engine = create_engine(settings.resolved_database_url)
         key = load_or_create_key(
             settings.data_dir,

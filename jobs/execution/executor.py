@@ -1084,8 +1084,6 @@ def _runner_outcome(
 def _package_dirs() -> list[str]:
     """Our own package (and its bundled skills, a package of their own when installed):
     importable read-only by a sandboxed runner."""
-    from jobs.settings import BUNDLED_SKILLS
-
     return [str(Path(__file__).resolve().parents[1]), str(BUNDLED_SKILLS.resolve())]
 
 

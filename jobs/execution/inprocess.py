@@ -234,7 +234,8 @@ async def run_entry(
 def exited(name: str, exc: SystemExit, printed: str) -> dict[str, Any]:
     """The failure of an in-process entry that called ``sys.exit``: the reason it gave
     (``sys.exit("…")``, or the meaningful line it printed, e.g. argparse's ``error:``)."""
-    from jobs.envelope import failure  # (the sandbox runner imports this module without it)
+    # lazy: the envelope imports the database models, which the sandbox runner never needs
+    from jobs.envelope import failure
 
     code = exc.code
     if isinstance(code, str) and code.strip():

@@ -34,6 +34,8 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType, SimpleNamespace
 from typing import Any, TypedDict
 
+from jobs.execution import inprocess
+
 NO_DATABASE = (
     "no business database is mapped to this sandboxed skill: ctx.db is None and "
     "db_factory cannot open a session (mark the skill's folder trusted to run it in the "
@@ -104,6 +106,13 @@ class Channel:
                 fut.set_exception(ConnectionError("the worker closed the skill's channel"))
 
 
+def _provider() -> ModuleType:
+    # lazy: httpx and the model types, which most sandboxed skills never ask for
+    from jobs.execution import provider
+
+    return provider
+
+
 class ProviderProxy:
     """``ctx["provider"]`` inside the sandbox: the worker's model, called through it."""
 
@@ -118,8 +127,7 @@ class ProviderProxy:
         return f"<provider {self.provider_name!r} (through the worker)>"
 
     async def _call(self, method: str, messages: object, kwargs: dict[str, Any]) -> dict[str, Any]:
-        from jobs.execution import provider
-
+        provider = _provider()
         try:
             value = await self._channel.request(
                 "provider", method=method, messages=_plain(messages), kwargs=_plain(kwargs)
@@ -136,16 +144,13 @@ class ProviderProxy:
         return data
 
     async def complete(self, messages: object, **kwargs: Any) -> Any:
-        from jobs.execution.provider import CompletionResult
-
-        return CompletionResult(**await self._call("complete", messages, kwargs))
+        return _provider().CompletionResult(**await self._call("complete", messages, kwargs))
 
     async def tool_call(self, messages: object, tools: object, **kwargs: Any) -> Any:
-        from jobs.execution.provider import ToolCall, ToolCallResult
-
         data = await self._call("tool_call", messages, {**kwargs, "tools": tools})
-        calls = [ToolCall(**c) for c in data.pop("tool_calls", None) or []]
-        return ToolCallResult(**data, tool_calls=calls)
+        provider = _provider()
+        calls = [provider.ToolCall(**c) for c in data.pop("tool_calls", None) or []]
+        return provider.ToolCallResult(**data, tool_calls=calls)
 
     def stream(self, messages: object, **kwargs: Any) -> Any:
         return _Stream(self, messages, kwargs)
@@ -203,7 +208,7 @@ class _CompatFinder(importlib.abc.MetaPathFinder):
     ) -> ModuleSpec | None:
         if fullname != "backend" and not fullname.startswith("backend."):
             return None
-        from jobs.execution import compat
+        from jobs.execution import compat  # lazy: httpx and the model types (see above)
 
         compat.install()
         if fullname not in sys.modules:
@@ -252,8 +257,6 @@ def _raised(exc: BaseException) -> dict[str, Any]:
 
 
 async def _run(start: RunStart, channel: Channel) -> dict[str, Any]:
-    from jobs.execution import inprocess
-
     name = str(start.get("name") or "skill")
     path = str(start["path"])
     for site in reversed(start.get("sites") or []):
@@ -288,6 +291,7 @@ async def _run(start: RunStart, channel: Channel) -> dict[str, Any]:
     try:  # a plain JSON value goes as it is (the worker shapes the envelope)
         json.dumps(result, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
+        # lazy: the envelope imports the database models; most results are plain JSON
         from jobs.envelope import normalize
 
         result = normalize(result, name)  # dataclasses, dates, decimals, ...
