@@ -34,7 +34,9 @@ def _plain_any(tree: ast.Module) -> Iterator[tuple[int, str]]:
             a = node.args
             for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs):
                 ann = arg.annotation
-                if isinstance(ann, ast.Name) and ann.id == "Any":
+                if (isinstance(ann, ast.Name) and ann.id == "Any") or (
+                    isinstance(ann, ast.Attribute) and ann.attr == "Any"
+                ):
                     yield arg.lineno, f"{node.name}({arg.arg})"
 
 
@@ -46,6 +48,20 @@ def test_the_ground_floor_catalog_and_execution_take_no_plain_any() -> None:
         for line, where in _plain_any(tree)
     ]
     assert found == []
+
+
+# The rest of the code base: 318 plain-Any parameters once, 18 now (JSON walkers, SQL
+# expression helpers, a FastAPI body). The ceiling only ever comes down.
+PLAIN_ANY_CEILING = 20
+
+
+def test_plain_any_parameters_stay_under_the_ceiling() -> None:
+    found = [
+        f"{rel}:{line} {where}"
+        for rel, tree in _sources(*PACKAGES)
+        for line, where in _plain_any(tree)
+    ]
+    assert len(found) <= PLAIN_ANY_CEILING, found
 
 
 def _module_names(tree: ast.Module) -> Iterator[str]:
