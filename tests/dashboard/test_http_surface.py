@@ -20,6 +20,7 @@ from dashboard.server import UnsafeBind, check_bind
 from delivery.channels import web
 from jobs.models import OpsAction
 from jobs.services import Services
+from jobs.settings import Settings
 from tests.helpers.dashboard import TOKEN, make_services, seed_job
 from tests.helpers.settings import make_settings
 from tests.helpers.web import TOKEN as WEB_TOKEN
@@ -292,28 +293,31 @@ def _guard(app: Any) -> Guard:
     return layer
 
 
-@pytest.mark.slow
-async def test_repeated_401s_slow_down(client: httpx.AsyncClient) -> None:
+async def test_repeated_401s_slow_down(client: httpx.AsyncClient, services: Services) -> None:
     app = client._transport.app  # type: ignore[attr-defined]
+    # The wait grows in steps of SKILLJOBS_WEB_AUTH_FAILURE_DELAY_SEC (0.25 s by default;
+    # tests run with a millisecond step), here 0.1 s.
+    assert Settings.model_fields["web_auth_failure_delay_sec"].default == 0.25
+    services.settings.web_auth_failure_delay_sec = 0.1
     async with _client(app, authorization="Bearer guess") as c:
         took = []
         for _ in range(8):
             t0 = time.perf_counter()
             assert (await c.get("/api/v1/jobs")).status_code == 401
             took.append(time.perf_counter() - t0)
-    # The answers were held back for real: the eighth waited (8 - 5) x 0.25 s.
-    assert took[-1] >= 0.5
+    # The answers were held back for real: the eighth waited (8 - 5) x 0.1 s.
+    assert took[-1] >= 0.3
     failures = _guard(app).failures
     (address,) = failures.seen
     assert failures.seen[address][1] == 8
     # The right token is never slowed down: it is not counted as a failure.
     assert (await client.get("/api/v1/jobs")).status_code == 200
     assert failures.seen[address][1] == 8
-    # Free answers first, then a growing wait, capped.
+    # Free answers first, then a growing wait, capped at eight steps (2 s by default).
     fresh = type(failures)()
-    waits = [fresh.delay("203.0.113.9") for _ in range(40)]
+    waits = [fresh.delay("203.0.113.9", 0.25) for _ in range(40)]
     assert waits[:5] == [0.0] * 5 and waits[5:8] == [0.25, 0.5, 0.75]
-    assert max(waits) == waits[-1] <= 30
+    assert max(waits) == waits[-1] == 2.0
 
 
 def test_short_tokens_refuse_a_public_bind(tmp_path: Path) -> None:
