@@ -26,6 +26,7 @@ from jobs.db import create_engine, create_sessionmaker
 from jobs.migrate import upgrade
 from jobs.models import Base
 from jobs.settings import Settings
+from tests.helpers.keys import clear_keys
 from tests.helpers.settings import IN_CI, JOB_SKILLS, make_settings
 
 PG_URL = os.environ.get(
@@ -263,9 +264,7 @@ async def redis(redis_server_url: str, redis_prefix: str) -> AsyncIterator[objec
 
     pool = await create_pool(RedisSettings.from_dsn(redis_server_url))
     yield pool
-    keys = [k async for k in pool.scan_iter(match=f"{redis_prefix}*")]
-    if keys:
-        await pool.delete(*keys)
+    await clear_keys(pool, redis_prefix)
     await pool.aclose()
 
 
@@ -314,9 +313,7 @@ async def services(job_settings: Settings):  # type: ignore[no-untyped-def]
     svc = await Services.open(job_settings)
     yield svc
     if svc.redis is not None:
-        keys = [k async for k in svc.redis.scan_iter(match=f"{job_settings.redis_prefix}*")]
-        if keys:
-            await svc.redis.delete(*keys)
+        await clear_keys(svc.redis, job_settings.redis_prefix)
     await svc.close()
 
 
@@ -374,7 +371,5 @@ async def real_services(request, tmp_path, real_database_url, redis_server_url, 
     svc = await Services.open(s)
     yield svc
     if svc.redis is not None:
-        keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*")]
-        if keys:
-            await svc.redis.delete(*keys)
+        await clear_keys(svc.redis, redis_prefix)
     await svc.close()
