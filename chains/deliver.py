@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chains.runstore import FAILED, STOPPED_EMPTY, Lease, LeaseLost, renew
 from delivery import ledger
+from delivery.channels.base import Courier
 from delivery.channels.web import WEB_CHANNELS
 from delivery.errors import DeliveryPermanentError
 from delivery.notify import notify
@@ -34,6 +36,7 @@ from delivery.render import render
 from delivery.router import deliver_result
 from delivery.send_message import parse_recipients
 from jobs.context import workspace_dir
+from jobs.db import Fence
 from jobs.runscope import begin as begin_scope
 from jobs.texts import language_of, localized_reason
 from jobs.texts import text as say
@@ -50,7 +53,7 @@ TEXT_CAP = 3500
 _TEXT_FIELDS = ("message", "result", "text", "display_md", "summary")
 
 
-def outcome_text(name: str, status: str, final: Any, error: str | None, lang: str = "en") -> str:
+def outcome_text(name: str, status: str, final: object, error: str | None, lang: str = "en") -> str:
     """The short, user-facing text for a chain outcome (never a stack trace), in ``lang``."""
 
     if error:
@@ -161,7 +164,7 @@ def _fence(services: Services, lease: Lease) -> Any:
     return fence
 
 
-def summary(deliveries: list[dict[str, Any]]) -> dict[str, Any] | None:
+def summary(deliveries: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The one delivery record a run shows first: the first that did not arrive, else the
     first."""
     for d in deliveries:
@@ -176,7 +179,7 @@ async def deliver_outcome(
     run: ChainRun,
     spec: ScheduleSpec,
     status: str,
-    final: Any,
+    final: object,
     error: str | None,
     *,
     scope: RunScope | None = None,
@@ -204,7 +207,7 @@ async def deliver_step_files(
     spec: ScheduleSpec,
     index: int,
     skill: str,
-    output: Any,
+    output: object,
     *,
     scope: RunScope | None = None,
 ) -> dict[str, Any]:
@@ -271,7 +274,7 @@ async def _deliver(
         if not artifacts:
             return {**record, "deliveries": []}
         env = {"ok": True, "message": caption}
-    deliveries = list(route.failed)
+    deliveries: list[Mapping[str, Any]] = list(route.failed)
     try:
         if route.notify is not None:
             deliveries.append(
@@ -325,7 +328,7 @@ async def _notify(
     artifacts: list[Any],
     workspace: Path | None,
     lease: Lease,
-    fence: Any,
+    fence: Fence,
 ) -> dict[str, Any]:
     """A notify target gets the text and the files in one Apprise message, ledgered once."""
 
@@ -347,17 +350,9 @@ async def _notify(
         if not result.get("sent"):  # success is judged by ``sent``
             raise DeliveryPermanentError(str(result.get("message") or "no recipient accepted it"))
 
-    out = await ledger.deliver_once(
-        services.sessionmaker,
-        send,
-        key=ledger.ledger_key(ledger_id, recipient, "outcome"),
-        recipient=recipient,
-        owner=ledger.owner_id(lease.owner, lease.token),
-        kind="text",
-        item="outcome",
-        channel="notify",
-        chain_run_id=run.id,
-        content={"text": text},
-        fence=fence,
-    )
+    owner = ledger.owner_id(lease.owner, lease.token)
+    courier = Courier(recipient, owner, "notify", chain_run_id=run.id, fence=fence)
+    key = ledger.ledger_key(ledger_id, recipient, "outcome")
+    parcel = ledger.Parcel(key, "text", "outcome", content={"text": text})
+    out = await ledger.deliver_once(services.sessionmaker, send, courier, parcel)
     return {k: out.get(k) for k in ("recipient", "kind", "status", "error")}

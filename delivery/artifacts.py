@@ -124,7 +124,7 @@ def declared_files(result: dict[str, Any]) -> list[_Declared]:
     return found
 
 
-def _declared_entry(item: Any, key: str, kind: str | None) -> _Declared | None:
+def _declared_entry(item: object, key: str, kind: str | None) -> _Declared | None:
     if isinstance(item, str):
         return None if not item.strip() or _is_url(item) else _Declared(item, key, kind)
     if not isinstance(item, dict):
@@ -322,5 +322,5 @@ def _is_url(value: str) -> bool:
     return head.endswith(":") and len(head) > 2
 
 
-def _str(value: Any) -> str | None:
+def _str(value: object) -> str | None:
     return value if isinstance(value, str) and value else None

@@ -17,21 +17,21 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
 
-from delivery.channels.base import Channel
+from delivery.channels.base import Channel, Courier, Receipt
 from delivery.channels.registry import channels_for
-from delivery.channels.web import WebChannel
 from delivery.errors import DeliveryPermanentError
 from delivery.ledger import (
     DISMISSED,
     FAILED,
     UNKNOWN,
+    Parcel,
+    Sender,
     custody_dict,
     deliver_once,
 )
@@ -150,14 +150,12 @@ def adapter_for(
     chans = channels if channels is not None else channels_for(services)
     name = row.channel or row.recipient.partition(":")[0]
     adapter = chans.get(name)
-    if isinstance(adapter, WebChannel):
-        adapter = adapter.for_job(row.job_id)
-    return adapter
+    return adapter.for_job(row.job_id) if adapter is not None else None
 
 
 def sender_for(
     services: Services, adapter: Channel, contact: str, content: dict[str, Any], kind: str
-) -> Callable[[], Awaitable[str]]:
+) -> Sender:
     """Send a stored delivery's content (``{"text"}`` or ``{"path", "caption"?}``, and
     ``reply_to`` when it answers a message) again; files only from inside the workspaces.
     A result held sealed because its channel was not configured is planned for ``adapter``
@@ -178,7 +176,7 @@ def sender_for(
         root = Path(services.settings.resolved_workspace_root).resolve()
         outside = not Path(path).resolve().is_relative_to(root)
 
-    async def send() -> str:
+    async def send() -> Receipt:
         if isinstance(path, str) and path:
             if outside:
                 raise DeliveryPermanentError(f"{Path(path).name} is outside the workspaces")
@@ -193,11 +191,11 @@ def _inside(path: str, root: Path) -> bool:
 
 
 def _held_result_sender(
-    services: Services, adapter: Channel, contact: str, sealed: Any
-) -> Callable[[], Awaitable[str]]:
+    services: Services, adapter: Channel, contact: str, sealed: dict[str, str]
+) -> Sender:
     root = Path(services.settings.resolved_workspace_root).resolve()
 
-    async def send() -> str:
+    async def send() -> Receipt:
         try:
             held = services.box.decrypt(sealed)
         except (ValueError, KeyError, TypeError) as exc:
@@ -215,7 +213,7 @@ def _held_result_sender(
         await write_files(items, "held")
         reply = held.get("reply_to")
         to = f"{contact}#{reply}" if reply and "#" not in contact else contact
-        receipt = ""
+        ids: list[str] = []
         for i, item in enumerate(items):
             target = to if i == 0 else contact
             if item.path is None:
@@ -224,8 +222,8 @@ def _held_result_sender(
                 raise DeliveryPermanentError(f"{Path(item.path).name} is outside the workspaces")
             else:
                 got = await adapter.send_media(item.kind, target, item.path, item.text)
-            receipt = receipt or str(got or "")
-        return receipt
+            ids += got.message_ids
+        return Receipt.of(*ids)
 
     return send
 
@@ -286,19 +284,17 @@ async def resend(
         return Outcome(False, f"delivery {delivery_id} changed meanwhile; look again", 409)
     await _audit(sm, "delivery_resend", row, actor, was=row.status, generation=row.generation + 1)
     contact = row.recipient.partition(":")[2]
-    out = await deliver_once(
-        sm,
-        sender_for(services, adapter, contact, content, row.kind),
-        key=row.ledger_key,
-        recipient=row.recipient,
-        owner=owner,
-        kind=row.kind,
-        item=row.item,
+    courier = Courier(
+        row.recipient,
+        owner,
         channel=row.channel,
         job_id=row.job_id,
         chain_run_id=row.chain_run_id,
-        dedup=adapter.dedups_for(contact),
         backoff=backoff,
+    )
+    parcel = Parcel(row.ledger_key, row.kind, row.item, dedup=adapter.dedups_for(contact))
+    out = await deliver_once(
+        sm, sender_for(services, adapter, contact, content, row.kind), courier, parcel
     )
     fresh = await _row(sm, delivery_id)
     body = custody_dict(fresh) if fresh is not None else None

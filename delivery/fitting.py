@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 from delivery.channels.base import Channel
-from delivery.render import RICH_TEXT_CAP
 from delivery.richtext import PlainText
 from delivery.shown import escape_markdown, plain_block
 from jobs.texts import text as text_of
@@ -21,10 +20,9 @@ MESSAGES_MAX = 4
 
 def messages(adapter: Channel, text: str, markdown: bool) -> int:
     """How many messages ``text`` takes on ``adapter``."""
-    pieces_of = getattr(adapter, "text_pieces", None)
-    if pieces_of is None:  # a web session: one message, up to what the page shows
-        return 1 if len(text) <= RICH_TEXT_CAP else MESSAGES_MAX + 1
-    return len(pieces_of(text if markdown else PlainText(text)))
+    if not adapter.splits_text:  # one message, up to what the page shows
+        return 1 if len(text) <= adapter.TEXT_LIMIT else MESSAGES_MAX + 1
+    return len(adapter.text_pieces(text if markdown else PlainText(text)))
 
 
 def fit(
@@ -32,7 +30,7 @@ def fit(
 ) -> tuple[str, tuple[str, bytes] | None]:
     """``text`` if it fits :data:`MESSAGES_MAX` messages; else its head (cut at a line)
     with a note, and the document holding the whole of it."""
-    bound = int(getattr(adapter, "TEXT_LIMIT", RICH_TEXT_CAP)) * MESSAGES_MAX
+    bound = adapter.TEXT_LIMIT * MESSAGES_MAX
     # (a character counts at least 1 in every channel's unit: past the bound it cannot fit)
     if len(text) <= 3000 or (
         len(text) <= bound and messages(adapter, text, markdown) <= MESSAGES_MAX

@@ -45,7 +45,7 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from delivery.channels.base import SEND_KEY, SendKey
+from delivery.channels.base import SEND_KEY, Courier, Receipt, SendKey
 from delivery.errors import (
     DeliveryOutcomeUnknown,
     DeliveryPermanentError,
@@ -121,6 +121,24 @@ class Gate(Protocol):
     async def parked(self, row_id: int, wait: float | None = None) -> None: ...
 
     async def leave(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Parcel:
+    """One item of a :class:`Courier` in the ledger: its key, what it is (``kind``, the
+    ``item`` it is listed as), what a resend sends (``content``), whether the platform drops
+    a repeat of it (``dedup``) and its way past the shared rate limits (``gate``)."""
+
+    key: str
+    kind: str = "text"
+    item: str = ""
+    content: dict[str, Any] | None = None
+    dedup: bool = False
+    gate: Gate | None = None
+
+
+#: one send of an item: the platform's receipt (None: it gave none)
+Sender = Callable[[], Awaitable[Receipt | None]]
 
 
 class LeaseLost(Exception):
@@ -368,13 +386,13 @@ async def mark_sent(
     owner: str,
     tries: int = 1,
     *,
-    receipt: Any = None,
+    receipt: Receipt | None = None,
     generation: int | None = None,
 ) -> bool:
     """Record the item as sent (``tries``: send attempts made by this claim) with the
     platform's receipt: its message id (``verified`` false when it gave none), and the
     adapter's note and kind when it went other than asked."""
-    message_id = str(receipt) if receipt not in (None, "") else None
+    message_id = (receipt.message_id or None) if receipt is not None else None
     return await _finish(
         sessionmaker,
         key,
@@ -386,8 +404,8 @@ async def mark_sent(
         tries=Delivery.tries + tries,
         message_id=message_id[:255] if message_id else None,
         verified=message_id is not None,
-        note=getattr(receipt, "note", None) or None,
-        sent_as=getattr(receipt, "kind", None) or None,
+        note=receipt.note or None if receipt is not None else None,
+        sent_as=receipt.sent_as or None if receipt is not None else None,
     )
 
 
@@ -500,42 +518,25 @@ async def _wait_for_claim(
 
 
 async def deliver_once(
-    sessionmaker: Sessions,
-    send: Callable[[], Awaitable[Any]],
-    *,
-    key: str,
-    recipient: str,
-    owner: str,
-    kind: str = "text",
-    item: str = "",
-    channel: str = "",
-    job_id: str | None = None,
-    chain_run_id: str | None = None,
-    content: dict[str, Any] | None = None,
-    dedup: bool = False,
-    fence: Fence | None = None,
-    tries: int = DEFAULT_TRIES,
-    backoff: float = 1.0,
-    dead_after: float = 60.0,
-    stale_after: float = 900.0,
-    wait: float = 0.0,
-    gate: Gate | None = None,
+    sessionmaker: Sessions, send: Sender, courier: Courier, parcel: Parcel
 ) -> dict[str, Any]:
     """Claim → ``sending`` → send (transient failures retried with backoff, ``retry_after``
     honoured) → record ``sent`` with the receipt ``send`` returns, ``failed``, or
     ``unknown`` when the request may have landed without an answer (on a ``dedup`` channel
     that one is repeated under the same key instead). Returns the delivery dict; raises
-    :class:`LeaseLost` when ``fence`` says this attempt no longer owns the job (nothing is
-    sent then).
+    :class:`LeaseLost` when the courier's ``fence`` says this attempt no longer owns the job
+    (nothing is sent then).
 
-    ``wait``: how long to keep trying when another claimant that still looks alive holds
-    the item — a re-run of a job whose worker was killed mid-delivery waits until that
+    ``courier.wait``: how long to keep trying when another claimant that still looks alive
+    holds the item — a re-run of a job whose worker was killed mid-delivery waits until that
     worker is known dead instead of leaving the item pending forever.
 
-    ``gate``: the shared rate limits. When the item cannot go now it is *parked* instead
-    of waited for: the row stays ``pending`` (its content stored) under :data:`PARKED`,
-    queued in order for its chat, and the answer is ``pending`` with ``parked``."""
-    base = {"recipient": recipient, "kind": kind}
+    ``parcel.gate``: the shared rate limits. When the item cannot go now it is *parked*
+    instead of waited for: the row stays ``pending`` (its content stored) under
+    :data:`PARKED`, queued in order for its chat, and the answer is ``pending`` with
+    ``parked``."""
+    recipient, owner, fence, key = courier.recipient, courier.owner, courier.fence, parcel.key
+    base = {"recipient": recipient, "kind": parcel.kind}
     if fence is not None and not await fence():
         raise LeaseLost(recipient)
 
@@ -545,20 +546,21 @@ async def deliver_once(
             key,
             recipient=recipient,
             owner=owner,
-            kind=kind,
-            item=item,
-            channel=channel,
-            job_id=job_id,
-            chain_run_id=chain_run_id,
-            content=content,
-            dedup=dedup,
-            dead_after=dead_after,
-            stale_after=stale_after,
+            kind=parcel.kind,
+            item=parcel.item,
+            channel=courier.channel,
+            job_id=courier.job_id,
+            chain_run_id=courier.chain_run_id,
+            content=parcel.content,
+            dedup=parcel.dedup,
+            dead_after=courier.dead_after,
+            stale_after=courier.stale_after,
         )
 
     row = await _wait_for_claim(
-        sessionmaker, _claim, key, owner, recipient, fence, wait, dead_after
+        sessionmaker, _claim, key, owner, recipient, fence, courier.wait, courier.dead_after
     )
+    gate = parcel.gate
     if row is None:
         existing = await get(sessionmaker, key)
         status = existing.status if existing is not None else PENDING
@@ -580,13 +582,13 @@ async def deliver_once(
         key,
         owner,
         base,
-        dedup=dedup,
+        dedup=parcel.dedup,
         fence=fence,
-        tries=tries,
-        backoff=backoff,
+        tries=courier.tries,
+        backoff=courier.backoff,
         gate=gate,
     )
-    attrs = {"skilljobs.channel": channel, "skilljobs.kind": kind}
+    attrs = {"skilljobs.channel": courier.channel, "skilljobs.kind": parcel.kind}
     try:
         return await telemetry.traced("skilljobs.deliver", sending, attrs=attrs, outcome=_sent)
     finally:
@@ -690,7 +692,7 @@ async def claim_parked(
 
 async def send_claimed(
     sessionmaker: Sessions,
-    send: Callable[[], Awaitable[Any]],
+    send: Sender,
     row: Delivery,
     owner: str,
     *,
@@ -721,7 +723,7 @@ async def send_claimed(
 
 async def _send_claimed(
     sessionmaker: Sessions,
-    send: Callable[[], Awaitable[Any]],
+    send: Sender,
     row: Delivery,
     key: str,
     owner: str,

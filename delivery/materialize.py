@@ -155,7 +155,7 @@ async def materialize(
 _URL_FIELDS = frozenset([*EXPLICIT_FIELDS, *MEDIA_LISTS, "media", *AMBIGUOUS_FIELDS])
 
 
-def mentions_urls(result: Any) -> bool:
+def mentions_urls(result: object) -> bool:
     """Could ``result`` hold a remote URL at all (a cheap test before the full scan)?"""
     if not isinstance(result, dict):
         return False

@@ -16,10 +16,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from delivery.channels.base import Delivered
 from delivery.channels.registry import channels_for
 from delivery.router import deliver_result, origin_of
 from jobs.models import JobRow
 from jobs.services import Services
+from jobs.settings import Settings
 from jobs.texts import language_of, text
 
 log = logging.getLogger(__name__)
@@ -34,15 +36,15 @@ async def _always() -> bool:
     return True
 
 
-def wanted(settings: Any, kind: str) -> bool:
+def wanted(settings: Settings, kind: str) -> bool:
     if kind == CANCELLED:
         return bool(getattr(settings, "notice_cancelled", True))
     return bool(getattr(settings, "notice_working", True))
 
 
 async def send_notice(
-    services: Any, job: JobRow, kind: str, *, fence: Fence | None = None, force: bool = False
-) -> list[dict[str, Any]]:
+    services: Services, job: JobRow, kind: str, *, fence: Fence | None = None, force: bool = False
+) -> list[Delivered]:
     """Tell the job's origin ``kind`` (``working`` / ``cancelled``) in the person's language;
     nothing when turned off (``force``: a skill's own progress call) or when the job has
     nowhere to deliver (its result would say why)."""
@@ -70,7 +72,7 @@ class WorkingNotice:
     never after the run has ended (:meth:`close` waits for one in flight, so it arrives
     before the result)."""
 
-    def __init__(self, services: Any, job: JobRow, fence: Fence) -> None:
+    def __init__(self, services: Services, job: JobRow, fence: Fence) -> None:
         self.services, self.job, self.fence = services, job, fence
         self.loop = asyncio.get_running_loop()
         self.enabled = bool(getattr(services.settings, "notice_working", True))

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from delivery.artifacts import ArtifactRefused, resolve_inside
+from delivery.channels.base import Courier
 from delivery.errors import DeliveryOutcomeUnknown, DeliveryPermanentError
-from delivery.ledger import deliver_once, ledger_key
+from delivery.ledger import Parcel, deliver_once, ledger_key
 from delivery.net.pinned import Resolver, system_resolver
 from delivery.net.urlsafety import RefusedURL, check_ip, check_url
 from jobs import sendscope
@@ -66,13 +67,13 @@ def mask_url(url: str) -> str:
     return f"{parts.scheme}://{host}/****" if parts.scheme else "<invalid url>"
 
 
-def resolve_target(settings: Settings, target: Any) -> tuple[list[str], str | None]:
+def resolve_target(settings: Settings, target: object) -> tuple[list[str], str | None]:
     """``(urls, error)``: an alias's URLs, a bare URL, or a list of either."""
     found, err = _resolve(settings, target)
     return [u for u, _ in found], err
 
 
-def _resolve(settings: Settings, target: Any) -> tuple[list[tuple[str, bool]], str | None]:
+def _resolve(settings: Settings, target: object) -> tuple[list[tuple[str, bool]], str | None]:
     """``([(url, bare)…], error)``: ``bare`` marks a URL given directly, not by alias."""
     if isinstance(target, list | tuple):
         urls: list[tuple[str, bool]] = []
@@ -169,7 +170,7 @@ async def outbound_refusal(
     return None
 
 
-def _check_attachments(attach: Any, workspace: Path | None) -> tuple[list[str], str | None]:
+def _check_attachments(attach: object, workspace: Path | None) -> tuple[list[str], str | None]:
     """Attachments as real paths inside ``workspace`` (relative ones are taken from it)."""
     if attach in (None, "", []):
         return [], None
@@ -234,25 +235,17 @@ async def _send_ledgered(
 
     recipient = f"notify:{mask_url(url)}"
 
-    async def send() -> str:
+    async def send() -> None:
         ok, why = await _send_one(url, body, title, paths, send_timeout)
         if ok:
-            return ""
+            return None
         if why.startswith("timed out"):
             raise DeliveryOutcomeUnknown(why)
         raise DeliveryPermanentError(why)
 
-    out = await deliver_once(
-        sessionmaker,
-        send,
-        key=ledger_key(scope.job_id, recipient, item),
-        recipient=recipient,
-        owner=scope.owner,
-        item=item,
-        channel="notify",
-        job_id=scope.job_id,
-        content={"text": body},
-    )
+    courier = Courier(recipient, scope.owner, "notify", job_id=scope.job_id)
+    parcel = Parcel(ledger_key(scope.job_id, recipient, item), item=item, content={"text": body})
+    out = await deliver_once(sessionmaker, send, courier, parcel)
     return out["status"] == "sent", str(out.get("error") or out["status"])
 
 
@@ -260,10 +253,10 @@ async def notify(
     settings: Settings,
     message: str,
     *,
-    target: Any,
+    target: object,
     workspace: Path | None,
     title: str | None = None,
-    attach: Any = None,
+    attach: object = None,
     send_timeout: float = DEFAULT_TIMEOUT,
     resolver: Resolver = system_resolver,
     sessionmaker: Sessions | None = None,

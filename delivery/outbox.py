@@ -31,10 +31,11 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any, cast
 
+from redis.commands.core import AsyncScript
 from sqlalchemy import select, update
 
 from delivery.channels.base import Channel
-from delivery.channels.limits import LimitedChannel, Target, credit, parse_target
+from delivery.channels.limits import LimitedChannel, Limiter, Target, credit, parse_target
 from delivery.custody import adapter_for, sender_for
 from delivery.ledger import (
     PARKED,
@@ -139,7 +140,7 @@ def _queue_of(row: Delivery) -> str:
     return str(row.recipient).partition("#")[0]
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -150,6 +151,7 @@ class Gate:
         self,
         outbox: Outbox,
         adapter: LimitedChannel,
+        limiter: Limiter,
         recipient: str,
         contact: str,
         inline: float = INLINE_WAIT,
@@ -157,6 +159,7 @@ class Gate:
         self.outbox = outbox
         self.inline = inline
         self.adapter = adapter
+        self.limiter = limiter
         self.recipient = recipient
         self.target: Target = parse_target(contact)
         self.token = uuid.uuid4().hex
@@ -184,12 +187,12 @@ class Gate:
         deadline = time.monotonic() + self.inline
         waited = 0.0
         while True:
-            ms = await self.adapter.limiter.try_take(self.adapter.name, self.target)
+            ms = await self.limiter.try_take(self.adapter.name, self.target)
             if ms <= 0:
                 self._credit = contextlib.ExitStack()
                 self._credit.enter_context(credit(self.adapter.name, self.target))
                 if waited:  # counted for /metrics
-                    await self.adapter.limiter.count_wait(self.adapter.name, waited)
+                    await self.limiter.count_wait(self.adapter.name, waited)
                 return True
             if time.monotonic() + ms / 1000 > deadline:
                 self.wait_ms = ms
@@ -219,7 +222,7 @@ class Gate:
             ob.sweep_soon()
             return
         ob.wake.set()
-        await self.adapter.limiter.count_wait(self.adapter.name, 0.0, parked=True)
+        await self.limiter.count_wait(self.adapter.name, 0.0, parked=True)
 
     async def leave(self) -> None:
         self._end_credit()
@@ -272,7 +275,7 @@ class Outbox:
         self.wake = asyncio.Event()
         self.active: dict[str, asyncio.Task[Any]] = {}
         self.due_key = services.settings.key("outbox", "due")
-        self._scripts: dict[str, Any] = {}
+        self._scripts: dict[str, AsyncScript] = {}
         self._swept = 0.0
         self.stopping = False
 
@@ -301,7 +304,7 @@ class Outbox:
         self._swept = 0.0
         self.wake.set()
 
-    def script(self, name: str) -> Any:
+    def script(self, name: str) -> AsyncScript:
         if name not in self._scripts:
             body = {
                 "enter": _ENTER,
@@ -322,7 +325,7 @@ class Outbox:
         its job's slot is not the outbox's to hold)."""
         if not isinstance(adapter, LimitedChannel) or adapter.limiter is None:
             return None
-        return Gate(self, adapter, recipient, contact, inline)
+        return Gate(self, adapter, adapter.limiter, recipient, contact, inline)
 
     # --- draining --------------------------------------------------------------------
 
@@ -455,7 +458,7 @@ class Outbox:
             await self.script("leave")(keys=keys, args=args)
 
     @staticmethod
-    async def _still_ours(hold: Any, keys: list[str], token: str, recipient: str) -> bool:
+    async def _still_ours(hold: AsyncScript, keys: list[str], token: str, recipient: str) -> bool:
         """Renew this sender's hold on its chat; False when it lapsed (a stall longer than
         the lock) and another sender has the chat now."""
         return bool(int(await hold(keys=keys, args=[token, LOCK_MS, recipient, _ms(), HELD_MS])))

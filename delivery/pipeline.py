@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import delete
 
 from delivery.artifacts import ArtifactInfo, acollect, fill_local_path
+from delivery.channels.base import Delivered
 from delivery.materialize import materialize, mentions_urls
 from delivery.net.fetch import SafeFetcher
 from delivery.router import deliver_result, workspace_of
@@ -38,7 +39,7 @@ class PostResult:
     result: dict[str, Any]
     artifacts: list[ArtifactInfo] = field(default_factory=list)
     fetches: list[dict[str, Any]] = field(default_factory=list)
-    deliveries: list[dict[str, Any]] = field(default_factory=list)
+    deliveries: list[Delivered] = field(default_factory=list)
     #: declared files that were refused or missing: ``{"path", "field", "reason"}``
     problems: list[dict[str, Any]] = field(default_factory=list)
 

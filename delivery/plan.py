@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from delivery.channels.base import MARKDOWN_IMAGE, Channel
-from delivery.channels.web import WebChannel
 from delivery.fitting import fit, scrub_paths
 from delivery.render import failure_text, render, render_result
 from delivery.richtext import PlainText
@@ -50,14 +49,11 @@ class Item:
 SEALED_RESULT = "sealed_result"
 
 
-def field_of(a: Any, name: str) -> Any:
+def field_of(a: object, name: str) -> Any:
     """``name`` of an artifact row or dict."""
     return a.get(name) if isinstance(a, dict) else getattr(a, name, None)
 
 
-#: channels with a monospace block for printed columns (Telegram ``<pre>``, card code
-#: blocks, the web's Markdown)
-MONOSPACE = frozenset({"telegram", "feishu", "web"})
 #: where the files made for the person (full result, long text) are written, per job
 DELIVERED_DIR = ".delivered"
 
@@ -67,7 +63,7 @@ def delivered_folder(workspace: Path, job_id: str) -> Path:
     return workspace / DELIVERED_DIR / job_id
 
 
-def _materialized(value: Any, sources: set[str]) -> bool:
+def _materialized(value: object, sources: set[str]) -> bool:
     if isinstance(value, str):
         return value in sources
     if isinstance(value, list) and value:
@@ -91,8 +87,8 @@ def plan(
     if is_failure(result):
         notice = scrub_paths(failure_text(skill, result, lang), workspace)
         return [Item("text", "failure", text=PlainText(notice))]
-    rich = isinstance(adapter, WebChannel)
-    md = getattr(adapter, "renders_markdown", False)  # the adapter converts it (richtext)
+    rich = adapter.rich_text
+    md = adapter.renders_markdown  # the adapter converts it (richtext)
     media: list[Item] = []
     seen: set[str] = set()
     sources: set[str] = set()
@@ -119,7 +115,7 @@ def plan(
         markdown=md,
         fallback=False,
         skip=skip,
-        monospace=getattr(adapter, "name", "") in MONOSPACE,
+        monospace=adapter.monospace,
     )
     text, markdown = scrub_paths(got.text, workspace), got.markdown
     docs: list[Item] = []

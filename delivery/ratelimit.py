@@ -110,7 +110,7 @@ return math.ceil((1 - tokens) / tonumber(ARGV[3]))
 """
 
 
-def parse_rate(value: Any) -> tuple[float, float] | None:
+def parse_rate(value: object) -> tuple[float, float] | None:
     """``"30/s"`` → ``(30, 1)``; ``[20, 60]`` → ``(20, 60)``; ``0`` / ``None`` → None (off)."""
     if value in (None, 0, "0", ""):
         return None

@@ -241,7 +241,7 @@ _NO_DIRECTIVES = Directives()
 _TAGGED_KEYS = (*TEXT_KEYS, "display_md")
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 

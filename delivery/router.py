@@ -17,26 +17,20 @@ from typing import Any
 
 from delivery.channels.base import (
     Channel,
+    Courier,
+    Delivered,
     DeliveryPermanentError,
-    DeliveryTransientError,
-    with_retries,
+    Receipt,
+    Send,
 )
 from delivery.channels.limits import parse_target
 from delivery.channels.registry import channels_for
-from delivery.channels.web import WEB_CHANNELS, WebChannel, attachment_dict
-from delivery.channels.web_store import Outgoing
-from delivery.ledger import (
-    LeaseLost,
-    LedgerEntry,
-    deliver_once,
-    ledger_key,
-    owner_id,
-)
+from delivery.channels.web import WEB_CHANNELS
+from delivery.ledger import LeaseLost, Parcel, deliver_once, ledger_key, owner_id
 from delivery.outbox import Outbox, outbox_of
 from delivery.plan import SEALED_RESULT, Item, delivered_folder, field_of, plan, write_files
 from delivery.render import TEXT_CAP, directives, failure_text
 from delivery.richtext import PlainText
-from jobs import telemetry
 from jobs.context import group_conversation, job_segment, results_dir
 from jobs.db import Fence, Sessions
 from jobs.models import JobRow
@@ -103,7 +97,7 @@ async def deliver_result(
     backoff: float = 1.0,
     workspace: Path | None = None,
     notice: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Delivered]:
     """Send the job's result to its origin; returns ``[{"recipient","kind","status","error"}]``.
     ``workspace``: where its files must lie (default: the job's own workspace); ``notice``:
     the result is a notice of that kind (``delivery.notices``), its own ledger item.
@@ -114,21 +108,20 @@ async def deliver_result(
     settings = services.settings
     chans = channels if channels is not None else channels_for(services)
     origin = origin_of(job)
-    adapter = chans.get(origin.channel)
-    if isinstance(adapter, WebChannel):
-        adapter = adapter.for_job(job.id)
-    common: dict[str, Any] = {
-        "recipient": origin.recipient,
-        "owner": owner_id(job.lease_owner, job.lease_token),
-        "channel": origin.channel,
-        "job_id": job.id,
-        "chain_run_id": job.chain_run_id,
-        "fence": fence,
-        "backoff": backoff,
-        "dead_after": float(settings.worker_lease_sec) * 2,
+    found = chans.get(origin.channel)
+    adapter = found.for_job(job.id) if found is not None else None
+    courier = Courier(
+        recipient=origin.recipient,
+        owner=owner_id(job.lease_owner, job.lease_token),
+        channel=origin.channel,
+        job_id=job.id,
+        chain_run_id=job.chain_run_id,
+        fence=fence,
+        backoff=backoff,
+        dead_after=float(settings.worker_lease_sec) * 2,
         # A re-run after a worker died mid-delivery waits for that worker to be known dead.
-        "wait": float(settings.worker_lease_sec) * 2 + 5,
-    }
+        wait=float(settings.worker_lease_sec) * 2 + 5,
+    )
     sm = services.sessionmaker
     problem = origin.error or (
         None if adapter is not None else f"channel {origin.channel!r} is not configured"
@@ -136,7 +129,7 @@ async def deliver_result(
     if problem is not None or adapter is None:
         reason = problem or "no adapter"
 
-        async def refuse() -> None:
+        async def refuse() -> Receipt:
             raise DeliveryPermanentError(reason)
 
         # Only the channel is missing: the result is kept (sealed) with the failed row, so
@@ -156,29 +149,17 @@ async def deliver_result(
                 "workspace": str(workspace or workspace_of(settings, job)),
             }
             content = {SEALED_RESULT: services.box.encrypt(held)}
-
+        parcel = Parcel(
+            ledger_key(job.id, origin.recipient, "origin"), "text", "origin", content=content
+        )
         try:
-            return [
-                _public(
-                    await deliver_once(
-                        sm,
-                        refuse,
-                        key=ledger_key(job.id, origin.recipient, "origin"),
-                        kind="text",
-                        item="origin",
-                        content=content,
-                        **common,
-                    )
-                )
-            ]
+            return [_public(await deliver_once(sm, refuse, courier, parcel))]
         except LeaseLost:
             return []
 
     workspace = workspace or workspace_of(settings, job)
     if artifacts:  # files are attached only from inside the real workspace
         workspace = workspace.resolve()
-    out: list[dict[str, Any]] = []
-    outbox = outbox_of(services)
     lang = language_of(settings, job.context if isinstance(job.context, dict) else None)
     if notice is not None:
         message = str(result.get("message") or "")
@@ -197,25 +178,24 @@ async def deliver_result(
     reply = _apply_directives(result, job, adapter, items) or origin.reply_to
     # in a thread reached by replying, every item is a reply (else only the first)
     every = adapter.thread_by_reply and parse_target(origin.contact).thread is not None
+    sends = [
+        Send(
+            item.kind,
+            item.key,
+            origin.contact,
+            ledger_key(job.id, origin.recipient, item.key),
+            text=item.text,
+            path=item.path,
+            reply_to=reply if i == 0 or every else None,
+            workspace=workspace,
+        )
+        for i, item in enumerate(items)
+    ]
+    one = functools.partial(_send_item, sm, adapter, courier, outbox=outbox_of(services))
+    out: list[Delivered] = []
     try:
-        if isinstance(adapter, WebChannel):
-            web = _deliver_web(adapter, origin, items, workspace, common, job.id)
-            attrs = {"skilljobs.channel": origin.channel}
-            items, out = await telemetry.traced("skilljobs.deliver", web, attrs=attrs)
-        for i, item in enumerate(items):
-            out.extend(
-                await _send_item(
-                    sm,
-                    adapter,
-                    origin,
-                    item,
-                    workspace,
-                    common,
-                    job.id,
-                    reply_to=reply if i == 0 or every else None,
-                    outbox=outbox,
-                )
-            )
+        async for done in adapter.send_batch(courier, sends, one):
+            out.append(done)
     except LeaseLost:
         pass
     return out
@@ -230,11 +210,11 @@ def _apply_directives(
     answer the originating message (the dispatch context's ``message_id``) or that one.
     Returns the message id the first item replies to."""
     wanted = directives(result)
-    if wanted.voice and "voice" in getattr(adapter, "RULES", {}):
+    if wanted.voice and adapter.voice_notes:
         for item in items:
             if item.kind == "audio" and item.path is not None:
                 item.kind, item.key = "voice", f"voice:{item.path}"
-    if isinstance(adapter, WebChannel):
+    if not adapter.replies:
         return None
     ctx = job.context if isinstance(job.context, dict) else {}
     current = ctx.get("message_id")
@@ -242,140 +222,41 @@ def _apply_directives(
     return str(reply) if reply not in (None, "") else None
 
 
-def _attachable(path: str, kind: str, workspace: Path) -> dict[str, Any] | None:
-    p = Path(path)
-    if not p.is_relative_to(workspace) or not p.is_file():
-        return None
-    return attachment_dict(path, kind)
-
-
-async def _deliver_web(
-    web: WebChannel,
-    origin: Origin,
-    items: list[Item],
-    workspace: Path,
-    common: dict[str, Any],
-    job_id: str,
-) -> tuple[list[Item], list[dict[str, Any]]]:
-    """Web sessions: every item stored together with its ledger row in one transaction
-    (exactly once, no window). Returns the items left for the generic path (files that
-    cannot be attached) and the deliveries made."""
-    rest: list[Item] = []
-    batch: list[tuple[Item, Outgoing]] = []
-    for item in items:
-        attachments: list[dict[str, Any]] = []
-        if item.path is not None:
-            att = _attachable(item.path, item.kind, workspace)
-            if att is None:
-                rest.append(item)  # fails there, with its reason, and keeps the caption
-                continue
-            attachments = [att]
-        entry = LedgerEntry(
-            key=ledger_key(job_id, origin.recipient, item.key),
-            recipient=origin.recipient,
-            owner=common["owner"],
-            kind=item.kind,
-            item=item.path or item.key,
-            job_id=job_id,
-            chain_run_id=common["chain_run_id"],
-        )
-        batch.append((item, Outgoing(origin.contact, item.text or "", attachments, job_id, entry)))
-    if not batch:
-        return rest, []
-    if not await common["fence"]():
-        raise LeaseLost(origin.recipient)
-
-    async def post() -> list[Any]:
-        return await web.batcher.post_many([o for _, o in batch])
-
-    try:
-        results = await with_retries(post, backoff=common["backoff"])
-    except DeliveryTransientError as exc:
-        # nothing was committed: the next run delivers these
-        return rest, [
-            {"recipient": origin.recipient, "kind": i.kind, "status": "failed", "error": exc.reason}
-            for i, _ in batch
-        ]
-    out = []
-    for (item, _msg), res in zip(batch, results, strict=True):
-        # (each ledger row got its message's id as its receipt when the message was stored)
-        error = res.reason if isinstance(res, DeliveryPermanentError) else None
-        out.append(
-            {
-                "recipient": origin.recipient,
-                "kind": item.kind,
-                "status": "failed" if error else "sent",
-                "error": error,
-            }
-        )
-    return rest, out
-
-
 async def _send_item(
-    sm: Sessions,
-    adapter: Channel,
-    origin: Origin,
-    item: Item,
-    workspace: Path,
-    common: dict[str, Any],
-    job_id: str,
-    *,
-    reply_to: str | None = None,
-    outbox: Outbox | None = None,
-) -> list[dict[str, Any]]:
+    sm: Sessions, adapter: Channel, courier: Courier, send: Send, *, outbox: Outbox | None = None
+) -> list[Delivered]:
     """One item through the ledger. With an outbox (in a worker), an item whose chat has
     no token now is parked there (``pending``) instead of waited for here."""
     # a reply travels in the contact (``<contact>#<message id>``, delivery.channels.limits)
-    contact = f"{origin.contact}#{reply_to}" if reply_to and "#" not in origin.contact else None
-    contact = contact or origin.contact
-    gate = outbox.gate(adapter, origin.recipient, origin.contact) if outbox else None
-    if item.path is None:
-        text = item.text or ""
+    reply_to = send.reply_to
+    contact = f"{send.contact}#{reply_to}" if reply_to and "#" not in send.contact else None
+    contact = contact or send.contact
+    gate = outbox.gate(adapter, courier.recipient, send.contact) if outbox else None
+    dedup = adapter.dedups_for(send.contact)
+    if send.path is None:
+        text = send.text or ""
 
-        async def send_text() -> str:
+        async def send_text() -> Receipt:
             return await adapter.send_text(contact, text)
 
-        return [
-            _public(
-                await deliver_once(
-                    sm,
-                    send_text,
-                    key=ledger_key(job_id, origin.recipient, item.key),
-                    kind="text",
-                    item=item.key,
-                    content=_content({"text": text, "reply_to": reply_to}, text),
-                    dedup=adapter.dedups_for(origin.contact),
-                    gate=gate,
-                    **common,
-                )
-            )
-        ]
-    path, caption = item.path, item.text
+        content = _content({"text": text, "reply_to": reply_to}, text)
+        parcel = Parcel(send.key, "text", send.item, content, dedup, gate)
+        return [_public(await deliver_once(sm, send_text, courier, parcel))]
+    path, caption, workspace = send.path, send.text, send.workspace
 
-    async def send_media() -> str:
-        if not Path(path).is_relative_to(workspace):
+    async def send_media() -> Receipt:
+        if workspace is None or not Path(path).is_relative_to(workspace):
             raise DeliveryPermanentError(f"{Path(path).name} is outside the job's workspace")
-        return await adapter.send_media(item.kind, contact, path, caption)
+        return await adapter.send_media(send.kind, contact, path, caption)
 
-    res = _public(
-        await deliver_once(
-            sm,
-            send_media,
-            key=ledger_key(job_id, origin.recipient, item.key),
-            kind=item.kind,
-            item=path,
-            content=_content({"path": path, "caption": caption, "reply_to": reply_to}, caption),
-            dedup=adapter.dedups_for(origin.contact),
-            gate=gate,
-            **common,
-        )
-    )
+    content = _content({"path": path, "caption": caption, "reply_to": reply_to}, caption)
+    parcel = Parcel(send.key, send.kind, path, content, dedup, gate)
+    res = _public(await deliver_once(sm, send_media, courier, parcel))
     if caption and res["status"] == "failed":
         # the caption must not be lost with the file: send the text on its own
-        fallback = Item("text", "text", text=caption)
-        rest = await _send_item(
-            sm, adapter, origin, fallback, workspace, common, job_id, outbox=outbox
-        )
+        key = ledger_key(courier.job_id or "", courier.recipient, "text")
+        fallback = Send("text", "text", send.contact, key, text=caption, workspace=workspace)
+        rest = await _send_item(sm, adapter, courier, fallback, outbox=outbox)
         return [res, *rest]
     return [res]
 
@@ -388,5 +269,10 @@ def _content(content: dict[str, Any], text: str | None) -> dict[str, Any]:
     return content
 
 
-def _public(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: d[k] for k in ("recipient", "kind", "status", "error")}
+def _public(d: dict[str, Any]) -> Delivered:
+    return {
+        "recipient": d["recipient"],
+        "kind": d["kind"],
+        "status": d["status"],
+        "error": d["error"],
+    }

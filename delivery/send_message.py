@@ -20,6 +20,7 @@ import fnmatch
 import hashlib
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,14 @@ from sqlalchemy import select
 from delivery.artifacts import ArtifactRefused, resolve_inside
 from delivery.channels.base import (
     Channel,
+    Courier,
     DeliveryPermanentError,
     DeliveryTransientError,
+    Receipt,
     with_retries,
 )
 from delivery.channels.limits import parse_target
-from delivery.ledger import deliver_once, ledger_key
+from delivery.ledger import Parcel, deliver_once, ledger_key
 from delivery.render import strip_directives
 from jobs import sendscope
 from jobs.db import Sessions
@@ -120,7 +123,7 @@ async def _web_refusals(
 
 
 def parse_recipients(
-    to: Any, channel: str | None = None
+    to: object, channel: str | None = None
 ) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
     """``to`` in any of its four forms → ``([(channel, contact)…], [failed…])``, each
     recipient once."""
@@ -175,11 +178,16 @@ def parse_recipients(
     return found, bad
 
 
-def _attachment_paths(attachments: Any, workspace: Path | None) -> tuple[list[str], str | None]:
+def _attachment_paths(attachments: object, workspace: Path | None) -> tuple[list[str], str | None]:
     """Attachments as real paths inside ``workspace`` (symlinks followed)."""
     if attachments in (None, "", []):
         return [], None
-    items = [attachments] if isinstance(attachments, str | dict) else list(attachments)
+    if isinstance(attachments, str | dict):
+        items: list[object] = [attachments]
+    elif isinstance(attachments, Iterable):
+        items = list(attachments)
+    else:
+        raise TypeError(f"'{type(attachments).__name__}' object is not iterable")
     if workspace is None:
         return [], "attachments refused: the caller has no workspace to send files from"
     out: list[str] = []
@@ -206,14 +214,14 @@ async def send_to(
     caption: str | None = text or None
     if text and (not paths or not adapter.supports_caption):
 
-        async def send_text() -> Any:
+        async def send_text() -> Receipt:
             return await adapter.send_text(contact, text)
 
         await with_retries(send_text, backoff=backoff)
         caption = None
     for path in paths:
 
-        async def send_file(path: str = path, cap: str | None = caption) -> Any:
+        async def send_file(path: str = path, cap: str | None = caption) -> Receipt:
             return await adapter.send_media(media_kind(path), contact, path, cap)
 
         await with_retries(send_file, backoff=backoff)
@@ -267,7 +275,9 @@ async def send_ledgered(
     for i, (kind, path, body) in enumerate(_parts(adapter, text, paths)):
         item = f"{call}:{i}"
 
-        async def send(kind: str = kind, path: str | None = path, body: str | None = body) -> str:
+        async def send(
+            kind: str = kind, path: str | None = path, body: str | None = body
+        ) -> Receipt:
             if path is None:
                 return await adapter.send_text(contact, body or "")
             return await adapter.send_media(kind, contact, path, body)
@@ -281,23 +291,12 @@ async def send_ledgered(
             if outbox is not None
             else None
         )
-        out = await deliver_once(
-            sessionmaker,
-            send,
-            key=ledger_key(scope.job_id, recipient, item),
-            recipient=recipient,
-            owner=scope.owner,
-            kind=kind,
-            item=item,
-            channel=channel,
-            job_id=scope.job_id,
-            content=content,
-            dedup=adapter.dedups_for(contact),
-            backoff=backoff,
-            gate=gate,
-        )
+        courier = Courier(recipient, scope.owner, channel, job_id=scope.job_id, backoff=backoff)
+        key = ledger_key(scope.job_id, recipient, item)
+        parcel = Parcel(key, kind, item, content, adapter.dedups_for(contact), gate)
+        out = await deliver_once(sessionmaker, send, courier, parcel)
         if gate is not None:  # what it waited in place comes off the run's budget
-            scope.inline_left = max(0.0, scope.inline_left - float(getattr(gate, "waited", 0.0)))
+            scope.inline_left = max(0.0, scope.inline_left - gate.waited)
         if out["status"] == "sent":
             continue
         if out.get("id") is not None and (out.get("parked") or out["status"] == "sending"):
@@ -313,7 +312,7 @@ async def send_ledgered(
 
 
 async def _screen(
-    sessionmaker: Any,
+    sessionmaker: Sessions | None,
     sender: Sender,
     recipients: list[tuple[str, str]],
     failed: list[dict[str, str]],
@@ -330,9 +329,9 @@ async def _screen(
 async def send_message(
     channels: dict[str, Channel],
     *,
-    to: Any,
+    to: object,
     text: str | None = None,
-    attachments: Any = None,
+    attachments: object = None,
     channel: str | None = None,
     workspace: Path | None = None,
     backoff: float = 1.0,
@@ -415,7 +414,7 @@ WAIT_MARGIN_S = 1.0  # left of the run's wall clock for the skill to answer
 
 
 async def _wait_parked(
-    sessionmaker: Any,
+    sessionmaker: Sessions,
     waiting: list[dict[str, Any]],
     sent: list[str],
     failed: list[dict[str, str]],

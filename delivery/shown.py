@@ -65,11 +65,11 @@ class Shown:
     parts: list[tuple[str, bool]] = field(default_factory=list)
 
 
-def is_scalar(value: Any) -> bool:
+def is_scalar(value: object) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
 
 
-def flat_records(value: Any) -> bool:
+def flat_records(value: object) -> bool:
     """A non-empty list of dicts whose values are all scalars (a CSV's rows)."""
     return (
         isinstance(value, list)
@@ -78,12 +78,12 @@ def flat_records(value: Any) -> bool:
     )
 
 
-def records(value: Any) -> bool:
+def records(value: object) -> bool:
     """A non-empty list of dicts (shown as a table of their scalar fields)."""
     return isinstance(value, list) and bool(value) and all(isinstance(r, dict) for r in value)
 
 
-def _scalar(value: Any) -> str:
+def _scalar(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
@@ -96,7 +96,7 @@ class _Reader:
         self.lang = lang
         self.lossy = False
 
-    def short(self, value: Any, cap: int) -> str:
+    def short(self, value: object, cap: int) -> str:
         if isinstance(value, str):
             s = " ".join(value.split()) if "\n" in value and len(value) > cap else value
             if len(s) <= cap and "\n" not in s:
@@ -149,7 +149,7 @@ class _Reader:
             self.lossy = True
             return ""
 
-        def cell(value: Any) -> str:
+        def cell(value: object) -> str:
             s = self.short(value, CELL_MAX) if value is not None else ""
             return _CELL_SPECIAL.sub(r"\\\1", s)  # shown as written, never as emphasis
 
@@ -272,7 +272,7 @@ def result_file(skill: str, data: dict[str, Any]) -> tuple[str, bytes]:
     return f"{name}-result.json", body.encode("utf-8")
 
 
-def _csv(value: Any) -> Any:
+def _csv(value: object) -> Any:
     if isinstance(value, bool):
         return "true" if value else "false"
     return "" if value is None else value

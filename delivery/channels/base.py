@@ -7,10 +7,11 @@ import asyncio
 import contextvars
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import httpx
 
@@ -21,6 +22,7 @@ from delivery.errors import (
     DeliveryTransientError,
 )
 from jobs import nofollow
+from jobs.db import Fence
 
 
 class SendKey:
@@ -70,7 +72,7 @@ def file_size(path: str | Path) -> int:
         raise DeliveryPermanentError(f"file not found: {Path(path).name}") from exc
 
 
-def _retry_after(resp: httpx.Response, body: Any = None) -> float | None:
+def _retry_after(resp: httpx.Response, body: object = None) -> float | None:
     if isinstance(body, dict):
         params = body.get("parameters")
         if isinstance(params, dict) and isinstance(params.get("retry_after"), int | float):
@@ -135,7 +137,7 @@ def _json_or_none(resp: httpx.Response) -> Any:
         return None
 
 
-def _short_detail(body: Any) -> str:
+def _short_detail(body: object) -> str:
     if not isinstance(body, dict):
         return ""
     for k in ("description", "msg", "errmsg", "message", "error"):
@@ -249,51 +251,152 @@ class TokenCache:
             ) from exc
 
 
-class Channel:
-    """A third-party chat channel. Every send returns the channel's message id or raises
-    :class:`DeliveryTransientError` / :class:`DeliveryPermanentError`."""
+@dataclass(frozen=True)
+class Receipt:
+    """What one send put on the platform: the ids of the messages it posted (none when the
+    platform gave none), what it went as when a channel had to choose (``sent_as``: a media
+    kind, or ``link`` for a download link) and why not as asked (``note``). The ledger
+    records the first id as the delivery's ``message_id``."""
 
-    name = ""
+    message_ids: tuple[str, ...] = ()
+    sent_as: str = ""
+    note: str = ""
+
+    @property
+    def message_id(self) -> str:
+        """The first message's id ("" when the platform gave none)."""
+        return self.message_ids[0] if self.message_ids else ""
+
+    @classmethod
+    def of(cls, *message_ids: str, sent_as: str = "", note: str = "") -> Receipt:
+        """A receipt of the given ids (empty ones left out)."""
+        return cls(tuple(m for m in message_ids if m), sent_as, note)
+
+
+@dataclass(frozen=True)
+class Courier:
+    """Who delivers one result to whom, the same for each of its items: the ledger rows'
+    recipient, owner and job, the fence checked before every send, and how long a send
+    waits for a claimant that may still be alive (``delivery.ledger.deliver_once``)."""
+
+    recipient: str
+    owner: str
+    channel: str = ""
+    job_id: str | None = None
+    chain_run_id: str | None = None
+    fence: Fence | None = None
+    tries: int = 3
+    backoff: float = 1.0
+    dead_after: float = 60.0
+    stale_after: float = 900.0
+    wait: float = 0.0
+
+
+@dataclass(frozen=True)
+class Send:
+    """One item of a result on its way to ``contact``: a text, or a file (``path``, with
+    ``text`` as its caption). ``key`` is its ledger key, ``item`` the ledger's name for it;
+    files go only from inside ``workspace``."""
+
+    kind: str  # text image video audio voice file
+    item: str  # "text", "failure", "notice:<kind>" or "<kind>:<path>"
+    contact: str
+    key: str
+    text: str | None = None
+    path: str | None = None
+    reply_to: str | None = None  # the message it answers
+    workspace: Path | None = None
+
+
+class Delivered(TypedDict):
+    """The outcome of one item for one recipient, as a job or a chain run records it."""
+
+    recipient: str
+    kind: str
+    status: str
+    error: str | None
+
+
+#: delivers one item through the ledger (one row per item, its caption's fallback after it)
+SendOne = Callable[[Send], Awaitable[list[Delivered]]]
+
+
+class Channel:
+    """A chat channel. Every send returns a :class:`Receipt` or raises
+    :class:`DeliveryTransientError` / :class:`DeliveryPermanentError`. What a channel can
+    do is declared here, one typed attribute each, so nothing above asks which class it is.
+    """
+
+    name: str = ""
     #: the text can ride along with a media item
-    supports_caption = False
+    supports_caption: bool = False
     #: a thread is reached by replying to a message in it (Feishu ``reply_in_thread``):
     #: every message of a result sent there is such a reply, not only the first
-    thread_by_reply = False
+    thread_by_reply: bool = False
     #: ``![alt](url)`` in text is turned into media by this adapter
-    converts_markdown_images = False
+    converts_markdown_images: bool = False
     #: the platform drops a repeated send itself (Feishu ``uuid``, WeCom duplicate check),
     #: so a send whose outcome is unknown may be repeated with the same key
-    dedups = False
+    dedups: bool = False
+    #: Markdown in a text is converted to the platform's own markup (``delivery.richtext``)
+    renders_markdown: bool = False
+    #: the reader's page shows Markdown as written, long texts included (a web session)
+    rich_text: bool = False
+    #: printed columns can go in a monospace block (Telegram ``<pre>``, card code blocks)
+    monospace: bool = False
+    #: a message can answer another (``[[reply_to_current]]``, a group's request)
+    replies: bool = True
+    #: audio can go as a voice note (``[[audio_as_voice]]``)
+    voice_notes: bool = False
+    #: a long text goes as several messages (:meth:`text_pieces`); else as one message of
+    #: up to ``TEXT_LIMIT`` characters
+    splits_text: bool = False
+    #: the most one text message holds, in the channel's own unit
+    TEXT_LIMIT: int = 4096
 
     def dedups_for(self, contact: str) -> bool:
         """Whether the platform drops a repeat of a send to ``contact`` (see ``dedups``)."""
         return self.dedups
 
-    async def send_text(self, contact: str, text: str) -> str:
+    def for_job(self, job_id: str | None) -> Channel:
+        """The channel delivering one job's result (a web one tags its messages with it)."""
+        return self
+
+    def text_pieces(self, text: str) -> list[str]:
+        """``text`` as the messages it goes as."""
+        return [text]
+
+    async def send_text(self, contact: str, text: str) -> Receipt:
         raise NotImplementedError
 
-    async def send_image(self, contact: str, path: str, caption: str | None = None) -> str:
-        raise NotImplementedError
+    async def send_image(self, contact: str, path: str, caption: str | None = None) -> Receipt:
+        return await self.send_media("image", contact, path, caption)
 
-    async def send_video(self, contact: str, path: str, caption: str | None = None) -> str:
-        raise NotImplementedError
+    async def send_video(self, contact: str, path: str, caption: str | None = None) -> Receipt:
+        return await self.send_media("video", contact, path, caption)
 
-    async def send_audio(self, contact: str, path: str, caption: str | None = None) -> str:
-        raise NotImplementedError
+    async def send_audio(self, contact: str, path: str, caption: str | None = None) -> Receipt:
+        return await self.send_media("audio", contact, path, caption)
 
-    async def send_file(self, contact: str, path: str, caption: str | None = None) -> str:
-        raise NotImplementedError
+    async def send_file(self, contact: str, path: str, caption: str | None = None) -> Receipt:
+        return await self.send_media("file", contact, path, caption)
 
     async def send_media(
         self, kind: str, contact: str, path: str, caption: str | None = None
-    ) -> str:
-        """Route to ``send_image``/``send_video``/``send_audio``/``send_file`` by kind."""
-        send = {
-            "image": self.send_image,
-            "video": self.send_video,
-            "audio": self.send_audio,
-        }.get(kind, self.send_file)
-        return await send(contact, path, caption)
+    ) -> Receipt:
+        """``path`` as ``kind`` (image, video, audio, voice, file)."""
+        raise NotImplementedError
+
+    async def send_batch(
+        self, courier: Courier, sends: Sequence[Send], one: SendOne
+    ) -> AsyncIterator[Delivered]:
+        """Deliver ``sends`` in order, yielding each outcome as it is known. By default each
+        goes on its own through ``one`` (the ledger); a channel that can store many at once
+        with their ledger rows overrides this. Raises ``LeaseLost`` (``delivery.ledger``)
+        when the courier's fence says the attempt no longer owns the job."""
+        for send in sends:
+            for done in await one(send):
+                yield done
 
 
 # Tries of one send, and the longest wait between two (a ``retry_after`` is honoured up
@@ -328,11 +431,16 @@ __all__ = [
     "SEND_KEY",
     "TRIES",
     "Channel",
+    "Courier",
+    "Delivered",
     "DeliveryError",
     "DeliveryOutcomeUnknown",
     "DeliveryPermanentError",
     "DeliveryTransientError",
+    "Receipt",
+    "Send",
     "SendKey",
+    "SendOne",
     "TokenCache",
     "TokenRejected",
     "file_size",

@@ -120,6 +120,7 @@ def _escaped(text: str) -> int:
 
 class FeishuChannel(LimitedChannel):
     name = "feishu"
+    monospace = True
     dedups = True  # ``uuid`` (the ledger key): a repeat within an hour is not sent again
     supports_caption = False
     thread_by_reply = True
@@ -303,7 +304,7 @@ class FeishuChannel(LimitedChannel):
         return str(data["file_key"])
 
 
-def _error(what: str, code: Any, msg: str) -> Exception:
+def _error(what: str, code: object, msg: str) -> Exception:
     """The right exception for a Feishu error body. Any refusal of an image upload (its
     234xxx codes: size, format, resolution…) sends the picture as a file instead."""
     image_refused = what == IMAGE_UPLOAD and isinstance(code, int) and code // 1000 == 234

@@ -21,13 +21,14 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from delivery.audio import convert
 from delivery.channels.base import (
     Channel,
     DeliveryPermanentError,
     DeliveryTransientError,
+    Receipt,
     file_size,
 )
 from delivery.channels.probe import MediaProbe
@@ -176,20 +177,6 @@ class DoesNotFit(Exception):
         self.reason = reason
 
 
-class Receipt(str):
-    """A sent message's id, with what it went as (``kind``: a media kind or ``link``) and
-    why not as asked (``note``, empty when it went as asked)."""
-
-    kind: str
-    note: str
-
-    def __new__(cls, message_id: str, kind: str, note: str = "") -> Receipt:
-        obj = super().__new__(cls, message_id)
-        obj.kind = kind
-        obj.note = note
-        return obj
-
-
 @dataclass(frozen=True)
 class Target:
     """Where a send goes: ``id``; ``chat`` when the contact named a group conversation
@@ -253,6 +240,22 @@ def spend_credit(channel: str, target: Target) -> bool:
     return False
 
 
+class Limiter(Protocol):
+    """The shared outbound rate limits (``delivery.ratelimit.RateLimiter``)."""
+
+    async def acquire(self, channel: str, target: Target) -> float: ...
+
+    async def settle(self, channel: str, target: Target) -> None: ...
+
+    async def pause(self, channel: str, target: Target, retry_after: float) -> None: ...
+
+    async def try_take(self, channel: str, target: Target) -> int: ...
+
+    def due_in(self, channel: str, target: Target) -> int: ...
+
+    async def count_wait(self, channel: str, waited: float, *, parked: bool = False) -> None: ...
+
+
 def _convertible(kind: str, path: str, found: MediaRule) -> bool:
     """Audio in a format this kind does not take: ffmpeg may make one it does."""
     ext = Path(path).suffix.lower().lstrip(".")
@@ -264,7 +267,7 @@ class LimitedChannel(Channel):
     :meth:`text_size`), ``RULES`` per media kind, and the two sends: :meth:`_post_text`
     (one piece) and :meth:`_send_as` (one file as one kind, or :class:`DoesNotFit`)."""
 
-    TEXT_LIMIT = 4096
+    splits_text = True
     RULES: Mapping[str, MediaRule] = {}
 
     def __init__(
@@ -274,7 +277,7 @@ class LimitedChannel(Channel):
         self.probe = probe if probe is not None else MediaProbe()
         self.lang = lang if lang in LINK_NOTES else "en"
         #: shared outbound rate limits (``delivery.ratelimit.RateLimiter``), set by the registry
-        self.limiter: Any = None
+        self.limiter: Limiter | None = None
 
     async def _gate(self, target: Target) -> None:
         """Wait for the shared rate limit before one message request."""
@@ -302,8 +305,8 @@ class LimitedChannel(Channel):
 
     # --- the Channel interface ---------------------------------------------------------
 
-    async def send_text(self, contact: str, text: str, *, reply_to: str | None = None) -> str:
-        return await self._text(parse_target(contact, reply_to), text)
+    async def send_text(self, contact: str, text: str, *, reply_to: str | None = None) -> Receipt:
+        return Receipt.of(*await self._text(parse_target(contact, reply_to), text))
 
     async def send_media(
         self,
@@ -313,7 +316,7 @@ class LimitedChannel(Channel):
         caption: str | None = None,
         *,
         reply_to: str | None = None,
-    ) -> str:
+    ) -> Receipt:
         """``path`` as ``kind`` if it fits, else as the next kind that does, else as a link."""
         target = parse_target(contact, reply_to)
         if caption and not self.supports_caption:
@@ -338,7 +341,7 @@ class LimitedChannel(Channel):
                     await self._paused(target, exc)
                     raise
                 else:
-                    return self._receipt(mid, current, path, [*notes, *([done] if done else [])])
+                    return self._receipt([mid], current, path, [*notes, *([done] if done else [])])
                 finally:
                     await self._answered(target)
             notes.append(f"not as {KIND_WORDS.get(current, current)}: {why}")
@@ -362,22 +365,22 @@ class LimitedChannel(Channel):
 
     async def send_image(
         self, contact: str, path: str, caption: str | None = None, *, reply_to: str | None = None
-    ) -> str:
+    ) -> Receipt:
         return await self.send_media("image", contact, path, caption, reply_to=reply_to)
 
     async def send_video(
         self, contact: str, path: str, caption: str | None = None, *, reply_to: str | None = None
-    ) -> str:
+    ) -> Receipt:
         return await self.send_media("video", contact, path, caption, reply_to=reply_to)
 
     async def send_audio(
         self, contact: str, path: str, caption: str | None = None, *, reply_to: str | None = None
-    ) -> str:
+    ) -> Receipt:
         return await self.send_media("audio", contact, path, caption, reply_to=reply_to)
 
     async def send_file(
         self, contact: str, path: str, caption: str | None = None, *, reply_to: str | None = None
-    ) -> str:
+    ) -> Receipt:
         return await self.send_media("file", contact, path, caption, reply_to=reply_to)
 
     # --- helpers -----------------------------------------------------------------------
@@ -387,11 +390,12 @@ class LimitedChannel(Channel):
         (adapters that render Markdown convert it here, see ``delivery.richtext``)."""
         return split_text(text, self.TEXT_LIMIT, self.text_size)
 
-    async def _text(self, target: Target, text: str) -> str:
+    async def _text(self, target: Target, text: str) -> list[str]:
+        """Send ``text`` as its pieces; the message ids the platform gave, in order."""
         pieces = self.text_pieces(text)
         if not pieces:
             raise DeliveryPermanentError(f"{self.name}: empty text, nothing to send")
-        first = ""
+        ids: list[str] = []
         for i, piece in enumerate(pieces):
             await self._gate(target)
             try:
@@ -405,12 +409,13 @@ class LimitedChannel(Channel):
                 raise
             finally:
                 await self._answered(target)
-            first = first or mid
-        return first
+            if mid:
+                ids.append(mid)
+        return ids
 
     async def _send_link(
         self, target: Target, path: str, size: int, caption: str | None, notes: list[str]
-    ) -> str:
+    ) -> Receipt:
         name = Path(path).name
         limit = self.RULES["file"].max_bytes if "file" in self.RULES else 0
         too_large = size > limit
@@ -429,11 +434,11 @@ class LimitedChannel(Channel):
         text = f"{caption}\n\n{note}\n{url}" if caption else f"{note}\n{url}"
         return self._receipt(await self._text(target, text), "link", path, notes)
 
-    def _receipt(self, mid: str, kind: str, path: str, notes: list[str]) -> Receipt:
+    def _receipt(self, ids: list[str], kind: str, path: str, notes: list[str]) -> Receipt:
         note = "; ".join(notes)
         if note:
             log.info("%s: %s sent as %s (%s)", self.name, Path(path).name, kind, note)
-        return Receipt(mid, kind, note)
+        return Receipt.of(*ids, sent_as=kind, note=note)
 
 
 __all__ = [
@@ -441,9 +446,9 @@ __all__ = [
     "MB",
     "DoesNotFit",
     "LimitedChannel",
+    "Limiter",
     "LinkFor",
     "MediaRule",
-    "Receipt",
     "Target",
     "credit",
     "fit",

@@ -4,10 +4,10 @@ token caches and rate limits live in them)."""
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import httpx
 from arq.connections import ArqRedis
+from pydantic import SecretStr
 
 from delivery.channels.base import Channel
 from delivery.channels.dingtalk import DingTalkChannel
@@ -33,7 +33,7 @@ def build_channels(
     """The configured adapters by channel name. ``web`` (and its alias ``web_admin``) is
     always present; it needs ``sessionmaker`` (and ``redis`` for live pushes) to send."""
 
-    def secret(v: Any) -> str:
+    def secret(v: SecretStr | None) -> str:
         return v.get_secret_value() if v is not None else ""
 
     out: dict[str, Channel] = {}

@@ -130,6 +130,8 @@ class TelegramChannel(LimitedChannel):
     name = "telegram"
     supports_caption = True
     converts_markdown_images = True
+    monospace = True
+    voice_notes = True
     TEXT_LIMIT = TEXT_LIMIT
     RULES = {
         # GIFs go as documents: Telegram keeps them animated there, a photo would be a still.
@@ -164,7 +166,9 @@ class TelegramChannel(LimitedChannel):
     def _url(self, method: str) -> str:
         return f"{self._base}/bot{self._token}/{method}"
 
-    async def _call(self, method: str, fields: dict[str, Any], files: Any = None) -> str:
+    async def _call(
+        self, method: str, fields: dict[str, Any], files: dict[str, tuple[str, bytes]] | None = None
+    ) -> str:
         """One Bot API call (JSON, or multipart when ``files``); a group that became a
         supergroup is followed once to its new id."""
         for _ in range(2):
@@ -184,7 +188,9 @@ class TelegramChannel(LimitedChannel):
             raise DoesNotFit(f"Telegram refused it: {desc}")
         raise DeliveryPermanentError(f"telegram {method}: {reason_for(desc)}")
 
-    async def _call_once(self, method: str, fields: dict[str, Any], files: Any) -> dict[str, Any]:
+    async def _call_once(
+        self, method: str, fields: dict[str, Any], files: dict[str, tuple[str, bytes]] | None
+    ) -> dict[str, Any]:
         # The token is part of the URL path: never let it reach an error message.
         if files:
             kwargs: dict[str, Any] = {"data": fields, "files": files}
@@ -232,24 +238,25 @@ class TelegramChannel(LimitedChannel):
             first = first or mid
         return first
 
-    async def _text(self, target: Target, text: str) -> str:
+    async def _text(self, target: Target, text: str) -> list[str]:
         if isinstance(text, PlainText):  # no Markdown images in plain text
             return await super()._text(target, text)
         rest, images = split_markdown_images(text, self._allow_hosts)
-        first = await super()._text(target, rest) if rest else ""
+        ids = await super()._text(target, rest) if rest else []
         for url in images:
             fields = self._fields(
-                target if not first else replace(target, reply_to=None), multipart=False
+                target if not ids else replace(target, reply_to=None), multipart=False
             )
             try:
                 mid = await self._call("sendPhoto", {**fields, "photo": url})
             except (DeliveryPermanentError, DoesNotFit):
                 # Telegram could not fetch it: the link still reaches the reader
                 mid = await self._call("sendMessage", {**fields, "text": url})
-            first = first or mid
-        if not first:
+            if mid:
+                ids.append(mid)
+        if not ids:
             raise DeliveryPermanentError("telegram sendMessage: empty text, nothing to send")
-        return first
+        return ids
 
     # --- media ---------------------------------------------------------------------------
 

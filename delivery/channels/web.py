@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,21 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from delivery.channels.base import (
     Channel,
+    Courier,
+    Delivered,
     DeliveryPermanentError,
     DeliveryTransientError,
+    Receipt,
+    Send,
+    SendOne,
     file_size,
+    with_retries,
 )
 from delivery.channels.web_store import Outgoing, store_batch, store_batch_pg
 from delivery.channels.web_store_sqlite import store_batch_sqlite
+from delivery.ledger import LeaseLost, LedgerEntry
+from delivery.render import RICH_TEXT_CAP
+from jobs import telemetry
 from jobs.batching import Batcher
 from jobs.constants import SESSION_EVENTS
 from jobs.db import DB_UNAVAILABLE, autocommit, engine_of, is_sqlite
@@ -308,7 +317,7 @@ async def list_messages(
     ]
 
 
-def _live_fields(data: Any) -> dict[str, Any] | None:
+def _live_fields(data: object) -> dict[str, Any] | None:
     """A live push reduced to the stored-message fields, each of its stored type."""
     if not isinstance(data, dict):
         return None
@@ -395,10 +404,16 @@ def attachment_dict(path: str, kind: str, *, size: int | None = None) -> dict[st
 
 
 class WebChannel(Channel):
-    """Delivery to a web chat session; the contact is the ``session_id``."""
+    """Delivery to a web chat session; the contact is the ``session_id``. A result's items
+    are stored together, each with its ledger row, in one transaction (:meth:`send_batch`).
+    """
 
     name = "web"
     supports_caption = True
+    rich_text = True
+    monospace = True
+    replies = False  # a chat session has no replies
+    TEXT_LIMIT = RICH_TEXT_CAP  # one message, up to what the page shows
 
     def __init__(
         self,
@@ -421,28 +436,82 @@ class WebChannel(Channel):
             self.sessionmaker, self.redis, self.settings, job_id=job_id, batcher=self.batcher
         )
 
-    async def send_text(self, contact: str, text: str) -> str:
+    async def send_text(self, contact: str, text: str) -> Receipt:
         if not (text or "").strip():
             raise DeliveryPermanentError("web: empty text")
         msg = await self.batcher.post(Outgoing(contact, text, [], self.job_id))
-        return str(msg["id"])
+        return Receipt.of(str(msg["id"]))
 
     async def send_media(
         self, kind: str, contact: str, path: str, caption: str | None = None
-    ) -> str:
+    ) -> Receipt:
         size = file_size(path)
         att = attachment_dict(path, kind, size=size)
         msg = await self.batcher.post(Outgoing(contact, caption or "", [att], self.job_id))
-        return str(msg["id"])
+        return Receipt.of(str(msg["id"]))
 
-    async def send_image(self, contact: str, path: str, caption: str | None = None) -> str:
-        return await self.send_media("image", contact, path, caption)
+    async def send_batch(
+        self, courier: Courier, sends: Sequence[Send], one: SendOne
+    ) -> AsyncIterator[Delivered]:
+        """Every item stored together with its ledger row in one transaction (exactly once,
+        no window); a file that cannot be attached goes on its own after them (it fails there,
+        with its reason, and keeps its caption)."""
+        rest: list[Send] = []
+        batch: list[tuple[Send, Outgoing]] = []
+        for send in sends:
+            attachments: list[dict[str, Any]] = []
+            if send.path is not None:
+                att = _attachable(send.path, send.kind, send.workspace)
+                if att is None:
+                    rest.append(send)
+                    continue
+                attachments = [att]
+            entry = LedgerEntry(
+                key=send.key,
+                recipient=courier.recipient,
+                owner=courier.owner,
+                kind=send.kind,
+                item=send.path or send.item,
+                job_id=courier.job_id,
+                chain_run_id=courier.chain_run_id,
+            )
+            msg = Outgoing(send.contact, send.text or "", attachments, courier.job_id, entry)
+            batch.append((send, msg))
+        if batch:
+            attrs = {"skilljobs.channel": courier.channel}
+            stored = self._store(courier, batch)
+            for done in await telemetry.traced("skilljobs.deliver", stored, attrs=attrs):
+                yield done
+        for send in rest:
+            for done in await one(send):
+                yield done
 
-    async def send_video(self, contact: str, path: str, caption: str | None = None) -> str:
-        return await self.send_media("video", contact, path, caption)
+    async def _store(self, courier: Courier, batch: list[tuple[Send, Outgoing]]) -> list[Delivered]:
+        if courier.fence is not None and not await courier.fence():
+            raise LeaseLost(courier.recipient)
 
-    async def send_audio(self, contact: str, path: str, caption: str | None = None) -> str:
-        return await self.send_media("audio", contact, path, caption)
+        async def post() -> list[dict[str, Any] | DeliveryPermanentError | None]:
+            return await self.batcher.post_many([o for _, o in batch])
 
-    async def send_file(self, contact: str, path: str, caption: str | None = None) -> str:
-        return await self.send_media("file", contact, path, caption)
+        try:
+            results = await with_retries(post, backoff=courier.backoff)
+        except DeliveryTransientError as exc:
+            # nothing was committed: the next run delivers these
+            return [_delivered(courier, s, exc.reason) for s, _ in batch]
+        # (each ledger row got its message's id as its receipt when the message was stored)
+        return [
+            _delivered(courier, s, res.reason if isinstance(res, DeliveryPermanentError) else None)
+            for (s, _), res in zip(batch, results, strict=True)
+        ]
+
+
+def _delivered(courier: Courier, send: Send, error: str | None) -> Delivered:
+    status = "failed" if error else "sent"
+    return {"recipient": courier.recipient, "kind": send.kind, "status": status, "error": error}
+
+
+def _attachable(path: str, kind: str, workspace: Path | None) -> dict[str, Any] | None:
+    p = Path(path)
+    if workspace is None or not p.is_relative_to(workspace) or not p.is_file():
+        return None
+    return attachment_dict(path, kind)

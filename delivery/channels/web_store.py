@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import insert, select
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from delivery.ledger import LedgerEntry, record_web_deliveries, record_web_receipts
 from jobs import storable
@@ -90,7 +90,7 @@ async def store_batch(
 
 
 async def store_batch_pg(
-    pg: Any, messages: list[Outgoing], now: float
+    pg: AsyncEngine, messages: list[Outgoing], now: float
 ) -> tuple[set[str], set[int], list[int]]:
     """:func:`store_batch` on PostgreSQL: one autocommitted statement for the whole batch."""
     messages = [_storable(m) for m in messages]

@@ -19,11 +19,12 @@ import hashlib
 import http.cookiejar
 import ipaddress
 import os
+import ssl
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -99,7 +100,7 @@ class SafeFetcher:
         max_redirects: int = 3,
         timeout: float = 30.0,
         total_timeout: float = 900.0,
-        verify: Any = True,
+        verify: ssl.SSLContext | str | bool = True,
     ) -> None:
         self.allow_hosts = [h.strip().lower() for h in allow_hosts if h and h.strip()]
         self.max_redirects = max_redirects
@@ -324,7 +325,7 @@ class _FileSink:
     which also records the largest loop stall measured during a 200 MB download).
     """
 
-    def __init__(self, file: Any) -> None:
+    def __init__(self, file: BinaryIO) -> None:
         self._file = file
         self._hash = hashlib.sha256()
 

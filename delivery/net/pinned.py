@@ -251,7 +251,7 @@ def _default_tls() -> ssl.SSLContext:
 class PinnedTransport(httpx.AsyncHTTPTransport):
     """httpx transport whose connection pool dials through the pinned backend."""
 
-    def __init__(self, backend: PinnedBackend, verify: Any) -> None:
+    def __init__(self, backend: PinnedBackend, verify: ssl.SSLContext | str | bool) -> None:
         # Not calling super().__init__: it would build a pool (and a TLS context) of its own;
         # everything else of AsyncHTTPTransport works on ``self._pool``.
         if verify is True:

@@ -10,10 +10,11 @@ from pydantic import SecretStr
 from sqlalchemy import select
 
 from dashboard.app import create_app
+from delivery.channels.base import Courier
 from delivery.channels.registry import use_channels
 from delivery.channels.telegram import TelegramChannel
 from delivery.errors import DeliveryOutcomeUnknown
-from delivery.ledger import deliver_once, ledger_key
+from delivery.ledger import Parcel, deliver_once, ledger_key
 from jobs.models import OpsAction
 from tests.helpers.dashboard import seed_job
 
@@ -27,12 +28,8 @@ async def _unknown(services, job_id: str, text: str) -> None:
     out = await deliver_once(
         services.sessionmaker,
         lost,
-        key=ledger_key(job_id, "telegram:1001", "text"),
-        recipient="telegram:1001",
-        owner="w#1",
-        channel="telegram",
-        job_id=job_id,
-        content={"text": text},
+        Courier("telegram:1001", "w#1", channel="telegram", job_id=job_id),
+        Parcel(ledger_key(job_id, "telegram:1001", "text"), content={"text": text}),
     )
     assert out["status"] == "unknown"
 

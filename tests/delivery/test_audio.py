@@ -29,7 +29,7 @@ async def test_mp3_goes_to_feishu_as_an_opus_audio_message(tmp_path: Path, fs: A
     async with httpx.AsyncClient(timeout=10) as http:
         ch = FeishuChannel(http, fs.app_id, fs.app_secret, api_base=fs.url)
         receipt = await ch.send_media("audio", "ou_a", mp3)
-    assert receipt.kind == "audio"
+    assert receipt.sent_as == "audio"
     assert receipt.note == "converted from .mp3 to Opus with ffmpeg"
     ((ftype, name, body),) = fs.files.values()
     assert ftype == "opus" and name.endswith(".opus") and body[:4] == b"OggS"
@@ -43,7 +43,7 @@ async def test_without_ffmpeg_a_voice_note_goes_as_audio_and_says_why(
     async with httpx.AsyncClient(timeout=10) as http:
         ch = TelegramChannel(http, tg.token, api_base=tg.url, probe=MediaProbe(None, None))
         receipt = await ch.send_media("voice", "1001", mp3)
-    assert receipt.kind == "audio"
+    assert receipt.sent_as == "audio"
     assert "not as a voice note" in receipt.note and "ffmpeg not installed" in receipt.note
     (msg,) = tg.sent
     assert msg["method"] == "sendAudio" and msg["filename"] == "memo.mp3"

@@ -12,6 +12,7 @@ import pytest
 from delivery.channels.base import (
     DeliveryPermanentError,
     DeliveryTransientError,
+    Receipt,
 )
 from delivery.channels.dingtalk import DingTalkChannel
 from delivery.channels.feishu import FeishuChannel, receive_id_type
@@ -58,7 +59,7 @@ def sparse(path, size: int) -> str:
 async def test_telegram_text_and_photo_with_caption(tg, http, files) -> None:
     ch = TelegramChannel(http, tg.token, api_base=tg.url)
     mid = await ch.send_text("1001", "hello")
-    assert mid == "1"
+    assert mid == Receipt.of("1") and mid.message_id == "1"
     await ch.send_image("1001", files["png"], caption="your chart")
     photo = tg.sent[-1]
     assert photo["method"] == "sendPhoto"
@@ -408,7 +409,7 @@ async def test_web_batching_keeps_each_result_separate(sessionmaker, redis, sett
     errors = [r for r in results if isinstance(r, Exception)]
     assert len(errors) == 20
     assert all(isinstance(e, DeliveryPermanentError) and "ghost" in str(e) for e in errors)
-    ids = [int(r) for r in results if not isinstance(r, Exception)]
+    ids = [int(r.message_id) for r in results if isinstance(r, Receipt)]
     assert len(set(ids)) == 40
     b1 = await list_messages(sessionmaker, "b1")
     assert [m["text"] for m in b1] == [f"m{i}" for i in range(0, 60, 3)]

@@ -12,11 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from delivery.channels.base import DeliveryPermanentError
+from delivery.channels.base import DeliveryPermanentError, Receipt
 from delivery.channels.dingtalk import DingTalkChannel
 from delivery.channels.feishu import FeishuChannel
 from delivery.channels.limits import (
-    Receipt,
     parse_target,
     split_text,
     utf8_len,
@@ -116,12 +115,12 @@ def test_contacts_name_groups_and_replies() -> None:
 async def test_telegram_over_limit_photo_goes_as_document_and_file_as_link(tg, http, tmp_path):
     ch = telegram(http, tg, link_for=link_for)
     receipt = await ch.send_image("1001", sparse(tmp_path / "big.png", 11 * MB), caption="hi")
-    assert isinstance(receipt, Receipt) and receipt.kind == "file"
+    assert isinstance(receipt, Receipt) and receipt.sent_as == "file"
     assert "10.0 MB limit" in receipt.note
     assert tg.sent[-1]["method"] == "sendDocument" and tg.sent[-1]["caption"] == "hi"
     huge = sparse(tmp_path / "huge.pdf", 51 * MB)
     receipt = await ch.send_file("1001", huge, caption="the report")
-    assert receipt.kind == "link"
+    assert receipt.sent_as == "link"
     text = tg.sent[-1]["text"]
     assert text.startswith("the report\n\n") and "huge.pdf (51.0 MB) is too large" in text
     assert text.endswith(link_for(huge))
@@ -139,7 +138,7 @@ async def test_telegram_formats_it_does_not_play_go_as_documents(tg, http, tmp_p
     ):
         (tmp_path / name).write_bytes(os.urandom(64))
         receipt = await send("1001", str(tmp_path / name))
-        assert receipt.kind == "file" and "is not one of" in receipt.note  # type: ignore[attr-defined]
+        assert receipt.sent_as == "file" and "is not one of" in receipt.note
     assert [s["method"] for s in tg.sent] == ["sendDocument"] * 3
 
 
@@ -153,12 +152,12 @@ async def test_telegram_photo_outside_its_bounds_goes_as_document(tg, http, tmp_
     strip = tmp_path / "strip.png"
     strip.write_bytes(png(10, 400))  # ratio 1:40
     receipt = await ch.send_image("1001", str(strip))
-    assert receipt.kind == "file"  # type: ignore[attr-defined]
+    assert receipt.sent_as == "file"
     assert [s["method"] for s in tg.sent] == ["sendDocument"]
     assert tg.sent[0]["content"] == strip.read_bytes()
     square = tmp_path / "square.png"
     square.write_bytes(png(40, 40))
-    assert (await ch.send_image("1001", str(square))).kind == "image"  # type: ignore[attr-defined]
+    assert (await ch.send_image("1001", str(square))).sent_as == "image"
 
 
 async def test_telegram_upload_refused_as_too_large_goes_as_the_next_kind(tg, http, tmp_path):
@@ -169,7 +168,7 @@ async def test_telegram_upload_refused_as_too_large_goes_as_the_next_kind(tg, ht
         f"/bot{tg.token}/sendVideo", Response(413, "<html>Request Entity Too Large</html>")
     )
     receipt = await ch.send_video("1001", str(video), caption="clip")
-    assert receipt.kind == "file" and "413" in receipt.note  # type: ignore[attr-defined]
+    assert receipt.sent_as == "file" and "413" in receipt.note
     assert [(s["method"], s.get("caption")) for s in tg.sent] == [("sendDocument", "clip")]
 
 
@@ -243,11 +242,11 @@ def files_png(tmp_path) -> str:
 async def test_feishu_over_limit_image_goes_as_file_and_file_as_link(fs, http, tmp_path):
     ch = feishu(http, fs, link_for=link_for)
     receipt = await ch.send_image("ou_a", sparse(tmp_path / "big.png", 11 * MB))
-    assert receipt.kind == "file"  # type: ignore[attr-defined]
+    assert receipt.sent_as == "file"
     assert fs.sent[-1]["msg_type"] == "file"
     assert fs.files[fs.sent[-1]["content"]["file_key"]][:2] == ("stream", "big.png")
     huge = sparse(tmp_path / "huge.zip", 31 * MB)
-    assert (await ch.send_file("ou_a", huge)).kind == "link"  # type: ignore[attr-defined]
+    assert (await ch.send_file("ou_a", huge)).sent_as == "link"
     assert fs.sent[-1]["msg_type"] == "text" and link_for(huge) in fs.sent[-1]["content"]["text"]
     with pytest.raises(DeliveryPermanentError, match="file too large for feishu"):
         await feishu(http, fs).send_file("ou_a", huge)
@@ -264,22 +263,22 @@ async def test_feishu_picture_over_its_resolution_goes_as_file(fs, http, tmp_pat
     wide = tmp_path / "wide.png"
     wide.write_bytes(png(12001, 4))
     receipt = await ch.send_image("ou_a", str(wide))
-    assert receipt.kind == "file" and "12000" in receipt.note  # type: ignore[attr-defined]
+    assert receipt.sent_as == "file" and "12000" in receipt.note
     gif = tmp_path / "big.gif"
     gif.write_bytes(b"GIF89a" + (2400).to_bytes(2, "little") + (10).to_bytes(2, "little"))
-    assert (await ch.send_image("ou_a", str(gif))).kind == "file"  # type: ignore[attr-defined]
+    assert (await ch.send_image("ou_a", str(gif))).sent_as == "file"
     assert [s["msg_type"] for s in fs.sent] == ["file", "file"]
     assert fs.files[fs.sent[0]["content"]["file_key"]][1] == "wide.png"
     ok = tmp_path / "ok.png"
     ok.write_bytes(png(3000, 20))
-    assert (await ch.send_image("ou_a", str(ok))).kind == "image"  # type: ignore[attr-defined]
+    assert (await ch.send_image("ou_a", str(ok))).sent_as == "image"
 
 
 @pytest.mark.slow
 async def test_feishu_video_is_media_with_cover_and_duration(fs, http, tmp_path):
     video = clip(tmp_path / "clip.mp4", seconds=2)
     receipt = await feishu(http, fs).send_video("ou_a", video)
-    assert receipt.kind == "video"  # type: ignore[attr-defined]
+    assert receipt.sent_as == "video"
     (sent,) = fs.sent
     assert sent["msg_type"] == "media"
     key = sent["content"]["file_key"]
@@ -291,7 +290,7 @@ async def test_feishu_video_without_ffmpeg_goes_as_file_and_says_why(fs, http, t
     video = tmp_path / "clip.mp4"
     video.write_bytes(os.urandom(4096))
     receipt = await feishu(http, fs, probe=NO_FFMPEG).send_video("ou_a", str(video))
-    assert receipt.kind == "file" and "ffmpeg" in receipt.note  # type: ignore[attr-defined]
+    assert receipt.sent_as == "file" and "ffmpeg" in receipt.note
     assert [s["msg_type"] for s in fs.sent] == ["file"]
 
 
@@ -306,8 +305,8 @@ async def test_feishu_audio_is_opus_else_a_file(fs, http, tmp_path):
     as_file = await no_ffmpeg.send_audio("ou_a", mp3)
     assert [s["msg_type"] for s in fs.sent] == ["audio", "audio", "file"]
     assert 1500 < int(fs.durations[fs.sent[0]["content"]["file_key"]]) < 2500
-    assert "converted from .mp3 to Opus" in converted.note  # type: ignore[attr-defined]
-    assert "ffmpeg not installed" in as_file.note  # type: ignore[attr-defined]
+    assert "converted from .mp3 to Opus" in converted.note
+    assert "ffmpeg not installed" in as_file.note
 
 
 @pytest.mark.slow
@@ -357,15 +356,15 @@ async def test_wecom_limits_per_kind(wc, http, tmp_path):
     (tmp_path / "v.mp4").write_bytes(os.urandom(64))
     (tmp_path / "s.mp3").write_bytes(os.urandom(64))
     (tmp_path / "tiny.txt").write_bytes(b"abc")
-    assert (await ch.send_image("zhangsan", str(tmp_path / "a.gif"))).kind == "file"  # type: ignore[attr-defined]
-    assert (await ch.send_video("zhangsan", str(tmp_path / "v.mp4"))).kind == "video"  # type: ignore[attr-defined]
-    assert (await ch.send_audio("zhangsan", str(tmp_path / "s.mp3"))).kind == "file"  # type: ignore[attr-defined]
+    assert (await ch.send_image("zhangsan", str(tmp_path / "a.gif"))).sent_as == "file"
+    assert (await ch.send_video("zhangsan", str(tmp_path / "v.mp4"))).sent_as == "video"
+    assert (await ch.send_audio("zhangsan", str(tmp_path / "s.mp3"))).sent_as == "file"
     big_video = sparse(tmp_path / "big.mp4", 11 * MB)
-    assert (await ch.send_video("zhangsan", big_video)).kind == "file"  # type: ignore[attr-defined]
+    assert (await ch.send_video("zhangsan", big_video)).sent_as == "file"
     huge = sparse(tmp_path / "huge.mp4", 21 * MB)
-    assert (await ch.send_video("zhangsan", huge)).kind == "link"  # type: ignore[attr-defined]
+    assert (await ch.send_video("zhangsan", huge)).sent_as == "link"
     # a file WeCom cannot take at all (5 bytes or less) also reaches the reader as a link
-    assert (await ch.send_file("zhangsan", str(tmp_path / "tiny.txt"))).kind == "link"  # type: ignore[attr-defined]
+    assert (await ch.send_file("zhangsan", str(tmp_path / "tiny.txt"))).sent_as == "link"
     assert [s["msgtype"] for s in wc.sent] == ["file", "video", "file", "file", "text", "text"]
     assert wc.sent[1]["video"]["title"] == "v.mp4"
 
@@ -409,7 +408,7 @@ async def test_wecom_token_expiring_mid_batch_is_refreshed_once(wc, http):
 async def test_dingtalk_video_carries_duration_and_cover(dt, http, tmp_path):
     video = clip(tmp_path / "clip.mp4", seconds=3)
     receipt = await dingtalk(http, dt).send_video(f"chat:{DT_GROUP}", video)
-    assert receipt.kind == "video"  # type: ignore[attr-defined]
+    assert receipt.sent_as == "video"
     (sent,) = dt.sent
     assert sent["msgKey"] == "sampleVideo" and sent["openConversationId"] == DT_GROUP
     p = sent["msgParam"]
@@ -424,7 +423,7 @@ async def test_dingtalk_video_to_a_person_goes_as_a_file(dt, http, tmp_path):
     """One-to-one robot messages carry images, voice and files, not videos."""
     video = clip(tmp_path / "clip.mp4", seconds=2)
     receipt = await dingtalk(http, dt).send_video("user001", video)
-    assert receipt.kind == "file" and "groups only" in receipt.note  # type: ignore[attr-defined]
+    assert receipt.sent_as == "file" and "groups only" in receipt.note
     (sent,) = dt.sent
     assert (sent["userId"], sent["msgKey"]) == ("user001", "sampleFile")
     assert dt.oapi.media[sent["msgParam"]["mediaId"]][1] == "clip.mp4.zip"
@@ -447,7 +446,7 @@ async def test_dingtalk_without_ffmpeg_video_and_voice_go_as_files(dt, http, tmp
     video = await ch.send_video(f"chat:{DT_GROUP}", str(tmp_path / "clip.mp4"))
     voice = await ch.send_audio(f"chat:{DT_GROUP}", str(tmp_path / "note.mp3"))
     for r in (video, voice):
-        assert r.kind == "file" and "ffprobe and ffmpeg not installed" in r.note  # type: ignore[attr-defined]
+        assert r.sent_as == "file" and "ffprobe and ffmpeg not installed" in r.note
     assert [s["msgKey"] for s in dt.sent] == ["sampleFile", "sampleFile"]
     assert [s["msgParam"]["fileName"] for s in dt.sent] == ["clip.mp4.zip", "note.mp3.zip"]
 
@@ -461,11 +460,11 @@ async def test_dingtalk_file_formats_and_limits(dt, http, tmp_path):
     sent = dt.sent[-1]["msgParam"]
     assert (sent["fileName"], sent["fileType"]) == ("rows.csv.zip", "zip")  # zipped to fit
     assert dt.oapi.media[sent["mediaId"]][1] == "rows.csv.zip"
-    assert (await ch.send_image("user001", sparse(tmp_path / "a.png", 19 * MB))).kind == "image"  # type: ignore[attr-defined]
+    assert (await ch.send_image("user001", sparse(tmp_path / "a.png", 19 * MB))).sent_as == "image"
     big = sparse(tmp_path / "big.png", 21 * MB)  # over the image limit: a file, then a link
-    assert (await ch.send_image("user001", big)).kind == "link"  # type: ignore[attr-defined]
+    assert (await ch.send_image("user001", big)).sent_as == "link"
     huge = sparse(tmp_path / "huge.pdf", 21 * MB)
-    assert (await ch.send_file("user001", huge)).kind == "link"  # type: ignore[attr-defined]
+    assert (await ch.send_file("user001", huge)).sent_as == "link"
     assert dt.sent[-1]["msgKey"] == "sampleText"
     assert link_for(huge) in dt.sent[-1]["msgParam"]["content"]
 
@@ -557,6 +556,6 @@ async def test_a_link_comes_with_a_note_in_the_deployments_language(tg, http, tm
     ws.mkdir(parents=True)
     huge = sparse(ws / "报表.pdf", 51 * MB)
     receipt = await build_channels(s, http)["telegram"].send_file("1001", huge)
-    assert receipt.kind == "link"  # type: ignore[attr-defined]
+    assert receipt.sent_as == "link"
     text = tg.sent[-1]["text"]
     assert text.startswith("报表.pdf（51.0 MB）太大") and "https://jobs.example.com/files/" in text

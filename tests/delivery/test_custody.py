@@ -6,16 +6,18 @@ under the same key where the platform drops repeats (Feishu ``uuid``); a row fou
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
 
+from delivery.channels.base import Courier, Receipt
 from delivery.channels.feishu import FeishuChannel
-from delivery.channels.limits import Receipt
 from delivery.channels.telegram import TelegramChannel
 from delivery.errors import DeliveryOutcomeUnknown
 from delivery.ledger import (
     UNKNOWN_DIED,
+    Parcel,
     begin_send,
     claim,
     deliver_once,
@@ -42,15 +44,16 @@ async def test_lost_answer_on_telegram_is_unknown_and_never_sent_twice(
     tg.lose_answers["/sendMessage"] = 1
     key = ledger_key("j1", "telegram:1001", "text")
 
-    async def send() -> str:
+    async def send() -> Receipt:
         return await ch.send_text("1001", "the report is ready")
 
-    common = {"key": key, "recipient": "telegram:1001", "channel": "telegram", "backoff": 0.01}
-    first = await deliver_once(sessionmaker, send, owner="w#1", job_id="j1", **common)
+    parcel = Parcel(key)
+    courier = Courier("telegram:1001", "w#1", channel="telegram", job_id="j1", backoff=0.01)
+    first = await deliver_once(sessionmaker, send, courier, parcel)
     assert first["status"] == "unknown" and "timed out" in first["error"]
     assert len(tg.calls(f"/bot{tg.token}/sendMessage")) == 1  # not repeated
     # a re-run of the job (another claim) does not send it again either
-    again = await deliver_once(sessionmaker, send, owner="w#2", job_id="j1", **common)
+    again = await deliver_once(sessionmaker, send, replace(courier, owner="w#2"), parcel)
     assert again["status"] == "unknown" and again.get("duplicate")
     assert len(tg.calls(f"/bot{tg.token}/sendMessage")) == 1
     row = await get(sessionmaker, key)
@@ -66,18 +69,14 @@ async def test_lost_answer_on_feishu_is_sent_again_with_the_same_uuid(
     fs.lose_answers["/open-apis/im/v1/messages"] = 1
     key = ledger_key("j1", "feishu:ou_a", "text")
 
-    async def send() -> str:
+    async def send() -> Receipt:
         return await ch.send_text("ou_a", "the report is ready")
 
     out = await deliver_once(
         sessionmaker,
         send,
-        key=key,
-        recipient="feishu:ou_a",
-        owner="w#1",
-        channel="feishu",
-        dedup=ch.dedups_for("ou_a"),
-        backoff=0.01,
+        Courier("feishu:ou_a", "w#1", channel="feishu", backoff=0.01),
+        Parcel(key, dedup=ch.dedups_for("ou_a")),
     )
     assert out["status"] == "sent", out
     calls = fs.calls("/open-apis/im/v1/messages")
@@ -105,12 +104,12 @@ async def test_row_found_sending_after_its_worker_died(sessionmaker, dedup: bool
     assert row is not None and await begin_send(sessionmaker, key, "dead#1", row.generation)
     sends = []
 
-    async def send() -> str:
+    async def send() -> Receipt:
         sends.append(1)
-        return "m1"
+        return Receipt.of("m1")
 
     out = await deliver_once(
-        sessionmaker, send, key=key, recipient="x:1", owner="w#2", dedup=dedup, dead_after=5
+        sessionmaker, send, Courier("x:1", "w#2", dead_after=5), Parcel(key, dedup=dedup)
     )
     got = await get(sessionmaker, key)
     assert got is not None
@@ -122,14 +121,15 @@ async def test_row_found_sending_after_its_worker_died(sessionmaker, dedup: bool
 
 
 async def test_receipts_message_id_note_kind_and_unverified(sessionmaker) -> None:
-    async def with_id() -> str:
-        return Receipt("42", "file", "not as a video: 60.0 MB is over the 50.0 MB limit")
+    async def with_id() -> Receipt:
+        note = "not as a video: 60.0 MB is over the 50.0 MB limit"
+        return Receipt.of("42", sent_as="file", note=note)
 
-    async def without_id() -> str:
-        return ""
+    async def without_id() -> Receipt:
+        return Receipt()
 
-    await deliver_once(sessionmaker, with_id, key="k1", recipient="telegram:1", owner="w#1")
-    await deliver_once(sessionmaker, without_id, key="k2", recipient="telegram:1", owner="w#1")
+    await deliver_once(sessionmaker, with_id, Courier("telegram:1", "w#1"), Parcel("k1"))
+    await deliver_once(sessionmaker, without_id, Courier("telegram:1", "w#1"), Parcel("k2"))
     one, two = await get(sessionmaker, "k1"), await get(sessionmaker, "k2")
     assert one is not None and two is not None
     assert (one.status, one.message_id, one.verified, one.sent_as) == ("sent", "42", True, "file")
@@ -146,7 +146,7 @@ async def test_a_stale_generation_never_records(sessionmaker) -> None:
         got.generation, got.status = 1, "pending"
         await s.commit()
     assert not await begin_send(sessionmaker, "kg", "old#1", 0)
-    assert not await mark_sent(sessionmaker, "kg", "old#1", receipt="9", generation=0)
+    assert not await mark_sent(sessionmaker, "kg", "old#1", receipt=Receipt.of("9"), generation=0)
     fresh = await get(sessionmaker, "kg")
     assert fresh is not None and fresh.status == "pending" and fresh.message_id is None
 
@@ -155,22 +155,22 @@ async def test_a_stale_generation_never_records(sessionmaker) -> None:
 async def test_outcome_unknown_is_not_retried_on_plain_channels(sessionmaker) -> None:
     calls = []
 
-    async def send() -> str:
+    async def send() -> Receipt:
         calls.append(1)
         raise DeliveryOutcomeUnknown("read timed out")
 
-    out = await deliver_once(sessionmaker, send, key="ku", recipient="x:1", owner="w#1")
+    out = await deliver_once(sessionmaker, send, Courier("x:1", "w#1"), Parcel("ku"))
     assert out["status"] == "unknown" and calls == [1]
 
 
 async def test_connect_errors_are_retried_not_unknown(sessionmaker, quick_http) -> None:
     ch = TelegramChannel(quick_http, "1:x", api_base="http://127.0.0.1:9")
 
-    async def send() -> str:
+    async def send() -> Receipt:
         return await ch.send_text("1001", "hi")
 
     out = await deliver_once(
-        sessionmaker, send, key="kc", recipient="telegram:1001", owner="w#1", backoff=0.01
+        sessionmaker, send, Courier("telegram:1001", "w#1", backoff=0.01), Parcel("kc")
     )
     assert out["status"] == "failed" and "gave up after 3 tries" in out["error"]
 
@@ -186,11 +186,11 @@ async def test_a_lost_upload_answer_is_retried_not_unknown(
     fs.lose_delay = 1.5
     fs.lose_answers["/open-apis/im/v1/images"] = 1
 
-    async def send() -> str:
+    async def send() -> Receipt:
         return await ch.send_image("ou_a", str(png))
 
     out = await deliver_once(
-        sessionmaker, send, key="kup", recipient="feishu:ou_a", owner="w#1", backoff=0.01
+        sessionmaker, send, Courier("feishu:ou_a", "w#1", backoff=0.01), Parcel("kup")
     )
     assert out["status"] == "sent", out
     assert len(fs.calls("/open-apis/im/v1/images")) == 2 and len(fs.sent) == 1

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from delivery.channels.base import Courier
 from delivery.errors import DeliveryOutcomeUnknown
-from delivery.ledger import deliver_once, ledger_key
+from delivery.ledger import Parcel, deliver_once, ledger_key
 from jobs.cli.app import app
 from jobs.db import create_engine, create_sessionmaker
 
@@ -39,12 +40,8 @@ def _unknown(data_dir: Path, job_id: str, text: str) -> None:
         await deliver_once(
             create_sessionmaker(engine),
             lost,
-            key=ledger_key(job_id, "telegram:1001", "text"),
-            recipient="telegram:1001",
-            owner="w#1",
-            channel="telegram",
-            job_id=job_id,
-            content={"text": text},
+            Courier("telegram:1001", "w#1", channel="telegram", job_id=job_id),
+            Parcel(ledger_key(job_id, "telegram:1001", "text"), content={"text": text}),
         )
         await engine.dispose()
 

@@ -365,8 +365,9 @@ async def test_unknown_on_a_deduplicating_platform_is_resolved_by_itself(
     the repeat and answers with the first message, and the row is ``sent`` — one message."""
     import httpx
 
+    from delivery.channels.base import Courier
     from delivery.channels.registry import channels_for
-    from delivery.ledger import deliver_once
+    from delivery.ledger import Parcel, deliver_once
 
     settings.feishu_app_id = fs.app_id
     settings.feishu_app_secret = SecretStr(fs.app_secret)
@@ -386,14 +387,12 @@ async def test_unknown_on_a_deduplicating_platform_is_resolved_by_itself(
     out = await deliver_once(
         svc.sessionmaker,
         send,
-        key=ledger_key("job-u", recipient, "text"),
-        recipient=recipient,
-        owner="tester#1",
-        channel="feishu",
-        job_id="job-u",
-        content={"text": "a result that did land"},
-        dedup=True,
-        backoff=0.05,
+        Courier(recipient, "tester#1", channel="feishu", job_id="job-u", backoff=0.05),
+        Parcel(
+            ledger_key("job-u", recipient, "text"),
+            content={"text": "a result that did land"},
+            dedup=True,
+        ),
     )
     assert out["status"] == "unknown", out
     w = build_worker(svc, handle_signals=False, scheduler=False)

@@ -9,9 +9,11 @@ import time
 import pytest
 from sqlalchemy import select
 
+from delivery.channels.base import Courier, Receipt
 from delivery.errors import DeliveryPermanentError, DeliveryTransientError
 from delivery.ledger import (
     LeaseLost,
+    Parcel,
     claim,
     deliver_once,
     for_job,
@@ -31,12 +33,12 @@ class Sender:
         self.sent = 0
         self.calls = 0
 
-    async def __call__(self) -> str:
+    async def __call__(self) -> Receipt:
         self.calls += 1
         if self.errors:
             raise self.errors.pop(0)
         self.sent += 1
-        return str(self.sent)
+        return Receipt.of(str(self.sent))
 
 
 def test_ledger_key_is_stable_and_distinct() -> None:
@@ -73,10 +75,14 @@ async def test_rerun_sends_nothing_twice(sessionmaker) -> None:
         s.add(Job(id="j1", skill="demo"))
         await s.commit()
     send = Sender()
-    kw = {"key": ledger_key("j1", "web:s1", "text"), "recipient": "web:s1", "job_id": "j1"}
-    first = await deliver_once(sessionmaker, send, owner="w1#1", **kw)
-    again = await deliver_once(sessionmaker, send, owner="w2#2", **kw)  # a re-run
-    same = await deliver_once(sessionmaker, send, owner="w1#1", **kw)  # a retried delivery
+    parcel = Parcel(ledger_key("j1", "web:s1", "text"))
+
+    def by(owner: str) -> Courier:
+        return Courier("web:s1", owner, job_id="j1")
+
+    first = await deliver_once(sessionmaker, send, by("w1#1"), parcel)
+    again = await deliver_once(sessionmaker, send, by("w2#2"), parcel)  # a re-run
+    same = await deliver_once(sessionmaker, send, by("w1#1"), parcel)  # a retried delivery
     assert first["status"] == "sent" and again["status"] == "sent" and same["status"] == "sent"
     assert send.sent == 1
     assert await for_job(sessionmaker, "j1") == [
@@ -123,12 +129,12 @@ async def test_worker_killed_mid_delivery_then_rerun_delivers(sessionmaker) -> N
     assert await claim(sessionmaker, key, recipient="wecom:zhangsan", owner="w1#1")
     send = Sender()
     # while w1 is alive, another attempt must not send
-    r = await deliver_once(sessionmaker, send, key=key, recipient="wecom:zhangsan", owner="w2#2")
+    r = await deliver_once(sessionmaker, send, Courier("wecom:zhangsan", "w2#2"), Parcel(key))
     assert r["status"] == "pending" and send.calls == 0
     async with sessionmaker() as s:
         (await s.get(Worker, "w1")).last_heartbeat = time.time() - 3600  # type: ignore[union-attr]
         await s.commit()
-    r = await deliver_once(sessionmaker, send, key=key, recipient="wecom:zhangsan", owner="w2#2")
+    r = await deliver_once(sessionmaker, send, Courier("wecom:zhangsan", "w2#2"), Parcel(key))
     assert r["status"] == "sent" and send.sent == 1
 
 
@@ -138,7 +144,7 @@ async def test_transient_retried_with_retry_after(sessionmaker) -> None:
     key = ledger_key("j", "telegram:1", "text")
     t0 = time.monotonic()
     r = await deliver_once(
-        sessionmaker, send, key=key, recipient="telegram:1", owner="w#1", backoff=0.01
+        sessionmaker, send, Courier("telegram:1", "w#1", backoff=0.01), Parcel(key)
     )
     assert r["status"] == "sent" and send.calls == 3
     assert time.monotonic() - t0 >= 0.2
@@ -150,7 +156,7 @@ async def test_transient_retried_with_retry_after(sessionmaker) -> None:
 async def test_transient_gives_up_after_three_and_permanent_recorded(sessionmaker) -> None:
     send = Sender(*(DeliveryTransientError("HTTP 503") for _ in range(3)))
     r = await deliver_once(
-        sessionmaker, send, key="k1", recipient="feishu:ou", owner="w#1", backoff=0.01
+        sessionmaker, send, Courier("feishu:ou", "w#1", backoff=0.01), Parcel("k1")
     )
     assert r == {
         "recipient": "feishu:ou",
@@ -160,12 +166,12 @@ async def test_transient_gives_up_after_three_and_permanent_recorded(sessionmake
     }
     assert send.calls == 3
     send2 = Sender(DeliveryPermanentError("chat not found"))
-    r2 = await deliver_once(sessionmaker, send2, key="k2", recipient="telegram:9", owner="w#1")
+    r2 = await deliver_once(sessionmaker, send2, Courier("telegram:9", "w#1"), Parcel("k2"))
     assert r2["status"] == "failed" and r2["error"] == "chat not found" and send2.calls == 1
     row = await get(sessionmaker, "k2")
     assert row is not None and row.status == "failed" and row.error == "chat not found"
     # a failed item was never delivered: a later run may try it again
-    r3 = await deliver_once(sessionmaker, send2, key="k2", recipient="telegram:9", owner="w#2")
+    r3 = await deliver_once(sessionmaker, send2, Courier("telegram:9", "w#2"), Parcel("k2"))
     assert r3["status"] == "sent" and send2.sent == 1
 
 
@@ -180,20 +186,18 @@ async def test_fence_lost_sends_nothing_and_leaves_it_for_the_next_run(sessionma
         return ok
 
     with pytest.raises(LeaseLost):
-        await deliver_once(sessionmaker, send, key="k", recipient="web:s", owner="w#1", fence=fence)
+        await deliver_once(sessionmaker, send, Courier("web:s", "w#1", fence=fence), Parcel("k"))
     assert send.sent == 0
     row = await get(sessionmaker, "k")
     assert row is not None and row.status == "pending" and row.claimed_by is None
-    r = await deliver_once(sessionmaker, send, key="k", recipient="web:s", owner="w#2")
+    r = await deliver_once(sessionmaker, send, Courier("web:s", "w#2"), Parcel("k"))
     assert r["status"] == "sent" and send.sent == 1
 
     async def never() -> bool:
         return False
 
     with pytest.raises(LeaseLost):
-        await deliver_once(
-            sessionmaker, send, key="k9", recipient="web:s", owner="w#3", fence=never
-        )
+        await deliver_once(sessionmaker, send, Courier("web:s", "w#3", fence=never), Parcel("k9"))
     assert await get(sessionmaker, "k9") is None
 
 
@@ -211,7 +215,7 @@ async def test_cancelled_mid_send_is_unknown_unless_the_platform_dedups(
         await asyncio.sleep(30)
 
     task = asyncio.create_task(
-        deliver_once(sessionmaker, slow, key="kc", recipient="x:s", owner="w#1", dedup=dedup)
+        deliver_once(sessionmaker, slow, Courier("x:s", "w#1"), Parcel("kc", dedup=dedup))
     )
     await started.wait()
     task.cancel()
