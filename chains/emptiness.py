@@ -52,7 +52,7 @@ class Rule:
     op: str | None = None  # None: "the field is empty"
     value: Any = None
 
-    def matches(self, out: Any) -> bool:
+    def matches(self, out: object) -> bool:
         found = _lookup(out, self.path)
         if self.op is None:
             return found is _MISSING or is_empty_output(found)
@@ -64,7 +64,7 @@ class Rule:
             return False
 
 
-def _lookup(out: Any, path: tuple[str, ...]) -> Any:
+def _lookup(out: object, path: tuple[str, ...]) -> Any:
     for root in (out, out.get("data") if isinstance(out, dict) else None):
         cur: Any = root
         for part in path:
@@ -117,7 +117,7 @@ def _rule(text: str) -> Rule:
     )
 
 
-def is_empty(out: Any, rules: list[Rule]) -> bool:
+def is_empty(out: object, rules: list[Rule]) -> bool:
     """The built-in guard, or any of ``rules``."""
     return is_empty_output(out) or any(r.matches(out) for r in rules)
 

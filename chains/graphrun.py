@@ -23,6 +23,7 @@ from jobs import telemetry
 from jobs.batching import Batcher
 from jobs.crypto import redact
 from jobs.envelope import failure, is_failure
+from jobs.models import ChainRunStatus, StepStatus
 
 if TYPE_CHECKING:
     from chains.schedules import ScheduleSpec, StepSpec
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from jobs.services import Services
 
 #: a step's end: (status, output when it succeeded, error or note)
-Outcome = tuple[str, Any, str | None]
+Outcome = tuple[StepStatus, Any, str | None]
 
 
 class ChainAttempt(Protocol):
@@ -55,17 +56,17 @@ class ChainAttempt(Protocol):
     async def _record(
         self,
         i: int,
-        status: str,
+        status: StepStatus,
         data: dict[str, Any] | None,
-        env: Any,
+        env: object,
         error: str | None,
         *,
         started: float,
     ) -> None: ...
 
-    async def _close_after(self, i: int, status: str, error: str | None) -> str: ...
+    async def _close_after(self, i: int, status: ChainRunStatus, error: str | None) -> str: ...
 
-    async def _close(self, status: str, error: str | None, final: Any) -> str: ...
+    async def _close(self, status: ChainRunStatus, error: str | None, final: object) -> str: ...
 
 
 class GraphRun:
@@ -85,12 +86,15 @@ class GraphRun:
         outputs: dict[int, Any] = {}
         for i in range(n):
             rec = self.records[i]
-            if rec.status == rs.SUCCEEDED:
+            if rec.status == StepStatus.SUCCEEDED:
                 outputs[i] = c.svc.box.unseal(rec.output)
-            elif rec.status in (rs.STOPPED_EMPTY, rs.FAILED):  # recorded, run not closed yet
-                return await c._close_after(-1, rec.status, rec.error)
+            elif rec.status in (
+                StepStatus.STOPPED_EMPTY,
+                StepStatus.FAILED,
+            ):  # recorded, run not closed yet
+                return await c._close_after(-1, ChainRunStatus(rec.status), rec.error)
         running: dict[asyncio.Task[Outcome], int] = {}
-        stop: tuple[str, str | None] | None = None
+        stop: tuple[StepStatus, str | None] | None = None
         try:
             while True:
                 if stop is None:
@@ -105,9 +109,11 @@ class GraphRun:
                 for task in done:
                     i = running.pop(task)
                     status, value, error = task.result()
-                    if status == rs.SUCCEEDED:
+                    if status == StepStatus.SUCCEEDED:
                         outputs[i] = value
-                    elif stop is None or (status == rs.FAILED and stop[0] != rs.FAILED):
+                    elif stop is None or (
+                        status == StepStatus.FAILED and stop[0] != StepStatus.FAILED
+                    ):
                         stop = (status, error)
                         self.stopping = True
         except BaseException:
@@ -116,8 +122,8 @@ class GraphRun:
             await asyncio.gather(*running, return_exceptions=True)
             raise
         if stop is not None:
-            return await c._close_after(-1, stop[0], stop[1])
-        return await c._close(rs.SUCCEEDED, None, outputs.get(n - 1))
+            return await c._close_after(-1, ChainRunStatus(stop[0]), stop[1])
+        return await c._close(ChainRunStatus.SUCCEEDED, None, outputs.get(n - 1))
 
     # --- one step ---------------------------------------------------------------------
 
@@ -146,7 +152,7 @@ class GraphRun:
             self.c.sm,
             self.c.lease,
             i,
-            status=rs.RUNNING,
+            status=StepStatus.RUNNING,
             started_at=started,
             input=redact(data),
             error=None,
@@ -163,16 +169,16 @@ class GraphRun:
             scope.close()
         if is_failure(env):
             error = f"{self._label(i)}: {env.get('error') or 'failed'}"
-            await self.c._record(i, rs.FAILED, data, env, error, started=started)
-            return rs.FAILED, None, error
+            await self.c._record(i, StepStatus.FAILED, data, env, error, started=started)
+            return StepStatus.FAILED, None, error
         if empty:
             note = f"{self._label(i)} returned nothing; chain stopped"
-            await self.c._record(i, rs.STOPPED_EMPTY, data, env, None, started=started)
-            return rs.STOPPED_EMPTY, None, note
-        await self.c._record(i, rs.SUCCEEDED, data, env, None, started=started)
+            await self.c._record(i, StepStatus.STOPPED_EMPTY, data, env, None, started=started)
+            return StepStatus.STOPPED_EMPTY, None, note
+        await self.c._record(i, StepStatus.SUCCEEDED, data, env, None, started=started)
         if scope is not None:
             self.c.final_scope = scope
-        return rs.SUCCEEDED, env, None
+        return StepStatus.SUCCEEDED, env, None
 
     async def _refused(self, i: int, exc: UnresolvedReference, started: float) -> Outcome:
         env = failure(
@@ -181,8 +187,8 @@ class GraphRun:
             non_retriable=True,
             reference=exc.reference,
         )
-        await self.c._record(i, rs.FAILED, None, env, env["error"], started=started)
-        return rs.FAILED, None, str(env["error"])
+        await self.c._record(i, StepStatus.FAILED, None, env, env["error"], started=started)
+        return StepStatus.FAILED, None, str(env["error"])
 
     # --- for_each ---------------------------------------------------------------------
 
@@ -196,16 +202,22 @@ class GraphRun:
         problem = _items_problem(step, items)
         if problem is not None:
             env = failure(f"step {i} ({self.refs[i].id}): {problem}", non_retriable=True)
-            await c._record(i, rs.FAILED, None, env, env["error"], started=started)
-            return rs.FAILED, None, str(env["error"])
+            await c._record(i, StepStatus.FAILED, None, env, env["error"], started=started)
+            return StepStatus.FAILED, None, str(env["error"])
         assert isinstance(items, list)
         summary = {"for_each": step.for_each, "items": len(items)}
         if not items:  # nothing to run over: the guard's empty
             note = f"{self._label(i)}: for_each {step.for_each} is empty; chain stopped"
-            await c._record(i, rs.STOPPED_EMPTY, summary, [], None, started=started)
-            return rs.STOPPED_EMPTY, None, note
+            await c._record(i, StepStatus.STOPPED_EMPTY, summary, [], None, started=started)
+            return StepStatus.STOPPED_EMPTY, None, note
         await rs.set_step(
-            c.sm, c.lease, i, status=rs.RUNNING, started_at=started, input=summary, error=None
+            c.sm,
+            c.lease,
+            i,
+            status=StepStatus.RUNNING,
+            started_at=started,
+            input=summary,
+            error=None,
         )
         rows = await rs.ensure_items(
             c.sm, c.lease, [item_idx(i, k) for k in range(len(items))], self.refs[i].id, step.skill
@@ -223,7 +235,7 @@ class GraphRun:
         todo = []
         for k in range(len(items)):
             row = rows[item_idx(i, k)]
-            if row.status == rs.SUCCEEDED:
+            if row.status == StepStatus.SUCCEEDED:
                 results[k] = c.svc.box.unseal(row.output)
             else:
                 todo.append(k)
@@ -253,7 +265,7 @@ class GraphRun:
                 (
                     item_idx(i, k),
                     {
-                        "status": rs.FAILED if failed else rs.SUCCEEDED,
+                        "status": StepStatus.FAILED if failed else StepStatus.SUCCEEDED,
                         "input": redact(data),
                         "output": c.svc.box.seal(rs.cap_output(env)),
                         "error": str(env.get("error") or "failed") if failed else None,
@@ -277,23 +289,23 @@ class GraphRun:
                 c.sm,
                 c.lease,
                 i,
-                status=rs.FAILED,
+                status=StepStatus.FAILED,
                 error=error,
                 finished_at=time.time(),
                 duration_ms=round((time.time() - started) * 1000, 1),
             )
-            return rs.FAILED, None, error
+            return StepStatus.FAILED, None, error
         if self.stopping:  # another step stopped the run meanwhile: not all items ran
-            return rs.SKIPPED, None, None
+            return StepStatus.SKIPPED, None, None
         if is_empty(results, self._rules(step)):
             note = f"{self._label(i)} returned nothing; chain stopped"
-            await c._record(i, rs.STOPPED_EMPTY, summary, results, None, started=started)
-            return rs.STOPPED_EMPTY, None, note
-        await c._record(i, rs.SUCCEEDED, summary, results, None, started=started)
-        return rs.SUCCEEDED, results, None
+            await c._record(i, StepStatus.STOPPED_EMPTY, summary, results, None, started=started)
+            return StepStatus.STOPPED_EMPTY, None, note
+        await c._record(i, StepStatus.SUCCEEDED, summary, results, None, started=started)
+        return StepStatus.SUCCEEDED, results, None
 
 
-def _items_problem(step: StepSpec, items: Any) -> str | None:
+def _items_problem(step: StepSpec, items: object) -> str | None:
     """Why ``items`` cannot be fanned out over (None: it can)."""
     if not isinstance(items, list):
         return f"for_each {step.for_each} is {type(items).__name__}, not a list"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 # Envelope bookkeeping, not payload: a dict holding only these (plus empty values) is empty.
 NOT_PAYLOAD = frozenset(
     {
@@ -20,7 +18,7 @@ NOT_PAYLOAD = frozenset(
 )
 
 
-def is_empty_output(out: Any) -> bool:
+def is_empty_output(out: object) -> bool:
     """True for ``None``, ``""``, ``[]``, ``{}`` and for a dict whose payload values are all
     empty (recursively). ``{"ok": True, "data": {"rows": []}}`` is empty;
     ``{"ok": True, "message": "no rows today"}`` is not; ``0`` and ``False`` are values."""

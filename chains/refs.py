@@ -75,7 +75,7 @@ def _segments(path: str) -> list[str]:
     return [s for s in re.split(r"[.\[\]]+", path) if s]
 
 
-def _walk(value: Any, segments: Sequence[str], ref: str) -> Any:
+def _walk(value: object, segments: Sequence[str], ref: str) -> Any:
     here = value
     for i, seg in enumerate(segments):
         where = ".".join(segments[:i]) or "the output"
@@ -95,7 +95,7 @@ def _walk(value: Any, segments: Sequence[str], ref: str) -> Any:
     return here
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False, default=str)
@@ -114,7 +114,7 @@ class _Resolver:
         *,
         allowed: frozenset[int] | None = None,
         prev: int | None = None,
-        item: Any = NO_ITEM,
+        item: object = NO_ITEM,
     ) -> None:
         self.index = index
         self.ids = list(ids)
@@ -175,7 +175,7 @@ class _Resolver:
             return self.placeholder(m, sources)
         return self.lookup(m)
 
-    def value(self, v: Any, sources: Sequence[Any] | None = None) -> Any:
+    def value(self, v: object, sources: Sequence[Any] | None = None) -> Any:
         if isinstance(v, str):
             return self.string(v, sources)
         if isinstance(v, Mapping):
@@ -203,7 +203,7 @@ def resolve_input(
     *,
     allowed: frozenset[int] | None = None,
     prev_step: int | None = None,
-    item: Any = NO_ITEM,
+    item: object = NO_ITEM,
 ) -> dict[str, Any]:
     """The input for ``steps[index]`` given the outputs of the steps before it (a list in
     step order, or step index → output). In a graph, ``allowed`` are the steps it may
@@ -249,7 +249,7 @@ def resolve_reference(
     return resolver.value(text)
 
 
-def find_references(value: Any) -> Iterator[re.Match[str]]:
+def find_references(value: object) -> Iterator[re.Match[str]]:
     """Every ``$steps``/``$prev`` reference in a (nested) value."""
     if isinstance(value, str):
         yield from REF_RE.finditer(value)
@@ -327,7 +327,7 @@ def _reference_problem(
     )
 
 
-def _strings(value: Any) -> Iterator[str]:
+def _strings(value: object) -> Iterator[str]:
     if isinstance(value, str):
         yield value
     elif isinstance(value, Mapping):

@@ -29,7 +29,7 @@ from chains.emptiness import parse as parse_rules
 from chains.graphrun import GraphRun
 from chains.refs import UnresolvedReference, resolve_input
 from chains.runs import enqueue_run
-from chains.schedules import ScheduleSpec, spec_of
+from chains.schedules import ScheduleSpec, StepSpec, spec_of
 from jobs import telemetry
 from jobs.catalog.configs import ConfigStore
 from jobs.constants import MAX_RUNS
@@ -37,7 +37,7 @@ from jobs.context import background_context
 from jobs.crypto import redact
 from jobs.envelope import failure, is_failure, is_non_retriable
 from jobs.execution.inprocess import RUN_TASKS
-from jobs.models import ChainRun, Schedule
+from jobs.models import ChainRun, ChainRunStatus, Schedule, StepStatus
 from jobs.queue.store import LOST_CAP_REASON
 from jobs.runscope import RunScope
 from jobs.runscope import begin as begin_scope
@@ -194,8 +194,10 @@ class _ChainRun:
             schedule = await s.get(Schedule, run.schedule_id) if run else None
         assert run is not None
         if schedule is None:
-            await rs.finish(self.sm, self.lease, rs.FAILED, error="the schedule no longer exists")
-            return rs.FAILED
+            await rs.finish(
+                self.sm, self.lease, ChainRunStatus.FAILED, error="the schedule no longer exists"
+            )
+            return ChainRunStatus.FAILED
         spec = spec_of(schedule)
         self.run_row, self.schedule, self.spec = run, schedule, spec
         refs = spec.step_refs()
@@ -210,11 +212,14 @@ class _ChainRun:
         outputs: list[Any] = []
         for i, step in enumerate(spec.steps):
             rec = records[i]
-            if rec.status == rs.SUCCEEDED:
+            if rec.status == StepStatus.SUCCEEDED:
                 outputs.append(self.svc.box.unseal(rec.output))
                 continue
-            if rec.status in (rs.STOPPED_EMPTY, rs.FAILED):  # recorded, run not closed yet
-                return await self._close_after(i, rec.status, rec.error)
+            if rec.status in (
+                StepStatus.STOPPED_EMPTY,
+                StepStatus.FAILED,
+            ):  # recorded, run not closed yet
+                return await self._close_after(i, ChainRunStatus(rec.status), rec.error)
             try:
                 data = resolve_input(i, refs, outputs)
             except UnresolvedReference as exc:
@@ -224,14 +229,16 @@ class _ChainRun:
                     non_retriable=True,
                     reference=exc.reference,
                 )
-                await self._record(i, rs.FAILED, None, env, env["error"], started=time.time())
-                return await self._close_after(i, rs.FAILED, env["error"])
+                await self._record(
+                    i, StepStatus.FAILED, None, env, env["error"], started=time.time()
+                )
+                return await self._close_after(i, ChainRunStatus.FAILED, env["error"])
             started = time.time()
             await rs.set_step(
                 self.sm,
                 self.lease,
                 i,
-                status=rs.RUNNING,
+                status=StepStatus.RUNNING,
                 started_at=started,
                 input=redact(data),
                 error=None,
@@ -246,13 +253,13 @@ class _ChainRun:
                 scope.close()
             if is_failure(env):
                 error = f"step {i} ({refs[i].id}, {step.skill}): {env.get('error') or 'failed'}"
-                await self._record(i, rs.FAILED, data, env, error, started=started)
-                return await self._close_after(i, rs.FAILED, error)
+                await self._record(i, StepStatus.FAILED, data, env, error, started=started)
+                return await self._close_after(i, ChainRunStatus.FAILED, error)
             if empty:
                 note = f"step {i} ({refs[i].id}, {step.skill}) returned nothing; chain stopped"
-                await self._record(i, rs.STOPPED_EMPTY, data, env, None, started=started)
-                return await self._close_after(i, rs.STOPPED_EMPTY, note)
-            await self._record(i, rs.SUCCEEDED, data, env, None, started=started)
+                await self._record(i, StepStatus.STOPPED_EMPTY, data, env, None, started=started)
+                return await self._close_after(i, ChainRunStatus.STOPPED_EMPTY, note)
+            await self._record(i, StepStatus.SUCCEEDED, data, env, None, started=started)
             outputs.append(env)
             if i == len(spec.steps) - 1:
                 self.final_scope = scope
@@ -264,7 +271,7 @@ class _ChainRun:
             elif scope is not None:
                 scope.close()
         final = outputs[-1] if outputs else None
-        return await self._close(rs.SUCCEEDED, None, final)
+        return await self._close(ChainRunStatus.SUCCEEDED, None, final)
 
     def _scope(self, i: int) -> RunScope | None:
         """A snapshot of the chain's workspace as step ``i`` starts: its backfill then
@@ -273,7 +280,7 @@ class _ChainRun:
         ws = workspace_of_spec(self.svc, self.spec)
         return begin_scope(ws, f"{self.lease.run_id}:{i}") if ws is not None else None
 
-    def _empty_rules(self, step: Any) -> list[Rule]:
+    def _empty_rules(self, step: StepSpec) -> list[Rule]:
         """The schedule's ``empty_when`` and the step's (validated when they were stored)."""
         return parse_rules(self.spec.empty_when) + parse_rules(step.empty_when)
 
@@ -292,16 +299,21 @@ class _ChainRun:
         log.warning("chain run %s: %s; not run again", self.lease.run_id, reason)
         at = -1
         for i, rec in enumerate(records):
-            if rec.status == rs.RUNNING:
+            if rec.status == StepStatus.RUNNING:
                 await rs.set_step(
-                    self.sm, self.lease, i, status=rs.FAILED, error=reason, finished_at=time.time()
+                    self.sm,
+                    self.lease,
+                    i,
+                    status=StepStatus.FAILED,
+                    error=reason,
+                    finished_at=time.time(),
                 )
                 at = i
                 break
-            if rec.status != rs.SUCCEEDED:
+            if rec.status != StepStatus.SUCCEEDED:
                 break
             at = i
-        return await self._close_after(at, rs.FAILED, reason)
+        return await self._close_after(at, ChainRunStatus.FAILED, reason)
 
     async def _execute(
         self, skill: str, data: dict[str, Any], ctx: dict[str, Any] | None = None
@@ -367,9 +379,9 @@ class _ChainRun:
     async def _record(
         self,
         i: int,
-        status: str,
+        status: StepStatus,
         data: dict[str, Any] | None,
-        env: Any,
+        env: object,
         error: str | None,
         *,
         started: float,
@@ -388,13 +400,13 @@ class _ChainRun:
             duration_ms=round((now - started) * 1000, 1),
         )
 
-    async def _close_after(self, i: int, status: str, error: str | None) -> str:
+    async def _close_after(self, i: int, status: ChainRunStatus, error: str | None) -> str:
         await rs.skip_rest(self.sm, self.lease, i)
         return await self._close(status, error, None)
 
-    async def _close(self, status: str, error: str | None, final: Any) -> str:
+    async def _close(self, status: ChainRunStatus, error: str | None, final: object) -> str:
         result: dict[str, Any] = {"output": rs.cap_output(final)} if final is not None else {}
-        if status == rs.STOPPED_EMPTY and self.spec.quiet_when_empty:
+        if status == ChainRunStatus.STOPPED_EMPTY and self.spec.quiet_when_empty:
             # nothing to say: no delivery at all (the run's record says why)
             result["delivery"] = "quiet"
             if self.final_scope is not None:

@@ -16,10 +16,10 @@ from chains.runstore import arq_job_id, enqueue_number
 from jobs import audit
 from jobs.constants import FN_RUN_CHAIN
 from jobs.crypto import redact
-from jobs.db import Sessions, sessions_of
+from jobs.db import HasSessions, Sessions, sessions_of
 from jobs.models import ChainRun, ChainRunStatus, ChainStep, Schedule
-from jobs.queue import broker
 from jobs.queue.broker import enqueue
+from jobs.queue.lease import presumed_dead
 
 if TYPE_CHECKING:
     from jobs.services import Services
@@ -50,15 +50,9 @@ async def take_over_runs(services: Services, me: str, missing_after: float) -> l
     leases went unrenewed for ``missing_after`` seconds. The new attempt takes the lease
     with a new token, so the old one (should it only have been paused) can record nothing;
     its steps that succeeded are not run again. The ids of the runs re-enqueued."""
-    sm = services.sessionmaker
-    before = time.time() + services.settings.worker_lease_sec - missing_after
-    owners = await rs.stale_owners(sm, before, exclude=me)
-    if not owners:
-        return []
-    up = await broker.alive(services, owners)
-    dead = {o for o, alive in zip(owners, up, strict=True) if not alive}
+    before, dead = await presumed_dead(services, rs.LEASES, me=me, missing_after=missing_after)
     out: list[str] = []
-    for run_id, n in await rs.take_over(sm, dead, before):
+    for run_id, n in await rs.take_over(services.sessionmaker, dead, before):
         log.warning("chain run %s: its worker missed 3 heartbeats, re-run", run_id)
         await enqueue_run(services, run_id, n)
         out.append(run_id)
@@ -150,7 +144,9 @@ def run_dict(
     }
 
 
-async def list_runs(target: Any, schedule_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
+async def list_runs(
+    target: HasSessions | Sessions, schedule_id: str, *, limit: int = 50
+) -> list[dict[str, Any]]:
     """Runs of a schedule, newest first."""
     sm = sessions_of(target)
     row = await _require(sm, schedule_id)
@@ -173,7 +169,9 @@ async def list_runs(target: Any, schedule_id: str, *, limit: int = 50) -> list[d
     return [run_dict(r, steps[r.id]) for r in runs]
 
 
-async def get_run(target: Any, run_id: str, *, items: bool = False) -> dict[str, Any] | None:
+async def get_run(
+    target: HasSessions | Sessions, run_id: str, *, items: bool = False
+) -> dict[str, Any] | None:
     """Chain run JSON, or None. ``items``: also ``"items"``, every item run of its
     ``for_each`` steps (``{"id", "step", "item", "status", "input", "output", "error"…}``)."""
     async with sessions_of(target)() as s:
@@ -194,7 +192,7 @@ async def get_run(target: Any, run_id: str, *, items: bool = False) -> dict[str,
     return out
 
 
-async def last_runs(target: Any) -> dict[str, ChainRun]:
+async def last_runs(target: HasSessions | Sessions) -> dict[str, ChainRun]:
     """The newest run of every schedule that has one."""
     async with sessions_of(target)() as s:
         newest = (

@@ -2,7 +2,8 @@
 
 A worker takes the run's lease with a conditional UPDATE that bumps ``lease_token``; every
 later write on behalf of that attempt checks the token, so an attempt whose lease was taken
-over (worker paused, partitioned or presumed dead) can never record anything.
+over (worker paused, partitioned or presumed dead) can never record anything. The lease is
+the one jobs have (:mod:`jobs.queue.lease`), on the ``chain_runs`` table.
 """
 
 from __future__ import annotations
@@ -17,18 +18,17 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from chains.graph import ITEM_BASE
 from jobs import storable
-from jobs.db import Sessions, rowcount
+from jobs.db import Sessions
 from jobs.models import ChainRun, ChainRunStatus, ChainStep, StepStatus
+from jobs.queue.lease import Leases, table_of, write_fenced
 
-# Run and step statuses share these names (jobs.models: ChainRunStatus, StepStatus).
-PENDING, RUNNING, SUCCEEDED, FAILED = (
-    StepStatus.PENDING,
-    StepStatus.RUNNING,
-    StepStatus.SUCCEEDED,
-    StepStatus.FAILED,
+#: the leases of chain runs (``jobs.queue.lease``, as for jobs)
+LEASES = Leases(table_of(ChainRun), ChainRunStatus.RUNNING)
+# the run statuses its delivery tells apart (``chains.deliver``)
+FAILED, STOPPED_EMPTY = ChainRunStatus.FAILED, ChainRunStatus.STOPPED_EMPTY
+RUN_FINAL = frozenset(
+    {ChainRunStatus.SUCCEEDED, ChainRunStatus.FAILED, ChainRunStatus.STOPPED_EMPTY}
 )
-STOPPED_EMPTY, SKIPPED = StepStatus.STOPPED_EMPTY, StepStatus.SKIPPED
-RUN_FINAL = frozenset({SUCCEEDED, FAILED, STOPPED_EMPTY})
 OUTPUT_CAP = 200_000  # characters of a stored step output
 
 
@@ -68,36 +68,22 @@ async def take_lease(
     ``arq_id``: the queue entry asking; only the run's latest enqueue may take it (an older
     entry, redelivered after a take-over or a hand-back, is superseded)."""
     now = time.time()
-    latest = [] if arq_id is None else [ChainRun.arq_job_id == arq_id]
+    c = LEASES.table.c
+    latest = [] if arq_id is None else [c.arq_job_id == arq_id]
+    claim = LEASES.claim(
+        c.id == run_id,
+        c.status.in_((ChainRunStatus.QUEUED, ChainRunStatus.RUNNING)),
+        or_(c.lease_expires_at.is_(None), c.lease_expires_at < now, c.lease_owner == owner),
+        *latest,
+        owner=owner,
+        expires=now + lease_sec,
+        lost_runs=c.lost_runs + case((c.status == ChainRunStatus.RUNNING, 1), else_=0),
+    )
     async with sm() as s:
-        res = await s.execute(
-            update(ChainRun)
-            .where(
-                ChainRun.id == run_id,
-                ChainRun.status.in_((ChainRunStatus.QUEUED, ChainRunStatus.RUNNING)),
-                or_(
-                    ChainRun.lease_expires_at.is_(None),
-                    ChainRun.lease_expires_at < now,
-                    ChainRun.lease_owner == owner,
-                ),
-                *latest,
-            )
-            .values(
-                status=ChainRunStatus.RUNNING,
-                lease_owner=owner,
-                lease_token=ChainRun.lease_token + 1,
-                lease_expires_at=now + lease_sec,
-                lost_runs=ChainRun.lost_runs
-                + case((ChainRun.status == ChainRunStatus.RUNNING, 1), else_=0),
-            )
-        )
-        if rowcount(res) != 1:
-            await s.rollback()
+        if not await write_fenced(s, claim):
             return None
         token, lost = (
-            await s.execute(
-                select(ChainRun.lease_token, ChainRun.lost_runs).where(ChainRun.id == run_id)
-            )
+            await s.execute(select(c.lease_token, c.lost_runs).where(c.id == run_id))
         ).one()
         await s.execute(
             update(ChainRun)
@@ -108,46 +94,29 @@ async def take_lease(
     return Lease(run_id, token, owner, lost)
 
 
-async def hand_back(sm: Sessions, lease: Lease) -> int | None:
+async def hand_back(sm: Sessions, held: Lease) -> int | None:
     """Give a run this attempt holds back to the queue (the worker is stopping): ``queued``
     again, not counted as lost. The number of its next enqueue, or None when the lease was
     no longer this attempt's."""
     async with sm() as s:
-        old = await s.scalar(select(ChainRun.arq_job_id).where(ChainRun.id == lease.run_id))
+        old = await s.scalar(select(ChainRun.arq_job_id).where(ChainRun.id == held.run_id))
         n = enqueue_number(old) + 1
-        res = await s.execute(
-            update(ChainRun)
-            .where(
-                ChainRun.id == lease.run_id,
-                ChainRun.lease_token == lease.token,
-                ChainRun.status == ChainRunStatus.RUNNING,
-            )
-            .values(
-                status=ChainRunStatus.QUEUED,
-                lease_owner=None,
-                lease_expires_at=None,
-                arq_job_id=arq_job_id(lease.run_id, n),
-            )
+        release = LEASES.release(
+            held.run_id,
+            held.token,
+            status=ChainRunStatus.QUEUED,
+            arq_job_id=arq_job_id(held.run_id, n),
         )
+        if not await write_fenced(s, release):
+            return None
         await s.commit()
-    return n if rowcount(res) == 1 else None
+    return n
 
 
 async def stale_owners(sm: Sessions, before: float, *, exclude: str) -> list[str]:
     """Workers other than ``exclude`` holding a running chain run whose lease expires before
     ``before`` (renewed longer ago than a live worker would let it be)."""
-    async with sm() as s:
-        rows = await s.scalars(
-            select(ChainRun.lease_owner)
-            .where(
-                ChainRun.status == ChainRunStatus.RUNNING,
-                ChainRun.lease_expires_at < before,
-                ChainRun.lease_owner.is_not(None),
-                ChainRun.lease_owner != exclude,
-            )
-            .distinct()
-        )
-        return sorted(o for o in rows if o)
+    return await LEASES.stale_owners(sm, before, exclude=exclude)
 
 
 async def take_over(sm: Sessions, owners: set[str], before: float) -> list[tuple[str, int]]:
@@ -156,59 +125,42 @@ async def take_over(sm: Sessions, owners: set[str], before: float) -> list[tuple
     run whose lease or enqueue changed meanwhile is left alone (fenced)."""
     if not owners:
         return []
+    c = LEASES.table.c
+    expired = LEASES.expired(before, owners)
     async with sm() as s:
-        rows = (
-            await s.execute(
-                select(ChainRun.id, ChainRun.lease_token, ChainRun.arq_job_id).where(
-                    ChainRun.status == ChainRunStatus.RUNNING,
-                    ChainRun.lease_owner.in_(sorted(owners)),
-                    ChainRun.lease_expires_at < before,
-                )
-            )
-        ).all()
+        rows = (await s.execute(select(c.id, c.lease_token, c.arq_job_id).where(*expired))).all()
     out: list[tuple[str, int]] = []
     for run_id, token, old in rows:
         n = enqueue_number(old) + 1
-        same_enqueue = (
-            ChainRun.arq_job_id.is_(None) if old is None else (ChainRun.arq_job_id == old)
+        same_enqueue = c.arq_job_id.is_(None) if old is None else (c.arq_job_id == old)
+        # no owner: found once (stale_owners), free for the next attempt
+        ended = (
+            LEASES.fenced(run_id, token)
+            .where(*expired, same_enqueue)
+            .values(lease_owner=None, lease_expires_at=0.0, arq_job_id=arq_job_id(run_id, n))
         )
         async with sm() as s:
-            res = await s.execute(
-                update(ChainRun)
-                .where(
-                    ChainRun.id == run_id,
-                    ChainRun.lease_token == token,
-                    ChainRun.status == ChainRunStatus.RUNNING,
-                    ChainRun.lease_owner.in_(sorted(owners)),
-                    ChainRun.lease_expires_at < before,
-                    same_enqueue,
-                )
-                # no owner: found once (stale_owners), free for the next attempt
-                .values(lease_owner=None, lease_expires_at=0.0, arq_job_id=arq_job_id(run_id, n))
-            )
-            await s.commit()
-        if rowcount(res) == 1:
-            out.append((run_id, n))
+            if await write_fenced(s, ended):
+                await s.commit()
+                out.append((run_id, n))
     return out
 
 
-async def _fence(s: AsyncSession, lease: Lease, lease_sec: float | None = None) -> None:
-    values: dict[str, Any] = {"lease_owner": lease.owner}
+async def _fence(s: AsyncSession, held: Lease, lease_sec: float | None = None) -> None:
+    """Every write of the attempt: checks (and renews, with ``lease_sec``) its lease in the
+    write's own transaction, whatever the run's status."""
+    values: dict[str, object] = {"lease_owner": held.owner}
     if lease_sec is not None:
         values["lease_expires_at"] = time.time() + lease_sec
-    res = await s.execute(
-        update(ChainRun)
-        .where(ChainRun.id == lease.run_id, ChainRun.lease_token == lease.token)
-        .values(**values)
-    )
-    if rowcount(res) != 1:
-        await s.rollback()
-        raise LeaseLost(f"chain run {lease.run_id}: lease taken over")
+    if not await write_fenced(
+        s, LEASES.fenced(held.run_id, held.token, running=False).values(values)
+    ):
+        raise LeaseLost(f"chain run {held.run_id}: lease taken over")
 
 
-async def renew(sm: Sessions, lease: Lease, lease_sec: float) -> None:
+async def renew(sm: Sessions, held: Lease, lease_sec: float) -> None:
     async with sm() as s:
-        await _fence(s, lease, lease_sec)
+        await _fence(s, held, lease_sec)
         await s.commit()
 
 
@@ -322,9 +274,9 @@ async def skip_rest(sm: Sessions, lease: Lease, after: int) -> None:
             .where(
                 ChainStep.run_id == lease.run_id,
                 ChainStep.idx > after,
-                ChainStep.status.in_((PENDING, RUNNING)),
+                ChainStep.status.in_((StepStatus.PENDING, StepStatus.RUNNING)),
             )
-            .values(status=SKIPPED)
+            .values(status=StepStatus.SKIPPED)
         )
         await s.commit()
 
@@ -332,7 +284,7 @@ async def skip_rest(sm: Sessions, lease: Lease, after: int) -> None:
 async def finish(
     sm: Sessions,
     lease: Lease,
-    status: str,
+    status: ChainRunStatus,
     *,
     error: str | None = None,
     result: dict[str, Any] | None = None,
@@ -362,7 +314,7 @@ async def set_result(sm: Sessions, lease: Lease, result: dict[str, Any]) -> None
         await s.commit()
 
 
-def cap_output(value: Any) -> Any:
+def cap_output(value: object) -> object:
     """A step output fit for its record: whole when small, else a marked summary."""
     text = json.dumps(value, ensure_ascii=False, default=str)
     if len(text) <= OUTPUT_CAP:

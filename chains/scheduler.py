@@ -30,6 +30,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import Float, String, and_, bindparam, or_, select, text, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from chains import policies
 from chains.cron import CronError, next_fire
@@ -238,7 +239,7 @@ class Scheduler:
             "finished_at": None if fire.status == QUEUED else now,
         }
 
-    async def _park(self, s: Any, schedule_id: str, old: float, exc: Exception) -> None:
+    async def _park(self, s: AsyncSession, schedule_id: str, old: float, exc: Exception) -> None:
         # A stored schedule that can no longer be evaluated (e.g. its timezone vanished
         # from the tz database): park it instead of failing every tick.
         log.error("schedule %s cannot be evaluated (%s); parked until edited", schedule_id, exc)

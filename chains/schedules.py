@@ -29,7 +29,7 @@ from chains.graph import build as build_graph
 from chains.refs import StepRefs, static_errors
 from chains.timing import MAX_JITTER_S, expr_of, jitter_offset, next_time
 from jobs import audit
-from jobs.db import Sessions, sessions_of
+from jobs.db import HasSessions, Sessions, sessions_of
 from jobs.models import Schedule
 from jobs.queue.delayed import WhenError, parse_duration, parse_instant
 from jobs.skill import SkillRegistry, SkillType
@@ -214,7 +214,7 @@ def _default_ids(steps: list[dict[str, Any]]) -> None:
             taken.add(s["id"])
 
 
-def validate(data: Any, registry: SkillRegistry | None) -> ScheduleSpec:
+def validate(data: object, registry: SkillRegistry | None) -> ScheduleSpec:
     """Check a schedule file; raises :class:`ScheduleError` naming every problem."""
     if not isinstance(data, dict):
         raise ScheduleError(["a schedule must be a mapping (YAML/JSON object)"])
@@ -342,7 +342,7 @@ def _skill_problems(label: str, name: str, registry: SkillRegistry) -> list[str]
 # Store functions take either a ``Services`` or a bare sessionmaker as their first argument.
 
 
-def _registry(target: Any) -> SkillRegistry | None:
+def _registry(target: HasSessions | Sessions) -> SkillRegistry | None:
     return getattr(target, "registry", None)
 
 
@@ -437,7 +437,7 @@ def spec_of(schedule: Schedule) -> ScheduleSpec:
 
 
 async def create(
-    target: Any,
+    target: HasSessions | Sessions,
     spec: ScheduleSpec | dict[str, Any],
     *,
     now: float | None = None,
@@ -485,12 +485,12 @@ def _refuse_past(spec: ScheduleSpec, now: float) -> None:
         raise ScheduleError([f"at: {spec.at!r} has passed; a one-shot schedule needs a later time"])
 
 
-async def list_schedules(target: Any) -> list[Schedule]:
+async def list_schedules(target: HasSessions | Sessions) -> list[Schedule]:
     async with sessions_of(target)() as s:
         return list((await s.execute(select(Schedule).order_by(Schedule.name))).scalars())
 
 
-async def get(target: Any, id_or_name: str) -> Schedule | None:
+async def get(target: HasSessions | Sessions, id_or_name: str) -> Schedule | None:
     """A schedule by id, or by name."""
     async with sessions_of(target)() as s:
         row = await s.get(Schedule, id_or_name)
@@ -509,7 +509,7 @@ async def _require(sm: Sessions, id_or_name: str) -> Schedule:
 
 
 async def set_enabled(
-    target: Any,
+    target: HasSessions | Sessions,
     id_or_name: str,
     enabled: bool,
     *,
@@ -533,7 +533,7 @@ async def set_enabled(
 
 
 async def update_schedule(
-    target: Any,
+    target: HasSessions | Sessions,
     id_or_name: str,
     changes: dict[str, Any],
     registry: SkillRegistry | None = None,
@@ -587,7 +587,9 @@ async def update_schedule(
 update = update_schedule
 
 
-async def delete(target: Any, id_or_name: str, *, actor: str | None = None) -> Schedule:
+async def delete(
+    target: HasSessions | Sessions, id_or_name: str, *, actor: str | None = None
+) -> Schedule:
     """Delete a schedule and its run history (its running chain, if any, is not stopped:
     it finishes on its own). Returns the row as it was."""
     from sqlalchemy import delete as sa_delete
@@ -613,7 +615,7 @@ def diff(old: ScheduleSpec, new: ScheduleSpec) -> dict[str, tuple[Any, Any]]:
 
 
 async def apply(
-    target: Any,
+    target: HasSessions | Sessions,
     specs: list[ScheduleSpec],
     *,
     prune: bool = False,

@@ -76,6 +76,13 @@ class ChainRunStatus(StrEnum):
     SKIPPED = "skipped"  # a fire time that came while the previous run was going
 
 
+class AttemptOutcome(StrEnum):
+    """How an attempt ended other than with a job status (``JobStatus``)."""
+
+    LOST = "lost"  # its lease was taken over (its worker died or stalled)
+    REQUEUED = "requeued"  # handed back unfinished (its worker stopping or paused)
+
+
 class StepStatus(StrEnum):
     PENDING = "pending"
     RUNNING = "running"

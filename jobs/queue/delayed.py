@@ -18,10 +18,10 @@ import math
 import re
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from jobs.constants import FN_RUN_JOB
+from jobs.models import QUEUED
 from jobs.queue import broker, limits, store
 from jobs.services import Services
 
@@ -61,7 +61,7 @@ def parse_duration(text: str | float | int) -> float:
     return seconds
 
 
-def parse_instant(value: Any, tz: str | None = None) -> float:
+def parse_instant(value: object, tz: str | None = None) -> float:
     """Epoch seconds of ``value``: a number (epoch seconds), a numeric string, or an ISO
     8601 date-time (``2026-12-06T18:00:00+08:00``; without an offset it is read in ``tz``,
     UTC when none is given)."""
@@ -118,7 +118,7 @@ def clock_time(text: str, tz: str | None, now: float) -> float:
 
 
 def due_time(
-    run_at: Any, delay_s: Any, now: float, tz: str | None = None
+    run_at: object, delay_s: str | float | None, now: float, tz: str | None = None
 ) -> tuple[float | None, str | None]:
     """(when the job is due, or None for now; a problem to refuse the dispatch with)."""
     if run_at is None and delay_s is None:
@@ -126,7 +126,7 @@ def due_time(
     if run_at is not None and delay_s is not None:
         return None, "give run_at or delay_s, not both"
     try:
-        at = parse_instant(run_at, tz) if run_at is not None else now + parse_duration(delay_s)
+        at = now + parse_duration(delay_s) if delay_s is not None else parse_instant(run_at, tz)
     except WhenError as exc:
         return None, str(exc)
     if at - now > MAX_DELAY_S:
@@ -161,7 +161,7 @@ async def promote_once(services: Services, now: float | None = None) -> int:
                     for j in jobs
                 ],
                 metas=[limits.job_meta(j) for j in jobs],
-                events=[broker.job_event(services, j.id, "queued", j.skill) for j in jobs],
+                events=[broker.job_event(services, j.id, QUEUED, j.skill) for j in jobs],
             )
         except Exception as exc:  # queued in the record: the reconciler enqueues them
             log.warning("enqueue of %d due job(s) failed: %s", len(jobs), exc)

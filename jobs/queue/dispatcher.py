@@ -98,7 +98,7 @@ def refusal(
 
 
 def _typed(
-    skill: str, ctx: dict[str, Any], external_id: Any, idempotency_key: Any
+    skill: str, ctx: dict[str, Any], external_id: object, idempotency_key: object
 ) -> DispatchResult | None:
     """Context ids typed and every identity field storable text on both databases: else
     400 (NUL, invalid Unicode) or 422 (wrong type, too long), naming the field."""
@@ -503,7 +503,7 @@ class Dispatcher:
         if due_at is not None:  # the receipt says when
             when = delayed.iso(due_at)
             body.update(
-                status="scheduled" if due_at > time.time() else "queued",
+                status=SCHEDULED if due_at > time.time() else QUEUED,
                 run_at=when,
                 run_at_epoch=due_at,
                 message=texts.text("receipt_scheduled", language, when=when),

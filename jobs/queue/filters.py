@@ -32,7 +32,7 @@ _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _HEX_ID = re.compile(r"^[0-9a-f]{6,32}$")
 
 
-def parse_time(value: Any, *, now: float | None = None) -> float | None:
+def parse_time(value: object, *, now: float | None = None) -> float | None:
     """``2h`` / ``30m`` / ``7d`` (that long ago), an ISO 8601 time, or epoch seconds."""
     if value is None or value == "":
         return None

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from jobs.batching import Batcher
 from jobs.catalog.configs import ConfigChanged, ConfigStore
 from jobs.constants import FN_RUN_JOB
 from jobs.db import DB_UNAVAILABLE, is_sqlite, once_more_if_disconnected
+from jobs.models import SCHEDULED
 from jobs.queue import broker, store
 from jobs.services import Services
 
@@ -162,7 +164,7 @@ class Intake:
         recorded = [
             j
             for j, o in zip(jobs, outcomes, strict=True)
-            if o is None and j.values.get("status") != "scheduled"
+            if o is None and j.values.get("status") != SCHEDULED
         ]
         if not recorded:
             return outcomes
@@ -263,8 +265,8 @@ def intake_of(services: Services) -> Intake:
     return intake
 
 
-def _forget(key: int) -> Any:
-    def drop(_ref: Any) -> None:
+def _forget(key: int) -> Callable[[weakref.ref[Services]], None]:
+    def drop(_ref: weakref.ref[Services]) -> None:
         _intakes.pop(key, None)
 
     return drop

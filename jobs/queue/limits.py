@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jobs.constants import PRIORITY_INTERACTIVE
-from jobs.models import QUEUED
+from jobs.models import QUEUED, Job
 from jobs.queue import broker
 from jobs.services import Services
 
@@ -23,7 +23,7 @@ KINDS = {"skill": "s", "org": "o", "role": "r", "actor": "a"}
 MIN_PRIORITY, MAX_PRIORITY = 0, 9
 
 
-def priority_problem(priority: Any) -> str | None:
+def priority_problem(priority: object) -> str | None:
     """Why ``priority`` is not a valid dispatch priority (None when it is)."""
     if isinstance(priority, bool) or not isinstance(priority, int):
         return "priority must be an integer from 0 (first) to 9 (last)"
@@ -82,7 +82,7 @@ def keys_for(limits: Mapping[str, int], data: Mapping[str, Any]) -> list[tuple[s
     return out
 
 
-async def waiting_for(services: Services, job: Any) -> str | None:
+async def waiting_for(services: Services, job: Job) -> str | None:
     """For a queued job: the first full limit it waits for (``"limit org:o1"``), else None."""
     limits = services.settings.limits
     if job.status != QUEUED or not limits or services.redis is None:

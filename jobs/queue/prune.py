@@ -23,11 +23,12 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import delete, exists, select, text
+from sqlalchemy import Select, delete, exists, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from jobs import audit
@@ -48,6 +49,9 @@ from jobs.models import (
 )
 from jobs.queue.idempotency import WINDOW_SEC as KEY_WINDOW
 from jobs.settings import Settings
+
+#: the id type of a pruned table
+K = TypeVar("K", str, int)
 
 log = logging.getLogger("skilljobs.prune")
 
@@ -85,7 +89,7 @@ def _cutoff(days: float | None, now: float) -> float | None:
     return None if days is None or days <= 0 else now - days * DAY
 
 
-def _prunable_jobs(cutoff: float) -> Any:
+def _prunable_jobs(cutoff: float) -> Select[str]:
     """Finished jobs older than ``cutoff`` with no delivery an operator may still need."""
     held = exists().where(
         Delivery.job_id == Job.id,
@@ -106,12 +110,17 @@ async def _delete_jobs(s: AsyncSession, ids: list[str]) -> None:
     await s.execute(delete(Job).where(Job.id.in_(ids), Job.status.in_(FINAL_STATUSES)))
 
 
-async def _count(sm: Sessions, stmt: Any) -> int:
+async def _count(sm: Sessions, stmt: Select[str] | Select[int]) -> int:
     async with sm() as s:
         return len((await s.execute(stmt.limit(1_000_000))).all())
 
 
-async def _batched(sm: Sessions, pick: Any, remove: Any, pause: float) -> int:
+async def _batched(
+    sm: Sessions,
+    pick: Select[K],
+    remove: Callable[[AsyncSession, list[K]], Awaitable[None]],
+    pause: float,
+) -> int:
     """Delete what ``pick`` selects, ``BATCH`` ids per transaction, yielding between."""
     n = 0
     while True:

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import delete, func, select
 
 from jobs.db import Sessions
-from jobs.models import Job, JobAttempt, JobLimit, OpsAction
+from jobs.models import QUEUED, Job, JobAttempt, JobLimit, OpsAction
 from jobs.queue import broker
 from jobs.services import Services
 
@@ -88,7 +88,7 @@ def check_key(key: str) -> str:
     return key
 
 
-def check_concurrency(n: Any) -> int:
+def check_concurrency(n: object) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CONCURRENCY:
         raise LimitError(f"concurrency {n!r}: a whole number from 1 to {MAX_CONCURRENCY}")
     return n
@@ -301,10 +301,10 @@ async def items(svc: Services) -> list[dict[str, Any]]:
     return out
 
 
-async def waiting_for(services: Services, job: Any) -> str | None:
+async def waiting_for(services: Services, job: Job) -> str | None:
     """For a queued job: the first limit it waits for — a full concurrency limit (``"limit
     org:o1"``) or an empty start-rate bucket (``"rate skill:img"``) — else None."""
-    if job.status != "queued" or services.redis is None:
+    if job.status != QUEUED or services.redis is None:
         return None
     eff = await current(services)
     if not eff.concurrency and not eff.rates:

@@ -381,7 +381,7 @@ async def _listen_cancels(runner: JobRunner) -> None:
             await asyncio.sleep(1.0)
 
 
-async def _cancel_if_requested(runner: JobRunner, data: Any) -> None:
+async def _cancel_if_requested(runner: JobRunner, data: object) -> None:
     """A cancel message is only a hint: anyone who can publish to Redis can send one. The
     job is stopped only when its row says ``cancel_requested`` (C18)."""
     job_id = data.decode(errors="replace") if isinstance(data, bytes) else str(data)

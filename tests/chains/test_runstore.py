@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import update
 
 from chains import runstore as rs
-from jobs.models import ChainRun, Schedule
+from jobs.models import ChainRun, ChainRunStatus, Schedule, StepStatus
 
 
 @pytest.fixture
@@ -65,11 +65,11 @@ async def test_take_over_of_a_dead_owner(sessionmaker, run_id) -> None:  # type:
     second = await rs.take_lease(sm, run_id, "w2", 30, arq_id=rs.arq_job_id(run_id, 1))
     assert second is not None and second.token == 2 and second.lost == 1
     with pytest.raises(rs.LeaseLost):  # the old attempt can record nothing
-        await rs.set_step(sm, first, 0, status=rs.SUCCEEDED)
+        await rs.set_step(sm, first, 0, status=StepStatus.SUCCEEDED)
     with pytest.raises(rs.LeaseLost):
-        await rs.finish(sm, first, rs.SUCCEEDED)
-    await rs.set_step(sm, second, 0, status=rs.SUCCEEDED)
-    await rs.finish(sm, second, rs.SUCCEEDED)
+        await rs.finish(sm, first, ChainRunStatus.SUCCEEDED)
+    await rs.set_step(sm, second, 0, status=StepStatus.SUCCEEDED)
+    await rs.finish(sm, second, ChainRunStatus.SUCCEEDED)
     row = await _row(sm, run_id)
     assert row.status == "succeeded" and row.lost_runs == 1
 

@@ -136,10 +136,10 @@ async def test_a_killed_connection_is_reported_and_not_kept(ac: AsyncEngine, pg_
 async def test_the_claims_unflushed_commit_stays_its_own(ac: AsyncEngine, pg_url: str) -> None:
     """The claim commits without waiting for its WAL flush; the statements after it on the
     same connection (a finish, a receipt) still wait for theirs."""
-    from jobs.queue import store
+    from jobs.queue.store import claims
 
     (before,) = await raw_fetch(ac, "SELECT pg_backend_pid() AS p")
-    claimed = await raw_fetch(ac, store._PG_CLAIM, ["no-such-job"], [0], "w", 0.0, 0.0)
+    claimed = await raw_fetch(ac, claims._PG_CLAIM, ["no-such-job"], [0], "w", 0.0, 0.0)
     assert claimed == []
     (after,) = await raw_fetch(
         ac, "SELECT pg_backend_pid() AS p, current_setting('synchronous_commit') AS s"

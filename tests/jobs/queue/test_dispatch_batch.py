@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from jobs.models import ChatSession, Job, new_id
 from jobs.queue import broker, intake, store
 from jobs.queue.dispatcher import Dispatcher
+from jobs.queue.store import records
 
 CTX = {"channel": "telegram", "actor_key": "tg-1", "role_id": "r1", "session_id": "s-1"}
 N = 60
@@ -222,19 +223,19 @@ async def test_postgres_records_a_batch_in_one_statement(services, monkeypatch):
     if services.engine.dialect.name != "postgresql":
         pytest.skip("PostgreSQL only")
     calls: list[str] = []
-    real = store.raw_fetch
+    real = records.raw_fetch
 
     async def counting(engine, sql, *args):  # type: ignore[no-untyped-def]
         calls.append(sql)
         return await real(engine, sql, *args)
 
-    monkeypatch.setattr(store, "raw_fetch", counting)
+    monkeypatch.setattr(records, "raw_fetch", counting)
     ctx = {**CTX, "channel": "web", "session_id": "fresh-session"}
     results = await asyncio.gather(
         *(Dispatcher(services).dispatch("bg_sleep", {}, ctx, "orgdeleg:o") for _ in range(10))
     )
     assert {r.status_code for r in results} == {202}
-    assert calls and all(sql is store._PG_NEW_JOBS_AT_GENERATION for sql in calls)
+    assert calls and all(sql is records._PG_NEW_JOBS_AT_GENERATION for sql in calls)
     async with services.sessionmaker() as s:
         row = await s.get(ChatSession, "fresh-session")
     assert row is not None and row.external_id == "orgdeleg:o" and row.role_id == "r1"

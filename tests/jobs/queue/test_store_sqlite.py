@@ -1,4 +1,4 @@
-"""The job store's one-call SQLite batches (jobs.queue.store_sqlite, jobs.db.sqlite_write):
+"""The job store's one-call SQLite batches (jobs.queue.store.sqlite, jobs.db.sqlite_write):
 what they store and read back is what the portable SQLAlchemy forms do, they are fenced
 like them, a batch is all or nothing, and a writer of another process makes them wait,
 not fail. Fencing and record tests run on both backends."""
@@ -17,8 +17,9 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from jobs.db import _writer_of, create_engine, sqlite_write
 from jobs.models import ChatSession, Job, JobAttempt, new_id
-from jobs.queue import store, store_sqlite
+from jobs.queue import store
 from jobs.queue.dispatcher import Dispatcher
+from jobs.queue.store import sqlite as store_sqlite
 
 CTX = {"channel": "web", "actor_key": "w-1", "role_id": "r1", "session_id": "s-sqlite"}
 

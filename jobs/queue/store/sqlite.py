@@ -25,7 +25,7 @@ from jobs.models import ChatSession, Job
 _jobs: Any = Job.__table__
 
 #: the claim of many (id, enqueue token) pairs in one statement, each found by its id (the
-#: conditions and values of ``store._CLAIM``: the new token is the asked one plus one)
+#: conditions and values of ``store.claims._CLAIM``: the new token is the asked one plus one)
 CLAIM_PAIRS = """UPDATE jobs SET status = 'running', lease_token = jobs.lease_token + 1,
   lease_owner = ?, lease_expires_at = ?, attempts = jobs.attempts + 1,
   started_at = COALESCE(jobs.started_at, ?), updated_at = ?
@@ -82,7 +82,7 @@ class _Types:
         procs = self.result
         return {n: (procs[n](v) if n in procs else v) for n, v in zip(names, values, strict=True)}
 
-    def value(self, column: str, value: Any) -> Any:
+    def value(self, column: str, value: object) -> object:
         proc = self.bind.get(column)
         return value if proc is None else proc(value)
 
