@@ -3,25 +3,27 @@ rerun RUN_ID --from STEP``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from jobs.services import Services
-
 import json
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from chains import schedules
+from chains.rerun import rerun_from
+from chains.runner import run_chain
 from jobs.cli import output
 from jobs.cli.common import fail, load_settings, with_services
 from jobs.cli.i18n import tr
+from jobs.services import Services
+
+T = TypeVar("T")
 
 console = Console()
 schedules_app = typer.Typer(help="Cron-defined chains of skills.", no_args_is_help=True)
@@ -77,11 +79,11 @@ def _read_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _with_services(fn: Any, *, redis: bool = True) -> Any:
+def _with_services(fn: Callable[[Services], Awaitable[T]], *, redis: bool = True) -> T:
     """``jobs.cli.common.with_services``, a schedule's refusals (unknown id, a change that
     does not validate) ending the command with their one-line reason."""
 
-    async def guarded(svc: Services) -> Any:
+    async def guarded(svc: Services) -> T:
         try:
             return await fn(svc)
         except LookupError as exc:
@@ -95,8 +97,6 @@ def _with_services(fn: Any, *, redis: bool = True) -> Any:
 @schedules_app.command("add")
 def add(file: Path = typer.Argument(..., help="Schedule file (YAML or JSON).")) -> None:
     """Validate a schedule file and store it."""
-    from chains import schedules
-
     data = _read_file(file)
 
     async def go(svc: Services) -> None:
@@ -129,7 +129,7 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= 80 or not output.is_terminal() else text[:77] + "…"
 
@@ -143,8 +143,6 @@ def apply_cmd(
 ) -> None:
     """Make the stored schedules match the files, by name: create, update what differs,
     (with --prune) delete the rest. Running it again changes nothing."""
-    from chains import schedules
-
     files = _files(path)
     raw = [(f, _read_file(f)) for f in files]
 
@@ -183,8 +181,6 @@ def delete_cmd(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
 ) -> None:
     """Delete a schedule and its run history."""
-    from chains import schedules
-
     ask = tr("Delete schedule {name} and its run history?", name=schedule)
     if not yes and not typer.confirm(ask):
         fail(tr("nothing done"))
@@ -204,7 +200,6 @@ def list_cmd(
     as_json: bool = output.JSON_OPT,
 ) -> None:
     """Every schedule with its next fire time(s) and last run."""
-    from chains import schedules
 
     async def go(svc: Services) -> tuple[list[Any], dict[str, Any]]:
         return await schedules.list_schedules(svc), await schedules.last_runs(svc)
@@ -254,7 +249,6 @@ def show(
     as_json: bool = output.JSON_OPT,
 ) -> None:
     """The schedule as stored (JSON), then its next fire times in its timezone and UTC."""
-    from chains import schedules
 
     async def go(svc: Services) -> None:
         row = await schedules.get(svc, schedule)
@@ -278,8 +272,6 @@ def show(
 
 
 def _toggle(schedule: str, enabled: bool) -> None:
-    from chains import schedules
-
     async def go(svc: Services) -> None:
         row = await schedules.set_enabled(svc, schedule, enabled, actor="cli")
         state = (
@@ -314,14 +306,12 @@ def run(
     ),
 ) -> None:
     """Start a run now (queued for the workers, or --inline here)."""
-    from chains import schedules
 
     async def go(svc: Services) -> int:
         if not inline:
             run_id = await schedules.trigger_manual(svc, schedule, actor="cli")
             console.print(f"run {run_id} queued")
             return 0
-        from chains.runner import run_chain
 
         run_id = await schedules.trigger_manual(svc, schedule, actor="cli", enqueue=False)
         executor = svc.executor
@@ -372,7 +362,6 @@ def runs(
     as_json: bool = output.JSON_OPT,
 ) -> None:
     """Recent runs of a schedule, newest first."""
-    from chains import schedules
 
     async def go(svc: Services) -> None:
         if run_id:
@@ -415,8 +404,6 @@ def rerun(
     ),
 ) -> None:
     """A new run from a step, reusing the recorded outputs of the earlier steps."""
-    from chains.rerun import rerun_from
-
     step: int | str = int(from_step) if from_step.isdigit() else from_step
 
     async def go(svc: Services) -> int:
@@ -433,9 +420,6 @@ def rerun(
 
 
 async def _run_inline(svc: Services, run_id: str) -> int:
-    from chains import schedules
-    from chains.runner import run_chain
-
     executor = svc.executor
     try:
         with console.status(f"run {run_id}: running"):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from chains.runstore import FAILED, STOPPED_EMPTY, Lease, LeaseLost, renew
 from delivery import ledger
 from delivery.channels.base import Courier
-from delivery.channels.web import WEB_CHANNELS
+from delivery.channels.web import WEB_CHANNELS, ensure_session
 from delivery.errors import DeliveryPermanentError
 from delivery.notify import notify
 from delivery.pipeline import postprocess
@@ -307,8 +307,6 @@ async def _ensure_web_session(services: Services, job: ChainOrigin) -> None:
     """A chain may deliver to a web session that no dispatch has created yet: it is
     created for the schedule's identity (an existing one keeps its values), so the outcome
     is stored there instead of failing on an unknown session."""
-    from delivery.channels.web import ensure_session
-
     await ensure_session(
         services.sessionmaker,
         job.session_id,

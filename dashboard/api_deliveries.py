@@ -9,12 +9,14 @@ from typing import Any
 from fastapi import APIRouter, Body, Query, Request
 
 from dashboard import queries
-from dashboard.api_jobs import actor_of, delivery_dict, services_of
+from dashboard.api_jobs import actor_of, services_of
 from dashboard.errors import ApiError
+from dashboard.shapes import delivery_dict
 from delivery.channels.registry import channels_for
 from delivery.custody import dismiss, resend
 from delivery.ledger import action_for
 from jobs import audit
+from jobs.models import Delivery
 from jobs.services import Services
 
 router = APIRouter(prefix="/api/v1")
@@ -152,7 +154,7 @@ async def _apply(
     return done, refused
 
 
-def _custody(d: Any) -> dict[str, Any]:
+def _custody(d: Delivery) -> dict[str, Any]:
     """Who it belongs to, its generation and its receipt (delivery custody)."""
     return {
         "job_id": d.job_id,

@@ -4,24 +4,23 @@ and bulk retry / cancel of every job a filter matches."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
+from starlette.datastructures import State
 
 from dashboard import queries
 from dashboard.auth import identity_of
 from dashboard.errors import ApiError, not_found
+from dashboard.shapes import job_dict, safe
 from dashboard.sync_pool import SyncPool
+from delivery import notices
 from jobs import telemetry
-from jobs.context import scrub, secret_values
-from jobs.crypto import ENC_TAG, REDACTED, redact
-from jobs.envelope import is_partial
 from jobs.links import file_link, file_link_key
-from jobs.models import Artifact, Delivery, Job, JobAttempt
 from jobs.queue import control, filters, pauses, rates
 from jobs.queue.dispatcher import Dispatcher, runs_now
 from jobs.services import Services
@@ -39,136 +38,6 @@ def actor_of(request: Request) -> str:
     """Who is acting, for the audit trail: the identity of the caller's token (admin,
     read, session:<id>), never a header the caller chose."""
     return identity_of(request).actor
-
-
-# --- shapes (SPEC §10) ---------------------------------------------------------------
-
-
-def safe(obj: Any, *, by_name: bool = True) -> Any:
-    """Secret-named values masked (configuration-shaped data only: results are data and
-    were scrubbed of the job's secret values when they ran, C12), and any sealed value
-    masked wherever it sits."""
-
-    def strip(v: Any) -> Any:
-        if isinstance(v, dict):
-            if ENC_TAG in v and len(v) == 1:
-                return REDACTED
-            return {k: strip(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [strip(x) for x in v]
-        return v
-
-    return strip(redact(obj) if by_name else obj)
-
-
-def job_secrets(job: Job, box: Any) -> list[str]:
-    """The job's secret values (from its sealed context): what is scrubbed from its result
-    wherever it is shown (C12: by value, never by the result's field names)."""
-    if box is None or not isinstance(job.context, dict):
-        return []
-    try:
-        return secret_values(box.unseal(job.context), job.skill)
-    except ValueError:  # written with another key: the sealed values stay masked anyway
-        return []
-
-
-def artifact_dict(a: Artifact) -> dict[str, Any]:
-    return {
-        "id": a.id,
-        "filename": a.filename,
-        "local_path": a.local_path,
-        "media": a.media,
-        "mime": a.mime,
-        "size": a.size,
-        "sha256": a.sha256,
-        "source_url": a.source_url,
-        "download_url": f"/api/v1/jobs/{a.job_id}/artifacts/{a.id}",
-    }
-
-
-def delivery_dict(d: Delivery) -> dict[str, Any]:
-    return {
-        "id": d.id,
-        "recipient": d.recipient,
-        "channel": d.channel,
-        "kind": d.kind,
-        "status": d.status,
-        "error": d.error,
-        "tries": d.tries,
-        "created_at": d.created_at,
-        "sent_at": d.sent_at,
-    }
-
-
-def attempt_dict(a: JobAttempt, secrets: list[str] | None = None) -> dict[str, Any]:
-    """One run of the job, with the tails of what it printed (capped when recorded,
-    scrubbed of the job's secret values then and again here)."""
-    return {
-        "number": a.number,
-        "worker_id": a.worker_id,
-        "started_at": a.started_at,
-        "finished_at": a.finished_at,
-        "outcome": a.outcome,
-        "error": a.error,
-        "error_type": a.error_type,
-        "duration_ms": a.duration_ms,
-        "stdout_tail": scrub(a.stdout_tail, secrets or []),
-        "stderr_tail": scrub(a.stderr_tail, secrets or []),
-    }
-
-
-def job_dict(
-    job: Job,
-    artifacts: list[Artifact],
-    deliveries: list[Delivery],
-    attempts: list[JobAttempt] | None = None,
-    box: Any = None,
-) -> dict[str, Any]:
-    ctx = job.context if isinstance(job.context, dict) else {}
-    out: dict[str, Any] = {
-        "id": job.id,
-        "skill": job.skill,
-        "status": job.status,
-        # what a running job does before its skill runs ("preparing environment"), or None
-        "phase": (phase := job.current_phase()) and phase["name"],
-        "phase_detail": phase and phase["detail"],
-        "phase_since": phase and phase["since"],
-        "attempts": job.attempts,
-        "created_at": job.created_at,
-        "run_at": job.run_at,  # a delayed job's time (``scheduled`` until then)
-        "queued_at": job.queued_at,
-        "started_at": job.started_at,
-        "finished_at": job.finished_at,
-        "duration_ms": job.duration_ms,
-        "result": safe(scrub(job.result, job_secrets(job, box)), by_name=False),
-        "partial": is_partial(job.result),
-        "error": job.error,
-        "error_type": job.error_type,
-        "cancel_requested": job.cancel_requested,
-        "chain_run_id": job.chain_run_id,
-        "priority": job.priority,
-        "origin": {
-            "channel": job.channel,
-            "session_id": job.session_id,
-            "external_id": job.external_id,
-            "actor_key": job.actor_key,
-            "role_id": job.role_id,
-            "org_id": job.org_id,
-            # the conversation and message the request came from, when the context named them
-            **{k: str(ctx[k]) for k in ("conversation_id", "message_id") if ctx.get(k)},
-        },
-        "artifacts": [artifact_dict(a) for a in artifacts],
-        "deliveries": [delivery_dict(d) for d in deliveries],
-    }
-    if attempts is not None:
-        out["input"] = safe(job.input)
-        out["context"] = safe(job.context)
-        out["fetches"] = safe(job.fetches or [])
-        out["wall_sec"] = job.wall_sec
-        out["trace_id"] = telemetry.trace_id(job)  # its spans' trace, when tracing is on
-        secrets = job_secrets(job, box)
-        out["attempt_log"] = [attempt_dict(a, secrets) for a in attempts]
-    return out
 
 
 # --- dispatch ------------------------------------------------------------------------
@@ -196,7 +65,7 @@ async def dispatch(body: DispatchBody, request: Request) -> JSONResponse:
 
 
 async def dispatch_answer(
-    body: DispatchBody, state: Any, headers: Mapping[str, str]
+    body: DispatchBody, state: State, headers: Mapping[str, str]
 ) -> tuple[int, dict[str, Any]]:
     """The status and JSON body answering ``body``. A ``traceparent`` header puts the
     dispatch (and the job) in the caller's trace."""
@@ -205,7 +74,7 @@ async def dispatch_answer(
 
 
 async def _dispatch(
-    body: DispatchBody, state: Any, headers: Mapping[str, str]
+    body: DispatchBody, state: State, headers: Mapping[str, str]
 ) -> tuple[int, dict[str, Any]]:
     key = body.idempotency_key or headers.get("idempotency-key") or None
     svc: Services = state.services
@@ -355,20 +224,13 @@ async def download_artifact(job_id: str, artifact_id: int, request: Request) -> 
 # --- actions -------------------------------------------------------------------------
 
 
-def _relay(result: Any, ok_status: int = 200) -> JSONResponse:
-    if hasattr(result, "status_code") and hasattr(result, "body"):
-        return JSONResponse(result.body, status_code=result.status_code)
-    if hasattr(result, "status_code") and hasattr(result, "to_dict"):
-        return JSONResponse(safe(result.to_dict()), status_code=result.status_code)
-    if isinstance(result, dict):
-        status = ok_status if result.get("ok", True) is not False else 409
-        return JSONResponse(safe(result), status_code=status)
-    return JSONResponse({"ok": True, "result": safe(result)}, status_code=ok_status)
+def _relay(result: control.ActionResult) -> JSONResponse:
+    return JSONResponse(safe(result.to_dict()), status_code=result.status_code)
 
 
-async def _control(request: Request, name: str, *args: Any) -> JSONResponse:
+async def _control(action: Awaitable[control.ActionResult]) -> JSONResponse:
     try:
-        result = await getattr(control, name)(services_of(request), *args, actor=actor_of(request))
+        result = await action
     except LookupError as exc:
         raise ApiError(404, str(exc)) from exc
     except ValueError as exc:
@@ -378,23 +240,26 @@ async def _control(request: Request, name: str, *args: Any) -> JSONResponse:
 
 @router.post("/jobs/{job_id}/retry")
 async def retry(job_id: str, request: Request) -> JSONResponse:
-    return await _control(request, "retry_job", job_id)
+    return await _control(control.retry_job(services_of(request), job_id, actor=actor_of(request)))
 
 
 @router.delete("/jobs/{job_id}")
 async def delete_job(job_id: str, request: Request) -> JSONResponse:
     """Delete a finished job (its attempts, files' records and deliveries); audited."""
-    return await _control(request, "delete_job", job_id)
+    svc = services_of(request)
+    return await _control(control.delete_job(svc, job_id, actor=actor_of(request)))
 
 
 @router.post("/jobs/{job_id}/cancel")
 async def cancel(job_id: str, request: Request) -> JSONResponse:
-    return await _control(request, "cancel_job", job_id)
+    svc, actor = services_of(request), actor_of(request)
+    return await _control(control.cancel_job(svc, job_id, notices=notices, actor=actor))
 
 
 @router.post("/skills/{skill}/requeue-failed")
 async def requeue_failed(skill: str, request: Request) -> JSONResponse:
-    return await _control(request, "requeue_failed", skill)
+    svc = services_of(request)
+    return await _control(control.requeue_failed(svc, skill, actor=actor_of(request)))
 
 
 @router.post("/jobs/bulk")
@@ -410,7 +275,11 @@ async def bulk(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, 
             raise ApiError(422, "ids must be a list of job ids")
         try:
             return await control.act_on_selection(
-                services_of(request), str(body.get("action")), ids, actor=actor_of(request)
+                services_of(request),
+                str(body.get("action")),
+                ids,
+                notices=notices,
+                actor=actor_of(request),
             )
         except ValueError as exc:
             raise ApiError(422, str(exc)) from exc
@@ -425,6 +294,7 @@ async def bulk(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, 
             services_of(request),
             str(body.get("action")),
             flt,
+            notices=notices,
             dry_run=dry_run,
             limit=limit,
             actor=actor_of(request),

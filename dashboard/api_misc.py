@@ -7,26 +7,29 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import text
 
 from dashboard import queries, shared
-from dashboard.api_jobs import actor_of, safe, services_of
+from dashboard.api_jobs import actor_of, services_of
 from dashboard.auth import require_token_or_query
 from dashboard.errors import ApiError
+from dashboard.shapes import safe
 from delivery.channels import web
 from jobs import audit
 from jobs.catalog.configs import ConfigStore
 from jobs.constants import JOB_EVENTS
 from jobs.migrate import is_current
+from jobs.models import Worker
 from jobs.queue import broker, worker_control
 from jobs.queue.store import get_job
 from jobs.services import Services
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/api/v1")
@@ -84,7 +87,7 @@ async def readyz(request: Request) -> JSONResponse:
 # --- queue and workers ---------------------------------------------------------------
 
 
-def worker_dict(w: Any, now: float) -> dict[str, Any]:
+def worker_dict(w: Worker, now: float) -> dict[str, Any]:
     return {
         "id": w.id,
         "host": w.host,
@@ -111,7 +114,7 @@ async def queue(
     sm = services_of(request).read_sessionmaker
     stale_after = float(services_of(request).settings.delivery_pending_stale_sec)
 
-    async def run(fn: Any, *args: Any) -> Any:
+    async def run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         async with sm() as session:
             return await fn(session, *args)
 
@@ -244,7 +247,7 @@ async def session_messages(
     return {"items": items}
 
 
-def _sse(event: str, data: Any) -> str:
+def _sse(event: str, data: object) -> str:
     # json.dumps never emits a raw newline, so one data line always holds the event.
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
@@ -303,7 +306,7 @@ async def session_events(session_id: str, request: Request) -> StreamingResponse
     return _stream(source())
 
 
-def _job_event(raw: Any) -> dict[str, Any] | None:
+def _job_event(raw: str | bytes) -> dict[str, Any] | None:
     """Only the fields the page needs, whatever else was published."""
     try:
         data = json.loads(raw)
@@ -314,7 +317,7 @@ def _job_event(raw: Any) -> dict[str, Any] | None:
     return {k: data.get(k) for k in ("id", "status", "skill") if isinstance(data.get(k), str)}
 
 
-async def _stored_job_event(svc: Services, raw: Any) -> dict[str, Any] | None:
+async def _stored_job_event(svc: Services, raw: str | bytes) -> dict[str, Any] | None:
     """A published job event is only a hint (any Redis writer can publish one): the job is
     loaded by id and its stored status and skill are what the page gets."""
     event = _job_event(raw)

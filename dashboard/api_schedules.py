@@ -10,9 +10,11 @@ from fastapi.responses import JSONResponse
 
 from chains import schedules
 from chains.rerun import rerun_from
-from dashboard.api_jobs import actor_of, safe, services_of
+from dashboard.api_jobs import actor_of, services_of
 from dashboard.errors import ApiError, not_found
+from dashboard.shapes import safe
 from delivery.custody import list_deliveries
+from jobs.models import ChainRun
 
 router = APIRouter(prefix="/api/v1")
 
@@ -29,7 +31,7 @@ async def _call(fn: Any, *args: Any, **kw: Any) -> Any:
         raise ApiError(422, str(exc), **extra) from exc
 
 
-def _last_run(run: Any) -> dict[str, Any] | None:
+def _last_run(run: ChainRun | None) -> dict[str, Any] | None:
     if run is None:
         return None
     return {

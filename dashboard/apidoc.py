@@ -52,7 +52,7 @@ def _type(schema: dict[str, Any]) -> str:
     return str(kind)
 
 
-def _cell(text: Any) -> str:
+def _cell(text: object) -> str:
     return " ".join(str(text or "").split()).replace("|", "\\|")
 
 

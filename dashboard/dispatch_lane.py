@@ -10,8 +10,6 @@ handler answers 500)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -30,7 +28,7 @@ def _json_media(ctype: str) -> bool:
     return main == "application" and (sub == "json" or sub.endswith("+json"))
 
 
-def render(content: Any) -> bytes:
+def render(content: object) -> bytes:
     """JSON as ``JSONResponse`` renders it (compact UTF-8; the answers hold no NaN: result
     envelopes spell non-finite numbers out, ``jobs.envelope``)."""
     return jsontext.dumpb(content)

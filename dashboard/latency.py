@@ -151,7 +151,7 @@ async def _hashes(
     return [{_str(k): v for k, v in h.items()} for h in found]
 
 
-def _str(value: Any) -> str:
+def _str(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

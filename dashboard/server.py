@@ -9,8 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import uvicorn
+from pydantic import SecretStr
+from starlette.types import ASGIApp
+
+from dashboard.app import create_app
 from dashboard.guard import is_loopback
 from jobs.settings import Settings
 
@@ -32,7 +38,7 @@ class UnsafeBind(ValueError):
     """Binding beyond loopback without a strong API token would expose the ops API."""
 
 
-def _secret(value: Any) -> str:
+def _secret(value: SecretStr | None) -> str:
     return value.get_secret_value() if value is not None else ""
 
 
@@ -159,7 +165,7 @@ class OneSegment:
         else:
             self._transport.writelines((held, data))
 
-    def writelines(self, lines: Any) -> None:
+    def writelines(self, lines: Iterable[bytes]) -> None:
         for data in lines:
             self.write(data)
 
@@ -297,14 +303,10 @@ def build_config(
     host: str = "127.0.0.1",
     port: int = 8000,
     *,
-    app: Any = None,
+    app: ASGIApp | None = None,
     log_level: str | None = None,
-) -> Any:
+) -> uvicorn.Config:
     """The uvicorn config of the web app (``app`` defaults to a fresh dashboard app)."""
-    import uvicorn
-
-    from dashboard.app import create_app
-
     check_bind(settings, host)
     if not is_loopback(host) and host not in ("0.0.0.0", "::", ""):
         # The address it was told to listen on is a name it answers to.
@@ -332,22 +334,18 @@ def build_config(
     )
 
 
-def server_for(settings: Settings, host: str, port: int, *, app: Any = None) -> Any:
+def server_for(
+    settings: Settings, host: str, port: int, *, app: ASGIApp | None = None
+) -> uvicorn.Server:
     """A ``uvicorn.Server`` for the app, configured as above."""
-    import uvicorn
-
     return uvicorn.Server(build_config(settings, host, port, app=app, log_level="warning"))
 
 
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Serve the dashboard (blocking). Raises ``UnsafeBind`` before binding anything."""
-    import uvicorn
-
     uvicorn.Server(build_config(settings, host, port)).run()
 
 
 async def serve_async(settings: Settings, host: str = "127.0.0.1", port: int = 8000) -> None:
     """The same, inside a running event loop (``skilljobs up`` runs it next to a worker)."""
-    import uvicorn
-
     await uvicorn.Server(build_config(settings, host, port)).serve()

@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.datastructures import State
+
 log = logging.getLogger(__name__)
 
 STALE_FACTOR = 3.0
@@ -93,7 +95,7 @@ class Shared:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def of(state: Any) -> Shared:
+def of(state: State) -> Shared:
     """The app's ``Shared`` (``app.state.aggregates``), made on first use."""
     shared: Shared | None = getattr(state, "aggregates", None)
     if shared is None:

@@ -22,9 +22,17 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from jobs.envelope import failure
+from jobs.logs import setup_logging
+from jobs.queue.dispatcher import Dispatcher
+from jobs.services import Services
 from jobs.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# What travels over a process's pipe: (request id, the dispatch's keywords) to the process,
+# (request id, HTTP status, body) back.
+Request = tuple[int, dict[str, Any]]
+Answer = tuple[int, int, dict[str, Any]]
 
 # Beyond every wall clock (1800 s cap) plus the executor's own grace: the process is stuck.
 HARD_TIMEOUT_S = 1800 + 60
@@ -80,7 +88,7 @@ class _Child:
                 )
         self.pending.clear()
 
-    def _send(self, message: Any) -> None:
+    def _send(self, message: Request) -> None:
         with self.send_lock:
             self.conn.send(message)
 
@@ -161,16 +169,11 @@ class SyncPool:
 def child_main(settings: Settings, conn: Connection) -> None:
     """Entry of a pool process: serve dispatches until the web app closes the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the web app stops us by closing the pipe
-    from jobs.logs import setup_logging
-
     setup_logging(settings)
     asyncio.run(_serve(settings, conn))
 
 
 async def _serve(settings: Settings, conn: Connection) -> None:
-    from jobs.queue.dispatcher import Dispatcher
-    from jobs.services import Services
-
     svc = await Services.open(settings, redis=bool(settings.redis_url))
     dispatcher = Dispatcher(svc)
     loop = asyncio.get_running_loop()
@@ -178,14 +181,14 @@ async def _serve(settings: Settings, conn: Connection) -> None:
     tasks: set[asyncio.Task[None]] = set()
     send_lock = threading.Lock()
 
-    def send(message: Any) -> None:
+    def send(message: Answer) -> None:
         with send_lock:
             conn.send(message)
 
     async def handle(rid: int, request: dict[str, Any]) -> None:
         try:
             answer = await dispatcher.dispatch(**request)
-            out: tuple[int, int, dict[str, Any]] = (rid, answer.status_code, answer.body)
+            out: Answer = (rid, answer.status_code, answer.body)
         except Exception as exc:
             log.exception("sync-line dispatch failed")
             out = (
@@ -206,7 +209,7 @@ async def _serve(settings: Settings, conn: Connection) -> None:
                 )
             )
 
-    def start(message: Any) -> None:
+    def start(message: Request) -> None:
         rid, request = message
         task = loop.create_task(handle(rid, request))
         tasks.add(task)

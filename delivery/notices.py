@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from delivery.channels.base import Delivered
 from delivery.channels.registry import channels_for
 from delivery.router import deliver_result, origin_of
+from jobs.db import Fence
 from jobs.models import JobRow
 from jobs.services import Services
 from jobs.settings import Settings
@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 
 WORKING = "working"
 CANCELLED = "cancelled"
-Fence = Callable[[], Awaitable[bool]]
 NOTICE_WAIT_S = 15.0  # how long the end of a run waits for a notice in flight
 
 

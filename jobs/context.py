@@ -12,10 +12,13 @@ import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobs.crypto import is_secret_key
 from jobs.models import JobRow
+
+if TYPE_CHECKING:
+    from _typeshed import ConvertibleToFloat
 
 # SPEC §3 / skill spec §4.2: always present, typed empty value when unknown.
 FIXED_SEGMENT: dict[str, Any] = {
@@ -122,24 +125,26 @@ _LIST_KEYS = frozenset(k for k, v in FIXED_SEGMENT.items() if isinstance(v, list
 _STR_KEYS = frozenset(k for k, v in FIXED_SEGMENT.items() if isinstance(v, str))
 
 
-def _str(v: Any) -> str:
+def _str(v: object) -> str:
     return "" if v is None else v if isinstance(v, str) else str(v)
 
 
-def _truthy(v: Any) -> bool:
+def _truthy(v: object) -> bool:
     if isinstance(v, str):
         return v.strip().lower() in {"1", "true", "yes", "on"}
     return bool(v)
 
 
-def _float(v: Any) -> float:
+def _float(v: ConvertibleToFloat | None) -> float:
+    if v is None or v == "":
+        return 0.0
     try:
-        return float(v) if v not in (None, "") else 0.0
-    except (TypeError, ValueError):
+        return float(v)
+    except (TypeError, ValueError):  # (text that is no number, or a value of another type)
         return 0.0
 
 
-def normalize_attachment(item: Any) -> dict[str, str]:
+def normalize_attachment(item: object) -> dict[str, str]:
     """One attachment → ``{type, att_type, filename, local_path, url}`` (§4.7)."""
     if isinstance(item, str):
         item = {"url": item} if "://" in item else {"local_path": item}
@@ -155,7 +160,7 @@ def normalize_attachment(item: Any) -> dict[str, str]:
     return {"type": kind, "att_type": kind, "filename": name, "local_path": local, "url": url}
 
 
-def _tags(v: Any) -> list[str]:
+def _tags(v: object) -> list[str]:
     if v in (None, ""):
         return []
     if isinstance(v, str):
@@ -218,14 +223,14 @@ def flatten_configs(skill: str, configs: Mapping[str, Any] | None) -> dict[str, 
     return out
 
 
-def _present(v: Any) -> bool:
+def _present(v: object) -> bool:
     return v is not None and str(v).strip() != ""
 
 
 RESERVED_PREFIX = "SKILLJOBS_"  # the worker's own settings: never a skill's config
 
 
-def lookup_config(ctx: Mapping[str, Any], skill: str, key: str, default: Any = None) -> Any:
+def lookup_config(ctx: Mapping[str, Any], skill: str, key: str, default: object = None) -> Any:
     """A config value by the §5.1 order — the skill's own configuration only, never the
     worker's environment; ``default`` when missing. ``SKILLJOBS_*`` names are never a
     skill's configuration (the worker's own settings)."""
@@ -447,7 +452,7 @@ def is_credential_name(key: str) -> bool:
     return len(words) > 1 and words[-1] in ("key", "keys") and words[-2] in _KEY_KINDS
 
 
-def input_secrets(data: Any, depth: int = 0) -> list[str]:
+def input_secrets(data: object, depth: int = 0) -> list[str]:
     """The values of credential-named fields of an input (``api_key``, ``password``,
     ``Authorization``…), at any depth: what a skill echoing its input must not hand back."""
     found: list[str] = []
@@ -474,7 +479,7 @@ PROTOCOL_TOKENS = frozenset(
 
 
 def mask_credentials(
-    obj: Any, mask: str = "••••••", depth: int = 0, keep: frozenset[str] = frozenset()
+    obj: object, mask: str = "••••••", depth: int = 0, keep: frozenset[str] = frozenset()
 ) -> Any:
     """``obj`` with the text values of credential-named fields masked, at any depth; the
     names in ``keep`` are left as they are."""
@@ -498,7 +503,7 @@ def mask_credentials(
     return obj
 
 
-def scrub(obj: Any, secrets: list[str], mask: str = "••••••") -> Any:
+def scrub(obj: object, secrets: list[str], mask: str = "••••••") -> Any:
     """``obj`` with every occurrence of the given secret values replaced by ``mask``."""
     if isinstance(obj, str):
         for s in secrets:
@@ -521,7 +526,7 @@ FILE_FIELDS = frozenset(
 OUTPUT_FIELDS = frozenset({"output", "dst", "output_path", "out"})
 
 
-def _resolve_one(value: Any, ws: Path, output: bool) -> Any:
+def _resolve_one(value: object, ws: Path, output: bool) -> Any:
     if not isinstance(value, str) or not value.strip() or "://" in value:
         return value
     s = value.strip()

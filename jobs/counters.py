@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
 
 from arq.connections import ArqRedis
+from redis.asyncio.client import Pipeline
 
 from jobs.constants import DELIVERIES_TOTAL, JOBS_TOTAL
 from jobs.settings import Settings
@@ -26,7 +26,7 @@ def field(*labels: str) -> str:
     return SEP.join(label.replace(SEP, " ") for label in labels)
 
 
-def add_to(pipe: Any, key: str, counts: Counter[str]) -> None:
+def add_to(pipe: Pipeline, key: str, counts: Counter[str]) -> None:
     for name, n in counts.items():
         pipe.hincrby(key, name, n)
 

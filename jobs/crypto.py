@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from cryptography.fernet import Fernet, InvalidToken
 
@@ -59,7 +59,7 @@ class SecretBox:
     def __init__(self, key: bytes) -> None:
         self._fernet = Fernet(key)
 
-    def encrypt(self, value: Any) -> dict[str, str]:
+    def encrypt(self, value: object) -> dict[str, str]:
         import json
 
         return {ENC_TAG: self._fernet.encrypt(json.dumps(value).encode()).decode()}
@@ -75,7 +75,7 @@ class SecretBox:
                 "it was written with"
             ) from exc
 
-    def ours(self, v: Any) -> bool:
+    def ours(self, v: object) -> bool:
         """A sealed value this key wrote (not data that merely has the same shape)."""
         if not _is_sealed(v) or not isinstance(v[ENC_TAG], str):
             return False
@@ -85,7 +85,7 @@ class SecretBox:
             return False
         return True
 
-    def seal(self, obj: Any) -> Any:
+    def seal(self, obj: object) -> Any:
         """Copy of ``obj`` with every secret-named key's value encrypted. Values sealed
         already are kept; anything else shaped like a sealed value (``{"$enc": …}``,
         ``{"$lit": …}``) is wrapped as ``{"$lit": …}`` so that unsealing returns it as the
@@ -106,14 +106,13 @@ class SecretBox:
             return [self.seal(v) for v in obj]
         return obj
 
-    def unseal(self, obj: Any) -> Any:
+    def unseal(self, obj: object) -> Any:
         if isinstance(obj, dict):
             if _is_sealed(obj):
                 return self.decrypt(obj)
-            if len(obj) == 1 and isinstance(obj.get(LIT_TAG), dict):
-                obj = obj[LIT_TAG]
+            data = obj[LIT_TAG] if len(obj) == 1 and isinstance(obj.get(LIT_TAG), dict) else obj
             # (scalars, most values, are taken as they are: no call each)
-            return {k: v if type(v) in _SCALARS else self.unseal(v) for k, v in obj.items()}
+            return {k: v if type(v) in _SCALARS else self.unseal(v) for k, v in data.items()}
         if isinstance(obj, list):
             return [v if type(v) in _SCALARS else self.unseal(v) for v in obj]
         return obj
@@ -122,7 +121,7 @@ class SecretBox:
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
-def _is_sealed(v: Any) -> bool:
+def _is_sealed(v: object) -> TypeGuard[dict[Any, Any]]:
     return isinstance(v, dict) and len(v) == 1 and ENC_TAG in v
 
 
@@ -130,7 +129,7 @@ def _looks_sealed(v: dict[Any, Any]) -> bool:
     return len(v) == 1 and (ENC_TAG in v or LIT_TAG in v)
 
 
-def redact(obj: Any) -> Any:
+def redact(obj: object) -> Any:
     """Copy of ``obj`` fit for logs and the dashboard: secret-named values masked."""
     if isinstance(obj, dict):
         return {

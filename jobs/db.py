@@ -17,8 +17,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
-from sqlalchemy import event
-from sqlalchemy.engine import URL, CursorResult, Result, make_url
+from sqlalchemy import Insert, event
+from sqlalchemy.engine import URL, CursorResult, Engine, Result, make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -26,6 +27,8 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.pool import ConnectionPoolEntry, Pool, PoolProxiedConnection
 
 # A factory of sessions on our database; store-style functions take one.
 Sessions = async_sessionmaker[AsyncSession]
@@ -124,7 +127,7 @@ _SQLITE_PRAGMAS = (
 )
 
 # Pools of engines whose connections go through PgBouncer in transaction mode.
-_PGBOUNCER: weakref.WeakSet[Any] = weakref.WeakSet()
+_PGBOUNCER: weakref.WeakSet[Pool] = weakref.WeakSet()
 
 
 def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
@@ -136,7 +139,7 @@ def create_engine(url: str, *, echo: bool = False) -> AsyncEngine:
         engine = create_async_engine(url, echo=echo, connect_args={"timeout": 30})
 
         @event.listens_for(engine.sync_engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        def _sqlite_pragmas(dbapi_conn: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
             cur = dbapi_conn.cursor()
             for pragma in _SQLITE_PRAGMAS:
                 cur.execute(pragma)
@@ -221,7 +224,9 @@ _ERRORS: tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]
 # never kept, and the engine's dispose closes those kept (``_track_held``).
 _HELD_MAX = 4
 _HELD_SEC = 1800.0
-_held: dict[int, list[tuple[Any, float]]] = {}  # id(pool) -> [(checked-out fairy, since)]
+_held: dict[
+    int, list[tuple[PoolProxiedConnection, float]]
+] = {}  # id(pool) -> [(checked-out fairy, since)]
 _held_pid = os.getpid()
 
 
@@ -230,18 +235,18 @@ def _track_held(engine: AsyncEngine) -> None:
     state = {"pool": engine.sync_engine.pool}
 
     @event.listens_for(engine.sync_engine, "engine_disposed")
-    def _disposed(eng: Any) -> None:
+    def _disposed(eng: Engine) -> None:
         _drop_held(state["pool"])
         state["pool"] = eng.pool
 
 
-def _drop_held(pool: Any) -> None:
+def _drop_held(pool: Pool) -> None:
     for fairy, _since in _held.pop(id(pool), []):
         with contextlib.suppress(Exception):
             fairy.invalidate()
 
 
-async def _checkout(engine: AsyncEngine) -> Any:
+async def _checkout(engine: AsyncEngine) -> PoolProxiedConnection:
     global _held_pid
     if _held_pid != os.getpid():  # a forked child: the parent's sockets are not ours
         _held.clear()
@@ -258,7 +263,7 @@ async def _checkout(engine: AsyncEngine) -> Any:
     return await engine.raw_connection()
 
 
-def _checkin(engine: AsyncEngine, fairy: Any) -> None:
+def _checkin(engine: AsyncEngine, fairy: PoolProxiedConnection) -> None:
     pool = engine.sync_engine.pool
     free = _held.setdefault(id(pool), [])
     if len(free) < _HELD_MAX and fairy.is_valid:
@@ -578,7 +583,7 @@ def _resolve(items: list[tuple[Any, bool, Any]]) -> None:
             fut.set_exception(value)
 
 
-_writers: weakref.WeakKeyDictionary[Any, _Writer] = weakref.WeakKeyDictionary()
+_writers: weakref.WeakKeyDictionary[Engine, _Writer] = weakref.WeakKeyDictionary()
 
 
 def _writer_of(engine: AsyncEngine) -> _Writer | None:
@@ -598,17 +603,17 @@ def _writer_of(engine: AsyncEngine) -> _Writer | None:
     return found
 
 
-def _stop_writer(sync: Any) -> None:
+def _stop_writer(sync: Engine) -> None:
     writer = _writers.pop(sync, None)
     if writer is not None:
         writer.close()
 
 
-def engine_of(sm: async_sessionmaker[AsyncSession]) -> AsyncEngine:
-    return sm.kw["bind"]  # type: ignore[no-any-return]
+def engine_of(sm: Sessions) -> AsyncEngine:
+    return cast(AsyncEngine, sm.kw["bind"])
 
 
-def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+def create_sessionmaker(engine: AsyncEngine) -> Sessions:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
@@ -616,7 +621,7 @@ def is_sqlite(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def insert_new(sm: async_sessionmaker[AsyncSession], model: Any) -> Any:
+def insert_new(sm: Sessions, model: type[DeclarativeBase]) -> Insert:
     """``INSERT … ON CONFLICT DO NOTHING`` on ``model`` in the dialect of ``sm``'s engine:
     a row that already exists is left alone and counted as 0 rows, without an error."""
     if is_sqlite(engine_of(sm)):
@@ -635,7 +640,7 @@ class LazySession:
     connection for each run would be waste.
     """
 
-    def __init__(self, factory: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(self, factory: Sessions) -> None:
         self._factory = factory
         self._session: AsyncSession | None = None
 
@@ -648,7 +653,7 @@ class LazySession:
             self._session = self._factory()
         return self._session
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._get(), name)
 
     async def close(self) -> None:

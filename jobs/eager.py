@@ -17,6 +17,7 @@ import asyncio
 import contextvars
 import sys
 from collections.abc import Coroutine, Generator
+from types import TracebackType
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -71,7 +72,7 @@ class _Started(Coroutine[Any, Any, Any]):
             raise StopIteration(value)
         raise value
 
-    def send(self, value: Any) -> Any:
+    def send(self, value: object) -> Any:
         if self._first:
             self._first = False
             if self._outcome is not None:
@@ -79,13 +80,22 @@ class _Started(Coroutine[Any, Any, Any]):
             return self._yielded
         return self._coro.send(value)
 
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+    def throw(
+        self,
+        typ: type[BaseException] | BaseException,
+        val: object = None,
+        tb: TracebackType | None = None,
+    ) -> Any:
         if self._first:
             self._first = False
             if self._outcome is not None:  # ended already: the cancel comes too late
                 return self._ended()
         if val is None and tb is None:
             return self._coro.throw(typ)
+        if isinstance(typ, BaseException):  # pragma: no cover (the old signature)
+            if val is not None:
+                raise TypeError("instance exception may not have a separate value")
+            return self._coro.throw(typ, None, tb)
         return self._coro.throw(typ, val, tb)  # pragma: no cover (the old signature)
 
     def close(self) -> None:

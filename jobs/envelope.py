@@ -15,17 +15,19 @@ import enum
 import json
 import logging
 import math
+import os
 import re
 import secrets
 import uuid
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import PurePath
-from typing import Any
+from typing import Any, TypeGuard
 
 import pydantic_core
 
 from jobs.context import workspace_dir
+from jobs.jsontext import JSON
 from jobs.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -54,11 +56,12 @@ class NotSerializable(ValueError):
 # --------------------------------------------------------------------------- serialization
 
 
-def to_jsonable(value: Any) -> Any:
+def to_jsonable(value: object) -> JSON:
     """A JSON-safe copy of ``value`` (raises ``NotSerializable`` naming the bad spot)."""
     try:
         # Fast path: plain JSON data only needs a canonical copy (C encoder/decoder).
-        return json.loads(json.dumps(value, ensure_ascii=False, allow_nan=False))
+        copy: JSON = json.loads(json.dumps(value, ensure_ascii=False, allow_nan=False))
+        return copy
     except (TypeError, ValueError, RecursionError):
         pass
     try:
@@ -67,7 +70,7 @@ def to_jsonable(value: Any) -> Any:
         raise NotSerializable("result is nested too deeply to serialize") from None
 
 
-def _convert(value: Any, where: str, seen: set[int]) -> Any:
+def _convert(value: object, where: str, seen: set[int]) -> JSON:
     if value is None or isinstance(value, bool | str):
         return value
     if isinstance(value, enum.Enum):
@@ -105,7 +108,7 @@ def _convert(value: Any, where: str, seen: set[int]) -> Any:
     )
 
 
-def _decimal(value: Decimal) -> Any:
+def _decimal(value: Decimal) -> JSON:
     if not value.is_finite():
         return str(value)
     if value == value.to_integral_value():
@@ -129,7 +132,7 @@ def _binary(raw: bytes, where: str) -> dict[str, Any]:
     }
 
 
-def _key(key: Any, where: str) -> str:
+def _key(key: object, where: str) -> str:
     if isinstance(key, str):
         return key
     if isinstance(key, bool):
@@ -146,15 +149,15 @@ def _key(key: Any, where: str) -> str:
 # --------------------------------------------------------------------------- the envelope
 
 
-def _blank(value: Any) -> bool:
+def _blank(value: object) -> bool:
     return value is None or (isinstance(value, str) and not value.strip()) or value in ([], {})
 
 
-def _reason(value: Any) -> str:
+def _reason(value: object) -> str:
     return value.strip() if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def normalize(raw: Any, skill: str) -> dict[str, Any]:
+def normalize(raw: object, skill: str) -> dict[str, Any]:
     """Any return value → a JSON-safe envelope dict with ``ok`` set consistently.
 
     Non-dict → ``{"result": value}``. ``ok is False`` or ``success is False`` is a
@@ -204,12 +207,12 @@ def failure(error: str, *, error_type: str | None = None, **extra: Any) -> dict[
     return env
 
 
-def is_failure(env: Any) -> bool:
+def is_failure(env: object) -> TypeGuard[dict[str, Any]]:
     """``ok`` or ``success`` explicitly ``False`` (missing or ``None`` is not failure)."""
     return isinstance(env, dict) and (env.get("ok") is False or env.get("success") is False)
 
 
-def is_recoverable(env: Any) -> bool:
+def is_recoverable(env: object) -> bool:
     """A failure the caller can fix by changing the input (fed back, not budgeted)."""
     if not is_failure(env):
         return False
@@ -220,12 +223,12 @@ def is_recoverable(env: Any) -> bool:
     return any(env.get(flag) is True for flag in ("recoverable", "retryable", "need_input"))
 
 
-def is_non_retriable(env: Any) -> bool:
+def is_non_retriable(env: object) -> bool:
     """``non_retriable`` only counts on failures that are not recoverable."""
     return is_failure(env) and not is_recoverable(env) and env.get("non_retriable") is True
 
 
-def is_partial(env: Any) -> bool:
+def is_partial(env: object) -> bool:
     """Success with ``completed: False`` or a ``warning``."""
     if not isinstance(env, dict) or is_failure(env):
         return False
@@ -239,7 +242,7 @@ def is_partial(env: Any) -> bool:
 _unsafe_name = re.compile(r"[^A-Za-z0-9_\-]+")
 
 
-def _encode(value: Any) -> bytes:
+def _encode(value: object) -> bytes:
     """Compact UTF-8 JSON (Rust encoder: offloading a multi-MB result stays in budget)."""
     return pydantic_core.to_json(value, fallback=str)
 
@@ -253,7 +256,9 @@ def _chars(data: bytes, limit: int | None = None) -> int:
     return len(data.decode("utf-8"))
 
 
-def offload(env: dict[str, Any], workspace: Any, skill: str) -> dict[str, Any]:
+def offload(
+    env: dict[str, Any], workspace: str | os.PathLike[str] | None, skill: str
+) -> dict[str, Any]:
     """A successful result over 12,000 JSON chars → file in ``<workspace>/.toolout/`` +
     receipt. Failures, small results and calls without a workspace are returned as is."""
     if not isinstance(env, dict) or is_failure(env) or env.get("offloaded") is True:
@@ -304,7 +309,7 @@ def offload(env: dict[str, Any], workspace: Any, skill: str) -> dict[str, Any]:
     return receipt
 
 
-def _keep(receipt: dict[str, Any], key: str, value: Any, encoded: bytes) -> None:
+def _keep(receipt: dict[str, Any], key: str, value: object, encoded: bytes) -> None:
     """What of one top-level field the receipt carries (SPEC §5)."""
     if key == "display_md" and isinstance(value, str):
         receipt[key] = _cut_md(value)
@@ -330,7 +335,7 @@ def _keep(receipt: dict[str, Any], key: str, value: Any, encoded: bytes) -> None
         receipt[key] = value
 
 
-def offload_sync(settings: Settings, env: Any, ctx: Mapping[str, Any], skill: str) -> Any:
+def offload_sync(settings: Settings, env: object, ctx: Mapping[str, Any], skill: str) -> Any:
     """The sync line's answer (C4): a large successful result becomes its receipt, the full
     result written into the caller's workspace exactly as a background job's would be."""
     if not isinstance(env, dict) or is_failure(env):
@@ -352,7 +357,7 @@ def _cut_md(text: str) -> str:
     return text[: DISPLAY_MD_MAX - len(marker)] + marker
 
 
-def _sample(item: Any) -> Any:
+def _sample(item: object) -> Any:
     if isinstance(item, str):
         return item if len(item) <= SAMPLE_ITEM_MAX else item[:SAMPLE_ITEM_MAX] + "…"
     encoded = _encode(item).decode("utf-8")

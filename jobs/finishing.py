@@ -52,7 +52,7 @@ class Finisher(Protocol):
         self,
         services: Services,
         job: JobRow,
-        result: Any,
+        result: object,
         *,
         fence: Fence,
         scope: RunScope | None = None,

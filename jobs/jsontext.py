@@ -11,15 +11,18 @@ orjson reads an integer past 64 bits as a float.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypeAlias
 
 import orjson
+
+#: a JSON value: what the envelope, contexts, configuration values and JSON columns hold
+JSON: TypeAlias = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None
 
 # keys that are not strings become strings, as json.dumps makes them
 _OPTIONS = orjson.OPT_NON_STR_KEYS
 
 
-def dumpb(value: Any) -> bytes:
+def dumpb(value: object) -> bytes:
     """``value`` as compact UTF-8 JSON (non-ASCII as is, ``NaN``/``Infinity`` as ``null``)."""
     try:
         return orjson.dumps(value, option=_OPTIONS)
@@ -28,6 +31,6 @@ def dumpb(value: Any) -> bytes:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def dumps(value: Any) -> str:
+def dumps(value: object) -> str:
     """:func:`dumpb` as ``str``."""
     return dumpb(value).decode()

@@ -19,7 +19,7 @@ import re
 import unicodedata
 from email.message import Message
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 from urllib.parse import unquote
 
 MEDIA_KINDS = ("image", "video", "audio", "file")
@@ -234,7 +234,7 @@ def file_digest(path: str | os.PathLike[str], chunk: int = 1024 * 1024) -> tuple
         return stream_digest(fh, chunk)
 
 
-def stream_digest(fh: Any, chunk: int = 1024 * 1024) -> tuple[int, str]:
+def stream_digest(fh: BinaryIO, chunk: int = 1024 * 1024) -> tuple[int, str]:
     """``(size, sha256 hex)`` of an open binary file, from where it stands."""
     digest = hashlib.sha256()
     size = 0

@@ -9,6 +9,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from jobs.db import create_engine
@@ -30,7 +31,7 @@ def head_revision() -> str | None:
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
     """Bring the database at ``engine`` to ``revision``."""
 
-    def _run(connection) -> None:  # type: ignore[no-untyped-def]
+    def _run(connection: Connection) -> None:
         cfg = alembic_config(str(engine.url))
         cfg.attributes["connection"] = connection
         command.upgrade(cfg, revision)
@@ -40,7 +41,7 @@ async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
 
 
 async def current_revision(engine: AsyncEngine) -> str | None:
-    def _cur(connection) -> str | None:  # type: ignore[no-untyped-def]
+    def _cur(connection: Connection) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
     async with engine.connect() as conn:

@@ -76,6 +76,11 @@ class ChainRunStatus(StrEnum):
     SKIPPED = "skipped"  # a fire time that came while the previous run was going
 
 
+class IncidentStatus(StrEnum):
+    OPEN = "open"
+    ACKED = "acked"  # an operator has seen it (a new failure of its kind opens it again)
+
+
 class AttemptOutcome(StrEnum):
     """How an attempt ended other than with a job status (``JobStatus``)."""
 
@@ -186,8 +191,8 @@ class Job(Base):
         Index(
             "ix_jobs_scheduled_run_at",
             "run_at",
-            postgresql_where=text("status = 'scheduled'"),
-            sqlite_where=text("status = 'scheduled'"),
+            postgresql_where=text(f"status = '{SCHEDULED.value}'"),
+            sqlite_where=text(f"status = '{SCHEDULED.value}'"),
         ),
         Index(
             "ix_jobs_lease_expires_at",
@@ -428,7 +433,7 @@ class ChainRun(Base):
     fire_key: Mapped[str] = mapped_column(String(128), unique=True)
     trigger: Mapped[str] = mapped_column(String(16), default="cron")  # cron | manual
     fire_at: Mapped[float] = mapped_column(Float)
-    status: Mapped[str] = mapped_column(String(16), default="queued")
+    status: Mapped[str] = mapped_column(String(16), default=ChainRunStatus.QUEUED)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     arq_job_id: Mapped[str | None] = mapped_column(String(96), nullable=True)
@@ -453,7 +458,7 @@ class ChainStep(Base):
     idx: Mapped[int] = mapped_column(Integer)
     step_id: Mapped[str] = mapped_column(String(128))
     skill: Mapped[str] = mapped_column(String(128))
-    status: Mapped[str] = mapped_column(String(16), default="pending")
+    status: Mapped[str] = mapped_column(String(16), default=StepStatus.PENDING)
     input: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     output: Mapped[Any] = mapped_column(JSONType, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -476,7 +481,7 @@ class Incident(Base):
     sample_error: Mapped[str] = mapped_column(Text, default="")
     count: Mapped[int] = mapped_column(Integer, default=0)
     sample_job_ids: Mapped[list[Any]] = mapped_column(JSONType, default=list)
-    status: Mapped[str] = mapped_column(String(16), default="open")  # open | acked
+    status: Mapped[str] = mapped_column(String(16), default=IncidentStatus.OPEN)
     first_seen: Mapped[float] = mapped_column(Float, default=now)
     last_seen: Mapped[float] = mapped_column(Float, default=now)
     acked_at: Mapped[float | None] = mapped_column(Float, nullable=True)

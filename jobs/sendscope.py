@@ -50,7 +50,7 @@ CURRENT: contextvars.ContextVar[SendScope | None] = contextvars.ContextVar(
 )
 
 
-def begin(job_id: str, owner: str, outbox: Any = None) -> contextvars.Token[SendScope | None]:
+def begin(job_id: str, owner: str, outbox: object = None) -> contextvars.Token[SendScope | None]:
     """Open the scope of one run (call it in the task that starts the skill)."""
     return CURRENT.set(SendScope(job_id, owner, outbox))
 
@@ -66,7 +66,7 @@ def next_call(content: str) -> tuple[SendScope, int] | None:
     return (scope, scope.next_call(content)) if scope is not None else None
 
 
-async def run_in(job_id: str, owner: str, work: Awaitable[T], outbox: Any = None) -> T:
+async def run_in(job_id: str, owner: str, work: Awaitable[T], outbox: object = None) -> T:
     """Await ``work`` inside a fresh scope (start it as its own task: the scope stays in
     that task's context and ends with it)."""
     begin(job_id, owner, outbox)

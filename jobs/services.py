@@ -8,25 +8,25 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import httpx
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from jobs.catalog.loader import load_registry
 from jobs.counters import SESSION_KEY, Counters
 from jobs.crypto import SecretBox, load_or_create_key
-from jobs.db import create_engine, create_sessionmaker
+from jobs.db import Sessions, create_engine, create_sessionmaker
+from jobs.execution.executor import Executor
 from jobs.settings import Settings
 from jobs.skill import SkillRegistry
 
 if TYPE_CHECKING:
     from arq.connections import ArqRedis, RedisSettings
 
-    from jobs.execution.executor import Executor
-
 
 @dataclass(eq=False)  # identity: the rooms above cache per Services (weak keys)
 class Services:
     settings: Settings
     engine: AsyncEngine
-    sessionmaker: async_sessionmaker[AsyncSession]
+    sessionmaker: Sessions
     box: SecretBox
     registry: SkillRegistry
     redis: ArqRedis | None = None
@@ -39,10 +39,10 @@ class Services:
     _executor: Executor | None = field(default=None, repr=False)
     # The read replica (``SKILLJOBS_DATABASE_READ_URL``), when one is configured.
     read_engine: AsyncEngine | None = None
-    _read_sessionmaker: async_sessionmaker[AsyncSession] | None = field(default=None, repr=False)
+    _read_sessionmaker: Sessions | None = field(default=None, repr=False)
 
     @property
-    def read_sessionmaker(self) -> async_sessionmaker[AsyncSession]:
+    def read_sessionmaker(self) -> Sessions:
         """Sessions for reads that may lag a little (lists, searches, statistics): the
         replica when configured, else the primary."""
         return self._read_sessionmaker or self.sessionmaker
@@ -59,9 +59,6 @@ class Services:
         """The one Executor of this process (HTTP dispatch, worker and chains share its
         caches), built on first use."""
         if self._executor is None:
-            # Function-level: the ground floor only names the execution room for typing.
-            from jobs.execution.executor import Executor
-
             self._executor = Executor(
                 settings=self.settings,
                 registry=self.registry,
@@ -81,8 +78,6 @@ class Services:
         redis_retries: int = 5,
     ) -> Services:
         """Connect to the database (and Redis unless ``redis=False``) and load the skills."""
-        from jobs.catalog.loader import load_registry
-
         engine = create_engine(settings.resolved_database_url)
         key = load_or_create_key(
             settings.data_dir,

@@ -196,12 +196,12 @@ class Settings(BaseSettings):
 
     @field_validator("data_dir", mode="before")
     @classmethod
-    def _expand(cls, v: Any) -> Any:
+    def _expand(cls, v: object) -> Any:
         return Path(os.path.expanduser(str(v))) if v is not None else v
 
     @field_validator("database_url", "database_read_url", mode="before")
     @classmethod
-    def _async_driver(cls, v: Any) -> Any:
+    def _async_driver(cls, v: object) -> Any:
         """``postgresql://`` (as every PostgreSQL tool writes it) and ``sqlite:///`` mean
         the async drivers this service uses."""
         if not isinstance(v, str) or not v.strip():
@@ -219,7 +219,7 @@ class Settings(BaseSettings):
 
     @field_validator("language", mode="before")
     @classmethod
-    def _language(cls, v: Any) -> Any:
+    def _language(cls, v: object) -> Any:
         code = str(v or "en").strip().lower().replace("_", "-").split("-")[0]
         if code not in ("en", "zh"):
             raise ValueError("SKILLJOBS_LANGUAGE must be en or zh")
@@ -227,7 +227,7 @@ class Settings(BaseSettings):
 
     @field_validator("delivery_retry_windows", mode="before")
     @classmethod
-    def _windows_json(cls, v: Any) -> Any:
+    def _windows_json(cls, v: object) -> Any:
         if isinstance(v, str):
             return json.loads(v) if v.strip() else {}
         return v
@@ -238,7 +238,7 @@ class Settings(BaseSettings):
 
     @field_validator("limits", mode="before")
     @classmethod
-    def _limits_json(cls, v: Any) -> Any:
+    def _limits_json(cls, v: object) -> Any:
         if isinstance(v, str):
             return json.loads(v) if v.strip() else {}
         return v

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,7 @@ class SkillRegistry:
     def __contains__(self, name: object) -> bool:
         return name in self._skills
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Skill]:
         return iter(sorted(self._skills.values(), key=lambda s: s.name))
 
     def __len__(self) -> int:

@@ -60,7 +60,7 @@ def _clean_str(value: str, notes: Notes) -> str:
     return _BAD.sub(_escape, value)
 
 
-def _clean(value: Any, notes: Notes, depth: int = 0) -> Any:
+def _clean(value: object, notes: Notes, depth: int = 0) -> Any:
     if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, str):
@@ -92,7 +92,7 @@ TEXT_REPLACED = "text_replaced"
 _INVALID = re.compile("[\ud800-\udfff]")
 
 
-def valid_text(value: Any, where: str = "", depth: int = 0) -> tuple[Any, list[str]]:
+def valid_text(value: object, where: str = "", depth: int = 0) -> tuple[Any, list[str]]:
     """``value`` with lone surrogates (a string cut inside an emoji, undecodable bytes)
     replaced by U+FFFD, and where that was done (at most 20 places named)."""
     if isinstance(value, str):
@@ -135,7 +135,7 @@ def text(value: str | None, notes: Notes | None = None, *, cap: int = TEXT_CAP) 
 _SCALAR = (str, int, bool, type(None))  # JSON scalars other than floats (checked finite)
 
 
-def _json_typed(value: Any, depth: int = 0) -> bool:
+def _json_typed(value: object, depth: int = 0) -> bool:
     """Only dicts with ``str`` keys, lists and JSON scalars (finite numbers), at most 200
     levels deep."""
     if isinstance(value, dict):
@@ -167,7 +167,7 @@ def _json_typed(value: Any, depth: int = 0) -> bool:
     return type(value) in _SCALAR
 
 
-def _as_is(value: Any, cap: int) -> bool:
+def _as_is(value: object, cap: int) -> bool:
     """Nothing to change: JSON-typed, finite, no NUL or lone surrogate, within ``cap``
     (one serialization checked instead of each string: most values are like this).
 
@@ -185,7 +185,7 @@ def _as_is(value: Any, cap: int) -> bool:
     return len(text) <= cap and b"\\u0000" not in text
 
 
-def json_value(value: Any, notes: Notes | None = None, *, cap: int = JSON_CAP) -> Any:
+def json_value(value: object, notes: Notes | None = None, *, cap: int = JSON_CAP) -> Any:
     """``value`` fit for a JSON column: escaped, JSON-typed, and when its serialization is
     longer than ``cap`` replaced by a marked summary (``_truncated``). A value that needs
     no change is returned as it is."""
@@ -212,7 +212,7 @@ def json_value(value: Any, notes: Notes | None = None, *, cap: int = JSON_CAP) -
     return summary
 
 
-def oversize(value: Any, *, cap: int = JSON_CAP) -> int | None:
+def oversize(value: object, *, cap: int = JSON_CAP) -> int | None:
     """The stored size of ``value`` (serialized characters) when :func:`json_value` would
     replace it by a summary, else None. Values that must be kept whole (a job's input) are
     refused with this instead of being summarized."""

@@ -25,12 +25,27 @@ import logging
 import os
 import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:  # the extra is imported only when tracing is set up
+    from opentelemetry.trace import TracerProvider
 
 log = logging.getLogger("skilljobs.telemetry")
 
 T = TypeVar("T")
 Attrs = Mapping[str, str | int | float | bool]
+
+
+class Traced(Protocol):
+    """What the spans of a job read of it (a job row; ``traceparent`` and ``queued_at``
+    when it has them)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def skill(self) -> str: ...
+
 
 #: the tracer while tracing is on, else None (the one thing every hook checks)
 _tracer: Any = None
@@ -77,7 +92,7 @@ def setup(service_name: str = "skilljobs") -> bool:
     return use(built)
 
 
-def use(provider: Any) -> bool:
+def use(provider: TracerProvider) -> bool:
     """Trace through ``provider`` (a ``TracerProvider``), e.g. a test's in-memory one."""
     global _tracer, _propagator
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -184,7 +199,7 @@ def incoming(header: str | None) -> contextlib.AbstractContextManager[None]:
 
 
 @contextlib.contextmanager
-def _attached(context: Any, ctx: Any) -> Iterator[None]:
+def _attached(context: ModuleType, ctx: object) -> Iterator[None]:
     token = context.attach(ctx)
     try:
         yield
@@ -219,7 +234,7 @@ def traced(
 def job_span(
     name: str,
     coro: Coroutine[Any, Any, T],
-    job: Any,
+    job: Traced,
     *,
     attempt: int | None = None,
 ) -> Coroutine[Any, Any, T]:
@@ -233,14 +248,14 @@ def job_span(
     return _in_span(name, coro, parent_of(job), attrs, outcome_of)
 
 
-def outcome_of(done: Any) -> Attrs:
+def outcome_of(done: object) -> Attrs:
     """The attributes of a run's or a finishing stage's end: a status word, or an
     executor outcome."""
     status = done if isinstance(done, str) else getattr(done, "status", "")
     return {"skilljobs.outcome": str(status)}
 
 
-def queue_wait(job: Any, attempt: int) -> None:
+def queue_wait(job: Traced, attempt: int) -> None:
     """Record the wait of ``job`` between its enqueue and now (its claim) as a span."""
     if _tracer is None:
         return
@@ -254,7 +269,7 @@ def queue_wait(job: Any, attempt: int) -> None:
     span.end(end_time=max(int(time.time() * 1e9), int(start * 1e9)))
 
 
-def parent_of(job: Any) -> str:
+def parent_of(job: Traced) -> str:
     """The ``traceparent`` the spans of ``job`` hang under: the one recorded at dispatch,
     else one derived from the job id (every worker derives the same)."""
     recorded = getattr(job, "traceparent", None)
@@ -268,13 +283,13 @@ def derived(key: str) -> str:
     return f"00-{digest[:32]}-{digest[32:48]}-01"
 
 
-def trace_id(job: Any) -> str:
+def trace_id(job: Traced) -> str:
     """The id of the trace the spans of ``job`` are in (when tracing is on), 32 hex digits:
     what to look the job up by in the tracing backend."""
     return parent_of(job).split("-")[1]
 
 
-def _job_attrs(job: Any) -> dict[str, str]:
+def _job_attrs(job: Traced) -> dict[str, str]:
     return {"skilljobs.job.id": str(job.id), "skilljobs.skill": str(job.skill)}
 
 

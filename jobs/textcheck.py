@@ -55,7 +55,7 @@ def text_problem(value: str) -> str | None:
     return f"contains invalid Unicode (a lone surrogate U+{ord(m.group()):04X} at {m.start()})"
 
 
-def _walk(value: Any, where: str, depth: int) -> None:
+def _walk(value: object, where: str, depth: int) -> None:
     if isinstance(value, str):
         if (bad := text_problem(value)) is not None:
             raise FieldProblem(where, f"context field {where!r} {bad}")

@@ -290,7 +290,7 @@ def localized_reason(reason: str, lang: str = DEFAULT_LANGUAGE) -> str:
     return reason
 
 
-def language(configured: str | None = None, locale: Any = None) -> str:
+def language(configured: str | None = None, locale: object = None) -> str:
     """``zh`` or ``en``: the context ``locale`` when it names one, else the configured one."""
     for value in (locale, configured):
         if isinstance(value, str) and value.strip():

@@ -147,28 +147,46 @@ def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
 
 
+def _upward(graph: dict[str, set[str]], known: frozenset[tuple[str, str]]) -> list[str]:
+    """The imports of ``graph`` that point up the layers and are not in ``known``."""
+    return sorted(
+        f"{name} ({LAYERS[_layer(name)][0]}) imports {dep} ({LAYERS[_layer(dep)][0]})"
+        for name, deps in graph.items()
+        for dep in deps
+        if _layer(dep) > _layer(name) and (name, dep) not in known
+    )
+
+
+def _stale(graph: dict[str, set[str]], known: frozenset[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The edges of ``known`` that ``graph`` no longer has."""
+    return sorted(e for e in known if e[1] not in graph.get(e[0], set()))
+
+
 # Upward edges still waiting to be handed in the way the runner is handed its Finisher and
-# its Notices: the "cancelled" notice an operator's cancel sends through delivery. Each pair
-# is listed here so that no new one can appear unnoticed.
-KNOWN_UPWARD = frozenset({("jobs.queue.control", "delivery.notices")})
+# its Notices, each listed so that no new one can appear unnoticed. None is left.
+KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset()
 
 
 @pytest.mark.slow
 def test_every_import_points_down_the_layers() -> None:
-    upward = sorted(
-        f"{name} ({LAYERS[_layer(name)][0]}) imports {dep} ({LAYERS[_layer(dep)][0]})"
-        for name, deps in _graph().items()
-        for dep in deps
-        if _layer(dep) > _layer(name) and (name, dep) not in KNOWN_UPWARD
-    )
-    assert upward == []
+    assert _upward(_graph(), KNOWN_UPWARD) == []
 
 
 @pytest.mark.slow
 def test_the_known_upward_edges_still_exist() -> None:
     """An edge handed in (or gone) leaves this list, so the list only ever shrinks."""
-    graph = _graph()
-    assert sorted(e for e in KNOWN_UPWARD if e[1] not in graph.get(e[0], set())) == []
+    assert _stale(_graph(), KNOWN_UPWARD) == []
+
+
+def test_an_upward_edge_is_found_unless_known_and_a_known_one_must_exist() -> None:
+    graph = {"jobs.queue.control": {"delivery.notices", "jobs.models"}, "delivery.notices": set()}
+    edge = ("jobs.queue.control", "delivery.notices")
+    assert _upward(graph, frozenset()) == [
+        "jobs.queue.control (jobs.queue) imports delivery.notices (delivery)"
+    ]
+    assert _upward(graph, frozenset({edge})) == []
+    assert _stale(graph, frozenset({edge})) == []
+    assert _stale({"jobs.queue.control": {"jobs.models"}}, frozenset({edge})) == [edge]
 
 
 def test_the_layer_check_sees_function_level_and_type_checking_imports(
@@ -193,13 +211,77 @@ def test_cycle_finder_finds_a_cycle() -> None:
 
 @pytest.mark.slow
 def test_ground_floor_imports_no_room_above_it() -> None:
-    """Modules directly in ``jobs/`` import nothing at import time from its subpackages nor
-    from the other packages (``Services`` builds the catalog and the executor on demand)."""
+    """Modules of the ground floor (directly in ``jobs/``, but ``services`` and
+    ``finishing``, which sit above execution) import nothing at import time from its
+    subpackages nor from the other packages."""
     for name, deps in _graph(top_only=True).items():
-        if name.count(".") != 1 or not name.startswith("jobs."):
+        if _layer(name) != 0:
             continue
         above = {d for d in deps if d.count(".") > 1 or not d.startswith("jobs")}
         assert not above, f"{name} imports {sorted(above)}"
+
+
+# Imports of our modules inside functions hide edges from a reader and cost a lookup per
+# call: they are kept for the command line's start-up (``jobs.cli.app`` imports a command's
+# module only when it runs), each with a comment saying why.
+MAX_FUNCTION_LEVEL_IMPORTS = 15
+
+
+def _function_level_imports(path: Path) -> list[int]:
+    """The lines of ``path`` where a function imports one of our packages."""
+    found: list[int] = []
+
+    def ours(name: str) -> bool:
+        return name.partition(".")[0] in PACKAGES
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        if in_function and isinstance(node, ast.Import):
+            if any(ours(alias.name) for alias in node.names):
+                found.append(node.lineno)
+        elif in_function and isinstance(node, ast.ImportFrom):
+            if node.module and node.level == 0 and ours(node.module):
+                found.append(node.lineno)
+        inside = in_function or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for child in ast.iter_child_nodes(node):
+            visit(child, inside)
+
+    visit(ast.parse(path.read_text()), False)
+    return found
+
+
+def _has_reason(lines: list[str], lineno: int) -> bool:
+    """A comment on the import's line or the line before it."""
+    return "#" in lines[lineno - 1] or lines[lineno - 2].strip().startswith("#")
+
+
+def test_few_function_level_imports_each_with_its_reason() -> None:
+    found = {
+        f"{path.relative_to(ROOT)}:{n}": _has_reason(path.read_text().splitlines(), n)
+        for path in _modules().values()
+        for n in _function_level_imports(path)
+    }
+    assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, sorted(found)
+    assert [where for where, reason in sorted(found.items()) if not reason] == []
+
+
+def test_function_level_imports_are_found_with_their_reasons(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text(
+        "import json\n"
+        "from jobs import models\n"
+        "def f():\n"
+        "    import os\n"
+        "    from jobs.queue import store  # lazy: the database\n"
+        "    class C:\n"
+        "        def g(self):\n"
+        "            # lazy: the web app\n"
+        "            import dashboard.app\n"
+        "async def h():\n"
+        "    from chains import runner\n"
+    )
+    assert _function_level_imports(path) == [5, 9, 11]
+    lines = path.read_text().splitlines()
+    assert [_has_reason(lines, n) for n in (5, 9, 11)] == [True, True, False]
 
 
 def test_no_hidden_imports_of_our_modules() -> None:

@@ -7,6 +7,8 @@ from typing import Any
 
 import yaml
 
+from chains import schedules
+from delivery.channels.web import ensure_session
 from jobs.services import Services
 
 DEMO_FILE = Path(__file__).with_name("daily_orders.yaml")
@@ -21,9 +23,6 @@ def demo_spec() -> dict[str, Any]:
 async def install_demo(services: Services) -> str | None:
     """Add the demo schedule unless one with its name exists (the operator may have
     edited or disabled it); make sure its result session exists. Returns the new id."""
-    from chains import schedules
-    from delivery.channels.web import ensure_session
-
     data = demo_spec()
     identity = data.get("identity") or {}
     session_id = (data.get("deliver") or {}).get("session_id")

@@ -12,13 +12,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import RowMapping, bindparam, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from jobs.context import config_key
 from jobs.crypto import ENC_TAG, REDACTED, SecretBox, is_secret_key
-from jobs.db import autocommit, engine_of, raw_fetch
+from jobs.db import Sessions, autocommit, engine_of, raw_fetch
 from jobs.models import SkillConfig, config_generation
 
 MAX_ID = 128
@@ -34,7 +33,7 @@ class ConfigChanged(Exception):
         self.generation = generation
 
 
-def _check_id(what: str, value: Any) -> str:
+def _check_id(what: str, value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{what} must be a non-empty string")
     text: str = value.strip()
@@ -43,7 +42,7 @@ def _check_id(what: str, value: Any) -> str:
     return text
 
 
-def _check_key(key: Any) -> str:
+def _check_key(key: object) -> str:
     if not isinstance(key, str):
         raise ValueError("config keys must be strings")
     k = config_key(key)
@@ -59,7 +58,7 @@ def _check_key(key: Any) -> str:
     return k
 
 
-def _check_value(key: str, value: Any) -> None:
+def _check_value(key: str, value: object) -> None:
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -89,11 +88,11 @@ _gen = config_generation
 class ConfigStore:
     """``set`` / ``replace`` / ``get`` / ``masked`` / ``prefetch`` on the ``skill_configs`` table."""
 
-    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], box: SecretBox) -> None:
+    def __init__(self, sessionmaker: Sessions, box: SecretBox) -> None:
         self.sessionmaker = sessionmaker
         self.box = box
 
-    def _fill(self, row: SkillConfig, key: str, value: Any) -> None:
+    def _fill(self, row: SkillConfig, key: str, value: object) -> None:
         secret = is_secret_key(key)
         row.is_secret = secret
         row.updated_at = time.time()
@@ -104,7 +103,7 @@ class ConfigStore:
             row.value = value
             row.value_enc = None
 
-    async def set(self, role_id: str, skill: str, key: str, value: Any) -> None:
+    async def set(self, role_id: str, skill: str, key: str, value: object) -> None:
         """Store one value (``None`` deletes the key)."""
         role_id, skill, key = (
             _check_id("role_id", role_id),
@@ -181,7 +180,7 @@ class ConfigStore:
         async with self.sessionmaker() as s:
             return list(await s.scalars(q.order_by(SkillConfig.skill, SkillConfig.key)))
 
-    def _plain(self, row: Any) -> Any:
+    def _plain(self, row: RowMapping | Mapping[str, Any]) -> Any:
         if row["is_secret"] and row["value_enc"] is not None:
             return self.box.decrypt({ENC_TAG: row["value_enc"]})
         return row["value"]

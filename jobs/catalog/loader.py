@@ -144,7 +144,7 @@ def parse_frontmatter(fm: str) -> tuple[dict[str, Any], list[str]]:
 # --------------------------------------------------------------------------- python source
 
 
-def _as_list(value: Any) -> list[Any]:
+def _as_list(value: object) -> list[Any]:
     if value is None or value == "":
         return []
     if isinstance(value, str):
@@ -154,11 +154,11 @@ def _as_list(value: Any) -> list[Any]:
     return [value]
 
 
-def _mapping(value: Any) -> dict[str, Any]:
+def _mapping(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _as_bool(value: Any) -> bool:
+def _as_bool(value: object) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in {"true", "yes", "on", "1"}
     return bool(value)
@@ -168,7 +168,7 @@ _TRUE = {"true", "yes", "on", "1"}
 _FALSE = {"false", "no", "off", "0", ""}
 
 
-def _strict_bool(value: Any) -> bool | None:
+def _strict_bool(value: object) -> bool | None:
     """A YAML boolean, or a string/number that clearly says one; None for anything else
     (``async: maybe`` must not silently mean false)."""
     if value is None or isinstance(value, bool):
@@ -184,7 +184,7 @@ def _strict_bool(value: Any) -> bool | None:
     return None
 
 
-def _names(value: Any) -> list[str]:
+def _names(value: object) -> list[str]:
     """``[X, Y]`` or ``[{name: X, required: true}]`` → required names."""
     out = []
     for item in _as_list(value):
@@ -196,7 +196,7 @@ def _names(value: Any) -> list[str]:
     return out
 
 
-def _env_spec(value: Any) -> dict[str, Any]:
+def _env_spec(value: object) -> dict[str, Any]:
     """Top-level ``env`` in any of its shapes → ``{name: {description, required, ...}}``."""
     if isinstance(value, dict):
         return {
@@ -224,7 +224,7 @@ def guess_category(tags: list[str], description: str) -> str:
     return best
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     if isinstance(value, bool) or value is None:
         return None
     try:

@@ -38,7 +38,7 @@ def repair_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "properties": fixed}
 
 
-def _is_empty(value: Any) -> bool:
+def _is_empty(value: object) -> bool:
     # Missing and empty both count as missing; 0 and False are values.
     if value is None:
         return True

@@ -24,9 +24,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr, ValidationError
 
+from jobs.catalog.loader import load_registry
 from jobs.cli.envs import check_skill_envs
 from jobs.cli.errors import mask_url
 from jobs.cli.state import apply_state
+from jobs.db import create_engine
+from jobs.execution import sandbox
+from jobs.migrate import alembic_config, current_revision, head_revision
 from jobs.settings import Settings
 
 UPGRADE_FIX = "run `skilljobs db upgrade`"
@@ -214,8 +218,6 @@ async def check_database(settings: Settings, timeout_sec: float = 5.0) -> Check:
     """Connect and ``SELECT 1`` within ``timeout_sec`` seconds."""
     from sqlalchemy import text
 
-    from jobs.db import create_engine
-
     name, shown = "database", _db_display(settings)
     if _missing_sqlite_file(settings):
         return warn(
@@ -253,8 +255,6 @@ async def check_read_replica(settings: Settings, timeout_sec: float = 5.0) -> Ch
     from sqlalchemy import text
     from sqlalchemy.engine import make_url
 
-    from jobs.db import create_engine
-
     name, shown = "read replica", make_url(url).render_as_string(hide_password=True)
     fix = "check SKILLJOBS_DATABASE_READ_URL, or unset it to read from the primary"
     engine = create_engine(url)
@@ -290,9 +290,6 @@ def _first_line(exc: BaseException) -> str:
 async def check_migrations(settings: Settings, timeout_sec: float = 5.0) -> Check:
     """The schema must be at the head revision this version ships."""
     from alembic.script import ScriptDirectory
-
-    from jobs.db import create_engine
-    from jobs.migrate import alembic_config, current_revision, head_revision
 
     name, head = "migrations", head_revision()
     if _missing_sqlite_file(settings):
@@ -428,7 +425,7 @@ async def check_redis_auth(settings: Settings, timeout_sec: float = 5.0) -> Chec
     )
 
 
-def _config_value(reply: Any, key: str) -> str:
+def _config_value(reply: object, key: str) -> str:
     if isinstance(reply, dict):
         return str(reply.get(key, ""))
     if isinstance(reply, list | tuple) and len(reply) >= 2:
@@ -448,10 +445,6 @@ def check_skills(settings: Settings) -> Check:
             f"skill folder(s) not found: {', '.join(missing)}",
             "fix SKILLJOBS_SKILLS_PATH (folders separated by the OS path separator)",
         )
-    try:
-        from jobs.catalog.loader import load_registry
-    except ModuleNotFoundError as exc:
-        return warn(name, f"the skill loader is not available ({exc})")
     try:
         registry = load_registry(settings.skill_dirs)
     except Exception as exc:
@@ -482,8 +475,6 @@ def check_skills(settings: Settings) -> Check:
 
 def check_sandbox(settings: Settings) -> Check:
     """Whether untrusted skills can run in the sandbox here, and which skills are trusted."""
-    from jobs.execution import sandbox
-
     name = "sandbox"
     mode = sandbox.sandbox_mode(settings)
     trusted_dirs = ", ".join(str(d) for d in settings.trusted_skill_dirs[1:]) or "none"
@@ -521,11 +512,7 @@ def in_container() -> bool:
 
 
 def _trust_counts(settings: Settings) -> str:
-    from jobs.execution import sandbox
-
     try:
-        from jobs.catalog.loader import load_registry
-
         registry = load_registry(settings.skill_dirs)
     except Exception:
         return "skills not loaded"

@@ -7,27 +7,18 @@ import asyncio
 import os
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import typer
 
 from jobs.cli.errors import explain
 from jobs.cli.i18n import tr
+from jobs.cli.invocation import invocation
 from jobs.cli.state import apply_state
+from jobs.services import Services
 from jobs.settings import Settings
 
 T = TypeVar("T")
-
-
-class _Invocation:
-    """What this one command invocation was started with (``--debug``) and the settings it
-    loaded (which the explanation of a failure names)."""
-
-    debug: bool = False
-    settings: Settings | None = None
-
-
-invocation = _Invocation()
 
 
 def debug_enabled() -> bool:
@@ -101,18 +92,19 @@ def load_settings() -> Settings:
     return settings
 
 
-async def open_services(settings: Settings, **kw: Any):  # type: ignore[no-untyped-def]
-    from jobs.services import Services
-
+async def open_services(
+    settings: Settings, *, redis: bool = True, redis_retries: int = 1
+) -> Services:
+    """The services of a command; ``redis_retries``: a command answers at once when Redis
+    is not there."""
     invocation.settings = settings
-    kw.setdefault("redis_retries", 1)  # a command answers at once when Redis is not there
     try:
-        return await Services.open(settings, **kw)
+        return await Services.open(settings, redis=redis, redis_retries=redis_retries)
     except Exception as exc:
         fail_on(exc)
 
 
-def with_services(fn: Callable[[Any], Awaitable[T]], *, redis: bool = True) -> T:
+def with_services(fn: Callable[[Services], Awaitable[T]], *, redis: bool = True) -> T:
     """The body of most commands: settings from the environment, the services opened,
     ``fn(services)`` run, the services closed whatever happens."""
     settings = load_settings()

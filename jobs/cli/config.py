@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import typer
 
+from jobs.catalog.configs import ConfigStore
+from jobs.cli import output
 from jobs.cli.common import fail, load_settings, run_async
+from jobs.context import config_key
 from jobs.crypto import SecretBox, is_secret_key, load_or_create_key
+from jobs.db import create_engine, create_sessionmaker
+
+T = TypeVar("T")
 
 config_app = typer.Typer(
     help="Per-role skill configuration (secrets stored encrypted).", no_args_is_help=True
@@ -28,10 +35,7 @@ def _value(key: str, raw: str, as_string: bool) -> Any:
         return raw
 
 
-async def _with_store(fn: Any) -> Any:
-    from jobs.catalog.configs import ConfigStore
-    from jobs.db import create_engine, create_sessionmaker
-
+async def _with_store(fn: Callable[[ConfigStore], Awaitable[T]]) -> T:
     settings = load_settings()
     try:
         key = load_or_create_key(
@@ -49,7 +53,7 @@ async def _with_store(fn: Any) -> Any:
         await engine.dispose()
 
 
-def _run(fn: Any) -> Any:
+def _run(fn: Callable[[ConfigStore], Awaitable[T]]) -> T:
     """Unreachable or unmigrated databases end the command as every command does
     (``jobs.cli.common.fail_on``: the setting and the fix, exit 2)."""
     return run_async(lambda: _with_store(fn))
@@ -69,7 +73,6 @@ def config_set(
     parsed = _value(key, value, string)
     _run(lambda store: store.set(role, skill, key, parsed))
     shown = "••••••" if is_secret_key(key) else json.dumps(parsed, ensure_ascii=False)
-    from jobs.context import config_key
 
     typer.echo(f"{role} / {skill}: {config_key(key)} = {shown}")
 
@@ -100,7 +103,6 @@ def config_list(
     if not rows:
         typer.echo(f"no configuration for role {role}" + (f" / {skill}" if skill else ""))
         return
-    from jobs.cli import output
 
     output.table(
         ("skill", "key", "value"),

@@ -9,6 +9,9 @@ from typing import Any
 
 import typer
 
+from delivery import custody
+from delivery.custody import list_deliveries
+from jobs.cli import output
 from jobs.cli.common import fail, load_settings, open_services, run_async
 
 deliveries_app = typer.Typer(
@@ -36,8 +39,6 @@ def list_cmd(
 ) -> None:
     """Deliveries newest first (by default every unknown and failed one, and every one
     pending past SKILLJOBS_DELIVERY_PENDING_STALE_SEC)."""
-    from delivery.custody import list_deliveries
-
     settings = load_settings()
 
     async def _go() -> list[dict[str, Any]]:
@@ -59,7 +60,6 @@ def list_cmd(
     if as_json:
         typer.echo(json.dumps({"items": rows}, ensure_ascii=False, indent=2))
         return
-    from jobs.cli import output
 
     cols = ("id", "status", "recipient", "kind", "job", "gen", "updated", "error / receipt")
     out = []
@@ -83,8 +83,6 @@ def list_cmd(
 
 
 def _act(action: str, delivery_id: int) -> None:
-    from delivery import custody
-
     settings = load_settings()
 
     async def _go() -> custody.Outcome:

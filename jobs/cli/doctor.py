@@ -1,4 +1,5 @@
-"""``skilljobs doctor``: print one ✓ / ! / ✗ line per check; exit 1 when any check fails."""
+"""``skilljobs doctor``: print one ✓ / ! / ✗ line per check; exit 1 when any check fails.
+It registers ``db upgrade`` too, the fix it names for a schema behind."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import json
 
 import typer
 
-from jobs.cli.checks import Check, Status, check_settings, failed, run_checks
+from jobs.cli import db
+from jobs.cli.checks import Check, Status, check_settings, fail, failed, run_checks
 
 _COLORS = {
     Status.OK: typer.colors.GREEN,
@@ -40,8 +42,6 @@ def doctor(
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
         except Exception as exc:  # a check that could not even run is a failed check
-            from jobs.cli.checks import fail
-
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             checks.append(
                 fail("checks", f"stopped: {type(exc).__name__}: {first}", "see the lines above")
@@ -60,3 +60,4 @@ def doctor(
 
 def register(app: typer.Typer) -> None:
     app.command("doctor")(doctor)
+    db.register(app)  # `db upgrade`, the fix doctor names for a schema behind

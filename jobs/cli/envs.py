@@ -6,32 +6,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import typer
 
+from jobs.catalog.loader import load_registry, load_skill
 from jobs.cli.common import fail, load_settings
+from jobs.execution import env_store
 from jobs.execution.env_store import Policy, remove
-from jobs.skill import FANOUT_SEP, MAX_FANOUT
-
-if TYPE_CHECKING:
-    from jobs.execution.envs import EnvManager, EnvSpec
-    from jobs.settings import Settings
-    from jobs.skill import Skill
+from jobs.execution.envs import BuildFailed, EnvManager, EnvSpec, cleanup, declared, spec_for
+from jobs.settings import Settings
+from jobs.skill import FANOUT_SEP, MAX_FANOUT, Skill
 
 C = TypeVar("C")  # a line of the doctor's report (``jobs.cli.checks.Check``)
 
 
 def manager(settings: Settings) -> EnvManager:
-    from jobs.execution.envs import EnvManager
-
     return EnvManager.from_settings(settings)
 
 
 def env_state(skill: Skill, envs: EnvManager | None) -> str:
     """``-`` (nothing to install), ``ready (requirements.txt)``, ``missing (…)``, ``invalid: …``."""
-    from jobs.execution.envs import BuildFailed, spec_for
-
     if envs is None:
         return "-"
     try:
@@ -52,8 +47,6 @@ def fanout_names(skill: Skill) -> list[str]:
 
 
 def skill_at(folder: Path) -> Skill | None:
-    from jobs.catalog.loader import load_skill
-
     try:
         return load_skill(folder)
     except Exception:  # preflight reports why the folder does not load
@@ -70,9 +63,6 @@ def prepare(
     dependencies or package.json + lockfile (workers otherwise build them on first use)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from jobs.catalog.loader import load_registry
-    from jobs.execution.envs import BuildFailed, spec_for
 
     settings = load_settings()
     registry = load_registry(settings.skill_dirs)
@@ -158,10 +148,6 @@ def list_envs(
     from rich.console import Console
     from rich.table import Table
 
-    from jobs.catalog.loader import load_registry
-    from jobs.execution import env_store
-    from jobs.execution.envs import declared
-
     settings = load_settings()
     root = manager(settings).root
     registry = load_registry(settings.skill_dirs)
@@ -204,8 +190,6 @@ def prune_envs(
     job uses."""
     from dataclasses import replace
 
-    from jobs.execution.envs import cleanup
-
     settings = load_settings()
     policy = Policy.from_settings(settings)
     if older_than is not None:
@@ -234,8 +218,6 @@ def check_skill_envs(
     """``doctor``: whether the skills' dependency environments are built (a missing one is
     built by the worker on first use, so it is a warning, not a failure). ``ok``/``warn``
     are the report's constructors (jobs.cli.checks)."""
-    from jobs.catalog.loader import load_registry
-
     name = "skill environments"
     try:
         registry = load_registry(settings.skill_dirs)

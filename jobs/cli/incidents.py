@@ -3,11 +3,6 @@ jobs is ``skilljobs jobs retry --incident ID``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from jobs.services import Services
-
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,6 +11,8 @@ from rich.console import Console
 
 from jobs.cli import output
 from jobs.cli.common import fail, with_services
+from jobs.queue import incidents
+from jobs.services import Services
 
 console = Console()
 
@@ -39,8 +36,6 @@ def list_incidents(
     """Incidents, most recently seen first."""
 
     async def _go(svc: Services) -> None:
-        from jobs.queue import incidents
-
         items = await incidents.list_incidents(
             svc.sessionmaker,
             status=None if status == "all" else status,
@@ -74,8 +69,6 @@ def ack_incident(incident_id: str) -> None:
     """Acknowledge an incident (a new failure of its signature re-opens it)."""
 
     async def _go(svc: Services) -> dict[str, Any]:
-        from jobs.queue import incidents
-
         try:
             return await incidents.ack(svc.sessionmaker, incident_id, actor="cli")
         except LookupError as exc:

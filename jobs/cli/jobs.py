@@ -5,11 +5,6 @@ job a filter matches — the dashboard's job filter, ``jobs.queue.filters``:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from jobs.services import Services
-
 import asyncio
 import json
 import time
@@ -19,11 +14,22 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy import select
 
+from dashboard import queries
+from dashboard.shapes import job_dict
+from delivery import notices
 from jobs import telemetry
 from jobs.cli import output
 from jobs.cli.common import fail, with_services
 from jobs.cli.output import print_json
+from jobs.envelope import is_partial
+from jobs.models import FINAL_STATUSES, Job, JobAttempt
+from jobs.queue import control, delayed, pauses
+from jobs.queue.dispatcher import Dispatcher
+from jobs.queue.filters import JobFilter
+from jobs.queue.store import get_job
+from jobs.services import Services
 
 console = Console()
 jobs_app = typer.Typer(help="Look at and act on jobs.", no_args_is_help=True)
@@ -75,8 +81,6 @@ def dispatch(
     in_: str = typer.Option("", "--in", help="Run later, after 10m, 1h30m, 45s ..."),
 ) -> None:
     """Call a skill the way the chat layer does: a receipt for background jobs, the result otherwise."""
-    from jobs.queue import delayed
-
     data = _parse_json(input, "--input")
     run_at: float | None = None
     try:
@@ -104,8 +108,6 @@ def dispatch(
     telemetry.setup("skilljobs-cli")
 
     async def _go(svc: Services) -> int:
-        from jobs.queue.dispatcher import Dispatcher
-
         res = await Dispatcher(svc).dispatch(
             skill,
             data,
@@ -126,9 +128,6 @@ def dispatch(
 
 
 async def _wait(svc: Services, job_id: str, limit: float) -> int:
-    from jobs.models import FINAL_STATUSES
-    from jobs.queue.store import get_job
-
     deadline = time.monotonic() + limit
     last = ""
     with console.status(f"job {job_id}: queued") as status:
@@ -150,9 +149,7 @@ async def _wait(svc: Services, job_id: str, limit: float) -> int:
     return 0 if job.status == "succeeded" else 1
 
 
-def _print_job(svc: Services, job: Any) -> None:
-    from jobs.envelope import is_partial
-
+def _print_job(svc: Services, job: Job) -> None:
     console.print(f"[bold]{job.id}[/]  {job.skill}  [bold]{job.status}[/]  attempts={job.attempts}")
     phase = job.current_phase()
     if phase is not None:  # e.g. preparing environment (requirements.txt) since 12:01:02
@@ -202,12 +199,7 @@ def list_jobs(
 
     paused: set[str] = set()
 
-    async def _go(svc: Services) -> list[Any]:
-        from sqlalchemy import select
-
-        from jobs.models import Job
-        from jobs.queue import pauses
-
+    async def _go(svc: Services) -> list[Job]:
         async with svc.sessionmaker() as s:
             conds = await flt.conditions_in(s)
             q = select(Job).where(*conds).order_by(Job.created_at.desc()).limit(limit)
@@ -242,7 +234,7 @@ def list_jobs(
     output.table(cols, out, wrap=("error",))
 
 
-def job_json(job: Any) -> dict[str, Any]:
+def job_json(job: Job) -> dict[str, Any]:
     """A job as ``--json`` prints it (the API's field names; times are epoch seconds)."""
     ctx = job.context if isinstance(job.context, dict) else {}
     phase = job.current_phase()
@@ -273,9 +265,7 @@ def job_json(job: Any) -> dict[str, Any]:
     }
 
 
-def _filter(filters: dict[str, Any]) -> Any:
-    from jobs.queue.filters import JobFilter
-
+def _filter(filters: dict[str, Any]) -> JobFilter:
     try:
         return JobFilter.parse({k: v for k, v in filters.items() if v})
     except ValueError as exc:
@@ -288,12 +278,6 @@ def show_job(job_id: str, as_json: bool = output.JSON_OPT) -> None:
     result (secrets redacted)."""
 
     async def _go(svc: Services) -> None:
-        from sqlalchemy import select
-
-        from jobs.models import JobAttempt
-        from jobs.queue import pauses
-        from jobs.queue.store import get_job
-
         job = await get_job(svc.sessionmaker, job_id)
         if job is None:
             fail(f"no job {job_id}")
@@ -306,9 +290,6 @@ def show_job(job_id: str, as_json: bool = output.JSON_OPT) -> None:
                 )
             ).all()
         if as_json:
-            from dashboard import queries
-            from dashboard.api_jobs import job_dict
-
             async with svc.sessionmaker() as s:
                 arts, dels = await queries.job_children(s, [job_id])
             body = job_dict(
@@ -340,7 +321,7 @@ def show_job(job_id: str, as_json: bool = output.JSON_OPT) -> None:
     with_services(_go, redis=False)
 
 
-def _print_tails(attempt: Any) -> None:
+def _print_tails(attempt: JobAttempt) -> None:
     for name in ("stdout", "stderr"):
         tail = getattr(attempt, f"{name}_tail", None)
         if tail:
@@ -349,11 +330,10 @@ def _print_tails(attempt: Any) -> None:
 
 
 def _action(name: str, job_id: str) -> None:
-    async def _go(svc: Services) -> Any:
-        from jobs.queue import control
-
-        fns = {"retry": control.retry_job, "cancel": control.cancel_job}
-        fn = fns.get(name, control.delete_job)
+    async def _go(svc: Services) -> control.ActionResult:
+        if name == "cancel":
+            return await control.cancel_job(svc, job_id, notices=notices, actor="cli")
+        fn = control.retry_job if name == "retry" else control.delete_job
         return await fn(svc, job_id, actor="cli")
 
     res = with_services(_go, redis=name != "delete")
@@ -367,10 +347,10 @@ def _bulk(name: str, filters: dict[str, Any], dry_run: bool, yes: bool, limit: i
     flt = _filter(filters)
 
     async def _go(svc: Services) -> dict[str, Any] | None:
-        from jobs.queue import control
-
         try:
-            preview = await control.bulk_action(svc, name, flt, dry_run=True, limit=limit)
+            preview = await control.bulk_action(
+                svc, name, flt, notices=notices, dry_run=True, limit=limit
+            )
         except (LookupError, ValueError) as exc:
             fail(str(exc.args[0] if exc.args else exc))
         n, taken = preview["matched"], len(preview["job_ids"])
@@ -389,7 +369,9 @@ def _bulk(name: str, filters: dict[str, Any], dry_run: bool, yes: bool, limit: i
         count = f"{min(n, limit)} job{'s' if min(n, limit) != 1 else ''}"
         if not yes and not typer.confirm(f"{name.capitalize()} {count}?"):
             fail("nothing done", code=1)
-        return await control.bulk_action(svc, name, flt, dry_run=False, limit=limit, actor="cli")
+        return await control.bulk_action(
+            svc, name, flt, notices=notices, dry_run=False, limit=limit, actor="cli"
+        )
 
     done = with_services(_go)
     if done is None:

@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.cli.common import fail, with_services
+from jobs.queue import rates
+from jobs.services import Services
 
 console = Console()
 limits_app = typer.Typer(
@@ -28,9 +30,7 @@ def set_limit(
 ) -> None:
     """Set a limit (workers apply it within a second; jobs over it wait, queued)."""
 
-    async def _go(svc: Any) -> None:
-        from jobs.queue import rates
-
+    async def _go(svc: Services) -> None:
         try:
             row = await rates.set_limit(
                 svc.sessionmaker, key, rate=rate or None, concurrency=concurrency, actor="cli"
@@ -49,9 +49,7 @@ def set_limit(
 def unset_limit(key: str = typer.Argument(..., help="The key of the limit to remove.")) -> None:
     """Remove a run-time limit (SKILLJOBS_LIMITS applies again for its key)."""
 
-    async def _go(svc: Any) -> bool:
-        from jobs.queue import rates
-
+    async def _go(svc: Services) -> bool:
         try:
             return await rates.unset_limit(svc.sessionmaker, key, actor="cli")
         except rates.LimitError as exc:
@@ -67,9 +65,7 @@ def list_limits(
 ) -> None:
     """The limits in force: SKILLJOBS_LIMITS with the run-time ones over it."""
 
-    async def _go(svc: Any) -> list[dict[str, Any]]:
-        from jobs.queue import rates
-
+    async def _go(svc: Services) -> list[dict[str, Any]]:
         return await rates.items(svc)
 
     items = with_services(_go)

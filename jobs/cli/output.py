@@ -19,11 +19,11 @@ def is_terminal() -> bool:
     return sys.stdout.isatty()
 
 
-def print_json(data: Any) -> None:
+def print_json(data: object) -> None:
     typer.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     text = "-" if value is None or value == "" else str(value)
     # one record per line: tabs and line breaks inside a value become spaces
     return " ".join(text.split()) if any(c in text for c in "\t\r\n") else text

@@ -7,6 +7,8 @@ from typing import Any
 import typer
 
 from jobs.cli.common import fail, load_settings, run_async
+from jobs.db import create_engine, create_sessionmaker
+from jobs.queue.prune import prune as run_prune
 
 
 def prune(
@@ -14,9 +16,6 @@ def prune(
 ) -> None:
     """Delete finished jobs, chain runs, messages, workspace files and skill environments
     past their retention."""
-    from jobs.db import create_engine, create_sessionmaker
-    from jobs.queue.prune import prune as run_prune
-
     settings = load_settings()
 
     async def _go() -> dict[str, Any] | None:

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from jobs.services import Services
-
 import asyncio
 import contextlib
 import logging
@@ -15,18 +10,31 @@ import secrets
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import typer
+import uvicorn
+from pydantic import SecretStr
 
+from chains.demo import install_demo
+from dashboard.app import create_app
+from dashboard.server import UnsafeBind, server_for
+from dashboard.server import check_bind as dashboard_check_bind
 from jobs import telemetry
 from jobs.cli.common import fail, fail_on, load_settings, run_async
 from jobs.cli.embedded import EmbeddedRedis, redis_password, write_private
 from jobs.cli.errors import mask_url
+from jobs.cli.skills import try_it
 from jobs.cli.state import read_state, running, write_state
 from jobs.cli.supervise import WorkerProcess
+from jobs.db import create_engine
 from jobs.logs import setup_logging
+from jobs.migrate import upgrade
+from jobs.privileges import make_undumpable
+from jobs.queue import heap
+from jobs.queue.worker import build_worker
+from jobs.services import Services
 from jobs.settings import Settings
+from jobs.skill import SkillRegistry
 
 log = logging.getLogger("skilljobs")
 
@@ -53,9 +61,6 @@ def worker(
         )
 
     async def _go() -> None:
-        from jobs.queue.worker import build_worker
-        from jobs.services import Services
-
         svc = await _open(settings)
         try:
             w = build_worker(
@@ -142,9 +147,6 @@ def up(
     check_bind(settings, host)
 
     async def _go() -> None:
-        from jobs.db import create_engine
-        from jobs.migrate import upgrade
-
         engine = create_engine(settings.resolved_database_url)
         try:
             await upgrade(engine)
@@ -223,8 +225,6 @@ def private_files(settings: Settings) -> None:
     """What this process creates is its own: directories 0700, files 0600 (the database,
     keys, tokens, workspaces and their files). State left by an older version is tightened.
     The process is made non-dumpable: skills cannot read its environment or memory."""
-    from jobs.privileges import make_undumpable
-
     make_undumpable()
     os.umask(0o077)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -251,8 +251,6 @@ def admin_token(settings: Settings) -> str:
     (0600) in the data dir, generated on first use. There is no tokenless admin."""
     if settings.api_token and settings.api_token.get_secret_value():
         return settings.api_token.get_secret_value()
-    from pydantic import SecretStr
-
     token = ensure_local_token(settings)
     settings.api_token = SecretStr(token)
     return token
@@ -271,29 +269,20 @@ def ensure_local_token(settings: Settings) -> str:
 
 def check_bind(settings: Settings, host: str) -> None:
     """The dashboard's bind rule (no public address without a token), as a one-line exit."""
-    from dashboard.server import UnsafeBind
-    from dashboard.server import check_bind as dashboard_check_bind
-
     try:
         dashboard_check_bind(settings, host)
     except UnsafeBind as exc:
         fail(str(exc))
 
 
-async def _open(settings: Settings) -> Any:
-    from jobs.services import Services
-
+async def _open(settings: Settings) -> Services:
     try:
         return await Services.open(settings)
     except Exception as exc:
         fail_on(exc)
 
 
-def _web_server(svc: Services, host: str, port: int) -> Any:
-    from dashboard.app import create_app
-    from dashboard.server import server_for
-    from jobs.queue import heap
-
+def _web_server(svc: Services, host: str, port: int) -> uvicorn.Server:
     # Timeouts, connection cap and descriptor limit of the web app (dashboard.server).
     app = create_app(svc.settings, services=svc, sync_pool=True)
     # The web process serves a stream of short-lived requests over the same import heap
@@ -310,20 +299,14 @@ async def _serve_web(svc: Services, host: str, port: int) -> None:
 async def install_demo_schedule(svc: Services) -> None:
     """Add the bundled demo schedule once (it stays under the operator's control after)."""
     try:
-        from chains.demo import install_demo
-    except ImportError:
-        return
-    try:
         await install_demo(svc)
     except Exception as exc:
         log.warning("demo schedule not installed: %s", exc)
 
 
 def _print_banner(
-    settings: Settings, host: str, port: int, token: str, registry: Any = None
+    settings: Settings, host: str, port: int, token: str, registry: SkillRegistry | None = None
 ) -> None:
-    from jobs.cli.skills import try_it
-
     base = _base_url(host, port)
     # The command as the user can paste it (`make run` starts `.venv/bin/skilljobs up`).
     argv0 = sys.argv[0] if sys.argv and sys.argv[0].endswith("skilljobs") else "skilljobs"

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from jobs.services import Services
-
 import json
 from pathlib import Path
 from typing import Any
@@ -15,10 +10,20 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs.catalog.loader import load_registry, skill_folders
+from jobs.catalog.preflight import Finding, check_skill_dir, has_errors
+from jobs.cli import envs
 from jobs.cli.common import fail, load_settings, run_async, with_services
 from jobs.cli.envs import env_state, fanout_names, manager, register_prepare, skill_at
 from jobs.cli.i18n import tr
-from jobs.skill import Skill
+from jobs.execution.envs import EnvManager
+from jobs.execution.sandbox import run_mode
+from jobs.execution.subproc import passthrough_for
+from jobs.queue import pauses
+from jobs.queue.pauses import peek
+from jobs.services import Services
+from jobs.settings import Settings
+from jobs.skill import Skill, SkillRegistry
 
 skills_app = typer.Typer(
     help="Skill folders: list what loaded, check new ones.", no_args_is_help=True
@@ -31,7 +36,7 @@ def _wall(skill: Skill) -> str:
     return f"{skill.effective_wall_sec():g}s (default)"
 
 
-def _row(skill: Skill, envs: Any = None) -> dict[str, object]:
+def _row(skill: Skill, envs: EnvManager | None = None) -> dict[str, object]:
     return {
         "name": skill.name,
         "skill_type": skill.skill_type.value,
@@ -51,13 +56,9 @@ def _row(skill: Skill, envs: Any = None) -> dict[str, object]:
     }
 
 
-def run_as(skill: Skill, settings: Any = None) -> dict[str, object]:
+def run_as(skill: Skill, settings: Settings | None = None) -> dict[str, object]:
     """How the skill runs: ``sandboxed`` or ``trusted``, why, and the host variables the
     operator hands it (SKILLJOBS_SKILL_ENV_PASSTHROUGH)."""
-    from jobs.cli.common import load_settings
-    from jobs.execution.sandbox import run_mode
-    from jobs.execution.subproc import passthrough_for
-
     settings = settings or load_settings()
     mode, why = run_mode(skill, settings)
     return {
@@ -70,7 +71,7 @@ def run_as(skill: Skill, settings: Any = None) -> dict[str, object]:
 DEMO_SKILL = "sales_report"
 
 
-def try_it(registry: Any, exe: str, curl: str) -> list[str]:
+def try_it(registry: SkillRegistry | None, exe: str, curl: str) -> list[str]:
     """The banner's "try it" lines, for a skill that is actually loaded: the bundled async
     demo when present, else a loaded async skill, else any runnable one (sync)."""
     skills = [s for s in (registry or []) if s.runnable and not s.builtin]
@@ -98,9 +99,6 @@ def list_skills(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Every skill folder found in SKILLJOBS_SKILLS_PATH, with its load status."""
-    from jobs.catalog.loader import load_registry
-    from jobs.queue.pauses import peek
-
     settings = load_settings()
     registry = load_registry(settings.skill_dirs)
     envs = manager(settings)
@@ -156,9 +154,6 @@ def check(
     ),
 ) -> None:
     """Install preflight: exit 1 when any skill has an error."""
-    from jobs.catalog.loader import skill_folders
-    from jobs.catalog.preflight import Finding, check_skill_dir, has_errors
-
     if directory is not None:
         if not directory.is_dir():
             fail(f"{directory} is not a folder")
@@ -205,8 +200,6 @@ def check(
 def _pause_action(name: str, pause: bool) -> None:
 
     async def _go(svc: Services) -> dict[str, Any]:
-        from jobs.queue import pauses
-
         try:
             fn = pauses.pause if pause else pauses.resume
             return await fn(svc, name, actor="cli")
@@ -243,6 +236,7 @@ def resume_skill(name: str = typer.Argument(..., help="Skill name.")) -> None:
 
 def register(app: typer.Typer) -> None:
     app.add_typer(skills_app, name="skills")
+    envs.register(app)  # `envs`: the environments of the skills listed here
 
 
 register_prepare(skills_app)  # `skills prepare`

@@ -52,7 +52,7 @@ def read_state(data_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def pid_alive(pid: Any) -> bool:
+def pid_alive(pid: object) -> bool:
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:

@@ -3,11 +3,6 @@ taking jobs, let it take them again, or let it finish what it runs and exit (dra
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from jobs.services import Services
-
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,6 +11,8 @@ from rich.console import Console
 
 from jobs.cli import output
 from jobs.cli.common import fail, with_services
+from jobs.queue import worker_control
+from jobs.services import Services
 
 console = Console()
 workers_app = typer.Typer(help="Worker processes: pause, resume, drain.", no_args_is_help=True)
@@ -32,8 +29,6 @@ def list_workers(as_json: bool = output.JSON_OPT) -> None:
     """Workers, latest heartbeat first: alive / stale / stopped, paused or draining."""
 
     async def _go(svc: Services) -> list[dict[str, Any]]:
-        from jobs.queue import worker_control
-
         try:
             return await worker_control.list_workers(svc)
         except worker_control.WorkerControlError as exc:
@@ -54,8 +49,6 @@ def list_workers(as_json: bool = output.JSON_OPT) -> None:
 
 def _act(action: str, worker_id: str) -> None:
     async def _go(svc: Services) -> dict[str, Any]:
-        from jobs.queue import worker_control
-
         try:
             return await worker_control.act(svc, action, worker_id, actor="cli")
         except worker_control.WorkerControlError as exc:

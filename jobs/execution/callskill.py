@@ -71,7 +71,7 @@ def within_caller(wall: float) -> float:
     return max(0.0, min(wall, deadline - time.monotonic()))
 
 
-def _refused(name: Any, error: str, output: Any = None) -> dict[str, Any]:
+def _refused(name: object, error: str, output: object = None) -> dict[str, Any]:
     return {"ok": False, "error": error, "skill": str(name), "output": output}
 
 
@@ -79,7 +79,7 @@ class _Missing(KeyError):
     pass
 
 
-def _lookup(source: Any, path: str) -> Any:
+def _lookup(source: object, path: str) -> Any:
     cur = source
     for part in path.split("."):
         if isinstance(cur, Mapping) and part in cur:
@@ -91,7 +91,7 @@ def _lookup(source: Any, path: str) -> Any:
     return cur
 
 
-def fill_template(template: Mapping[str, Any], source: Any) -> dict[str, Any]:
+def fill_template(template: Mapping[str, Any], source: object) -> dict[str, Any]:
     """``{"title": "Sales for {day}"}`` filled from ``source`` (dotted paths allowed). A value
     that is exactly ``"{field}"`` keeps the field's type. Raises ``KeyError`` naming a field
     that is not in ``source``."""
@@ -130,7 +130,7 @@ def bind_call_skill(
         name: str,
         input: dict[str, Any] | None = None,
         *,
-        source: Any = None,
+        source: object = None,
         template: Mapping[str, Any] | None = None,
         passthrough: bool = False,
         **kw: Any,
@@ -143,14 +143,14 @@ def bind_call_skill(
             log.warning("call_skill %s → %s failed: %s", caller, name, type(exc).__name__)
             return _refused(name, f"call_skill({name!r}) failed: {type(exc).__name__}: {exc}")
 
-    call_skill.depth = depth  # type: ignore[attr-defined]
+    call_skill.__dict__["depth"] = depth  # what a skill may read: its nesting level
     return call_skill
 
 
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
-def _frozen(value: Any) -> Any:
+def _frozen(value: object) -> Any:
     """A copy of a plain value (lists, tags) so that later edits do not reach it; live
     objects (db_factory, abort_signal) are kept as they are."""
     if isinstance(value, list):
@@ -160,7 +160,9 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-def _bad_arguments(input: Any, source: Any, template: Any, passthrough: bool) -> str | None:
+def _bad_arguments(
+    input: object, source: object, template: object, passthrough: bool
+) -> str | None:
     if input is not None and not isinstance(input, Mapping):
         return f"call_skill input must be a dict, got {type(input).__name__}"
     if template is not None and not isinstance(template, Mapping):
@@ -175,10 +177,10 @@ async def _call(
     ctx: Mapping[str, Any],
     caller: str,
     depth: int,
-    name: Any,
-    input: Any,
-    source: Any,
-    template: Any,
+    name: object,
+    input: object,
+    source: object,
+    template: object,
     passthrough: bool,
     kw: dict[str, Any],
 ) -> dict[str, Any]:
@@ -222,7 +224,7 @@ async def _call(
             data[key] = value
     if passthrough and isinstance(source, Mapping):
         data.update({k: v for k, v in source.items() if not str(k).startswith("_")})
-    if template:
+    if isinstance(template, Mapping) and template:  # (else None: _bad_arguments)
         try:
             data.update(fill_template(template, source if source is not None else {}))
         except KeyError as exc:
@@ -230,7 +232,8 @@ async def _call(
             return _refused(
                 name, f"call_skill template refers to {{{field}}}, which is not in source"
             )
-    data.update(input or {})
+    if isinstance(input, Mapping):  # (else None: _bad_arguments)
+        data.update(input)
     data.update(kw)
 
     child: dict[str, Any] = flatten_configs(name, configs)

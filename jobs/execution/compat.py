@@ -50,4 +50,4 @@ def install() -> None:
     assert parent is not None
     for export in EXPORTS:
         setattr(parent, export, getattr(provider, export))
-    parent.__all__ = list(EXPORTS)  # type: ignore[attr-defined]
+    parent.__dict__["__all__"] = list(EXPORTS)

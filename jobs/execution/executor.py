@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from delivery.net.fetch import SafeFetcher
 from jobs.catalog.configs import ConfigStore
@@ -47,7 +48,14 @@ from jobs.envelope import failure, is_failure, normalize
 from jobs.execution import compat, envs, inprocess, input_rules, inputs, sandbox, subproc
 from jobs.execution.callskill import WALL_DEADLINE, bind_call_skill, within_caller
 from jobs.execution.http_skill import run_http
-from jobs.execution.provider import llm_env, llm_values, provider_from, role_llm_values
+from jobs.execution.provider import (
+    Provider,
+    llm_env,
+    llm_values,
+    provider_from,
+    role_llm_values,
+)
+from jobs.execution.sandbox_runner import RunStart
 from jobs.execution.skill_output import exit_failure
 from jobs.logs import register_secrets
 from jobs.models import JobStatus
@@ -56,6 +64,9 @@ from jobs.skill import SUBPROCESS_TIMEOUT_SEC, ExecType, Skill, SkillRegistry, S
 from jobs.storable import TEXT_REPLACED, valid_text
 
 log = logging.getLogger(__name__)
+
+#: a role's model: its provider (None: no model configured) and its subprocess variables
+LLM = tuple[Provider | None, dict[str, str]]
 
 TRANSIENT_EXC = (*DB_UNAVAILABLE, httpx.TimeoutException, httpx.NetworkError)
 TRACE_CAP = 8000  # characters of a raising skill's traceback (and its prints) kept
@@ -127,9 +138,9 @@ class Executor:
         self._http = http
         self._own_http: httpx.AsyncClient | None = None
         self._outbound: SafeFetcher | None = None
-        self._skill_engine: Any = None
+        self._skill_engine: AsyncEngine | None = None
         self._sandbox: sandbox.Sandbox | None = None
-        self._skill_sessions: Any = None
+        self._skill_sessions: Sessions | None = None
         if config_store is None and sessionmaker is not None and box is not None:
             config_store = ConfigStore(sessionmaker, box)
         self.config_store = config_store
@@ -138,9 +149,9 @@ class Executor:
         self.llm_env = llm_env(self.llm_default)
         # role_id → (valid until, provider, subprocess env): a role's own model binding
         self.role_llm_ttl = ROLE_LLM_TTL_SEC
-        self._role_llm: dict[str, tuple[float, Any, dict[str, str]]] = {}
-        self._role_llm_pending: dict[str, asyncio.Future[tuple[Any, dict[str, str]]]] = {}
-        self._role_providers: list[Any] = []
+        self._role_llm: dict[str, tuple[float, Provider | None, dict[str, str]]] = {}
+        self._role_llm_pending: dict[str, asyncio.Future[LLM]] = {}
+        self._role_providers: list[Provider] = []
         self.workspace_root = settings.resolved_workspace_root if settings is not None else None
         self.env_passthrough = str(getattr(settings, "skill_env_passthrough", "") or "")
         self.envs = envs.EnvManager.from_settings(settings)  # PEP 723 / requirements / npm
@@ -212,7 +223,7 @@ class Executor:
         """Run a skill called by another skill (``call_skill``) at nesting ``depth``."""
         return await self._execute(skill, input_data, ctx, None, depth=depth)
 
-    async def llm_for(self, role_id: str) -> tuple[Any, dict[str, str]]:
+    async def llm_for(self, role_id: str) -> LLM:
         """(provider, subprocess LLM env) for the role: its own binding (configuration under
         ``@llm``: provider, base, key, model) over the ``SKILLJOBS_LLM_*`` default. Looked
         up at most every ``role_llm_ttl`` seconds; a failed lookup means the default."""
@@ -231,7 +242,7 @@ class Executor:
             lookup.add_done_callback(lambda _t: self._role_llm_pending.pop(role_id, None))
         return await asyncio.shield(lookup)
 
-    async def _look_up_llm(self, role_id: str, now: float) -> tuple[Any, dict[str, str]]:
+    async def _look_up_llm(self, role_id: str, now: float) -> LLM:
         assert self.config_store is not None
 
         try:
@@ -257,7 +268,7 @@ class Executor:
     async def _execute(
         self,
         skill: Skill | str,
-        input_data: Any,
+        input_data: object,
         ctx: Mapping[str, Any] | None,
         policy_wall_sec: float | None,
         *,
@@ -302,7 +313,7 @@ class Executor:
         self,
         skill: Skill | str,
         name: str,
-        input_data: Any,
+        input_data: object,
         ctx: Mapping[str, Any] | None,
         policy_wall_sec: float | None,
         depth: int,
@@ -323,7 +334,7 @@ class Executor:
         deadline = WALL_DEADLINE.set(time.monotonic() + wall)  # what a callee may use (C9)
         printed = Printed()
         try:
-            data = input_data or {}
+            data = (input_data if isinstance(input_data, dict) else None) or {}
             try:  # attachment ids, force_raw_prompt (seed §3.3, §3.4)
                 data = input_rules.apply(found, data, rc, depth=depth)
             except input_rules.Refused as refused:
@@ -388,7 +399,7 @@ class Executor:
         return self._outcome(normalize(raw, name), t0, name=name, printed=printed)
 
     def _refuse(
-        self, skill: Skill | None, name: str, input_data: Any, ctx: Any
+        self, skill: Skill | None, name: str, input_data: object, ctx: Mapping[str, Any] | None
     ) -> dict[str, Any] | None:
         """A failure envelope when the skill must not run at all, else None."""
         if skill is None:
@@ -481,7 +492,7 @@ class Executor:
         return outcome
 
     def _runtime_context(
-        self, ctx: Mapping[str, Any], skill: Skill, depth: int, provider: Any = None
+        self, ctx: Mapping[str, Any], skill: Skill, depth: int, provider: Provider | None = None
     ) -> dict[str, Any]:
         """The context the skill sees: the caller's keys + workspace_dir, db, db_factory,
         provider (setdefault) and call_skill bound to this call depth."""
@@ -510,6 +521,8 @@ class Executor:
         if self.sessionmaker is None:
             return
         business = self.skill_sessionmaker()
+        if business is None:  # (never: the job store's sessions at least)
+            return
         if not callable(rc.get("db_factory")):
             rc["db_factory"] = business
         db = rc.get("db")
@@ -518,7 +531,7 @@ class Executor:
         if _is_bundled(skill):
             rc["_platform_sessions"] = self.sessionmaker
 
-    def skill_sessionmaker(self) -> Any:
+    def skill_sessionmaker(self) -> Sessions | None:
         """Sessions on ``SKILLJOBS_SKILL_DATABASE_URL`` (default: ``<data dir>/skills.db``),
         the database skills get; created on first use."""
         if self._skill_sessions is None:
@@ -534,12 +547,12 @@ class Executor:
             self._skill_sessions = create_sessionmaker(self._skill_engine)
         return self._skill_sessions
 
-    def _workspace(self, role_id: Any, session_id: Any) -> str | None:
+    def _workspace(self, role_id: object, session_id: object) -> str | None:
         """``<root>/<role_id>/<session_id or shared>``, created once, memoized per id pair."""
         key = (str(role_id or ""), str(session_id or ""))
-        role_id, session_id = key
         if key not in self._workspaces:
-            path = workspace_dir(self.workspace_root, role_id, session_id)  # type: ignore[arg-type]
+            assert self.workspace_root is not None  # only asked when there is a root
+            path = workspace_dir(self.workspace_root, *key)
             ws = str(path) if path is not None else None
             if ws:
                 Path(ws).mkdir(parents=True, exist_ok=True)
@@ -668,7 +681,7 @@ class Executor:
                 for key in ("SKILL_INPUT", "SKILL_CONTEXT"):
                     env.pop(key, None)  # (they travel over the channel: no size limit)
                 env.update(TMPDIR="/tmp", PYTHONDONTWRITEBYTECODE="1")
-                start = {
+                start: RunStart = {
                     "path": str(skill.entry),
                     "name": skill.name,
                     "entry_function": skill.entry_function,
@@ -927,11 +940,12 @@ def _is_transient(exc: BaseException) -> bool:
 
 
 async def _serve_runner(
-    sock: socket.socket, start: dict[str, Any], rc: dict[str, Any]
+    sock: socket.socket, start: RunStart, rc: dict[str, Any]
 ) -> dict[str, Any] | None:
     """The worker's end of a sandboxed runner's channel: send the run, answer its
     ``call_skill`` / ``provider`` requests (bound to the caller, as in the worker), and
-    return the runner's last message (None: it ended without one)."""
+    return the runner's last message (None: it ended without one). What comes back was
+    written inside the sandbox: read as plain dicts, each field checked where it is used."""
     # (this task's own context: the runs it performs for the skill end nothing of its caller)
     inprocess.SKILL_ENDED.set(None)
     reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 26)
@@ -1006,7 +1020,7 @@ async def _perform(request: dict[str, Any], rc: dict[str, Any]) -> Any:
     raise RuntimeError(f"unknown request {op!r}")
 
 
-def _about_provider(provider: Any) -> dict[str, Any] | None:
+def _about_provider(provider: object) -> dict[str, Any] | None:
     """What a sandboxed skill may know of the role's model (never its key)."""
     if not hasattr(provider, "complete"):
         return None
@@ -1070,8 +1084,6 @@ def _runner_outcome(
 def _package_dirs() -> list[str]:
     """Our own package (and its bundled skills, a package of their own when installed):
     importable read-only by a sandboxed runner."""
-    from jobs.settings import BUNDLED_SKILLS
-
     return [str(Path(__file__).resolve().parents[1]), str(BUNDLED_SKILLS.resolve())]
 
 
@@ -1082,7 +1094,7 @@ def _attachment_files(rc: Mapping[str, Any]) -> list[str]:
     return sorted(p for p in allowed if os.path.isfile(p))
 
 
-def _role_of(ctx: Any) -> str:
+def _role_of(ctx: Mapping[str, Any] | None) -> str:
     role = ctx.get("role_id") if isinstance(ctx, Mapping) else None
     return role if isinstance(role, str) else str(role or "")
 

@@ -24,10 +24,10 @@ import sys
 import threading
 import types
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 CAPTURE_CHARS = 64 * 1024
 
@@ -86,7 +86,7 @@ class _Stream:
         run.write(text)
         return len(text)
 
-    def writelines(self, lines: Any) -> None:
+    def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:
             self.write(line)
 
@@ -152,7 +152,7 @@ def guarded(script: str) -> Iterator[RunIO]:
 
 def host_argv() -> list[str]:
     """The host's own command line, whatever run is current."""
-    return sys.__dict__["argv"]  # type: ignore[no-any-return]
+    return cast(list[str], sys.__dict__["argv"])
 
 
 __all__ = ["CAPTURE_CHARS", "RunIO", "guarded", "host_argv"]

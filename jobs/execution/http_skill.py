@@ -42,7 +42,7 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from delivery.net.fetch import FetchError
+from delivery.net.fetch import FetchError, SafeFetcher
 from delivery.net.urlsafety import RefusedURL
 from jobs.context import RESERVED_PREFIX, lookup_config
 from jobs.envelope import failure
@@ -141,7 +141,7 @@ class _Filler:
         whole = "".join(out)
         return whole, whole if prefix is None else prefix
 
-    def deep(self, obj: Any) -> Any:
+    def deep(self, obj: object) -> Any:
         if isinstance(obj, str):
             m = _PLACEHOLDER.fullmatch(obj.strip())
             return self.value(m.group(1)) if m else self.text(obj)
@@ -152,7 +152,7 @@ class _Filler:
         return obj
 
 
-def _as_text(v: Any) -> str:
+def _as_text(v: object) -> str:
     return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
 
 
@@ -180,7 +180,7 @@ def _check_prefix(url: str, prefix: str) -> None:
         raise TemplateError(f"the input may not leave the URL path {want.path!r}")
 
 
-def _pick(data: Any, path: str) -> Any:
+def _pick(data: object, path: str) -> Any:
     for part in [p for p in path.split(".") if p]:
         if isinstance(data, list) and part.isdigit() and int(part) < len(data):
             data = data[int(part)]
@@ -237,7 +237,7 @@ class _Answer:
 
 
 async def _send(
-    req: _Request, http: httpx.AsyncClient, fetcher: Any, where: str, skill: str
+    req: _Request, http: httpx.AsyncClient, fetcher: SafeFetcher | None, where: str, skill: str
 ) -> _Answer | dict[str, Any]:
     """The answer, read up to the cap; through the outbound policy when a ``fetcher``
     (``delivery.net.fetch.SafeFetcher``) is given, never following a redirect."""
@@ -284,7 +284,7 @@ async def run_http(
     http: httpx.AsyncClient,
     *,
     wall: float,
-    fetcher: Any = None,
+    fetcher: SafeFetcher | None = None,
 ) -> Any:
     """Send the skill's request; return the raw result (the executor normalizes it)."""
     assert skill.entry is not None

@@ -21,15 +21,17 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from jobs import eager
 from jobs.execution.hostguard import guarded
 from jobs.skill import Skill
 from jobs.texts import meaningful_line
+
+T = TypeVar("T")
 
 ENTRY_NAMES = ("execute", "run", "handler", "main", "handle")
 CANCEL_GRACE_SEC = 1.0  # how long a timed-out or cancelled skill gets to unwind
@@ -89,7 +91,16 @@ def required_positional(fn: Callable[..., Any]) -> int:
     return sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty)
 
 
-def _import_entry(skill: Skill, path: str, mtime_ns: int) -> Entry:
+class EntryOf(Protocol):
+    """What finding a skill's entry reads of it (a ``Skill``, or the sandbox's stand-in)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def entry_function(self) -> str | None: ...
+
+
+def _import_entry(skill: EntryOf, path: str, mtime_ns: int) -> Entry:
     mod_name = f"skilljobs_skill_{skill.name.replace('-', '_')}_{mtime_ns:x}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
@@ -180,9 +191,7 @@ async def get_entry(cache: EntryCache, skill: Skill, wall: float) -> Entry:
         return entry
     try:
         with guarded(str(skill.entry)):  # module-level code sees its own argv, prints nowhere
-            return await in_thread(  # type: ignore[no-any-return]
-                cache.load, (skill,), wall, skill.name, bind_loop=True
-            )
+            return await in_thread(cache.load, (skill,), wall, skill.name, bind_loop=True)
     except Raised as wrapped:
         exc = wrapped.__cause__
         if isinstance(exc, SystemExit):
@@ -225,7 +234,8 @@ async def run_entry(
 def exited(name: str, exc: SystemExit, printed: str) -> dict[str, Any]:
     """The failure of an in-process entry that called ``sys.exit``: the reason it gave
     (``sys.exit("…")``, or the meaningful line it printed, e.g. argparse's ``error:``)."""
-    from jobs.envelope import failure  # (the sandbox runner imports this module without it)
+    # lazy: the envelope imports the database models, which the sandbox runner never needs
+    from jobs.envelope import failure
 
     code = exc.code
     if isinstance(code, str) and code.strip():
@@ -282,7 +292,7 @@ class _Run:
         self.outcome: tuple[bool, Any] | None = None
 
 
-async def _contained(coro: Any, waiter: asyncio.Future[None], run: _Run) -> None:
+async def _contained(coro: Awaitable[Any], waiter: asyncio.Future[None], run: _Run) -> None:
     """Run the skill, its outcome kept in ``run`` (the task itself never fails: asyncio
     would re-raise a skill's SystemExit into the event loop, and stop the whole process)."""
     SKILL_ENDED.set(None)  # (this task's own context: the skill's nested runs end nothing)
@@ -302,7 +312,7 @@ async def _contained(coro: Any, waiter: asyncio.Future[None], run: _Run) -> None
         _wake(waiter)
 
 
-async def with_wall(coro: Any, wall: float) -> Any:
+async def with_wall(coro: Awaitable[Any], wall: float) -> Any:
     """Await ``coro`` as its own task under the wall clock, started at once (its first step
     runs before this waits: ``jobs.eager``). The skill's exceptions come out wrapped in
     ``Raised``; expiry cancels it (a skill that ignores cancellation is abandoned after a
@@ -339,27 +349,27 @@ async def with_wall(coro: Any, wall: float) -> Any:
 
 
 async def in_thread(
-    fn: Callable[..., Any],
+    fn: Callable[..., T],
     args: tuple[Any, ...],
     wall: float,
     name: str,
     *,
     bind_loop: bool = False,
-) -> Any:
+) -> T:
     """Run ``fn`` in a daemon thread: a hung one is abandoned at the wall clock and never
     blocks shutdown (unlike a thread-pool worker). Errors come out wrapped in ``Raised``.
     ``bind_loop`` makes the service's loop that thread's event loop (module-level code that
     calls ``asyncio.get_event_loop()`` gets the loop it would have got in-line)."""
     loop = asyncio.get_running_loop()
-    fut: asyncio.Future[Any] = loop.create_future()
+    fut: asyncio.Future[T] = loop.create_future()
 
-    def settle(ok: bool, value: Any) -> None:
-        if fut.done():
-            return
-        if ok:
+    def succeed(value: T) -> None:
+        if not fut.done():
             fut.set_result(value)
-        else:
-            fut.set_exception(value)
+
+    def fail(exc: BaseException) -> None:
+        if not fut.done():
+            fut.set_exception(exc)
 
     context = contextvars.copy_context()  # the run's argv and streams (hostguard) go along
 
@@ -367,11 +377,11 @@ async def in_thread(
         if bind_loop:
             asyncio.set_event_loop(loop)
         try:
-            outcome: tuple[bool, Any] = (True, context.run(fn, *args))
+            settle = functools.partial(succeed, context.run(fn, *args))
         except BaseException as exc:  # delivered to the awaiting side, never lost
-            outcome = (False, exc)
+            settle = functools.partial(fail, exc)
         try:
-            loop.call_soon_threadsafe(settle, *outcome)
+            loop.call_soon_threadsafe(settle)
         except RuntimeError:
             pass  # abandoned at its wall clock and the loop is gone: nobody is waiting
 

@@ -50,7 +50,7 @@ def _kind(att: Mapping[str, Any]) -> str:
     return "img" if kind.startswith(("image", "img", "photo", "picture")) else "file"
 
 
-def attachment_ids(attachments: Any) -> dict[str, str]:
+def attachment_ids(attachments: object) -> dict[str, str]:
     """id → path of each attachment (``local_path``, else its ``url``)."""
     out: dict[str, str] = {}
     counts: dict[str, int] = {}
@@ -88,7 +88,7 @@ class _Substitution:
             "|".join(f"(?<![A-Za-z0-9_])(?:{p})(?![A-Za-z0-9_])" for p in parts)
         )
 
-    def whole(self, value: Any, field: str) -> Any:
+    def whole(self, value: object, field: str) -> Any:
         if isinstance(value, str):
             ref = value.strip()
             if ref in self.ids:
@@ -106,7 +106,7 @@ class _Substitution:
 
         return self.token.sub(one, text)
 
-    def walk(self, value: Any, field: str, depth: int = 0) -> Any:
+    def walk(self, value: object, field: str, depth: int = 0) -> Any:
         if depth > MAX_DEPTH:
             return value
         if isinstance(value, Mapping):
@@ -122,19 +122,19 @@ class _Substitution:
             return items
         return self.whole(value, field)
 
-    def field(self, key: str, value: Any, where: str, depth: int = 0) -> Any:
+    def field(self, key: str, value: object, where: str, depth: int = 0) -> Any:
         if key.lower() in SUBSTRING_FIELDS and isinstance(value, str):
             return self.inside(value, where)
         return self.walk(value, where, depth)
 
 
-def substitute_attachments(data: dict[str, Any], attachments: Any) -> dict[str, Any]:
+def substitute_attachments(data: dict[str, Any], attachments: object) -> dict[str, Any]:
     """A copy of ``data`` with attachment ids replaced (raises UnknownAttachment)."""
     sub = _Substitution(attachment_ids(attachments))
     return {k: sub.field(k, v, k) for k, v in data.items()}
 
 
-def first_required_string(schema: Any) -> str | None:
+def first_required_string(schema: object) -> str | None:
     """The first name in ``required`` whose property is a string."""
     if not isinstance(schema, Mapping):
         return None

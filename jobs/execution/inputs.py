@@ -56,7 +56,7 @@ PATH_FORMATS = frozenset({"path", "file", "file-path"})
 MAX_DEPTH = 64
 
 
-def shape_problem(value: Any, where: str) -> str | None:
+def shape_problem(value: object, where: str) -> str | None:
     """Why a dispatched value is not plain data, or None: containers nested deeper than
     ``MAX_DEPTH``, non-finite numbers, or our sealed-value key (user input is never
     unsealed, so it may not look sealed either)."""
@@ -103,7 +103,7 @@ def _is_strong(key: str) -> bool:
     return any(w in STRONG_NAMES for w in k.split("_"))
 
 
-def _schema_paths(schema: Any) -> frozenset[str]:
+def _schema_paths(schema: object) -> frozenset[str]:
     props = schema.get("properties") if isinstance(schema, Mapping) else None
     if not isinstance(props, Mapping):
         return frozenset()
@@ -177,7 +177,7 @@ class Confinement:
             )
 
 
-def _walk(conf: Confinement, field: str, value: Any, mode: str, depth: int) -> None:
+def _walk(conf: Confinement, field: str, value: object, mode: str, depth: int) -> None:
     """``mode``: "strong" (a file field), "media" (a file field when it looks like a
     path) or "any" (data; only nested file fields are checked)."""
     if depth > MAX_DEPTH:
@@ -208,7 +208,7 @@ def _mode(key: str, schema_paths: frozenset[str]) -> str:
 _FLAG_FILE_NAMES = (*STRONG_NAMES, "file_path", "input_file", "output_file", "file_name")
 
 
-def mode_of(key: str, schema: Any = None, *, flag: bool = False) -> str:
+def mode_of(key: str, schema: object = None, *, flag: bool = False) -> str:
     """How the value of input ``key`` is judged: "strong" (always a path), "media" (a
     path when it looks like one) or "any" (data). ``flag``: the key becomes a command-line
     flag, and a prefix of a file flag's name (``fil``, ``file-p``) is read as that flag by
@@ -236,7 +236,7 @@ def confine(
     *,
     workspace: str | None,
     attachments: Iterable[Any] = (),
-    schema: Any = None,
+    schema: object = None,
 ) -> None:
     """Raise :class:`Refused` for the first file-like value that points outside the job."""
     if all(str(key).startswith("_") for key in input_data):

@@ -142,13 +142,13 @@ def subprocess_llm_env(settings: Settings) -> dict[str, str]:
     return llm_env(llm_values(settings))
 
 
-def _message(m: Any) -> dict[str, Any]:
+def _message(m: object) -> dict[str, Any]:
     if isinstance(m, Mapping):
         return {"role": str(m.get("role") or "user"), "content": m.get("content", "")}
     return {"role": str(getattr(m, "role", "user")), "content": getattr(m, "content", str(m))}
 
 
-def _opt(options: Any, name: str) -> Any:
+def _opt(options: CallOptions | Mapping[str, object] | None, name: str) -> Any:
     if options is None:
         return None
     if isinstance(options, Mapping):
@@ -156,7 +156,7 @@ def _opt(options: Any, name: str) -> Any:
     return getattr(options, name, None)
 
 
-def _tool_spec(tool: Any) -> tuple[str, str, dict[str, Any]]:
+def _tool_spec(tool: object) -> tuple[str, str, dict[str, Any]]:
     """(name, description, JSON schema) of a tool given in either wire shape or plainly
     as ``{name, description, parameters | input_schema}``."""
     t: dict[str, Any] = dict(tool) if isinstance(tool, Mapping) else {"name": str(tool)}
@@ -166,12 +166,15 @@ def _tool_spec(tool: Any) -> tuple[str, str, dict[str, Any]]:
     return str(t.get("name") or ""), str(t.get("description") or ""), dict(schema)
 
 
-def _tool_arguments(raw: Any) -> dict[str, Any]:
+def _tool_arguments(raw: object) -> dict[str, Any]:
     if isinstance(raw, Mapping):
         return dict(raw)
+    text = raw or "{}"
+    if not isinstance(text, str | bytes | bytearray):
+        return {"_raw": raw}
     try:
-        parsed = json.loads(raw or "{}")
-    except (TypeError, ValueError):
+        parsed = json.loads(text)
+    except ValueError:
         return {"_raw": raw}
     return parsed if isinstance(parsed, dict) else {"_value": parsed}
 
@@ -289,7 +292,7 @@ class Provider:
         system: str | None = None,
         max_tokens: int = 1024,
         temperature: float | None = None,
-        options: Any = None,
+        options: CallOptions | Mapping[str, object] | None = None,
     ) -> CompletionResult:
         path, body, headers = self._request(messages, system, max_tokens, temperature, options)
         data = await self._post(path, body, headers)
@@ -304,7 +307,7 @@ class Provider:
         system: str | None = None,
         max_tokens: int = 1024,
         temperature: float | None = None,
-        options: Any = None,
+        options: CallOptions | Mapping[str, object] | None = None,
     ) -> TextStream:
         """The answer in text chunks as the model produces them (server-sent events)."""
         path, body, headers = self._request(messages, system, max_tokens, temperature, options)
@@ -321,7 +324,7 @@ class Provider:
         system: str | None = None,
         max_tokens: int = 1024,
         temperature: float | None = None,
-        options: Any = None,
+        options: CallOptions | Mapping[str, object] | None = None,
         tool_choice: str | None = None,
     ) -> ToolCallResult:
         """A completion that may call ``tools`` (OpenAI ``function`` tools, Anthropic
@@ -351,7 +354,7 @@ class Provider:
         system: str | None,
         max_tokens: int,
         temperature: float | None,
-        options: Any,
+        options: CallOptions | Mapping[str, object] | None,
     ) -> tuple[str, dict[str, Any], dict[str, str]]:
         if isinstance(messages, str):
             messages = [Message("user", messages)]

@@ -44,7 +44,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from jobs.settings import BUNDLED_SKILLS
+from jobs.settings import BUNDLED_SKILLS, Settings
+from jobs.skill import Skill
 
 PR_SET_PDEATHSIG = 1
 SKILL_UID = 65534  # the id a skill has inside its user namespace ("nobody")
@@ -72,7 +73,7 @@ class Limits:
     workspace_mb: int = 2048
 
     @classmethod
-    def from_settings(cls, settings: Any) -> Limits:
+    def from_settings(cls, settings: Settings | None) -> Limits:
         fields = ("memory_mb", "cpu_sec", "nproc", "fsize_mb", "tmp_mb", "workspace_mb")
         values = {f: int(getattr(settings, f"sandbox_{f}", getattr(cls, f))) for f in fields}
         return cls(**values)
@@ -224,7 +225,7 @@ class Sandbox:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings: Any) -> Sandbox:
+    def from_settings(cls, settings: Settings | None) -> Sandbox:
         network = str(getattr(settings, "sandbox_network", "slirp4netns") or "slirp4netns")
         return cls(network=network.strip().lower(), limits=Limits.from_settings(settings))
 
@@ -235,7 +236,8 @@ class Sandbox:
         with self._lock:
             if self._probe is False:
                 self._probe = self._check()
-            return self._probe  # type: ignore[return-value]
+            assert not isinstance(self._probe, bool)  # probed: None or why not
+            return self._probe
 
     def _check(self) -> str | None:
         if self.bwrap is None:
@@ -552,12 +554,12 @@ def workspace_usage(root: str) -> int:
 # --- trust ------------------------------------------------------------------------------------
 
 
-def sandbox_mode(settings: Any) -> str:
+def sandbox_mode(settings: Settings | None) -> str:
     """``bwrap`` or ``none``; anything else is refused when a skill runs."""
     return str(getattr(settings, "sandbox", "bwrap") or "bwrap").strip().lower()
 
 
-def trust(skill_path: str | os.PathLike[str], settings: Any) -> tuple[bool, str]:
+def trust(skill_path: str | os.PathLike[str], settings: Settings | None) -> tuple[bool, str]:
     """Whether a skill folder runs without the sandbox, and why (the operator's word)."""
     if sandbox_mode(settings) == "none":
         return True, "SKILLJOBS_SANDBOX=none: every skill is trusted"
@@ -592,7 +594,7 @@ IN_PROCESS_REASON = (
 )
 
 
-def run_mode(skill: Any, settings: Any) -> tuple[str, str]:
+def run_mode(skill: Skill, settings: Settings | None) -> tuple[str, str]:
     """``(sandboxed | trusted, why)`` for a loaded skill: what ``skills check`` and
     ``doctor`` report. An in-process handler of an untrusted path is sandboxed too: it runs
     in :mod:`jobs.execution.sandbox_runner`, never inside the worker."""

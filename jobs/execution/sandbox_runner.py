@@ -23,19 +23,38 @@ import dataclasses
 import importlib.abc
 import importlib.util
 import inspect
+import io
 import json
 import os
 import socket
 import sys
 import traceback
-from types import SimpleNamespace
-from typing import Any
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType, SimpleNamespace
+from typing import Any, TypedDict
+
+from jobs.execution import inprocess
 
 NO_DATABASE = (
     "no business database is mapped to this sandboxed skill: ctx.db is None and "
     "db_factory cannot open a session (mark the skill's folder trusted to run it in the "
     "worker with the skills database)"
 )
+
+
+class RunStart(TypedDict):
+    """The run the worker sends first: what to import and call, with what."""
+
+    path: str  # the handler file
+    name: str
+    entry_function: str | None
+    input: dict[str, Any]
+    ctx: dict[str, Any]  # the subprocess form of the runtime context (JSON)
+    sites: list[str]  # the skill's dependency environment, after the platform's packages
+    provider: dict[str, Any] | None  # what the skill may know of the role's model
+    call_skill: bool
+    depth: int  # the call_skill nesting level of this run
 
 
 class NoDatabase(RuntimeError):
@@ -87,6 +106,13 @@ class Channel:
                 fut.set_exception(ConnectionError("the worker closed the skill's channel"))
 
 
+def _provider() -> ModuleType:
+    # lazy: httpx and the model types, which most sandboxed skills never ask for
+    from jobs.execution import provider
+
+    return provider
+
+
 class ProviderProxy:
     """``ctx["provider"]`` inside the sandbox: the worker's model, called through it."""
 
@@ -100,9 +126,8 @@ class ProviderProxy:
     def __repr__(self) -> str:
         return f"<provider {self.provider_name!r} (through the worker)>"
 
-    async def _call(self, method: str, messages: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-        from jobs.execution import provider
-
+    async def _call(self, method: str, messages: object, kwargs: dict[str, Any]) -> dict[str, Any]:
+        provider = _provider()
         try:
             value = await self._channel.request(
                 "provider", method=method, messages=_plain(messages), kwargs=_plain(kwargs)
@@ -118,26 +143,23 @@ class ProviderProxy:
         }
         return data
 
-    async def complete(self, messages: Any, **kwargs: Any) -> Any:
-        from jobs.execution.provider import CompletionResult
+    async def complete(self, messages: object, **kwargs: Any) -> Any:
+        return _provider().CompletionResult(**await self._call("complete", messages, kwargs))
 
-        return CompletionResult(**await self._call("complete", messages, kwargs))
-
-    async def tool_call(self, messages: Any, tools: Any, **kwargs: Any) -> Any:
-        from jobs.execution.provider import ToolCall, ToolCallResult
-
+    async def tool_call(self, messages: object, tools: object, **kwargs: Any) -> Any:
         data = await self._call("tool_call", messages, {**kwargs, "tools": tools})
-        calls = [ToolCall(**c) for c in data.pop("tool_calls", None) or []]
-        return ToolCallResult(**data, tool_calls=calls)
+        provider = _provider()
+        calls = [provider.ToolCall(**c) for c in data.pop("tool_calls", None) or []]
+        return provider.ToolCallResult(**data, tool_calls=calls)
 
-    def stream(self, messages: Any, **kwargs: Any) -> Any:
+    def stream(self, messages: object, **kwargs: Any) -> Any:
         return _Stream(self, messages, kwargs)
 
 
 class _Stream:
     """``provider.stream`` through the worker: the whole answer arrives as one chunk."""
 
-    def __init__(self, proxy: ProviderProxy, messages: Any, kwargs: dict[str, Any]) -> None:
+    def __init__(self, proxy: ProviderProxy, messages: object, kwargs: dict[str, Any]) -> None:
         self._proxy = proxy
         self._messages = messages
         self._kwargs = kwargs
@@ -163,7 +185,7 @@ class _Stream:
             yield result.text
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     """Messages and options (dataclasses, pydantic models) as JSON-able values."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
@@ -181,10 +203,12 @@ class _CompatFinder(importlib.abc.MetaPathFinder):
     registered when a skill first imports it: the model types cost an import of their own
     that most skills never need."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if fullname != "backend" and not fullname.startswith("backend."):
             return None
-        from jobs.execution import compat
+        from jobs.execution import compat  # lazy: httpx and the model types (see above)
 
         compat.install()
         if fullname not in sys.modules:
@@ -193,10 +217,10 @@ class _CompatFinder(importlib.abc.MetaPathFinder):
 
 
 class _Registered(importlib.abc.Loader):
-    def create_module(self, spec: Any) -> Any:
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
         return sys.modules[spec.name]
 
-    def exec_module(self, module: Any) -> None:
+    def exec_module(self, module: ModuleType) -> None:
         return None
 
 
@@ -204,7 +228,7 @@ def _no_database(*_args: Any, **_kw: Any) -> Any:
     raise NoDatabase(NO_DATABASE)
 
 
-def _context(start: dict[str, Any], channel: Channel, is_async: bool) -> dict[str, Any]:
+def _context(start: RunStart, channel: Channel, is_async: bool) -> dict[str, Any]:
     ctx = dict(start.get("ctx") or {})
     ctx["db"] = None
     ctx["db_factory"] = _no_database
@@ -215,7 +239,7 @@ def _context(start: dict[str, Any], channel: Channel, is_async: bool) -> dict[st
         async def call_skill(name: str, input: dict[str, Any] | None = None, **kw: Any) -> Any:
             return await channel.request("call_skill", name=name, input=input, kwargs=_plain(kw))
 
-        call_skill.depth = int(start.get("depth") or 0)  # type: ignore[attr-defined]
+        call_skill.__dict__["depth"] = int(start.get("depth") or 0)
         ctx["call_skill"] = call_skill
     return ctx
 
@@ -232,9 +256,7 @@ def _raised(exc: BaseException) -> dict[str, Any]:
     }
 
 
-async def _run(start: dict[str, Any], channel: Channel) -> dict[str, Any]:
-    from jobs.execution import inprocess
-
+async def _run(start: RunStart, channel: Channel) -> dict[str, Any]:
     name = str(start.get("name") or "skill")
     path = str(start["path"])
     for site in reversed(start.get("sites") or []):
@@ -243,7 +265,7 @@ async def _run(start: dict[str, Any], channel: Channel) -> dict[str, Any]:
     sys.meta_path.insert(0, _CompatFinder())  # backend.infra.providers.base, on first import
     skill = SimpleNamespace(name=name, entry_function=start.get("entry_function"))
     try:
-        entry = inprocess._import_entry(skill, path, 0)  # type: ignore[arg-type]
+        entry = inprocess._import_entry(skill, path, 0)
     except SystemExit as exc:
         return {"kind": "exit", "code": _code(exc), "at_import": True}
     except BaseException as exc:
@@ -269,6 +291,7 @@ async def _run(start: dict[str, Any], channel: Channel) -> dict[str, Any]:
     try:  # a plain JSON value goes as it is (the worker shapes the envelope)
         json.dumps(result, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
+        # lazy: the envelope imports the database models; most results are plain JSON
         from jobs.envelope import normalize
 
         result = normalize(result, name)  # dataclasses, dates, decimals, ...
@@ -285,7 +308,7 @@ async def main(fd: int) -> None:
     reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 26)
     channel = Channel(reader, writer)
     line = await reader.readline()
-    start = json.loads(line)["start"]
+    start: RunStart = json.loads(line)["start"]
     channel.task = asyncio.ensure_future(channel.answers())
     done = await _run(start, channel)
     channel.send({"done": done})
@@ -296,8 +319,9 @@ async def main(fd: int) -> None:
 def run() -> None:
     fd = int(sys.argv[1])
     os.dup2(2, 1)  # the skill's stdout joins its stderr: fd 1 is nobody's channel
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-    sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):  # (always, under ``python -I``)
+            stream.reconfigure(line_buffering=True)
     asyncio.run(main(fd))
     sys.stdout.flush()
     sys.stderr.flush()

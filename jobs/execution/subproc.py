@@ -170,7 +170,7 @@ def _value(key: str, v: str) -> str:
     return v
 
 
-def _scalar(v: Any) -> str:
+def _scalar(v: object) -> str:
     if isinstance(v, (dict, list)):
         return json.dumps(v, ensure_ascii=False)
     if isinstance(v, bool):
@@ -178,7 +178,7 @@ def _scalar(v: Any) -> str:
     return str(v)
 
 
-def _subcommand(skill: Skill, sub: Any) -> list[str]:
+def _subcommand(skill: Skill, sub: object) -> list[str]:
     if not skill.cli_commands:
         return []
     if sub in (None, ""):
@@ -190,7 +190,7 @@ def _subcommand(skill: Skill, sub: Any) -> list[str]:
     return [str(sub)]
 
 
-def _properties(skill: Skill, sub: Any) -> dict[str, Any]:
+def _properties(skill: Skill, sub: object) -> dict[str, Any]:
     schema = skill.input_schema or {}
     sub_schemas = getattr(skill, "cli_command_schemas", None) or {}
     if sub not in (None, "") and isinstance(sub_schemas.get(str(sub)), dict):
@@ -221,7 +221,7 @@ def build_args(
     positional = [k for k, p in props.items() if isinstance(p, dict) and p.get("x-cli-positional")]
     values: list[tuple[str, int, str]] = []  # (key, index in args, kind) of each value
 
-    def add(key: str, v: Any, *, item: bool, kind: str = "flag") -> None:
+    def add(key: str, v: object, *, item: bool, kind: str = "flag") -> None:
         text = _scalar(v)
         values.append((key, len(args), kind))
         args.append(_value(key, text) if item else text)
@@ -277,7 +277,7 @@ def build_command(
 # --- environment ------------------------------------------------------------------------
 
 
-def _json_ok(v: Any) -> bool:
+def _json_ok(v: object) -> bool:
     try:
         json.dumps(v, allow_nan=False)
     except (TypeError, ValueError):
@@ -524,7 +524,7 @@ async def run_process(
 
 
 async def _supervise(
-    transport: Any,
+    transport: asyncio.SubprocessTransport,
     protocol: _Protocol,
     loop: asyncio.AbstractEventLoop,
     timeout: float,  # noqa: ASYNC109 - the group is killed at the deadline

@@ -31,7 +31,7 @@ def _is_url(value: str) -> bool:
     return "://" in s or s.startswith("data:")
 
 
-def _ok(conf: Confinement, value: Any) -> bool:
+def _ok(conf: Confinement, value: object) -> bool:
     if not isinstance(value, str) or not value.strip() or _is_url(value):
         return True
     if "\x00" in value:
@@ -39,13 +39,13 @@ def _ok(conf: Confinement, value: Any) -> bool:
     return conf.inside(value)
 
 
-def _item_ok(conf: Confinement, item: Any) -> bool:
+def _item_ok(conf: Confinement, item: object) -> bool:
     if isinstance(item, dict):
         return all(_ok(conf, item.get(k)) for k in _ITEM_KEYS)
     return _ok(conf, item)
 
 
-def confine_answer(result: Any, workspace: str | None, attachments: Iterable[Any] = ()) -> Any:
+def confine_answer(result: object, workspace: str | None, attachments: Iterable[Any] = ()) -> Any:
     """``result`` without the files it names outside ``workspace`` / the attachments."""
     if not isinstance(result, dict) or is_failure(result):
         return result

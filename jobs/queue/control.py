@@ -1,6 +1,7 @@
 """Operator actions on jobs (CLI and dashboard): cancel, retry, requeue failed, and the
 same for every job a search filter matches (bulk, ``jobs.queue.filters``) — each recorded
-in the audit trail."""
+in the audit trail. A cancel tells the job's person through the ``Notices`` it is handed
+(``delivery.notices``, by the CLI and the dashboard), as the runner is handed its own."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from sqlalchemy import func, select
 
 from jobs import audit
 from jobs.constants import FN_RUN_JOB
+from jobs.finishing import Notices
 from jobs.models import (
     CANCELLED,
     FAILED,
@@ -64,7 +66,12 @@ async def _refused(
 
 
 async def cancel_job(
-    svc: Services, job_id: str, *, actor: str = "", audit_refusal: bool = True
+    svc: Services,
+    job_id: str,
+    *,
+    notices: Notices,
+    actor: str = "",
+    audit_refusal: bool = True,
 ) -> ActionResult:
     """A queued job never starts; a running one is stopped by its worker (subprocesses and
     their children killed) and ends ``cancelled``. ``audit_refusal``: record a refusal
@@ -75,10 +82,7 @@ async def cancel_job(
             await remove(svc, job.arq_job_id)
         await publish_job_event(svc, job_id, CANCELLED, job.skill)
         await _audit(svc, "cancel", job_id, actor, was=QUEUED)
-        from delivery.notices import CANCELLED as NOTICE
-        from delivery.notices import send_notice
-
-        await send_notice(svc, job, NOTICE)  # the person is told (once; off-able)
+        await notices.cancelled(svc, job)  # the person is told (once; off-able)
         return ActionResult(True, "cancelled before it started", job_id=job_id, status=CANCELLED)
     job = await store.request_cancel(svc.sessionmaker, job_id)
     if job is not None:
@@ -181,8 +185,17 @@ _DEFAULT_STATUS = {
     "cancel": (SCHEDULED, QUEUED, RUNNING),
     "delete": tuple(sorted(FINAL_STATUSES)),
 }
-_ACTIONS = {"retry": retry_job, "cancel": cancel_job, "delete": delete_job}
 SHOWN = 100  # job ids (and refusals) listed in an answer
+
+
+async def _act_on(
+    svc: Services, action: str, job_id: str, notices: Notices, actor: str
+) -> ActionResult:
+    """``action`` on one job of many (a refusal is counted in the bulk entry instead)."""
+    if action == "cancel":
+        return await cancel_job(svc, job_id, notices=notices, actor=actor, audit_refusal=False)
+    act = retry_job if action == "retry" else delete_job
+    return await act(svc, job_id, actor=actor, audit_refusal=False)
 
 
 async def matching_jobs(
@@ -227,6 +240,7 @@ async def bulk_action(
     action: str,
     flt: JobFilter,
     *,
+    notices: Notices,
     dry_run: bool = True,
     limit: int = BULK_CAP,
     actor: str = "",
@@ -261,9 +275,8 @@ async def bulk_action(
     }
     if dry_run:
         return out
-    fn = _ACTIONS[action]
     for job_id in ids:
-        res = await fn(svc, job_id, actor=actor, audit_refusal=False)
+        res = await _act_on(svc, action, job_id, notices, actor)
         if res.ok:
             out["affected"] += 1
         elif len(out["refused"]) < SHOWN:
@@ -287,7 +300,7 @@ SELECTION_CAP = 500  # jobs a selection (ids picked by an operator) may hold
 
 
 async def act_on_selection(
-    svc: Services, action: str, job_ids: list[str], *, actor: str = ""
+    svc: Services, action: str, job_ids: list[str], *, notices: Notices, actor: str = ""
 ) -> dict[str, Any]:
     """Retry, cancel or delete the jobs an operator picked (the dashboard's per-row
     selection): ``{"action", "selected", "affected", "job_ids", "refused"}``, audited as
@@ -300,7 +313,7 @@ async def act_on_selection(
     out: dict[str, Any] = {"action": action, "selected": len(ids), "affected": 0}
     out |= {"job_ids": ids[:SHOWN], "refused": []}
     for job_id in ids:
-        res = await _ACTIONS[action](svc, job_id, actor=actor, audit_refusal=False)
+        res = await _act_on(svc, action, job_id, notices, actor)
         if res.ok:
             out["affected"] += 1
         elif len(out["refused"]) < SHOWN:

@@ -20,11 +20,11 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from jobs import audit
 from jobs.db import Sessions, engine_of, rowcount
-from jobs.models import Incident, new_id
+from jobs.models import Incident, IncidentStatus, new_id
 
 log = logging.getLogger("skilljobs.incidents")
 
-OPEN, ACKED = "open", "acked"
+OPEN, ACKED = IncidentStatus.OPEN, IncidentStatus.ACKED
 SAMPLES = 10  # newest job ids kept per incident
 PATTERN_CHARS = 500
 

@@ -22,8 +22,9 @@ from typing import Any
 
 from sqlalchemy import delete, func, select
 
+from jobs import audit
 from jobs.db import Sessions
-from jobs.models import QUEUED, Job, JobAttempt, JobLimit, OpsAction
+from jobs.models import QUEUED, Job, JobAttempt, JobLimit
 from jobs.queue import broker
 from jobs.services import Services
 
@@ -142,13 +143,12 @@ async def set_limit(
                 row.concurrency = concurrency
         row.updated_at, row.updated_by = now, actor[:128]
         after = {"rate": row.rate, "concurrency": row.concurrency}
-        s.add(
-            OpsAction(
-                action="limits.set",
-                target=key,
-                actor=actor,
-                details={"before": before and {k: before[k] for k in after}, "after": after},
-            )
+        audit.record(
+            s,
+            "limits.set",
+            key,
+            actor,
+            {"before": before and {k: before[k] for k in after}, "after": after},
         )
         await s.commit()
         await s.refresh(row)
@@ -164,7 +164,7 @@ async def unset_limit(sm: Sessions, key: str, *, actor: str = "") -> bool:
             return False
         before = {"rate": row.rate, "concurrency": row.concurrency}
         await s.execute(delete(JobLimit).where(JobLimit.key == key))
-        s.add(OpsAction(action="limits.unset", target=key, actor=actor, details={"before": before}))
+        audit.record(s, "limits.unset", key, actor, {"before": before})
         await s.commit()
     return True
 

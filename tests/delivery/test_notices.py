@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from delivery import notices
 from delivery.channels.web import list_messages
 from jobs.models import Delivery
 from jobs.queue.control import cancel_job
@@ -100,9 +101,11 @@ async def test_a_progress_call_tells_the_person_at_once(svc, tg) -> None:
 async def test_cancelled_jobs_say_so_once(svc, tg) -> None:
     # queued, cancelled before any worker took it
     queued = await dispatch(svc, "slow_task", {"seconds": 0}, tg_ctx("4005"))
-    assert (await cancel_job(svc, queued, actor="ops")).ok
+    assert (await cancel_job(svc, queued, notices=notices, actor="ops")).ok
     assert texts(tg, "4005") == ["slow_task was cancelled; no result will follow."]
-    assert not (await cancel_job(svc, queued, actor="ops")).ok  # nothing sent again
+    assert not (
+        await cancel_job(svc, queued, notices=notices, actor="ops")
+    ).ok  # nothing sent again
 
     # running in a worker, then cancelled: the notice comes after "still working"
     running = await dispatch(svc, "slow_task", {"seconds": 30}, {**tg_ctx("4005")})
@@ -113,7 +116,7 @@ async def test_cancelled_jobs_say_so_once(svc, tg) -> None:
         deadline = time.monotonic() + 10
         while WORKING_EN not in texts(tg, "4005") and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert (await cancel_job(svc, running, actor="ops")).ok
+        assert (await cancel_job(svc, running, notices=notices, actor="ops")).ok
         await wait_status(svc, running, {"cancelled"})
         deadline = time.monotonic() + 10
         while len(texts(tg, "4005")) < 3 and time.monotonic() < deadline:
@@ -147,7 +150,7 @@ async def test_notices_can_be_turned_off(
     try:
         await dispatch(svc, "busy_task", {"seconds": 0.3}, tg_ctx("4001"))
         queued = await dispatch(svc, "slow_task", {"seconds": 0}, tg_ctx("4002"))
-        assert (await cancel_job(svc, queued)).ok
+        assert (await cancel_job(svc, queued, notices=notices)).ok
         await drain(svc)
     finally:
         await svc.close()

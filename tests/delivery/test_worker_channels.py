@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from dashboard.api_jobs import job_dict
+from dashboard.shapes import job_dict
 from jobs.context import background_context, group_conversation
 from jobs.models import Delivery, Job
 from jobs.queue.dispatcher import Dispatcher

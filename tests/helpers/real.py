@@ -63,7 +63,7 @@ async def background(
 
 async def job_json(svc: Any, job_id: str) -> dict[str, Any]:
     """The job as the HTTP API shows it (SPEC §10 job shape)."""
-    from dashboard.api_jobs import job_dict
+    from dashboard.shapes import job_dict
 
     job = await store.get_job(svc.sessionmaker, job_id)
     return job_dict(job, [], [])

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import select, update
 
 from dashboard.app import create_app
+from delivery import notices
 from jobs.models import Job
 from jobs.queue import control, incidents, store
 from jobs.queue.control import JobFilter, parse_time
@@ -170,13 +171,13 @@ async def test_bulk_retry_by_filter_retries_exactly_the_matched_jobs(svc: Servic
         )
         await s.commit()
     flt = JobFilter.parse({"status": "failed", "skill": "order_export", "since": "2h"})
-    dry = await control.bulk_action(svc, "retry", flt, dry_run=True)
+    dry = await control.bulk_action(svc, "retry", flt, notices=notices, dry_run=True)
     assert dry["matched"] == 2 and dry["affected"] == 0
     assert sorted(dry["job_ids"]) == sorted(orders[1:])
     async with svc.sessionmaker() as s:  # a dry run changes nothing
         assert {j.status for j in (await s.execute(select(Job))).scalars()} == {"failed"}
 
-    done = await control.bulk_action(svc, "retry", flt, dry_run=False, actor="ops")
+    done = await control.bulk_action(svc, "retry", flt, notices=notices, dry_run=False, actor="ops")
     assert done["matched"] == 2 and done["affected"] == 2 and done["refused"] == []
     async with svc.sessionmaker() as s:
         jobs = {j.id: j for j in (await s.execute(select(Job))).scalars()}
@@ -191,7 +192,7 @@ async def test_bulk_retry_by_filter_retries_exactly_the_matched_jobs(svc: Servic
     # by incident: every failure of that signature, whatever its time
     [inc] = await incidents.list_incidents(svc.sessionmaker, skill="order_export")
     by_incident = await control.bulk_action(
-        svc, "retry", JobFilter.parse({"incident": inc["id"]}), dry_run=True
+        svc, "retry", JobFilter.parse({"incident": inc["id"]}), notices=notices, dry_run=True
     )
     assert sorted(by_incident["job_ids"]) == sorted(orders)
 

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
+from delivery import notices
 from jobs.cli.app import app
 from jobs.models import OpsAction
 from jobs.queue import pauses, store
@@ -60,7 +61,7 @@ async def test_cancel_of_a_parked_job_and_resume_of_the_rest(services):
     a = await dispatch(services, "bg_sleep", {"seconds": 0})
     b = await dispatch(services, "bg_sleep", {"seconds": 0})
     await drain(services)  # parks both
-    res = await control.cancel_job(services, a, actor="ops")
+    res = await control.cancel_job(services, a, notices=notices, actor="ops")
     assert res.ok, res.message
     assert (await pauses.resume(services, "bg_sleep"))["requeued"] == 1
     await drain(services)

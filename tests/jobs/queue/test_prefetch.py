@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from delivery import notices
 from jobs.models import Job
 from jobs.queue import broker, control, prefetch, store
 from jobs.queue.prefetch import StartGate
@@ -155,7 +156,7 @@ async def test_cancelling_a_job_claimed_ahead_ends_it_cancelled_without_running(
         await _running(w, first)
         ahead = await dispatch(services, "bg_sleep", {"seconds": 0, "marker": str(marker)})
         await _claimed_ahead(w, ahead)
-        res = await control.cancel_job(services, ahead)
+        res = await control.cancel_job(services, ahead, notices=notices)
         assert res.ok and res.status == "running"  # leased: its worker is asked to stop it
         job = await wait_status(services, ahead, {"cancelled", "succeeded"}, limit=10)
         assert job.status == "cancelled"

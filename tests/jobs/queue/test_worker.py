@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
+from delivery import notices
 from jobs.cli.embedded import EmbeddedRedis
 from jobs.models import Job
 from jobs.queue import control, store
@@ -88,13 +89,13 @@ async def test_circuit_breaker_runs_once_after_two_recent_failures(services, tmp
 async def test_cancel_queued_job_never_starts(services, tmp_path):
     marker = tmp_path / "ran"
     job_id = await dispatch(services, "bg_sleep", {"marker": str(marker)})
-    res = await control.cancel_job(services, job_id, actor="test")
+    res = await control.cancel_job(services, job_id, notices=notices, actor="test")
     assert res.ok and res.status == "cancelled"
     await drain(services)
     job, attempts = await job_and_attempts(services, job_id)
     assert job.status == "cancelled" and job.attempts == 0 and attempts == []
     assert not marker.exists()
-    again = await control.cancel_job(services, job_id)
+    again = await control.cancel_job(services, job_id, notices=notices)
     assert not again.ok and again.status_code == 409
 
 
@@ -141,7 +142,7 @@ async def test_cancel_running_job_kills_its_process_group(services):
         assert len(pids) == 2, pids
         pids = _working_in(pids_file.parent)
         assert len(pids) >= 2 and all(_alive(p) for p in pids), pids
-        res = await control.cancel_job(services, job_id, actor="test")
+        res = await control.cancel_job(services, job_id, notices=notices, actor="test")
         assert res.ok and res.status == "running"
         job = await wait_status(services, job_id, {"cancelled"})
         assert job.error == "cancelled by an operator"
@@ -353,7 +354,6 @@ async def test_an_entry_started_but_not_yet_claimed_is_reenqueued_only_when_stil
     finds it so again (its worker died between starting it and claiming it)."""
     from arq.constants import in_progress_key_prefix
 
-    from delivery import notices
     from delivery.pipeline import postprocess
     from jobs.queue.runner import JobRunner
 
