@@ -54,7 +54,7 @@ NON_SIMPLE_HEADERS = (b"authorization", b"x-requested-with", b"x-skilljobs-clien
 
 FREE_FAILURES = 5  # 401s per client per window before answers slow down
 FAILURE_WINDOW_S = 60.0
-MAX_DELAY_S = 2.0
+MAX_DELAY_STEPS = 8  # the longest wait, in steps of SKILLJOBS_WEB_AUTH_FAILURE_DELAY_SEC
 
 
 class BodyTooLarge(HTTPException):
@@ -261,7 +261,7 @@ class Failures:
     def __init__(self) -> None:
         self.seen: dict[str, tuple[float, int]] = {}
 
-    def delay(self, client: str) -> float:
+    def delay(self, client: str, step: float) -> float:
         now = time.monotonic()
         start, count = self.seen.get(client, (now, 0))
         if now - start > FAILURE_WINDOW_S:
@@ -270,7 +270,7 @@ class Failures:
         if len(self.seen) > 10_000:
             self.seen.clear()
         self.seen[client] = (start, count)
-        return min(MAX_DELAY_S, 0.25 * max(0, count - FREE_FAILURES))
+        return step * min(MAX_DELAY_STEPS, max(0, count - FREE_FAILURES))
 
 
 class Guard:
@@ -474,7 +474,8 @@ class Guard:
     async def refuse(self, scope: Scope, send: Send, exc: Refusal) -> None:
         if exc.status == 401:
             client = (scope.get("client") or ("?", 0))[0]
-            wait = self.failures.delay(str(client))
+            step = float(getattr(self.settings, "web_auth_failure_delay_sec", 0.25))
+            wait = self.failures.delay(str(client), step)
             if wait:
                 await asyncio.sleep(wait)
         body = json.dumps({"ok": False, "error": exc.error, "error_type": exc.error_type})

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     allowed_hosts: str = ""
     web_max_connections: int = Field(default=2048, ge=16)
     web_header_timeout_sec: float = Field(default=10.0, gt=0)
+    # Past five 401s from one client address within a minute, each further answer waits
+    # this much longer than the last (at most eight times it).
+    web_auth_failure_delay_sec: float = Field(default=0.25, ge=0)
     sync_processes: int = Field(default=2, ge=0, le=32)  # sync-line executor processes of web
     notify_targets: str | None = None
     fetch_allow_hosts: str = ""

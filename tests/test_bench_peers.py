@@ -48,7 +48,7 @@ async def test_peer_drains_and_cleans_up(lib: str, shape: str, redis_server_url:
         assert rate <= N / 0.1
     r = aioredis.from_url(redis_server_url)
     try:
-        left = [k async for k in r.scan_iter(match=f"*{name}*")]
+        left = [k async for k in r.scan_iter(count=1000, match=f"*{name}*")]
     finally:
         await r.aclose()
     assert left == []

@@ -5,6 +5,7 @@ cycles and no hidden imports."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -119,6 +120,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@functools.cache  # read-only, and parsing every module is a second each time
 def _graph(*, top_only: bool = False) -> dict[str, set[str]]:
     modules = _modules()
     graph = {}

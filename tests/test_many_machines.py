@@ -227,7 +227,7 @@ async def test_two_worker_hosts_and_a_web_host_share_the_workspaces(
         if worker_b is not None:
             worker_b.stop()
         assert svc.redis is not None
-        keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*")]
+        keys = [k async for k in svc.redis.scan_iter(count=1000, match=f"{redis_prefix}*")]
         if keys:
             await svc.redis.delete(*keys)
         await svc.close()

@@ -156,7 +156,7 @@ async def svc(job_settings, skill_root):
     s = await Services.open(settings)
     yield s
     assert s.redis is not None
-    keys = [k async for k in s.redis.scan_iter(match=f"{settings.redis_prefix}*")]
+    keys = [k async for k in s.redis.scan_iter(count=1000, match=f"{settings.redis_prefix}*")]
     if keys:
         await s.redis.delete(*keys)
     await s.close()

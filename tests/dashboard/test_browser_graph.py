@@ -37,7 +37,7 @@ async def svc(tmp_path: Path, redis_server_url: str, redis_prefix: str, sqlite_u
     )
     yield s
     assert s.redis is not None
-    keys = [k async for k in s.redis.scan_iter(match=f"{redis_prefix}*")]
+    keys = [k async for k in s.redis.scan_iter(count=1000, match=f"{redis_prefix}*")]
     if keys:
         await s.redis.delete(*keys)
     await s.close()

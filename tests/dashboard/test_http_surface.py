@@ -20,6 +20,7 @@ from dashboard.server import UnsafeBind, check_bind
 from delivery.channels import web
 from jobs.models import OpsAction
 from jobs.services import Services
+from jobs.settings import Settings
 from tests.helpers.dashboard import TOKEN, make_services, seed_job
 from tests.helpers.settings import make_settings
 from tests.helpers.web import TOKEN as WEB_TOKEN
@@ -292,28 +293,31 @@ def _guard(app: Any) -> Guard:
     return layer
 
 
-@pytest.mark.slow
-async def test_repeated_401s_slow_down(client: httpx.AsyncClient) -> None:
+async def test_repeated_401s_slow_down(client: httpx.AsyncClient, services: Services) -> None:
     app = client._transport.app  # type: ignore[attr-defined]
+    # The wait grows in steps of SKILLJOBS_WEB_AUTH_FAILURE_DELAY_SEC (0.25 s by default;
+    # tests run with a millisecond step), here 0.1 s.
+    assert Settings.model_fields["web_auth_failure_delay_sec"].default == 0.25
+    services.settings.web_auth_failure_delay_sec = 0.1
     async with _client(app, authorization="Bearer guess") as c:
         took = []
         for _ in range(8):
             t0 = time.perf_counter()
             assert (await c.get("/api/v1/jobs")).status_code == 401
             took.append(time.perf_counter() - t0)
-    # The answers were held back for real: the eighth waited (8 - 5) x 0.25 s.
-    assert took[-1] >= 0.5
+    # The answers were held back for real: the eighth waited (8 - 5) x 0.1 s.
+    assert took[-1] >= 0.3
     failures = _guard(app).failures
     (address,) = failures.seen
     assert failures.seen[address][1] == 8
     # The right token is never slowed down: it is not counted as a failure.
     assert (await client.get("/api/v1/jobs")).status_code == 200
     assert failures.seen[address][1] == 8
-    # Free answers first, then a growing wait, capped.
+    # Free answers first, then a growing wait, capped at eight steps (2 s by default).
     fresh = type(failures)()
-    waits = [fresh.delay("203.0.113.9") for _ in range(40)]
+    waits = [fresh.delay("203.0.113.9", 0.25) for _ in range(40)]
     assert waits[:5] == [0.0] * 5 and waits[5:8] == [0.25, 0.5, 0.75]
-    assert max(waits) == waits[-1] <= 30
+    assert max(waits) == waits[-1] == 2.0
 
 
 def test_short_tokens_refuse_a_public_bind(tmp_path: Path) -> None:
@@ -376,15 +380,18 @@ def test_half_open_connections_do_not_take_the_api_down(
             took = time.perf_counter() - t0
             # (taken down, it would answer only once the 3 s head deadline drops them)
             assert resp.status_code == 200 and took < 2.0, took
-            # The slow ones are dropped once their head deadline passes.
-            time.sleep(4)
+            # The slow ones are dropped once their head deadline passes (3 s after they
+            # connected): each read ends as soon as the server closes the connection.
+            deadline = time.monotonic() + 10
             closed = 0
             for s in socks[:50]:
-                s.settimeout(2)
+                s.settimeout(max(0.1, deadline - time.monotonic()))
                 try:
                     closed += s.recv(1) == b""
-                except (ConnectionResetError, TimeoutError):
+                except ConnectionResetError:
                     closed += 1
+                except TimeoutError:
+                    pass
             assert closed == 50
         finally:
             for s in socks:
@@ -546,10 +553,14 @@ def test_request_heads_are_capped_at_16_kib(
         assert _exchange(proc.port, [many + b"\r\n"]).startswith(b"HTTP/1.1 431 ")
         # A 15 KiB head is served, and each head of a kept-alive connection is counted
         # on its own (three of 12 KiB in a row, in one send).
-        fine = start + b"X-Fine: " + b"c" * 15_000 + b"\r\n\r\n"
+        # (the last head asks for the connection to be closed after its answer, so that
+        # reading the answers does not wait out the keep-alive timeout)
+        close = b"Connection: close\r\n"
+        fine = start + close + b"X-Fine: " + b"c" * 15_000 + b"\r\n\r\n"
         assert _exchange(proc.port, [fine]).startswith(b"HTTP/1.1 200 ")
         twelve = start + b"X-K: " + b"d" * 12_000 + b"\r\n\r\n"
-        answers = _exchange(proc.port, [twelve * 3])
+        last = start + close + b"X-K: " + b"d" * 12_000 + b"\r\n\r\n"
+        answers = _exchange(proc.port, [twelve * 2 + last])
         assert answers.count(b"HTTP/1.1 200 ") == 3 and b" 431 " not in answers
         # A body is not part of the head: 100 kB sent with its head in one piece (answered
         # from the head: no token).

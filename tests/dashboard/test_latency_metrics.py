@@ -191,7 +191,7 @@ async def test_parked_sends_are_counted_and_their_wait_is_latency(
         await worker.close()
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
-        keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*")]
+        keys = [k async for k in svc.redis.scan_iter(count=1000, match=f"{redis_prefix}*")]
         if keys:
             await svc.redis.delete(*keys)
         await svc.close()

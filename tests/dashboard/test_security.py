@@ -29,7 +29,6 @@ PROTECTED = [
 ]
 
 
-@pytest.mark.slow
 async def test_token_required_everywhere_but_health(client: httpx.AsyncClient) -> None:
     transport = client._transport
     async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as anon:

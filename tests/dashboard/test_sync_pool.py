@@ -18,7 +18,10 @@ from tests.helpers.web import TOKEN, WebProcess
 pytestmark = pytest.mark.slow
 
 AUTH = {"authorization": f"Bearer {TOKEN}"}
-ENV = {"SKILLJOBS_SKILLS_PATH": f"bundled{os.pathsep}{ROOT / 'bench' / 'skills'}"}
+ENV = {
+    "SKILLJOBS_SKILLS_PATH": f"bundled{os.pathsep}{ROOT / 'bench' / 'skills'}",
+    "SKILLJOBS_SYNC_PROCESSES": "2",  # the default of `skilljobs web`
+}
 
 
 def _children(pid: int) -> list[int]:

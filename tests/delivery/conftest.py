@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from jobs.services import Services
+from tests.helpers.keys import clear_keys
 from tests.helpers.settings import TRUST_SKILLS, make_settings
 
 
@@ -50,7 +51,5 @@ async def trust(
     svc = await Services.open(settings)
     yield svc
     if svc.redis is not None:
-        keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*")]
-        if keys:
-            await svc.redis.delete(*keys)
+        await clear_keys(svc.redis, redis_prefix)
     await svc.close()

@@ -298,7 +298,12 @@ async def services_for() -> Any:
     yield open_
     for svc in opened:
         if svc.redis is not None:
-            keys = [k async for k in svc.redis.scan_iter(match=f"{svc.settings.redis_prefix}*")]
+            keys = [
+                k
+                async for k in svc.redis.scan_iter(
+                    count=1000, match=f"{svc.settings.redis_prefix}*"
+                )
+            ]
             if keys:
                 await svc.redis.delete(*keys)
         await svc.close()

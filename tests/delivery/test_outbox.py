@@ -57,7 +57,9 @@ async def _settings(tmp_path: Path, database_url: str, redis_url: str, prefix: s
 
 async def _cleanup(svc: Services) -> None:
     if svc.redis is not None:
-        keys = [k async for k in svc.redis.scan_iter(match=f"{svc.settings.redis_prefix}*")]
+        keys = [
+            k async for k in svc.redis.scan_iter(count=1000, match=f"{svc.settings.redis_prefix}*")
+        ]
         if keys:
             await svc.redis.delete(*keys)
     await svc.close()
@@ -144,7 +146,7 @@ async def test_lost_queue_is_rebuilt_from_the_ledger(
             await wait_status(svc, job_id, {"succeeded"}, limit=60)
         outbox = svc.outbox
         assert isinstance(outbox, ob.Outbox)
-        keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*outbox*")]
+        keys = [k async for k in svc.redis.scan_iter(count=1000, match=f"{redis_prefix}*outbox*")]
         assert keys
         await svc.redis.delete(*keys)  # the outbox's Redis entries are gone
         parked = [r for r in await _rows(svc) if r.claimed_by == PARKED]

@@ -345,7 +345,7 @@ async def test_worker_delivers_a_background_result_to_telegram(
         ]
     finally:
         if svc.redis is not None:
-            keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*")]
+            keys = [k async for k in svc.redis.scan_iter(count=1000, match=f"{redis_prefix}*")]
             if keys:
                 await svc.redis.delete(*keys)
         await svc.close()

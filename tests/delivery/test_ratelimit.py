@@ -41,7 +41,7 @@ async def limiters(tmp_path: Path, redis_server_url: str, redis_prefix: str):
     )
     clients = [aioredis.from_url(redis_server_url) for _ in range(3)]
     yield settings, [RateLimiter.from_settings(c, settings) for c in clients]
-    keys = [k async for k in clients[0].scan_iter(match=f"{redis_prefix}*")]
+    keys = [k async for k in clients[0].scan_iter(count=1000, match=f"{redis_prefix}*")]
     if keys:
         await clients[0].delete(*keys)
     for c in clients:
@@ -108,7 +108,7 @@ async def test_many_results_at_once_meet_no_429(
             await asyncio.gather(*(worker(w) for w in range(3)))
             elapsed = time.monotonic() - t0
     finally:
-        keys = [k async for k in clients[0].scan_iter(match=f"{redis_prefix}*")]
+        keys = [k async for k in clients[0].scan_iter(count=1000, match=f"{redis_prefix}*")]
         if keys:
             await clients[0].delete(*keys)
         for c in clients:

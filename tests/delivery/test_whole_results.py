@@ -54,7 +54,7 @@ async def svc(tmp_path, database_url, redis_server_url, redis_prefix, tg, fs):
     services = await Services.open(s)
     yield services
     if services.redis is not None:
-        keys = [k async for k in services.redis.scan_iter(match=f"{redis_prefix}*")]
+        keys = [k async for k in services.redis.scan_iter(count=1000, match=f"{redis_prefix}*")]
         if keys:
             await services.redis.delete(*keys)
     await services.close()

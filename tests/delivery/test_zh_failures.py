@@ -72,7 +72,7 @@ async def zh_services(tmp_path, sqlite_url, redis_server_url, redis_prefix, tg):
     svc = await Services.open(s)
     yield svc
     if svc.redis is not None:
-        keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*")]
+        keys = [k async for k in svc.redis.scan_iter(count=1000, match=f"{redis_prefix}*")]
         if keys:
             await svc.redis.delete(*keys)
     await svc.close()

@@ -291,6 +291,9 @@ class FakeServer:
     def stop(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
+            # a request still held (a lost answer, a hang) is abandoned, not waited for:
+            # the platform going away mid-request is what a test stopping it means
+            self._server.force_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
 

@@ -54,6 +54,9 @@ def make_settings(tmp_path: Path, *, redis_url: str | None, prefix: str, **kw: o
         "secret_key": "t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q=",
         "api_token": ADMIN_TOKEN,
         "trusted_skills": OWN_HANDLERS,
+        # a wrong token's growing wait, in milliseconds rather than quarter seconds (the
+        # wait itself is tested with a longer step)
+        "web_auth_failure_delay_sec": 0.001,
     }
     values.update(kw)
     return Settings(_env_file=None, **values)  # type: ignore[call-arg]

@@ -21,7 +21,8 @@ TOKEN = "web-token-0123456789abcdef0123456789abcdef"
 
 
 class WebProcess:
-    """``python -m jobs.cli.app web`` on a free loopback port (SQLite + the test Redis)."""
+    """``python -m jobs.cli.app web`` on a free loopback port (SQLite + the test Redis),
+    without sync-line executor processes unless ``env`` asks for them."""
 
     def __init__(
         self,
@@ -46,6 +47,9 @@ class WebProcess:
                 "SKILLJOBS_REDIS_PREFIX": prefix,
                 "SKILLJOBS_QUEUE_NAME": f"{prefix}:queue",
                 "SKILLJOBS_API_TOKEN": TOKEN,
+                # no sync-line executor processes (two more interpreters to start) unless
+                # the test is about them
+                "SKILLJOBS_SYNC_PROCESSES": "0",
             }
         )
         base.update(env or {})

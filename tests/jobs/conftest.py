@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.keys import clear_keys
 from tests.helpers.settings import IN_CI, make_settings
 
 MARKET = Path(__file__).resolve().parents[1] / "market_skills"
@@ -32,9 +33,7 @@ async def market_services(  # type: ignore[no-untyped-def]
     svc = await Services.open(settings)
     yield svc
     if svc.redis is not None:
-        keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*")]
-        if keys:
-            await svc.redis.delete(*keys)
+        await clear_keys(svc.redis, redis_prefix)
     await svc.close()
 
 

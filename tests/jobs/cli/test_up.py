@@ -27,11 +27,11 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def _start(tmp_path: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+def _start(tmp_path: Path, port: int, log: Path, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "jobs.cli.app", "up", "--port", str(port)],
         cwd=tmp_path,
-        env=_env(tmp_path),
+        env=_env(tmp_path) | env,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
     )
@@ -178,7 +178,8 @@ def test_up_runs_its_worker_as_a_supervised_child(tmp_path):
     and jobs still run; stopping `up` stops it."""
     port = free_port()
     log = tmp_path / "up.log"
-    proc = _start(tmp_path, port, log)
+    # (no sync-line executors: two interpreters fewer, and nothing here runs on that line)
+    proc = _start(tmp_path, port, log, SKILLJOBS_SYNC_PROCESSES="0")
     try:
         token = _wait_ready(proc, log, port)
         first = _wait_for(lambda: _workers_of(proc.pid))

@@ -43,6 +43,7 @@ def test_commands_find_the_instance_from_the_state_file(tmp_path):
     env = _only_data_dir(tmp_path) | {
         "SKILLJOBS_SKILLS_PATH": f"{JOB_SKILLS}{os.pathsep}bundled",
         "SKILLJOBS_WORKER_GRACE_SEC": "3",
+        "SKILLJOBS_SYNC_PROCESSES": "0",  # nothing here runs on the sync line
     }
     proc = subprocess.Popen(
         [*UP, "--port", str(port), "--redis-port", str(redis_port)],

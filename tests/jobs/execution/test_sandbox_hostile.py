@@ -65,7 +65,7 @@ async def hostile(tmp_path: Path, sqlite_url: str, redis_server_url: str, redis_
     svc.test_secret = secret  # type: ignore[attr-defined]
     yield svc
     if svc.redis is not None:
-        keys = [k async for k in svc.redis.scan_iter(match=f"{redis_prefix}*")]
+        keys = [k async for k in svc.redis.scan_iter(count=1000, match=f"{redis_prefix}*")]
         if keys:
             await svc.redis.delete(*keys)
     await svc.close()

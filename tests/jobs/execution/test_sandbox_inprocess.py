@@ -61,7 +61,7 @@ async def svc(tmp_path: Path, sqlite_url: str, redis_server_url: str, redis_pref
     services.test_secret = secret  # type: ignore[attr-defined]
     yield services
     if services.redis is not None:
-        keys = [k async for k in services.redis.scan_iter(match=f"{redis_prefix}*")]
+        keys = [k async for k in services.redis.scan_iter(count=1000, match=f"{redis_prefix}*")]
         if keys:
             await services.redis.delete(*keys)
     await services.close()

@@ -150,7 +150,12 @@ async def test_scheduled_jobs_survive_redis_loss_and_run_once_with_two_workers(s
         res = await Dispatcher(services).dispatch("bg_sleep", {"seconds": 0}, TG, delay_s=1.0)
         ids.append(res.body["job_id"])
     assert services.redis is not None
-    keys = [k async for k in services.redis.scan_iter(match=f"{services.settings.redis_prefix}*")]
+    keys = [
+        k
+        async for k in services.redis.scan_iter(
+            count=1000, match=f"{services.settings.redis_prefix}*"
+        )
+    ]
     if keys:  # Redis lost everything it had (a restart without persistence)
         await services.redis.delete(*keys)
     async with running_worker(services), running_worker(services):

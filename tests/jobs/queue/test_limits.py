@@ -63,7 +63,7 @@ async def rsvc(tmp_path, redis_server_url, redis_prefix, sqlite_url):
     )
     yield s
     assert s.redis is not None
-    keys = [k async for k in s.redis.scan_iter(match=f"{redis_prefix}*")]
+    keys = [k async for k in s.redis.scan_iter(count=1000, match=f"{redis_prefix}*")]
     if keys:
         await s.redis.delete(*keys)
     await s.close()
@@ -198,7 +198,7 @@ async def wsvc(wsettings):
     s = await Services.open(wsettings)
     yield s
     assert s.redis is not None
-    keys = [k async for k in s.redis.scan_iter(match=f"{wsettings.redis_prefix}*")]
+    keys = [k async for k in s.redis.scan_iter(count=1000, match=f"{wsettings.redis_prefix}*")]
     if keys:
         await s.redis.delete(*keys)
     await s.close()
@@ -220,7 +220,7 @@ def start_workers(tmp_path):
             )
         deadline = time.monotonic() + 60
         pattern = svc.settings.key(WORKER_HEARTBEAT, "*")
-        while len([k async for k in svc.redis.scan_iter(match=pattern)]) < len(started):
+        while len([k async for k in svc.redis.scan_iter(count=1000, match=pattern)]) < len(started):
             assert time.monotonic() < deadline, "workers did not start"
             await asyncio.sleep(0.1)
         return started

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -195,18 +196,25 @@ async def test_database_outage_mid_job_does_not_crash_the_worker(svc, pg_setting
 
 
 class StallingTelegram(FakeTelegram):
-    """Holds the first sendDocument (undelivered) until the worker is stopped."""
+    """Holds the first sendDocument (undelivered) until :meth:`release` (the worker is
+    stopped long before), then processes it: the message arrives, late."""
 
     def __init__(self) -> None:
         super().__init__()
         self.stalled = asyncio.Event()
+        self._released = threading.Event()  # set from the test's thread and loop
         self._stall_once = True
+
+    def release(self) -> None:
+        self._released.set()
 
     async def _handle(self, req: Request) -> Response:
         if req.path.endswith("/sendDocument") and self._stall_once:
             self._stall_once = False
             self.stalled.set()
-            await asyncio.sleep(30)  # the worker is stopped long before
+            deadline = time.monotonic() + 60
+            while not self._released.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
         return await super()._handle(req)
 
 
@@ -224,6 +232,7 @@ class StalledDelivery:
         """Once the job is re-run: the methods the chat received, in order."""
         job = await wait_status(self.svc, self.job_id, {"succeeded", "failed"}, limit=90)
         assert job.status == "succeeded"
+        self.tg.release()  # the held request arrives only now, after the re-run
         deadline = time.monotonic() + 30
         while len(self.tg.sent) < 2 and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
@@ -251,6 +260,7 @@ async def stalled(pg_settings, workers):
         finally:
             await s.close()
     finally:
+        tg.release()
         tg.stop()
 
 
@@ -280,7 +290,7 @@ async def test_sigterm_mid_delivery_hands_the_job_back(stalled, pg_settings, wor
     t0 = time.monotonic()
     stalled.first.signal(signal.SIGTERM)
     assert await asyncio.to_thread(stalled.first.proc.wait, 30) is not None
-    assert time.monotonic() - t0 < 15  # the 2 s grace, not the 30 s stall
+    assert time.monotonic() - t0 < 15  # the 2 s grace, not the stall
     job, attempts = await job_and_attempts(stalled.svc, stalled.job_id)
     assert job.status == "queued" and job.result is None
     assert [a.outcome for a in attempts] == ["requeued"]

@@ -26,7 +26,12 @@ async def _started(settings, proc: WorkerProcess, limit: float = 30.0) -> None:
     try:
         assert svc.redis is not None
         deadline = time.monotonic() + limit
-        while not [k async for k in svc.redis.scan_iter(match=settings.key(WORKER_HEARTBEAT, "*"))]:
+        while not [
+            k
+            async for k in svc.redis.scan_iter(
+                count=1000, match=settings.key(WORKER_HEARTBEAT, "*")
+            )
+        ]:
             assert proc.proc.poll() is None, proc.log.read_text()[-2000:]
             assert time.monotonic() < deadline, "the worker did not start"
             await asyncio.sleep(0.1)
