@@ -21,12 +21,16 @@ from chains.runner import run_chain
 from jobs.cli import output
 from jobs.cli.common import fail, load_settings, with_services
 from jobs.cli.i18n import tr
+from jobs.models import ChainRunStatus
 from jobs.services import Services
 
 T = TypeVar("T")
 
 console = Console()
 schedules_app = typer.Typer(help="Cron-defined chains of skills.", no_args_is_help=True)
+
+# A run that ended this way did its work: the command exits 0.
+DONE_WELL = (ChainRunStatus.SUCCEEDED, ChainRunStatus.STOPPED_EMPTY)
 
 STATUS_STYLE = {
     "sent": "green",
@@ -321,7 +325,7 @@ def run(
         finally:
             await executor.aclose()
         _print_run(await schedules.get_run(svc, run_id))
-        return 0 if status in ("succeeded", "stopped_empty") else 1
+        return 0 if status in DONE_WELL else 1
 
     settings = load_settings()
     if not inline and not settings.redis_url:
@@ -427,7 +431,7 @@ async def _run_inline(svc: Services, run_id: str) -> int:
     finally:
         await executor.aclose()
     _print_run(await schedules.get_run(svc, run_id))
-    return 0 if status in ("succeeded", "stopped_empty") else 1
+    return 0 if status in DONE_WELL else 1
 
 
 def register(app: typer.Typer) -> None:

@@ -37,6 +37,7 @@ from delivery.router import deliver_result
 from delivery.send_message import parse_recipients
 from jobs.context import workspace_dir
 from jobs.db import Fence
+from jobs.models import JobStatus
 from jobs.runscope import begin as begin_scope
 from jobs.texts import language_of, localized_reason
 from jobs.texts import text as say
@@ -92,7 +93,7 @@ class ChainOrigin:
     context: dict[str, Any] = field(default_factory=dict)
     lease_owner: str | None = None
     lease_token: int = 0
-    status: str = "running"
+    status: str = JobStatus.RUNNING
     input: dict[str, Any] = field(default_factory=dict)
     external_id: str = ""
     attempts: int = 1

@@ -346,7 +346,7 @@ async def failing_deliveries(
     session: AsyncSession, now: float, window: float = 86400.0, limit: int = 20
 ) -> dict[str, Any]:
     """Failed deliveries of the last ``window`` seconds: per channel and the latest few."""
-    cond = and_(Delivery.status == "failed", Delivery.created_at >= now - window)
+    cond = and_(Delivery.status == DeliveryStatus.FAILED, Delivery.created_at >= now - window)
     by_channel = {
         ch or "": int(n)
         for ch, n in (

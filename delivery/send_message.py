@@ -43,7 +43,7 @@ from jobs import sendscope
 from jobs.db import Sessions
 from jobs.execution.callskill import WALL_DEADLINE
 from jobs.media import media_kind
-from jobs.models import ChatSession, Delivery
+from jobs.models import ChatSession, Delivery, DeliveryStatus
 from jobs.sendscope import SendScope
 
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -409,6 +409,7 @@ async def send_message(
 
 
 WAIT_POLL_S = 0.1
+IN_FLIGHT = (DeliveryStatus.PENDING, DeliveryStatus.SENDING)
 WAIT_DEFAULT_S = 60.0  # outside a run (no wall clock): how long ``wait`` waits at most
 WAIT_MARGIN_S = 1.0  # left of the run's wall clock for the skill to answer
 
@@ -438,20 +439,20 @@ async def _wait_parked(
                 )
             ).all()
         status = {int(r[0]): (str(r[1]), r[2]) for r in rows}
-        if all(status.get(i, ("", None))[0] not in ("pending", "sending") for i in ids):
+        if all(status.get(i, ("", None))[0] not in IN_FLIGHT for i in ids):
             break
         if time.monotonic() + WAIT_POLL_S > end:
             break
         await asyncio.sleep(WAIT_POLL_S)
     still: list[dict[str, Any]] = []
     for w in waiting:
-        states = [status.get(i, ("pending", None)) for i in w["delivery_ids"]]
-        if all(st == "sent" for st, _ in states):
+        states = [status.get(i, (DeliveryStatus.PENDING, None)) for i in w["delivery_ids"]]
+        if all(st == DeliveryStatus.SENT for st, _ in states):
             sent.append(w["target"])
-        elif any(st in ("pending", "sending") for st, _ in states):
+        elif any(st in IN_FLIGHT for st, _ in states):
             still.append(w)
         else:
-            why = next((e or st for st, e in states if st != "sent"), "not sent")
+            why = next((e or st for st, e in states if st != DeliveryStatus.SENT), "not sent")
             failed.append({"target": w["target"], "error": f"{why}"})
     return still
 
