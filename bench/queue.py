@@ -56,7 +56,8 @@ def settings_for(db_url: str, data: Path, prefix: str) -> Settings:
         database_url=db_url,
         redis_url=os.environ.get("SKILLJOBS_REDIS_URL", REDIS),
         data_dir=data,  # type: ignore[call-arg]
-        skills_path=str(SKILLS),
+        # the harness's own skills, trusted: this measures the queue, bench.sandbox the sandbox
+        skills_path=f"trusted={SKILLS}",
         redis_prefix=prefix,
         queue_name=f"{prefix}:queue",
         secret_key="t2o4F7y0N1m2vQ9wX8Yb3cD4eF5gH6iJ7kL8mN9oP0Q=",
