@@ -53,7 +53,8 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "
 MASK_DEPTH = 3  # levels of /etc searched for entries other users may not read
 NETWORK_MODES = ("slirp4netns", "none")
 SLIRP_DNS = "10.0.2.3"
-SLIRP_READY_SEC = 5.0
+SLIRP_READY_SEC = 15.0  # (each of: the sandbox's loopback up, slirp4netns ready)
+BWRAP_READY_SEC = 30.0  # bwrap reports its sandbox's pid
 WORKSPACE_WALK_LIMIT = 100_000
 
 
@@ -328,11 +329,19 @@ class Sandbox:
     # --- starting ---------------------------------------------------------------------------
 
     async def spawn(
-        self, command: list[str], plan: Plan, start: Callable[..., Any]
+        self,
+        command: list[str],
+        plan: Plan,
+        start: Callable[..., Any],
+        abort: Callable[[Any], None] = lambda started: None,
     ) -> tuple[Any, Callable[[], None]]:
         """Start ``command`` sandboxed through ``start(argv, pass_fds=…)`` (a coroutine that
         starts the process); returns what ``start`` returned and a function that stops the
-        network helper. Without network the process starts directly."""
+        network helper. Without network the process starts directly.
+
+        When the network cannot be attached, or the caller is cancelled meanwhile,
+        ``abort(started)`` ends the process (it never runs unsupervised) and the helper,
+        should it start after all, is stopped as soon as it is up."""
         if not self.wants_network(plan):
             return await start(self.argv(command, plan), pass_fds=()), _nothing
         info_r, info_w = os.pipe()
@@ -348,17 +357,36 @@ class Sandbox:
             raise
         os.close(info_w)
         os.close(block_r)
+        # One thread owns both remaining ends until it returns: a descriptor is never
+        # closed here while that thread may still read or write it (its number could be
+        # reused by a concurrent run meanwhile).
+        attach = asyncio.ensure_future(asyncio.to_thread(self._attach, info_r, block_w))
         try:
-            pid = await asyncio.to_thread(_child_pid, info_r)
-            stop = await asyncio.to_thread(self._slirp, pid)
+            stop = await asyncio.shield(attach)
         except BaseException:
-            os.close(block_w)
+            abort(started)
+            if not attach.done():
+                attach.add_done_callback(_stop_late)
             raise
-        finally:
-            os.close(info_r)
-        os.write(block_w, b"1")
-        os.close(block_w)
         return started, stop
+
+    def _attach(self, info_r: int, block_w: int) -> Callable[[], None]:
+        """(In a thread.) Attach the network to the sandbox bwrap reports on ``info_r``,
+        then let it go on (``block_w``); closes both."""
+        try:
+            try:
+                pid = _child_pid(info_r)
+            finally:
+                os.close(info_r)
+            stop = self._slirp(pid)
+            try:
+                os.write(block_w, b"1")
+            except OSError as exc:  # bwrap is gone already: its run reports why
+                stop()
+                raise SandboxUnavailable("bubblewrap exited before its sandbox was ready") from exc
+            return stop
+        finally:
+            os.close(block_w)
 
     def run_sync(
         self, command: list[str], plan: Plan, *, env: dict[str, str], timeout: float
@@ -459,6 +487,19 @@ def _nothing() -> None:
     return None
 
 
+_LATE: set[asyncio.Future[None]] = set()  # helpers of abandoned runs being stopped
+
+
+def _stop_late(attach: asyncio.Future[Callable[[], None]]) -> None:
+    """The network of a run abandoned while it was being attached came up after all: stop
+    its helper (in a thread: it waits for the helper to exit)."""
+    if attach.cancelled() or attach.exception() is not None:
+        return
+    stopping = asyncio.get_running_loop().run_in_executor(None, attach.result())
+    _LATE.add(stopping)
+    stopping.add_done_callback(_LATE.discard)
+
+
 def _await_loopback(pid: int) -> None:
     """Wait until bwrap has brought up the sandbox's loopback: slirp4netns touches the
     loopback too, and bwrap refuses to start when the two do it at once."""
@@ -485,10 +526,22 @@ def _read_ready(fd: int, helper: subprocess.Popen[bytes]) -> bool:
     return os.read(fd, 1) == b"1"
 
 
-def _child_pid(fd: int) -> int:
-    """The sandbox's pid from bwrap's ``--info-fd`` JSON."""
+def _child_pid(fd: int, wait: float | None = None) -> int:
+    """The sandbox's pid from bwrap's ``--info-fd`` JSON (waiting at most ``wait`` seconds,
+    :data:`BWRAP_READY_SEC` by default)."""
+    import select
+    import time
+
+    wait = BWRAP_READY_SEC if wait is None else wait
+    deadline = time.monotonic() + wait
     data = b""
     while b"}" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise SandboxUnavailable(
+                f"bubblewrap did not report its sandbox within {wait:.0f}s "
+                "(the host is overloaded?)"
+            )
         chunk = os.read(fd, 4096)
         if not chunk:
             raise SandboxUnavailable("bubblewrap exited before its sandbox was ready")

@@ -502,21 +502,40 @@ async def run_process(
         )
 
     inherited = tuple(pass_fds)
+    owner = RUN_OWNER.get()
+    pids: list[int] = []
 
-    def run(command: list[str], pass_fds: Sequence[int] = ()) -> Any:
-        return start([*prefix, *command], (*pass_fds, *inherited))
+    async def run(command: list[str], pass_fds: Sequence[int] = ()) -> Any:
+        # Never cancelled half-way: asyncio, cancelled while it connects a new process's
+        # pipes, closes the transport and waits for an end that may never be reported (the
+        # run hung for good); here the start completes, then the process is ended.
+        starting = asyncio.ensure_future(start([*prefix, *command], (*pass_fds, *inherited)))
+        try:
+            started = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                abort(await starting)
+            raise
+        pid = started[0].get_pid()
+        _LIVE[pid] = owner  # at once: a lost lease kills it while its network is attached
+        pids.append(pid)
+        return started
+
+    def abort(started: Any) -> None:
+        transport = started[0]
+        kill_group(transport.get_pid())
+        transport.close()
 
     stop_net = None
-    if sandbox is not None and plan is not None:
-        (transport, protocol), stop_net = await sandbox.spawn(argv, plan, run)
-    else:
-        transport, protocol = await run(argv)
-    pid = transport.get_pid()
-    _LIVE[pid] = RUN_OWNER.get()
     try:
+        if sandbox is not None and plan is not None:
+            (transport, protocol), stop_net = await sandbox.spawn(argv, plan, run, abort)
+        else:
+            transport, protocol = await run(argv)
         return await _supervise(transport, protocol, loop, timeout, cap)
     finally:
-        _LIVE.pop(pid, None)
+        for pid in pids:
+            _LIVE.pop(pid, None)
         if stop_net is not None:  # (the run is over: the helper exits without holding it)
             _STOPPING.add(loop.run_in_executor(None, stop_net))
             for f in [f for f in _STOPPING if f.done()]:
