@@ -517,19 +517,26 @@ def _await_loopback(pid: int) -> None:
 
 
 def _read_ready(fd: int, helper: subprocess.Popen[bytes]) -> bool:
-    import select
 
-    ready, _, _ = select.select([fd], [], [], SLIRP_READY_SEC)
-    if not ready:
+    if not _readable(fd, SLIRP_READY_SEC):
         helper.kill()
         return False
     return os.read(fd, 1) == b"1"
 
 
+def _readable(fd: int, wait: float) -> bool:
+    """Whether ``fd`` has data (or EOF) within ``wait`` seconds (``poll``: a busy worker's
+    descriptors may be numbered past what ``select`` takes)."""
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, int(wait * 1000))))
+
+
 def _child_pid(fd: int, wait: float | None = None) -> int:
     """The sandbox's pid from bwrap's ``--info-fd`` JSON (waiting at most ``wait`` seconds,
     :data:`BWRAP_READY_SEC` by default)."""
-    import select
     import time
 
     wait = BWRAP_READY_SEC if wait is None else wait
@@ -537,7 +544,7 @@ def _child_pid(fd: int, wait: float | None = None) -> int:
     data = b""
     while b"}" not in data:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not _readable(fd, left):
             raise SandboxUnavailable(
                 f"bubblewrap did not report its sandbox within {wait:.0f}s "
                 "(the host is overloaded?)"
