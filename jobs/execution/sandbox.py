@@ -465,14 +465,7 @@ class Sandbox:
         ok = _read_ready(ready_r, helper)
         os.close(ready_r)
 
-        def stop() -> None:
-            with contextlib.suppress(OSError):
-                os.close(exit_w)
-            try:
-                helper.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                helper.kill()
-                helper.wait()
+        stop = _Helper(helper, exit_w)
 
         if not ok:
             stop()
@@ -487,6 +480,39 @@ def _nothing() -> None:
     return None
 
 
+class _Helper:
+    """Stops a run's slirp4netns: :meth:`release` (at once, in any thread) closes the
+    descriptor whose end makes it exit; calling the object releases it too, then reaps it
+    (blocking: in a worker thread)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], exit_w: int) -> None:
+        self.proc = proc
+        self._exit_w = exit_w
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            fd, self._exit_w = self._exit_w, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __call__(self) -> None:
+        self.release()
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def release(stop: Callable[[], None]) -> None:
+    """Let a run's network helper exit now, without waiting for it (the thread pool may be
+    busy starting other sandboxes)."""
+    if isinstance(stop, _Helper):
+        stop.release()
+
+
 _LATE: set[asyncio.Future[None]] = set()  # helpers of abandoned runs being stopped
 
 
@@ -495,6 +521,7 @@ def _stop_late(attach: asyncio.Future[Callable[[], None]]) -> None:
     its helper (in a thread: it waits for the helper to exit)."""
     if attach.cancelled() or attach.exception() is not None:
         return
+    release(attach.result())
     stopping = asyncio.get_running_loop().run_in_executor(None, attach.result())
     _LATE.add(stopping)
     stopping.add_done_callback(_LATE.discard)

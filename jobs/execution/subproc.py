@@ -27,6 +27,7 @@ from typing import Any
 from jobs.context import FIXED_SEGMENT, LIVE_KEYS, PLATFORM_KEYS, lookup_config
 from jobs.crypto import is_secret_key
 from jobs.execution.sandbox import Plan, Sandbox, child_setup, launcher
+from jobs.execution.sandbox import release as sandbox_release
 from jobs.execution.skill_output import (
     ERROR_TAIL,
     LOG_CAP,
@@ -537,6 +538,7 @@ async def run_process(
         for pid in pids:
             _LIVE.pop(pid, None)
         if stop_net is not None:  # (the run is over: the helper exits without holding it)
+            sandbox_release(stop_net)  # now: reaping it may wait for a busy thread pool
             _STOPPING.add(loop.run_in_executor(None, stop_net))
             for f in [f for f in _STOPPING if f.done()]:
                 _STOPPING.discard(f)
