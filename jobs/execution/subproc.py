@@ -522,7 +522,7 @@ async def run_process(
         pids.append(pid)
         return started
 
-    def abort(started: Any) -> None:
+    def abort(started: tuple[asyncio.SubprocessTransport, _Protocol]) -> None:
         transport = started[0]
         kill_group(transport.get_pid())
         transport.close()

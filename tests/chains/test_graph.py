@@ -217,6 +217,20 @@ async def _wait_run(c, run_id: str, limit: float = 60) -> dict:
     raise AssertionError(f"chain run {run_id} did not finish: {run['status']}")
 
 
+async def _wait_recorded(c, run_id: str, *, steps: tuple[str, ...], items: int) -> None:
+    """Until ``steps`` and ``items`` item runs are recorded as succeeded: what a worker
+    killed now must not run again (a fixed pause is too short on a loaded host)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        run = (await c.get(f"/api/v1/chain-runs/{run_id}", params={"items": "true"})).json()
+        done = {s["id"] for s in run["steps"] if s["status"] == "succeeded"}
+        ok_items = [i for i in run.get("items", []) if i["status"] == "succeeded"]
+        if done.issuperset(steps) and len(ok_items) >= items:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"chain run {run_id}: {steps} and {items} items never recorded")
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 async def test_graph_runs_in_parallel_fans_out_and_in(svc, tmp_path):
@@ -310,7 +324,7 @@ async def test_graph_resumes_after_its_worker_is_killed(svc, tmp_path):
             while not marker.exists():  # item 2 is running (it sleeps the first time)
                 assert time.monotonic() < deadline, "the slow item never started"
                 await asyncio.sleep(0.1)
-            await asyncio.sleep(0.3)
+            await _wait_recorded(c, run_id, steps=("list", "a", "b"), items=2)
             first.signal(signal.SIGKILL)
             first.proc.wait(10)
             second = WorkerProcess(svc.settings, tmp_path / "w2.log", "--no-scheduler")
