@@ -86,6 +86,21 @@ def attempt_dict(a: JobAttempt, secrets: list[str] | None = None) -> dict[str, A
     }
 
 
+def origin_dict(job: Job) -> dict[str, str]:
+    """Where a job came from: its channel, session, actor, role and organisation."""
+    ctx = job.context if isinstance(job.context, dict) else {}
+    return {
+        "channel": job.channel,
+        "session_id": job.session_id,
+        "external_id": job.external_id,
+        "actor_key": job.actor_key,
+        "role_id": job.role_id,
+        "org_id": job.org_id,
+        # the conversation and message the request came from, when the context named them
+        **{k: str(ctx[k]) for k in ("conversation_id", "message_id") if ctx.get(k)},
+    }
+
+
 def job_dict(
     job: Job,
     artifacts: list[Artifact],
@@ -93,7 +108,6 @@ def job_dict(
     attempts: list[JobAttempt] | None = None,
     box: SecretBox | None = None,
 ) -> dict[str, Any]:
-    ctx = job.context if isinstance(job.context, dict) else {}
     out: dict[str, Any] = {
         "id": job.id,
         "skill": job.skill,
@@ -116,16 +130,7 @@ def job_dict(
         "cancel_requested": job.cancel_requested,
         "chain_run_id": job.chain_run_id,
         "priority": job.priority,
-        "origin": {
-            "channel": job.channel,
-            "session_id": job.session_id,
-            "external_id": job.external_id,
-            "actor_key": job.actor_key,
-            "role_id": job.role_id,
-            "org_id": job.org_id,
-            # the conversation and message the request came from, when the context named them
-            **{k: str(ctx[k]) for k in ("conversation_id", "message_id") if ctx.get(k)},
-        },
+        "origin": origin_dict(job),
         "artifacts": [artifact_dict(a) for a in artifacts],
         "deliveries": [delivery_dict(d) for d in deliveries],
     }

@@ -17,7 +17,7 @@ from rich.table import Table
 from sqlalchemy import select
 
 from dashboard import queries
-from dashboard.shapes import job_dict
+from dashboard.shapes import job_dict, origin_dict
 from delivery import notices
 from jobs import telemetry
 from jobs.cli import output
@@ -236,7 +236,6 @@ def list_jobs(
 
 def job_json(job: Job) -> dict[str, Any]:
     """A job as ``--json`` prints it (the API's field names; times are epoch seconds)."""
-    ctx = job.context if isinstance(job.context, dict) else {}
     phase = job.current_phase()
     return {
         "id": job.id,
@@ -253,15 +252,7 @@ def job_json(job: Job) -> dict[str, Any]:
         "error": job.error,
         "error_type": job.error_type,
         "chain_run_id": job.chain_run_id,
-        "origin": {
-            "channel": job.channel,
-            "session_id": job.session_id,
-            "external_id": job.external_id,
-            "actor_key": job.actor_key,
-            "role_id": job.role_id,
-            "org_id": job.org_id,
-            **{k: str(ctx[k]) for k in ("conversation_id", "message_id") if ctx.get(k)},
-        },
+        "origin": origin_dict(job),
     }
 
 
